@@ -1,0 +1,44 @@
+//! The `strata` command line: argument definitions and dispatch.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+pub mod inspect;
+
+/// strata: an async, multi-process task dispatcher for accelerator chips.
+#[derive(Debug, Parser)]
+#[command(name = "strata", version, about, long_about = None)]
+pub struct Cli {
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// The subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Decode a TaskArgs blob or a single 144-byte tensor record and print it as JSON.
+    ///
+    /// The file is read as one tensor record when it is exactly 144 bytes
+    /// (and not a blob of 17 scalars), as a TaskArgs blob
+    /// `[i32 T][i32 S][Tensor × T][u64 × S]` otherwise. Invalid input is
+    /// reported with the validator's message, naming the field, and exit
+    /// status 2.
+    #[command(after_help = "Examples:\n  strata inspect examples/wire/matmul_tile.args\n  strata inspect --compact args.bin | jq .tensors[0].shape")]
+    Inspect {
+        /// The file to decode.
+        file: PathBuf,
+        /// Print the JSON on one line.
+        #[arg(long)]
+        compact: bool,
+    },
+}
+
+/// Runs a parsed command line and returns the process exit status.
+pub fn run(cli: Cli) -> ExitCode {
+    match cli.command {
+        Command::Inspect { file, compact } => inspect::run(&file, compact),
+    }
+}

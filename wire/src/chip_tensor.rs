@@ -1,0 +1,143 @@
+//! The worker-local materialized argument (DESIGN §3, §6).
+
+use crate::{AddressSpace, DType, Error, Tensor};
+
+/// A tensor argument after materialization on the consuming worker: the
+/// resolved backing range in the chip's address space plus the view geometry.
+///
+/// It never travels on the wire; its fixed 128-byte, 64-byte-aligned layout
+/// is what kernels receive, one cache line pair per argument:
+///
+/// | offset | field |
+/// |---|---|
+/// | 0 | `addr` (u64): start of the resolved backing |
+/// | 8 | `size` (u64): bytes of the backing |
+/// | 16 | `start_offset` (u64): index of element 0, in elements (nibbles for FP4) |
+/// | 24 | `shapes[5]` (u32) |
+/// | 44 | `strides[5]` (u32, elements) |
+/// | 64 | `ndims` (u32) |
+/// | 68 | `dtype` (u8) |
+/// | 69 | `address_space` (u8) |
+/// | 70 | `contiguous` (u8, 0 or 1) |
+/// | 71 | pad to 128 |
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(C, align(64))]
+pub struct ChipTensor {
+    addr: u64,
+    size: u64,
+    start_offset: u64,
+    shapes: [u32; 5],
+    strides: [u32; 5],
+    ndims: u32,
+    dtype: u8,
+    address_space: u8,
+    contiguous: u8,
+    _pad: [u8; 57],
+}
+
+impl ChipTensor {
+    /// Materializes `view` onto a backing resolved at `addr` with `size`
+    /// bytes in `space`.
+    ///
+    /// # Errors
+    /// [`Error::ViewOutOfBounds`] naming `backing` when the view reaches past
+    /// `size` bytes, and [`Error::InvalidField`] naming `addr` when the
+    /// backing range wraps the address space.
+    pub fn from_view(view: &Tensor, addr: u64, size: u64, space: AddressSpace) -> Result<Self, Error> {
+        if addr.checked_add(size).is_none() {
+            return Err(Error::invalid("addr", addr, "backing range wraps the address space"));
+        }
+        if view.end_byte() > size {
+            return Err(Error::ViewOutOfBounds {
+                field: "backing".into(),
+                byte_offset: view.byte_offset(),
+                extent: view.extent_bytes(),
+                nbytes: size,
+            });
+        }
+        let start_offset = match view.dtype().bits() {
+            4 => view.byte_offset() * 2,
+            bits => view.byte_offset() / u64::from(bits / 8),
+        };
+        let mut shapes = [0u32; 5];
+        let mut strides = [0u32; 5];
+        for ((d, s), (&shape, &stride)) in shapes.iter_mut().zip(strides.iter_mut()).zip(view.shape().iter().zip(view.strides())) {
+            *d = shape;
+            *s = stride;
+        }
+        Ok(ChipTensor {
+            addr,
+            size,
+            start_offset,
+            shapes,
+            strides,
+            // ndims is 1..=5.
+            ndims: u32::try_from(view.ndims()).unwrap_or(0),
+            dtype: view.dtype().code(),
+            address_space: space.code(),
+            contiguous: u8::from(view.is_contiguous()),
+            _pad: [0; 57],
+        })
+    }
+
+    /// Start of the resolved backing.
+    pub fn addr(&self) -> u64 {
+        self.addr
+    }
+    /// Bytes of the resolved backing.
+    pub fn size(&self) -> u64 {
+        self.size
+    }
+    /// Index of element 0 from `addr`, in elements (nibbles for FP4).
+    pub fn start_offset(&self) -> u64 {
+        self.start_offset
+    }
+    /// Rank.
+    pub fn ndims(&self) -> usize {
+        // ndims is 1..=5 by construction.
+        usize::try_from(self.ndims).unwrap_or(0)
+    }
+    /// Extent of each axis, outermost first.
+    pub fn shape(&self) -> &[u32] {
+        self.shapes.get(..self.ndims()).unwrap_or_default()
+    }
+    /// Element stride of each axis, outermost first.
+    pub fn strides(&self) -> &[u32] {
+        self.strides.get(..self.ndims()).unwrap_or_default()
+    }
+    /// Element type.
+    pub fn dtype(&self) -> DType {
+        // Only valid codes are ever stored.
+        DType::from_code(self.dtype).unwrap_or(DType::U8)
+    }
+    /// Host or device.
+    pub fn address_space(&self) -> AddressSpace {
+        AddressSpace::from_code(self.address_space).unwrap_or(AddressSpace::Host)
+    }
+    /// Whether the view is row-major contiguous.
+    pub fn is_contiguous(&self) -> bool {
+        self.contiguous != 0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ChipTensor;
+    use std::mem::{align_of, offset_of, size_of};
+
+    #[test]
+    fn layout_is_pinned() {
+        assert_eq!(size_of::<ChipTensor>(), 128);
+        assert_eq!(align_of::<ChipTensor>(), 64);
+        assert_eq!(offset_of!(ChipTensor, addr), 0);
+        assert_eq!(offset_of!(ChipTensor, size), 8);
+        assert_eq!(offset_of!(ChipTensor, start_offset), 16);
+        assert_eq!(offset_of!(ChipTensor, shapes), 24);
+        assert_eq!(offset_of!(ChipTensor, strides), 44);
+        assert_eq!(offset_of!(ChipTensor, ndims), 64);
+        assert_eq!(offset_of!(ChipTensor, dtype), 68);
+        assert_eq!(offset_of!(ChipTensor, address_space), 69);
+        assert_eq!(offset_of!(ChipTensor, contiguous), 70);
+        assert_eq!(offset_of!(ChipTensor, _pad), 71);
+    }
+}

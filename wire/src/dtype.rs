@@ -1,0 +1,174 @@
+//! Element types of tensors and their sizes.
+
+/// The element type of a tensor. The discriminant is the wire code.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[repr(u8)]
+pub enum DType {
+    /// IEEE 754 binary32.
+    F32 = 0,
+    /// IEEE 754 binary16.
+    F16 = 1,
+    /// Signed 32-bit integer.
+    I32 = 2,
+    /// Signed 16-bit integer.
+    I16 = 3,
+    /// Signed 8-bit integer.
+    I8 = 4,
+    /// Unsigned 8-bit integer.
+    U8 = 5,
+    /// bfloat16.
+    BF16 = 6,
+    /// Signed 64-bit integer.
+    I64 = 7,
+    /// Unsigned 64-bit integer.
+    U64 = 8,
+    /// Unsigned 16-bit integer.
+    U16 = 9,
+    /// Unsigned 32-bit integer.
+    U32 = 10,
+    /// One byte per boolean.
+    Bool = 11,
+    /// 8-bit float, 4 exponent bits, 3 mantissa bits, finite only.
+    Fp8E4M3Fn = 12,
+    /// 8-bit exponent-only float (a scale factor).
+    Fp8E8M0 = 13,
+    /// 4-bit float, two values per byte (element 2k in the low nibble).
+    Fp4E2M1 = 14,
+}
+
+impl DType {
+    /// Every dtype, in code order.
+    pub const ALL: [DType; 15] = [
+        DType::F32,
+        DType::F16,
+        DType::I32,
+        DType::I16,
+        DType::I8,
+        DType::U8,
+        DType::BF16,
+        DType::I64,
+        DType::U64,
+        DType::U16,
+        DType::U32,
+        DType::Bool,
+        DType::Fp8E4M3Fn,
+        DType::Fp8E8M0,
+        DType::Fp4E2M1,
+    ];
+
+    /// The dtype with wire code `code`, if there is one.
+    pub const fn from_code(code: u8) -> Option<DType> {
+        Some(match code {
+            0 => DType::F32,
+            1 => DType::F16,
+            2 => DType::I32,
+            3 => DType::I16,
+            4 => DType::I8,
+            5 => DType::U8,
+            6 => DType::BF16,
+            7 => DType::I64,
+            8 => DType::U64,
+            9 => DType::U16,
+            10 => DType::U32,
+            11 => DType::Bool,
+            12 => DType::Fp8E4M3Fn,
+            13 => DType::Fp8E8M0,
+            14 => DType::Fp4E2M1,
+            _ => return None,
+        })
+    }
+
+    /// The wire code.
+    pub const fn code(self) -> u8 {
+        self as u8
+    }
+
+    /// Bits per element: 4 for FP4E2M1, a multiple of 8 otherwise.
+    pub const fn bits(self) -> u32 {
+        match self {
+            DType::F32 | DType::I32 | DType::U32 => 32,
+            DType::F16 | DType::BF16 | DType::I16 | DType::U16 => 16,
+            DType::I8 | DType::U8 | DType::Bool | DType::Fp8E4M3Fn | DType::Fp8E8M0 => 8,
+            DType::I64 | DType::U64 => 64,
+            DType::Fp4E2M1 => 4,
+        }
+    }
+
+    /// Whether several elements share one byte (FP4E2M1).
+    pub const fn is_sub_byte(self) -> bool {
+        self.bits() < 8
+    }
+
+    /// The alignment unit of a byte offset: the element size in bytes, or 1
+    /// for sub-byte types, whose views start on a byte boundary.
+    pub const fn align_bytes(self) -> u64 {
+        match self.bits() / 8 {
+            0 => 1,
+            n => n as u64,
+        }
+    }
+
+    /// The canonical upper-case name, as used in JSON and graph files.
+    pub const fn name(self) -> &'static str {
+        match self {
+            DType::F32 => "F32",
+            DType::F16 => "F16",
+            DType::I32 => "I32",
+            DType::I16 => "I16",
+            DType::I8 => "I8",
+            DType::U8 => "U8",
+            DType::BF16 => "BF16",
+            DType::I64 => "I64",
+            DType::U64 => "U64",
+            DType::U16 => "U16",
+            DType::U32 => "U32",
+            DType::Bool => "BOOL",
+            DType::Fp8E4M3Fn => "FP8E4M3FN",
+            DType::Fp8E8M0 => "FP8E8M0",
+            DType::Fp4E2M1 => "FP4E2M1",
+        }
+    }
+
+    /// The dtype named `name` (case-insensitive), if there is one.
+    pub fn from_name(name: &str) -> Option<DType> {
+        DType::ALL.into_iter().find(|d| d.name().eq_ignore_ascii_case(name))
+    }
+
+    /// Bytes spanned by `elems` consecutive elements starting on a byte
+    /// boundary, or `None` on overflow.
+    pub fn bytes_for(self, elems: u64) -> Option<u64> {
+        match self.bits() {
+            4 => Some(elems.div_ceil(2)),
+            bits => elems.checked_mul(u64::from(bits / 8)),
+        }
+    }
+}
+
+impl std::fmt::Display for DType {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn codes_round_trip_and_sizes_match_the_brief() {
+        let sizes_bits = [32, 16, 32, 16, 8, 8, 16, 64, 64, 16, 32, 8, 8, 8, 4];
+        for (code, bits) in sizes_bits.into_iter().enumerate() {
+            let code = u8::try_from(code).unwrap();
+            let d = DType::from_code(code).unwrap();
+            assert_eq!(d.code(), code);
+            assert_eq!(d.bits(), bits, "{d}");
+            assert_eq!(DType::from_name(d.name()), Some(d));
+            assert_eq!(DType::from_name(&d.name().to_lowercase()), Some(d));
+        }
+        assert_eq!(DType::from_code(15), None);
+        assert_eq!(DType::from_code(255), None);
+        assert_eq!(DType::Fp4E2M1.bytes_for(3), Some(2));
+        assert_eq!(DType::Fp4E2M1.align_bytes(), 1);
+        assert_eq!(DType::I64.align_bytes(), 8);
+    }
+}

@@ -11,11 +11,19 @@
 //! - [`HOSTILE_WORDS`] / [`hostile_variants`]: boundary values for every
 //!   4-byte word of a record.
 
-#![allow(clippy::indexing_slicing, clippy::panic, clippy::unwrap_used, clippy::expect_used, clippy::as_conversions)]
+#![allow(
+    clippy::indexing_slicing,
+    clippy::panic,
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::cast_possible_truncation
+    // Test support: panics are how an oracle reports, and casts of small
+    // generator values are in range by construction.
+)]
 
 use crate::{
-    overlap, Access, AddressSpace, Backing, BufferDescriptor, CanonicalIdentity, DType, Footprint, Overlap, TaskArgs,
-    Tensor, TENSOR_SIZE,
+    Access, AddressSpace, Backing, BufferDescriptor, CanonicalIdentity, DType, Footprint, Overlap,
+    TENSOR_SIZE, TaskArgs, Tensor, overlap,
 };
 
 /// Views with more elements than this are not enumerated by the oracle.
@@ -33,7 +41,11 @@ pub fn byte_set(view: &Tensor) -> Option<Vec<u64>> {
     let strides = view.strides();
     let mut index = vec![0u32; shape.len()];
     loop {
-        let elem: u64 = index.iter().zip(strides).map(|(&i, &s)| u64::from(i) * u64::from(s)).sum();
+        let elem: u64 = index
+            .iter()
+            .zip(strides)
+            .map(|(&i, &s)| u64::from(i) * u64::from(s))
+            .sum();
         let first_bit = view.byte_offset() * 8 + elem * bits;
         let last_bit = first_bit + bits - 1;
         out.extend(first_bit / 8..=last_bit / 8);
@@ -159,8 +171,17 @@ impl ViewClass {
 /// The buffer every generated view is over.
 pub fn test_buffer(nbytes: u64) -> BufferDescriptor {
     let id = CanonicalIdentity::new(*b"checkbuf", 1, 1).unwrap();
-    BufferDescriptor::new(id, nbytes, AddressSpace::Host, Access::ReadWrite, Backing::Memfd { st_dev: 1, st_ino: 1 })
-        .unwrap()
+    BufferDescriptor::new(
+        id,
+        nbytes,
+        AddressSpace::Host,
+        Access::ReadWrite,
+        Backing::Memfd {
+            st_dev: 1,
+            st_ino: 1,
+        },
+    )
+    .unwrap()
 }
 
 const DTYPES: [DType; 5] = [DType::U8, DType::F16, DType::F32, DType::I64, DType::BF16];
@@ -211,7 +232,13 @@ fn random_factorization(rng: &mut Rng, mut n: u32, rank: usize) -> Vec<u32> {
     dims
 }
 
-fn make(buf: BufferDescriptor, offset_elems: u64, shape: &[u32], strides: &[u32], dtype: DType) -> Option<Tensor> {
+fn make(
+    buf: BufferDescriptor,
+    offset_elems: u64,
+    shape: &[u32],
+    strides: &[u32],
+    dtype: DType,
+) -> Option<Tensor> {
     let byte_offset = match dtype.bits() {
         4 => offset_elems / 2,
         bits => offset_elems * u64::from(bits / 8),
@@ -284,9 +311,15 @@ struct Layout {
 }
 
 fn layout(rng: &mut Rng, class: ViewClass) -> Layout {
-    let dtype = if matches!(class, ViewClass::RankDtype | ViewClass::Fp4) { DType::U8 } else { rng.pick(&DTYPES) };
+    let dtype = if matches!(class, ViewClass::RankDtype | ViewClass::Fp4) {
+        DType::U8
+    } else {
+        rng.pick(&DTYPES)
+    };
     let dims = match class {
-        ViewClass::RankDtype | ViewClass::Fp4 => vec![rng.pick(&[48u32, 64, 72, 96, 128, 144, 192, 240, 256])],
+        ViewClass::RankDtype | ViewClass::Fp4 => {
+            vec![rng.pick(&[48u32, 64, 72, 96, 128, 144, 192, 240, 256])]
+        }
         ViewClass::Arbitrary => vec![160],
         _ => {
             let rank = rng.range(1, 4);
@@ -295,7 +328,11 @@ fn layout(rng: &mut Rng, class: ViewClass) -> Layout {
     };
     let elems: u32 = dims.iter().product();
     let nbytes = u64::from(elems) * u64::from(dtype.bits() / 8);
-    Layout { buf: test_buffer(nbytes), dims, dtype }
+    Layout {
+        buf: test_buffer(nbytes),
+        dims,
+        dtype,
+    }
 }
 
 /// A random pair of views of `class` over one buffer.
@@ -315,7 +352,12 @@ pub fn reference_tensor_valid(bytes: &[u8]) -> bool {
     if bytes.len() != TENSOR_SIZE {
         return false;
     }
-    let le = |at: usize, n: usize| bytes[at..at + n].iter().rev().fold(0u128, |acc, &b| (acc << 8) | u128::from(b));
+    let le = |at: usize, n: usize| {
+        bytes[at..at + n]
+            .iter()
+            .rev()
+            .fold(0u128, |acc, &b| (acc << 8) | u128::from(b))
+    };
     let magic = le(0, 2);
     let space = le(2, 1);
     let access = le(3, 1);
@@ -335,7 +377,12 @@ pub fn reference_tensor_valid(bytes: &[u8]) -> bool {
         && body[body_len.min(32)..].iter().all(|&b| b == 0)
         && match kind {
             0 | 2 | 4 | 5 => body_len == 8 && le(56, 8) != 0,
-            1 => (1..=32).contains(&body_len) && body[..body_len].iter().all(|&b| b.is_ascii_graphic() && b != b'/'),
+            1 => {
+                (1..=32).contains(&body_len)
+                    && body[..body_len]
+                        .iter()
+                        .all(|&b| b.is_ascii_graphic() && b != b'/')
+            }
             3 => body_len == 0,
             6 => body_len == 16,
             _ => false,
@@ -388,12 +435,23 @@ pub fn check_tensor_bytes(data: &[u8]) {
     if let Ok(t) = decoded {
         let mut expect = data.to_vec();
         expect[IDENTITY_PAD_IN_TENSOR].fill(0);
-        assert_eq!(t.encode().as_slice(), expect.as_slice(), "a valid tensor re-encodes to itself");
+        assert_eq!(
+            t.encode().as_slice(),
+            expect.as_slice(),
+            "a valid tensor re-encodes to itself"
+        );
         let again = Tensor::decode(&t.encode()).expect("re-encoded tensor must decode");
         assert_eq!(again, t);
-        let rebuilt = Tensor::new(*t.buffer(), t.byte_offset(), t.shape(), t.strides(), t.dtype());
+        let rebuilt = Tensor::new(
+            *t.buffer(),
+            t.byte_offset(),
+            t.shape(),
+            t.strides(),
+            t.dtype(),
+        );
         assert_eq!(rebuilt, Ok(t));
-        let d = BufferDescriptor::decode(&data[..crate::DESCRIPTOR_SIZE]).expect("descriptor of a valid tensor");
+        let d = BufferDescriptor::decode(&data[..crate::DESCRIPTOR_SIZE])
+            .expect("descriptor of a valid tensor");
         assert_eq!(&d, t.buffer());
         assert!(t.end_byte() <= t.buffer().nbytes());
     }
@@ -407,7 +465,11 @@ const IDENTITY_PAD_IN_TENSOR: std::ops::Range<usize> = 28..40;
 pub fn check_task_args_bytes(data: &[u8]) {
     let decoded = TaskArgs::decode(data);
     let validated = TaskArgs::validate(data);
-    assert_eq!(decoded.as_ref().err(), validated.as_ref().err(), "decode and validate disagree");
+    assert_eq!(
+        decoded.as_ref().err(),
+        validated.as_ref().err(),
+        "decode and validate disagree"
+    );
     if let Ok(args) = decoded {
         // Byte-exact except the identity padding, which decoding ignores.
         let mut expect = data.to_vec();
@@ -431,7 +493,8 @@ pub fn check_overlap_seed(data: &[u8]) {
     for (d, s) in seed.iter_mut().zip(data) {
         *d = *s;
     }
-    let class = ViewClass::ALL[usize::from(data.get(8).copied().unwrap_or(0)) % ViewClass::ALL.len()];
+    let class =
+        ViewClass::ALL[usize::from(data.get(8).copied().unwrap_or(0)) % ViewClass::ALL.len()];
     let mut rng = Rng(u64::from_le_bytes(seed));
     let (a, b) = view_pair(class, &mut rng);
     let truth = overlap_by_bytes(&a, &b).expect("generated views are small");
@@ -454,13 +517,28 @@ pub fn check_answer(class: ViewClass, a: &Tensor, b: &Tensor, got: Overlap, trut
         _ => {}
     }
     if class.is_exact() {
-        assert_eq!(got, truth, "inexact answer on exact class {class:?}: {a:?} vs {b:?}");
+        assert_eq!(
+            got, truth,
+            "inexact answer on exact class {class:?}: {a:?} vs {b:?}"
+        );
     }
 }
 
 /// Values tried in every 4-byte word of a record by the hostile-input tests.
-pub const HOSTILE_WORDS: [u32; 12] =
-    [0, 1, 2, 5, 6, 7, 0xff, 0x7fff_ffff, 0x8000_0000, 0xffff_ffff, 0x0001_0000, 0x5342];
+pub const HOSTILE_WORDS: [u32; 12] = [
+    0,
+    1,
+    2,
+    5,
+    6,
+    7,
+    0xff,
+    0x7fff_ffff,
+    0x8000_0000,
+    0xffff_ffff,
+    0x0001_0000,
+    0x5342,
+];
 
 /// Every copy of `record` with one aligned 4-byte word replaced by one of
 /// [`HOSTILE_WORDS`].

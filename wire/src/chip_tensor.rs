@@ -43,9 +43,18 @@ impl ChipTensor {
     /// [`Error::ViewOutOfBounds`] naming `backing` when the view reaches past
     /// `size` bytes, and [`Error::InvalidField`] naming `addr` when the
     /// backing range wraps the address space.
-    pub fn from_view(view: &Tensor, addr: u64, size: u64, space: AddressSpace) -> Result<Self, Error> {
+    pub fn from_view(
+        view: &Tensor,
+        addr: u64,
+        size: u64,
+        space: AddressSpace,
+    ) -> Result<Self, Error> {
         if addr.checked_add(size).is_none() {
-            return Err(Error::invalid("addr", addr, "backing range wraps the address space"));
+            return Err(Error::invalid(
+                "addr",
+                addr,
+                "backing range wraps the address space",
+            ));
         }
         if view.end_byte() > size {
             return Err(Error::ViewOutOfBounds {
@@ -61,7 +70,11 @@ impl ChipTensor {
         };
         let mut shapes = [0u32; 5];
         let mut strides = [0u32; 5];
-        for ((d, s), (&shape, &stride)) in shapes.iter_mut().zip(strides.iter_mut()).zip(view.shape().iter().zip(view.strides())) {
+        for ((d, s), (&shape, &stride)) in shapes
+            .iter_mut()
+            .zip(strides.iter_mut())
+            .zip(view.shape().iter().zip(view.strides()))
+        {
             *d = shape;
             *s = stride;
         }

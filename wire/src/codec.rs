@@ -15,7 +15,11 @@ pub(crate) struct Reader<'a> {
 
 impl<'a> Reader<'a> {
     pub(crate) fn new(what: &'static str, bytes: &'a [u8]) -> Self {
-        Reader { what, total: bytes.len(), rest: bytes }
+        Reader {
+            what,
+            total: bytes.len(),
+            rest: bytes,
+        }
     }
 
     pub(crate) fn array<const N: usize>(&mut self) -> Result<[u8; N], Error> {

@@ -20,11 +20,11 @@
 //! later without ambiguity; the padding of an identity is ignored, as the brief
 //! says, so identities minted by other systems compare by their real fields.
 
-use std::num::NonZeroU64;
 use std::num::NonZeroU32;
+use std::num::NonZeroU64;
 
-use crate::codec::{Reader, Writer};
 use crate::Error;
+use crate::codec::{Reader, Writer};
 
 /// Descriptor magic, "BS" little-endian.
 pub const DESCRIPTOR_MAGIC: u16 = 0x5342;
@@ -56,7 +56,11 @@ impl CanonicalIdentity {
     pub fn new(owner_instance_id: [u8; 8], buffer_id: u64, generation: u32) -> Result<Self, Error> {
         let generation = NonZeroU32::new(generation)
             .ok_or_else(|| Error::invalid("generation", generation, "generation 0 is invalid"))?;
-        Ok(CanonicalIdentity { owner_instance_id, buffer_id, generation })
+        Ok(CanonicalIdentity {
+            owner_instance_id,
+            buffer_id,
+            generation,
+        })
     }
 
     /// The random id of the orchestrator incarnation that created the buffer.
@@ -114,7 +118,13 @@ impl CanonicalIdentity {
 
 impl std::fmt::Display for CanonicalIdentity {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}:{:016x}:{}", self.owner_hex(), self.buffer_id, self.generation)
+        write!(
+            f,
+            "{}:{:016x}:{}",
+            self.owner_hex(),
+            self.buffer_id,
+            self.generation
+        )
     }
 }
 
@@ -247,9 +257,14 @@ impl BackendKind {
     /// Whether buffers of this kind may live in `space`.
     pub const fn allows_space(self, space: AddressSpace) -> bool {
         match self {
-            BackendKind::DeviceMalloc | BackendKind::VmmWindow => matches!(space, AddressSpace::Device),
+            BackendKind::DeviceMalloc | BackendKind::VmmWindow => {
+                matches!(space, AddressSpace::Device)
+            }
             BackendKind::RemoteSidecar => true,
-            BackendKind::ForkShm | BackendKind::PosixShm | BackendKind::ForkCow | BackendKind::Memfd => {
+            BackendKind::ForkShm
+            | BackendKind::PosixShm
+            | BackendKind::ForkCow
+            | BackendKind::Memfd => {
                 matches!(space, AddressSpace::Host)
             }
         }
@@ -275,15 +290,27 @@ impl ShmName {
 
     fn from_bytes(name: &[u8]) -> Result<Self, Error> {
         if name.is_empty() || name.len() > MAX_BODY_LEN {
-            return Err(Error::invalid("body_len", name.len(), "a POSIX_SHM name has 1 to 32 bytes"));
+            return Err(Error::invalid(
+                "body_len",
+                name.len(),
+                "a POSIX_SHM name has 1 to 32 bytes",
+            ));
         }
         let mut bytes = [0u8; MAX_BODY_LEN];
         for (i, (&b, slot)) in name.iter().zip(bytes.iter_mut()).enumerate() {
             if b == b'/' {
-                return Err(Error::invalid(format!("body.name[{i}]"), b, "a POSIX_SHM name may not contain '/'"));
+                return Err(Error::invalid(
+                    format!("body.name[{i}]"),
+                    b,
+                    "a POSIX_SHM name may not contain '/'",
+                ));
             }
             if !b.is_ascii_graphic() {
-                return Err(Error::invalid(format!("body.name[{i}]"), b, "a POSIX_SHM name is printable ASCII"));
+                return Err(Error::invalid(
+                    format!("body.name[{i}]"),
+                    b,
+                    "a POSIX_SHM name is printable ASCII",
+                ));
             }
             *slot = b;
         }
@@ -389,9 +416,13 @@ impl Backing {
     /// Parses a body of `kind`; `body` holds exactly `body_len` bytes.
     fn parse(kind: BackendKind, body: &[u8]) -> Result<Backing, Error> {
         let addr = || -> Result<NonZeroU64, Error> {
-            let bytes: [u8; 8] = body
-                .try_into()
-                .map_err(|_| Error::invalid("body_len", body.len(), "an address body has exactly 8 bytes"))?;
+            let bytes: [u8; 8] = body.try_into().map_err(|_| {
+                Error::invalid(
+                    "body_len",
+                    body.len(),
+                    "an address body has exactly 8 bytes",
+                )
+            })?;
             NonZeroU64::new(u64::from_le_bytes(bytes))
                 .ok_or_else(|| Error::invalid("body.address", 0u64, "an address body is nonzero"))
         };
@@ -400,19 +431,28 @@ impl Backing {
             BackendKind::VmmWindow => Backing::VmmWindow { addr: addr()? },
             BackendKind::DeviceMalloc => Backing::DeviceMalloc { addr: addr()? },
             BackendKind::ForkCow => Backing::ForkCow { addr: addr()? },
-            BackendKind::PosixShm => Backing::PosixShm { name: ShmName::from_bytes(body)? },
+            BackendKind::PosixShm => Backing::PosixShm {
+                name: ShmName::from_bytes(body)?,
+            },
             BackendKind::RemoteSidecar => {
                 if !body.is_empty() {
-                    return Err(Error::invalid("body_len", body.len(), "a REMOTE_SIDECAR body is empty"));
+                    return Err(Error::invalid(
+                        "body_len",
+                        body.len(),
+                        "a REMOTE_SIDECAR body is empty",
+                    ));
                 }
                 Backing::RemoteSidecar
             }
             BackendKind::Memfd => {
-                let bytes: [u8; 16] = body
-                    .try_into()
-                    .map_err(|_| Error::invalid("body_len", body.len(), "a MEMFD body has exactly 16 bytes"))?;
+                let bytes: [u8; 16] = body.try_into().map_err(|_| {
+                    Error::invalid("body_len", body.len(), "a MEMFD body has exactly 16 bytes")
+                })?;
                 let (dev, ino) = bytes.split_at(8);
-                Backing::Memfd { st_dev: le_u64(dev), st_ino: le_u64(ino) }
+                Backing::Memfd {
+                    st_dev: le_u64(dev),
+                    st_ino: le_u64(ino),
+                }
             }
         })
     }
@@ -445,7 +485,14 @@ impl BufferDescriptor {
         backing: Backing,
     ) -> Result<Self, Error> {
         check_pairing(address_space, access, backing.kind())?;
-        Ok(BufferDescriptor { address_space, access, backing, identity, nbytes, owner_worker_path_id: 0 })
+        Ok(BufferDescriptor {
+            address_space,
+            access,
+            backing,
+            identity,
+            nbytes,
+            owner_worker_path_id: 0,
+        })
     }
 
     /// Sets the diagnostic path id of the worker that owns the buffer.
@@ -510,7 +557,11 @@ impl BufferDescriptor {
     pub(crate) fn write<const N: usize>(&self, w: &mut Writer<N>) {
         let (body, body_len) = self.backing.body();
         w.put(&DESCRIPTOR_MAGIC.to_le_bytes());
-        w.put(&[self.address_space.code(), self.access.code(), self.backing.kind().code()]);
+        w.put(&[
+            self.address_space.code(),
+            self.access.code(),
+            self.backing.kind().code(),
+        ]);
         w.zeros(3);
         self.identity.write(w);
         w.put(&self.nbytes.to_le_bytes());
@@ -529,16 +580,27 @@ impl BufferDescriptor {
             return Err(Error::invalid("magic", magic, "must be 0x5342"));
         }
         let space_code = r.u8()?;
-        let address_space = AddressSpace::from_code(space_code)
-            .ok_or_else(|| Error::invalid("address_space", space_code, "must be HOST (0) or DEVICE (1)"))?;
+        let address_space = AddressSpace::from_code(space_code).ok_or_else(|| {
+            Error::invalid(
+                "address_space",
+                space_code,
+                "must be HOST (0) or DEVICE (1)",
+            )
+        })?;
         let access_code = r.u8()?;
-        let access = Access::from_code(access_code)
-            .ok_or_else(|| Error::invalid("access", access_code, "must be READ (0), WRITE (1) or READWRITE (2)"))?;
+        let access = Access::from_code(access_code).ok_or_else(|| {
+            Error::invalid(
+                "access",
+                access_code,
+                "must be READ (0), WRITE (1) or READWRITE (2)",
+            )
+        })?;
         let kind_code = r.u8()?;
         let kind = BackendKind::from_code(kind_code)
             .ok_or_else(|| Error::invalid("backend_kind", kind_code, "must be 0 to 6"))?;
         check_zero(r, "pad@5", 3)?;
-        let identity = CanonicalIdentity::read(r).map_err(|e| e.within(format_args!("identity")))?;
+        let identity =
+            CanonicalIdentity::read(r).map_err(|e| e.within(format_args!("identity")))?;
         let nbytes = r.u64()?;
         let owner_worker_path_id = r.u32()?;
         let body_len = r.u16()?;
@@ -551,24 +613,41 @@ impl BufferDescriptor {
         if let Some(i) = tail.iter().position(|&b| b != 0) {
             let at = body_len + i;
             let byte = tail.get(i).copied().unwrap_or(0);
-            return Err(Error::invalid(format!("body[{at}]"), byte, "body bytes past body_len must be zero"));
+            return Err(Error::invalid(
+                format!("body[{at}]"),
+                byte,
+                "body bytes past body_len must be zero",
+            ));
         }
         let backing = Backing::parse(kind, used)?;
         check_pairing(address_space, access, kind)?;
-        Ok(BufferDescriptor { address_space, access, backing, identity, nbytes, owner_worker_path_id })
+        Ok(BufferDescriptor {
+            address_space,
+            access,
+            backing,
+            identity,
+            nbytes,
+            owner_worker_path_id,
+        })
     }
 }
 
 fn check_pairing(space: AddressSpace, access: Access, kind: BackendKind) -> Result<(), Error> {
     if !kind.allows_space(space) {
         let rule = match kind {
-            BackendKind::DeviceMalloc | BackendKind::VmmWindow => "DEVICE_MALLOC and VMM_WINDOW buffers live in DEVICE space",
+            BackendKind::DeviceMalloc | BackendKind::VmmWindow => {
+                "DEVICE_MALLOC and VMM_WINDOW buffers live in DEVICE space"
+            }
             _ => "FORK_SHM, POSIX_SHM, FORK_COW and MEMFD buffers live in HOST space",
         };
         return Err(Error::invalid("address_space", space.code(), rule));
     }
     if kind == BackendKind::ForkCow && access != Access::Read {
-        return Err(Error::invalid("access", access.code(), "a FORK_COW buffer grants READ only"));
+        return Err(Error::invalid(
+            "access",
+            access.code(),
+            "a FORK_COW buffer grants READ only",
+        ));
     }
     Ok(())
 }
@@ -583,8 +662,16 @@ pub(crate) fn check_zero(r: &mut Reader<'_>, field: &'static str, n: usize) -> R
 
 pub(crate) fn exact_len(what: &'static str, bytes: &[u8], size: usize) -> Result<(), Error> {
     match bytes.len().cmp(&size) {
-        std::cmp::Ordering::Less => Err(Error::Truncated { what, needed: size, available: bytes.len() }),
-        std::cmp::Ordering::Greater => Err(Error::TrailingBytes { what, expected: size, available: bytes.len() }),
+        std::cmp::Ordering::Less => Err(Error::Truncated {
+            what,
+            needed: size,
+            available: bytes.len(),
+        }),
+        std::cmp::Ordering::Greater => Err(Error::TrailingBytes {
+            what,
+            expected: size,
+            available: bytes.len(),
+        }),
         std::cmp::Ordering::Equal => Ok(()),
     }
 }
@@ -605,8 +692,10 @@ fn put(dst: &mut [u8], at: usize, src: &[u8]) {
 
 pub(crate) fn hex(bytes: &[u8]) -> String {
     use std::fmt::Write;
-    bytes.iter().fold(String::with_capacity(bytes.len() * 2), |mut s, b| {
-        let _ = write!(s, "{b:02x}");
-        s
-    })
+    bytes
+        .iter()
+        .fold(String::with_capacity(bytes.len() * 2), |mut s, b| {
+            let _ = write!(s, "{b:02x}");
+            s
+        })
 }

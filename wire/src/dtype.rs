@@ -102,9 +102,11 @@ impl DType {
     /// The alignment unit of a byte offset: the element size in bytes, or 1
     /// for sub-byte types, whose views start on a byte boundary.
     pub const fn align_bytes(self) -> u64 {
-        match self.bits() / 8 {
-            0 => 1,
-            n => n as u64,
+        match self.bits() {
+            4 | 8 => 1,
+            16 => 2,
+            32 => 4,
+            _ => 8,
         }
     }
 
@@ -131,7 +133,9 @@ impl DType {
 
     /// The dtype named `name` (case-insensitive), if there is one.
     pub fn from_name(name: &str) -> Option<DType> {
-        DType::ALL.into_iter().find(|d| d.name().eq_ignore_ascii_case(name))
+        DType::ALL
+            .into_iter()
+            .find(|d| d.name().eq_ignore_ascii_case(name))
     }
 
     /// Bytes spanned by `elems` consecutive elements starting on a byte

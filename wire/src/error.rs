@@ -40,7 +40,9 @@ pub enum Error {
         rule: &'static str,
     },
     /// A view reaches past the end of its buffer.
-    #[error("{field} out of bounds: byte_offset {byte_offset} + extent {extent} ends past nbytes {nbytes}")]
+    #[error(
+        "{field} out of bounds: byte_offset {byte_offset} + extent {extent} ends past nbytes {nbytes}"
+    )]
     ViewOutOfBounds {
         /// Path of the view, such as `tensors[3].view`.
         field: String,
@@ -57,8 +59,16 @@ pub enum Error {
 }
 
 impl Error {
-    pub(crate) fn invalid(field: impl Into<String>, value: impl Into<FieldValue>, rule: &'static str) -> Self {
-        Error::InvalidField { field: field.into(), value: value.into(), rule }
+    pub(crate) fn invalid(
+        field: impl Into<String>,
+        value: impl Into<FieldValue>,
+        rule: &'static str,
+    ) -> Self {
+        Error::InvalidField {
+            field: field.into(),
+            value: value.into(),
+            rule,
+        }
     }
 
     /// The path of the field this error is about, if it is about one field.
@@ -74,12 +84,22 @@ impl Error {
     #[must_use]
     pub(crate) fn within(self, prefix: fmt::Arguments<'_>) -> Self {
         match self {
-            Error::InvalidField { field, value, rule } => {
-                Error::InvalidField { field: format!("{prefix}.{field}"), value, rule }
-            }
-            Error::ViewOutOfBounds { field, byte_offset, extent, nbytes } => {
-                Error::ViewOutOfBounds { field: format!("{prefix}.{field}"), byte_offset, extent, nbytes }
-            }
+            Error::InvalidField { field, value, rule } => Error::InvalidField {
+                field: format!("{prefix}.{field}"),
+                value,
+                rule,
+            },
+            Error::ViewOutOfBounds {
+                field,
+                byte_offset,
+                extent,
+                nbytes,
+            } => Error::ViewOutOfBounds {
+                field: format!("{prefix}.{field}"),
+                byte_offset,
+                extent,
+                nbytes,
+            },
             other => other,
         }
     }

@@ -36,8 +36,20 @@
 //! ```
 
 #![forbid(unsafe_code)]
-#![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used, clippy::panic, clippy::indexing_slicing))]
-#![deny(clippy::as_conversions)]
+#![cfg_attr(
+    not(test),
+    deny(
+        clippy::unwrap_used,
+        clippy::expect_used,
+        clippy::panic,
+        clippy::indexing_slicing
+    )
+)]
+#![deny(
+    clippy::cast_possible_truncation,
+    clippy::cast_sign_loss,
+    clippy::cast_possible_wrap
+)]
 
 mod chip_tensor;
 mod codec;
@@ -54,15 +66,15 @@ pub mod check;
 
 pub use chip_tensor::ChipTensor;
 pub use descriptor::{
-    Access, AddressSpace, BackendKind, Backing, BufferDescriptor, CanonicalIdentity, ShmName, DESCRIPTOR_MAGIC,
-    DESCRIPTOR_SIZE, IDENTITY_SIZE, MAX_BODY_LEN,
+    Access, AddressSpace, BackendKind, Backing, BufferDescriptor, CanonicalIdentity,
+    DESCRIPTOR_MAGIC, DESCRIPTOR_SIZE, IDENTITY_SIZE, MAX_BODY_LEN, ShmName,
 };
 pub use dtype::DType;
 pub use error::{Error, FieldValue};
 pub use mint::IdentityMint;
-pub use overlap::{overlap, Footprint, Overlap};
-pub use task_args::{header_counts, TaskArgs, HEADER_SIZE, MAX_SCALARS, MAX_TENSORS};
-pub use tensor::{Tensor, MAX_DIMS, TENSOR_SIZE};
+pub use overlap::{Footprint, Overlap, overlap};
+pub use task_args::{HEADER_SIZE, MAX_SCALARS, MAX_TENSORS, TaskArgs, header_counts};
+pub use tensor::{MAX_DIMS, TENSOR_SIZE, Tensor};
 
 /// Decoded contents of a file or message that holds either a TaskArgs blob
 /// or a single tensor record.

@@ -32,7 +32,10 @@ impl IdentityMint {
     }
 
     pub(crate) fn starting_at(owner: [u8; 8], next: u64) -> Self {
-        IdentityMint { owner, next: AtomicU64::new(next) }
+        IdentityMint {
+            owner,
+            next: AtomicU64::new(next),
+        }
     }
 
     /// The owner instance id of every identity this mint hands out.
@@ -50,7 +53,9 @@ impl IdentityMint {
         // other memory is published through this counter, hence Relaxed.
         let id = self
             .next
-            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| if n == u64::MAX { None } else { Some(n + 1) })
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
+                if n == u64::MAX { None } else { Some(n + 1) }
+            })
             .map_err(|_| Error::IdentitiesExhausted)?;
         CanonicalIdentity::new(self.owner, id, 1)
     }

@@ -38,10 +38,18 @@ impl TaskArgs {
     /// there are more than 256 tensors or 128 scalars.
     pub fn new(tensors: Vec<Tensor>, scalars: Vec<u64>) -> Result<Self, Error> {
         if tensors.len() > MAX_TENSORS {
-            return Err(Error::invalid("tensor_count", tensors.len(), "at most 256 tensors"));
+            return Err(Error::invalid(
+                "tensor_count",
+                tensors.len(),
+                "at most 256 tensors",
+            ));
         }
         if scalars.len() > MAX_SCALARS {
-            return Err(Error::invalid("scalar_count", scalars.len(), "at most 128 scalars"));
+            return Err(Error::invalid(
+                "scalar_count",
+                scalars.len(),
+                "at most 128 scalars",
+            ));
         }
         Ok(TaskArgs { tensors, scalars })
     }
@@ -128,10 +136,18 @@ fn walk(bytes: &[u8], mut out: Option<&mut TaskArgs>) -> Result<(), Error> {
     // t ≤ 256 and s ≤ 128, so this cannot overflow.
     let needed = HEADER_SIZE + TENSOR_SIZE * t + 8 * s;
     if bytes.len() < needed {
-        return Err(Error::Truncated { what: "task args", needed, available: bytes.len() });
+        return Err(Error::Truncated {
+            what: "task args",
+            needed,
+            available: bytes.len(),
+        });
     }
     if bytes.len() > needed {
-        return Err(Error::TrailingBytes { what: "task args", expected: needed, available: bytes.len() });
+        return Err(Error::TrailingBytes {
+            what: "task args",
+            expected: needed,
+            available: bytes.len(),
+        });
     }
     if let Some(out) = out.as_deref_mut() {
         // Bounded by MAX_TENSORS and MAX_SCALARS, and backed by input bytes.
@@ -142,7 +158,8 @@ fn walk(bytes: &[u8], mut out: Option<&mut TaskArgs>) -> Result<(), Error> {
     let _header = r.array::<HEADER_SIZE>()?;
     for i in 0..t {
         let record = r.bytes(TENSOR_SIZE)?;
-        let tensor = Tensor::read(&mut Reader::new("tensor", record)).map_err(|e| e.within(format_args!("tensors[{i}]")))?;
+        let tensor = Tensor::read(&mut Reader::new("tensor", record))
+            .map_err(|e| e.within(format_args!("tensors[{i}]")))?;
         if let Some(out) = out.as_deref_mut() {
             out.tensors.push(tensor);
         }

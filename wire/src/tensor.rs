@@ -19,7 +19,9 @@
 //! extent formula total.
 
 use crate::codec::{Reader, Writer};
-use crate::descriptor::{check_zero, exact_len, BufferDescriptor, CanonicalIdentity, DESCRIPTOR_SIZE};
+use crate::descriptor::{
+    BufferDescriptor, CanonicalIdentity, DESCRIPTOR_SIZE, check_zero, exact_len,
+};
 use crate::{DType, Error};
 
 /// Maximum rank of a view.
@@ -57,12 +59,23 @@ impl Tensor {
         dtype: DType,
     ) -> Result<Self, Error> {
         if shape.len() != strides.len() {
-            return Err(Error::invalid("strides", strides.len(), "one stride per axis of the shape"));
+            return Err(Error::invalid(
+                "strides",
+                strides.len(),
+                "one stride per axis of the shape",
+            ));
         }
         let ndims = rank(shape.len())?;
-        let mut raw = RawGeometry { ndims: u32::from(ndims), shapes: [0; MAX_DIMS], strides: [0; MAX_DIMS] };
-        for ((dst_shape, dst_stride), (&s, &t)) in
-            raw.shapes.iter_mut().zip(raw.strides.iter_mut()).zip(shape.iter().zip(strides))
+        let mut raw = RawGeometry {
+            ndims: u32::from(ndims),
+            shapes: [0; MAX_DIMS],
+            strides: [0; MAX_DIMS],
+        };
+        for ((dst_shape, dst_stride), (&s, &t)) in raw
+            .shapes
+            .iter_mut()
+            .zip(raw.strides.iter_mut())
+            .zip(shape.iter().zip(strides))
         {
             *dst_shape = s;
             *dst_stride = t;
@@ -75,7 +88,12 @@ impl Tensor {
     /// # Errors
     /// As [`Tensor::new`], and [`Error::InvalidField`] naming `strides` when
     /// a row-major stride does not fit in 32 bits.
-    pub fn row_major(buffer: BufferDescriptor, byte_offset: u64, shape: &[u32], dtype: DType) -> Result<Self, Error> {
+    pub fn row_major(
+        buffer: BufferDescriptor,
+        byte_offset: u64,
+        shape: &[u32],
+        dtype: DType,
+    ) -> Result<Self, Error> {
         let ndims = rank(shape.len())?;
         let mut strides = [0u32; MAX_DIMS];
         let mut acc: u32 = 1;
@@ -84,7 +102,11 @@ impl Tensor {
                 *slot = acc;
             }
             acc = acc.checked_mul(s).ok_or_else(|| {
-                Error::invalid(format!("strides[{}]", i.saturating_sub(1)), u64::from(acc) * u64::from(s), "row-major stride exceeds u32")
+                Error::invalid(
+                    format!("strides[{}]", i.saturating_sub(1)),
+                    u64::from(acc) * u64::from(s),
+                    "row-major stride exceeds u32",
+                )
             })?;
         }
         let strides = strides.get(..usize::from(ndims)).unwrap_or_default();
@@ -179,7 +201,11 @@ impl Tensor {
         debug_assert_eq!(r.offset() - start, DESCRIPTOR_SIZE);
         let byte_offset = r.u64()?;
         let ndims = r.u32()?;
-        let mut raw = RawGeometry { ndims, shapes: [0; MAX_DIMS], strides: [0; MAX_DIMS] };
+        let mut raw = RawGeometry {
+            ndims,
+            shapes: [0; MAX_DIMS],
+            strides: [0; MAX_DIMS],
+        };
         for s in &mut raw.shapes {
             *s = r.u32()?;
         }
@@ -210,7 +236,12 @@ fn rank(len: usize) -> Result<u8, Error> {
 }
 
 /// The one tensor validator: every constructor and every decode ends here.
-fn validate(buffer: BufferDescriptor, byte_offset: u64, raw: RawGeometry, dtype: DType) -> Result<Tensor, Error> {
+fn validate(
+    buffer: BufferDescriptor,
+    byte_offset: u64,
+    raw: RawGeometry,
+    dtype: DType,
+) -> Result<Tensor, Error> {
     let ndims = match u8::try_from(raw.ndims) {
         Ok(n @ 1..=5) => n,
         _ => return Err(Error::invalid("ndims", raw.ndims, "must be 1 to 5")),
@@ -221,32 +252,68 @@ fn validate(buffer: BufferDescriptor, byte_offset: u64, raw: RawGeometry, dtype:
     for (i, (&shape, &stride)) in raw.shapes.iter().zip(&raw.strides).enumerate() {
         if i < live {
             if shape == 0 {
-                return Err(Error::invalid(format!("shapes[{i}]"), shape, "must be > 0 below ndims"));
+                return Err(Error::invalid(
+                    format!("shapes[{i}]"),
+                    shape,
+                    "must be > 0 below ndims",
+                ));
             }
             if stride == 0 {
-                return Err(Error::invalid(format!("strides[{i}]"), stride, "must be > 0 below ndims"));
+                return Err(Error::invalid(
+                    format!("strides[{i}]"),
+                    stride,
+                    "must be > 0 below ndims",
+                ));
             }
             span += u128::from(shape - 1) * u128::from(stride);
         } else {
             if shape != 0 {
-                return Err(Error::invalid(format!("shapes[{i}]"), shape, "slots past ndims must be zero"));
+                return Err(Error::invalid(
+                    format!("shapes[{i}]"),
+                    shape,
+                    "slots past ndims must be zero",
+                ));
             }
             if stride != 0 {
-                return Err(Error::invalid(format!("strides[{i}]"), stride, "slots past ndims must be zero"));
+                return Err(Error::invalid(
+                    format!("strides[{i}]"),
+                    stride,
+                    "slots past ndims must be zero",
+                ));
             }
         }
     }
     let align = dtype.align_bytes();
     if byte_offset % align != 0 {
-        return Err(Error::invalid("byte_offset", byte_offset, "must be a multiple of the element size"));
+        return Err(Error::invalid(
+            "byte_offset",
+            byte_offset,
+            "must be a multiple of the element size",
+        ));
     }
     let extent = u64::try_from(span)
         .ok()
         .and_then(|span| dtype.bytes_for(span))
         .ok_or_else(|| Error::invalid("extent", u64::MAX, "view extent overflows u64"))?;
     let nbytes = buffer.nbytes();
-    if byte_offset.checked_add(extent).is_none_or(|end| end > nbytes) {
-        return Err(Error::ViewOutOfBounds { field: "view".into(), byte_offset, extent, nbytes });
+    if byte_offset
+        .checked_add(extent)
+        .is_none_or(|end| end > nbytes)
+    {
+        return Err(Error::ViewOutOfBounds {
+            field: "view".into(),
+            byte_offset,
+            extent,
+            nbytes,
+        });
     }
-    Ok(Tensor { buffer, byte_offset, ndims, shapes: raw.shapes, strides: raw.strides, dtype, extent })
+    Ok(Tensor {
+        buffer,
+        byte_offset,
+        ndims,
+        shapes: raw.shapes,
+        strides: raw.strides,
+        dtype,
+        extent,
+    })
 }

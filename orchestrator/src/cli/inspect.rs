@@ -3,11 +3,14 @@
 //! Exit status: 0 on success, 2 when the bytes are rejected by the
 //! validator (the message names the field), 1 when the file cannot be read.
 
+use std::io::Write;
 use std::path::Path;
 use std::process::ExitCode;
 
-use serde_json::{json, Value};
-use strata_wire::{decode_any, Backing, BufferDescriptor, CanonicalIdentity, Decoded, Tensor, DESCRIPTOR_MAGIC};
+use serde_json::{Value, json};
+use strata_wire::{
+    Backing, BufferDescriptor, CanonicalIdentity, DESCRIPTOR_MAGIC, Decoded, Tensor, decode_any,
+};
 
 /// Exit status for input the validator rejects.
 pub const EXIT_INVALID: u8 = 2;
@@ -24,9 +27,20 @@ pub fn run(file: &Path, compact: bool) -> ExitCode {
     match decode_any(&bytes) {
         Ok(decoded) => {
             let value = to_json(&decoded);
-            let text = if compact { value.to_string() } else { pretty(&value) };
-            println!("{text}");
-            ExitCode::SUCCESS
+            let text = if compact {
+                value.to_string()
+            } else {
+                pretty(&value)
+            };
+            match writeln!(std::io::stdout().lock(), "{text}") {
+                Ok(()) => ExitCode::SUCCESS,
+                // A reader that stops early (`| head`) is not an error.
+                Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("strata inspect: cannot write output: {e}");
+                    ExitCode::FAILURE
+                }
+            }
         }
         Err(e) => {
             eprintln!("strata inspect: {}: invalid: {e}", file.display());
@@ -71,7 +85,10 @@ pub fn tensor_json(t: &Tensor) -> Value {
 
 fn descriptor_json(d: &BufferDescriptor) -> Value {
     let body = match *d.backing() {
-        Backing::ForkShm { addr } | Backing::VmmWindow { addr } | Backing::DeviceMalloc { addr } | Backing::ForkCow { addr } => {
+        Backing::ForkShm { addr }
+        | Backing::VmmWindow { addr }
+        | Backing::DeviceMalloc { addr }
+        | Backing::ForkCow { addr } => {
             json!({ "address": format!("{:#018x}", addr.get()) })
         }
         Backing::PosixShm { name } => json!({ "name": name.as_str() }),

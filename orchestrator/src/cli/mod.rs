@@ -26,7 +26,9 @@ pub enum Command {
     /// `[i32 T][i32 S][Tensor × T][u64 × S]` otherwise. Invalid input is
     /// reported with the validator's message, naming the field, and exit
     /// status 2.
-    #[command(after_help = "Examples:\n  strata inspect examples/wire/matmul_tile.args\n  strata inspect --compact args.bin | jq .tensors[0].shape")]
+    #[command(
+        after_help = "Examples:\n  strata inspect examples/wire/matmul_tile.args\n  strata inspect --compact args.bin | jq .tensors[0].shape"
+    )]
     Inspect {
         /// The file to decode.
         file: PathBuf,

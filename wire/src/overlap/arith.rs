@@ -6,17 +6,29 @@
 
 /// ⌊a / b⌋ for `b > 0`.
 pub(super) fn div_floor(a: i128, b: i128) -> i128 {
-    a.div_euclid(b)
+    // 128-bit division is a library call; nearly every operand fits 64 bits.
+    match (i64::try_from(a), i64::try_from(b)) {
+        (Ok(a), Ok(b)) => i128::from(a.div_euclid(b)),
+        _ => a.div_euclid(b),
+    }
 }
 
 /// ⌈a / b⌉ for `b > 0`.
 pub(super) fn div_ceil(a: i128, b: i128) -> i128 {
-    -(-a).div_euclid(b)
+    -div_floor(-a, b)
+}
+
+/// `a mod b` in `[0, b)` for `b > 0`.
+pub(super) fn rem(a: i128, b: i128) -> i128 {
+    match (i64::try_from(a), i64::try_from(b)) {
+        (Ok(a), Ok(b)) => i128::from(a.rem_euclid(b)),
+        _ => a.rem_euclid(b),
+    }
 }
 
 pub(super) fn gcd(mut a: i128, mut b: i128) -> i128 {
     while b != 0 {
-        (a, b) = (b, a.rem_euclid(b));
+        (a, b) = (b, rem(a, b));
     }
     a.abs()
 }
@@ -38,13 +50,19 @@ pub(super) fn floor_sum(n: u128, m: u128, a: u128, b: u128) -> u128 {
     let mut ans: u128 = 0;
     loop {
         if a >= m {
-            let tri = if n % 2 == 0 { (n / 2).wrapping_mul(n.wrapping_sub(1)) } else { n.wrapping_mul((n - 1) / 2) };
-            ans = ans.wrapping_add(tri.wrapping_mul(a / m));
-            a %= m;
+            let tri = if n % 2 == 0 {
+                (n / 2).wrapping_mul(n.wrapping_sub(1))
+            } else {
+                n.wrapping_mul((n - 1) / 2)
+            };
+            let (q, r) = divrem(a, m);
+            ans = ans.wrapping_add(tri.wrapping_mul(q));
+            a = r;
         }
         if b >= m {
-            ans = ans.wrapping_add(n.wrapping_mul(b / m));
-            b %= m;
+            let (q, r) = divrem(b, m);
+            ans = ans.wrapping_add(n.wrapping_mul(q));
+            b = r;
         }
         // a < m and b < m here, and n·a stays below 2^127 for the solver's
         // inputs (n·a ≤ span of a view), so y_max is exact.
@@ -52,9 +70,16 @@ pub(super) fn floor_sum(n: u128, m: u128, a: u128, b: u128) -> u128 {
         if y_max < m {
             return ans;
         }
-        n = y_max / m;
-        b = y_max % m;
+        (n, b) = divrem(y_max, m);
         (m, a) = (a, m);
+    }
+}
+
+/// Quotient and remainder, through 64-bit division when both operands fit.
+fn divrem(a: u128, b: u128) -> (u128, u128) {
+    match (u64::try_from(a), u64::try_from(b)) {
+        (Ok(a), Ok(b)) => (u128::from(a / b), u128::from(a % b)),
+        _ => (a / b, a % b),
     }
 }
 

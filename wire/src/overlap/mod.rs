@@ -42,7 +42,7 @@ mod solve;
 use std::ops::Range;
 
 use crate::{CanonicalIdentity, Tensor};
-use set::{normalize, Dim, Set};
+use set::{Dim, Set, normalize};
 
 /// How two views relate, as seen from the first.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -71,7 +71,11 @@ impl Footprint {
     /// The footprint of `view`.
     pub fn of(view: &Tensor) -> Footprint {
         let (set, exact) = byte_set(view);
-        Footprint { identity: *view.identity(), set, exact }
+        Footprint {
+            identity: *view.identity(),
+            set,
+            exact,
+        }
     }
 
     /// The buffer the bytes are in.
@@ -105,7 +109,10 @@ impl Footprint {
             None => Overlap::Partial,
             // A superset of `other` inside `self` proves `other` inside it;
             // a superset of `self` proves nothing.
-            Some(true) if self.exact && solve::contains(&self.set, &other.set, &mut budget) == Some(true) => {
+            Some(true)
+                if self.exact
+                    && solve::contains(&self.set, &other.set, &mut budget) == Some(true) =>
+            {
                 Overlap::Covers
             }
             Some(true) => Overlap::Partial,
@@ -131,7 +138,10 @@ fn byte_set(view: &Tensor) -> (Set, bool) {
     if bits >= 8 {
         let elem = i128::from(bits / 8);
         for (d, (&n, &s)) in dims.iter_mut().zip(view.shape().iter().zip(view.strides())) {
-            *d = Dim { n: i128::from(n), s: i128::from(s) * elem };
+            *d = Dim {
+                n: i128::from(n),
+                s: i128::from(s) * elem,
+            };
         }
         return normalize(base, elem, &dims);
     }
@@ -139,7 +149,10 @@ fn byte_set(view: &Tensor) -> (Set, bool) {
     // With every stride even (the start is always byte-aligned) that map is
     // exact: widths round up and strides halve.
     for (d, (&n, &s)) in dims.iter_mut().zip(view.shape().iter().zip(view.strides())) {
-        *d = Dim { n: i128::from(n), s: i128::from(s) };
+        *d = Dim {
+            n: i128::from(n),
+            s: i128::from(s),
+        };
     }
     let (nibbles, exact) = normalize(2 * base, 1, &dims);
     if nibbles.dims().iter().all(|d| d.s % 2 == 0) {

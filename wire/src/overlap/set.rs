@@ -8,6 +8,8 @@
 //! intersection test in `solve` exact. Counts are ≥ 2 (a count of 1 adds
 //! nothing and is dropped).
 
+use super::arith::{div_floor, rem};
+
 /// Most dims a set may hold: 5 from a tensor plus room for the solver's
 /// temporary splits (each lift adds one dim that the next step removes).
 pub(super) const MAX_SET_DIMS: usize = 8;
@@ -30,7 +32,12 @@ pub(super) struct Set {
 impl Set {
     /// The contiguous run `[base, base + width)`.
     pub(super) fn run(base: i128, width: i128) -> Set {
-        Set { base, width, len: 0, dims: [Dim::default(); MAX_SET_DIMS] }
+        Set {
+            base,
+            width,
+            len: 0,
+            dims: [Dim::default(); MAX_SET_DIMS],
+        }
     }
 
     pub(super) fn dims(&self) -> &[Dim] {
@@ -56,7 +63,11 @@ impl Set {
 
     /// The outermost dim; only called on sets with at least one dim.
     pub(super) fn outer(&self) -> Dim {
-        self.len.checked_sub(1).and_then(|i| self.dims.get(i)).copied().unwrap_or(Dim { n: 1, s: 1 })
+        self.len
+            .checked_sub(1)
+            .and_then(|i| self.dims.get(i))
+            .copied()
+            .unwrap_or(Dim { n: 1, s: 1 })
     }
 
     pub(super) fn set_outer(&mut self, d: Dim) {
@@ -138,8 +149,11 @@ pub(super) fn normalize(base: i128, width: i128, dims: &[Dim]) -> (Set, bool) {
             let last = out.outer();
             // {i·s1 : i < n1} + {j·c·s1 : j < n2} is the progression of
             // n1 + c·(n2 − 1) steps of s1 when c ≤ n1 (no holes).
-            if d.s % last.s == 0 && d.s / last.s <= last.n {
-                out.set_outer(Dim { n: last.n + (d.s / last.s) * (d.n - 1), s: last.s });
+            if rem(d.s, last.s) == 0 && div_floor(d.s, last.s) <= last.n {
+                out.set_outer(Dim {
+                    n: last.n + div_floor(d.s, last.s) * (d.n - 1),
+                    s: last.s,
+                });
                 continue;
             }
         }
@@ -164,7 +178,10 @@ pub(super) fn normalize(base: i128, width: i128, dims: &[Dim]) -> (Set, bool) {
             }
         }
     }
-    debug_assert!(out.is_nested(), "normalize produced a non-nested set: {out:?}");
+    debug_assert!(
+        out.is_nested(),
+        "normalize produced a non-nested set: {out:?}"
+    );
     (out, exact)
 }
 
@@ -189,12 +206,19 @@ mod tests {
     fn normalize_is_exact_or_a_superset() {
         let mut seed = 0x1234_5678_9abc_def0u64;
         let mut next = |m: u64| {
-            seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            seed = seed
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
             i128::from((seed >> 33) % m)
         };
         for _ in 0..20_000 {
             let ndims = usize::try_from(next(4)).unwrap();
-            let dims: Vec<Dim> = (0..ndims).map(|_| Dim { n: next(4) + 1, s: next(12) + 1 }).collect();
+            let dims: Vec<Dim> = (0..ndims)
+                .map(|_| Dim {
+                    n: next(4) + 1,
+                    s: next(12) + 1,
+                })
+                .collect();
             let width = next(4) + 1;
             let base = next(10);
             let (set, exact) = normalize(base, width, &dims);
@@ -204,7 +228,10 @@ mod tests {
             if exact {
                 assert_eq!(got, want, "{dims:?} w={width} -> {set:?}");
             } else {
-                assert!(want.iter().all(|b| got.binary_search(b).is_ok()), "{dims:?} -> {set:?}");
+                assert!(
+                    want.iter().all(|b| got.binary_search(b).is_ok()),
+                    "{dims:?} -> {set:?}"
+                );
             }
         }
     }

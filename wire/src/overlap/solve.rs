@@ -25,7 +25,7 @@
 //! disjoint union, over its levels k, of the gaps between consecutive
 //! blocks of level k, and each of those gap families is itself a nested set.
 
-use super::arith::{div_ceil, div_floor, floor_sum, lcm};
+use super::arith::{div_ceil, div_floor, floor_sum, lcm, rem};
 use super::set::{Dim, Set};
 
 /// Blocks of one side that may be tested one by one.
@@ -52,7 +52,11 @@ pub(super) fn intersects(a: &Set, b: &Set, budget: &mut u32) -> Option<bool> {
     if a.rank() == 1 && b.rank() == 1 {
         return single_levels(a, b);
     }
-    let (a, b) = if a.outer().s >= b.outer().s { (a, b) } else { (b, a) };
+    let (a, b) = if a.outer().s >= b.outer().s {
+        (a, b)
+    } else {
+        (b, a)
+    };
     let Dim { n: na, s: sa } = a.outer();
     let a_in = a.inner();
     let ea = a_in.extent();
@@ -70,7 +74,7 @@ pub(super) fn intersects(a: &Set, b: &Set, budget: &mut u32) -> Option<bool> {
     if t == sa {
         return same_stride(a, b, budget);
     }
-    if sa % t == 0 {
+    if rem(sa, t) == 0 {
         let (b1, b2) = lift(b, sa)?;
         return any([b1, b2].into_iter().flatten().map(|bx| (*a, bx)), budget);
     }
@@ -78,10 +82,13 @@ pub(super) fn intersects(a: &Set, b: &Set, budget: &mut u32) -> Option<bool> {
         return any((i_lo..=i_hi).map(|i| (a_in.shifted(i * sa), *b)), budget);
     }
     let l = lcm(sa, t)?;
-    if l / sa <= ENUMERATE_CAP {
+    if div_floor(l, sa) <= ENUMERATE_CAP {
         let (a1, a2) = lift(a, l)?;
         let (b1, b2) = lift(b, l)?;
-        let pairs = [a1, a2].into_iter().flatten().flat_map(|ax| [b1, b2].into_iter().flatten().map(move |bx| (ax, bx)));
+        let pairs = [a1, a2]
+            .into_iter()
+            .flatten()
+            .flat_map(|ax| [b1, b2].into_iter().flatten().map(move |bx| (ax, bx)));
         return any(pairs, budget);
     }
     None
@@ -155,10 +162,18 @@ fn same_stride(a: &Set, b: &Set, budget: &mut u32) -> Option<bool> {
 fn lift(x: &Set, l: i128) -> Option<(Option<Set>, Option<Set>)> {
     let Dim { n: m, s: t } = x.outer();
     let inner = x.inner();
-    let r = l / t;
-    let (q, rem) = (m / r, m % r);
-    let whole = if q >= 1 { Some(inner.push(Dim { n: r, s: t })?.push(Dim { n: q, s: l })?) } else { None };
-    let tail = if rem >= 1 { Some(inner.shifted(q * l).push(Dim { n: rem, s: t })?) } else { None };
+    let r = div_floor(l, t);
+    let (q, rest) = (div_floor(m, r), rem(m, r));
+    let whole = if q >= 1 {
+        Some(inner.push(Dim { n: r, s: t })?.push(Dim { n: q, s: l })?)
+    } else {
+        None
+    };
+    let tail = if rest >= 1 {
+        Some(inner.shifted(q * l).push(Dim { n: rest, s: t })?)
+    } else {
+        None
+    };
     Some((whole, tail))
 }
 
@@ -222,7 +237,8 @@ fn single_levels(a: &Set, b: &Set) -> Option<bool> {
     let z = if b1 < 0 { div_ceil(-b1, t) } else { 0 };
     let u = |v: i128| u128::try_from(v).ok();
     let upper = floor_sum(u(count)?, u(t)?, u(s)?, u(b0)?);
-    let lower = floor_sum(u(count)?, u(t)?, u(s)?, u(b1 + z * t)?).wrapping_sub(u(count)?.wrapping_mul(u(z)?));
+    let lower = floor_sum(u(count)?, u(t)?, u(s)?, u(b1 + z * t)?)
+        .wrapping_sub(u(count)?.wrapping_mul(u(z)?));
     Some(upper.wrapping_sub(lower) != 0)
 }
 
@@ -234,12 +250,20 @@ mod tests {
     struct Lcg(u64);
     impl Lcg {
         fn next(&mut self, m: u64) -> i128 {
-            self.0 = self.0.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            self.0 = self
+                .0
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
             i128::from((self.0 >> 33) % m)
         }
         fn set(&mut self, max_stride: u64) -> (Set, bool) {
             let ndims = usize::try_from(self.next(4)).unwrap();
-            let dims: Vec<Dim> = (0..ndims).map(|_| Dim { n: self.next(5) + 1, s: self.next(max_stride) + 1 }).collect();
+            let dims: Vec<Dim> = (0..ndims)
+                .map(|_| Dim {
+                    n: self.next(5) + 1,
+                    s: self.next(max_stride) + 1,
+                })
+                .collect();
             normalize(self.next(40), self.next(6) + 1, &dims)
         }
     }
@@ -277,10 +301,20 @@ mod tests {
         for _ in 0..100_000 {
             let a = Set::run(rng.next(50), rng.next(5) + 1);
             let sa = a.width + rng.next(9);
-            let a = a.push(Dim { n: rng.next(8) + 2, s: sa }).unwrap();
+            let a = a
+                .push(Dim {
+                    n: rng.next(8) + 2,
+                    s: sa,
+                })
+                .unwrap();
             let b = Set::run(rng.next(50), rng.next(5) + 1);
             let sb = b.width + rng.next(9);
-            let b = b.push(Dim { n: rng.next(8) + 2, s: sb }).unwrap();
+            let b = b
+                .push(Dim {
+                    n: rng.next(8) + 2,
+                    s: sb,
+                })
+                .unwrap();
             let (ab, bb) = (a.bytes(), b.bytes());
             let meet = ab.iter().any(|x| bb.binary_search(x).is_ok());
             assert_eq!(single_levels(&a, &b), Some(meet), "{a:?} {b:?}");

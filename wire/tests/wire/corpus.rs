@@ -7,8 +7,11 @@ use std::path::Path;
 use strata_wire::check::{check_overlap_seed, check_task_args_bytes, check_tensor_bytes};
 
 fn replay(target: &str, check: fn(&[u8])) -> usize {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz/corpus").join(target);
-    let entries = std::fs::read_dir(&dir).unwrap_or_else(|e| panic!("corpus {}: {e}", dir.display()));
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("fuzz/corpus")
+        .join(target);
+    let entries =
+        std::fs::read_dir(&dir).unwrap_or_else(|e| panic!("corpus {}: {e}", dir.display()));
     let mut n = 0;
     for entry in entries {
         let path = entry.unwrap().path();

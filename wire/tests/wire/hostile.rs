@@ -3,8 +3,10 @@
 //! agree with the reference reading of the rules.
 
 use proptest::prelude::*;
-use strata_wire::check::{check_task_args_bytes, check_tensor_bytes, hostile_variants, HOSTILE_WORDS};
-use strata_wire::{decode_any, TaskArgs, Tensor};
+use strata_wire::check::{
+    HOSTILE_WORDS, check_task_args_bytes, check_tensor_bytes, hostile_variants,
+};
+use strata_wire::{TaskArgs, Tensor, decode_any};
 
 use crate::sample_tensor;
 
@@ -21,7 +23,10 @@ fn every_word_of_a_tensor() {
     assert_eq!(total, 36 * HOSTILE_WORDS.len());
     // Some edits are harmless (nbytes, ids, the owner path id): the test
     // exercises both outcomes.
-    assert!(accepted > 0 && accepted < total, "{accepted} of {total} accepted");
+    assert!(
+        accepted > 0 && accepted < total,
+        "{accepted} of {total} accepted"
+    );
 }
 
 #[test]
@@ -34,7 +39,10 @@ fn every_word_of_a_blob() {
     // The header alone, followed by nothing, by one tensor, and by a lot.
     for tail in [0usize, 144, 4096] {
         let mut bytes = vec![0u8; 8 + tail];
-        bytes[8..].iter_mut().enumerate().for_each(|(i, b)| *b = (i % 251) as u8);
+        bytes[8..]
+            .iter_mut()
+            .enumerate()
+            .for_each(|(i, b)| *b = (i % 251) as u8);
         for variant in hostile_variants(&bytes[..8]) {
             let mut v = variant.clone();
             v.extend_from_slice(&bytes[8..]);

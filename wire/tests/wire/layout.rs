@@ -3,14 +3,17 @@
 use std::mem::{align_of, size_of};
 
 use strata_wire::{
-    Access, AddressSpace, Backing, BufferDescriptor, CanonicalIdentity, ChipTensor, DType, TaskArgs, Tensor,
-    DESCRIPTOR_SIZE, IDENTITY_SIZE, TENSOR_SIZE,
+    Access, AddressSpace, Backing, BufferDescriptor, CanonicalIdentity, ChipTensor,
+    DESCRIPTOR_SIZE, DType, IDENTITY_SIZE, TENSOR_SIZE, TaskArgs, Tensor,
 };
 
 use crate::sample_tensor;
 
 fn le(bytes: &[u8], at: usize, n: usize) -> u64 {
-    bytes[at..at + n].iter().rev().fold(0, |acc, &b| (acc << 8) | u64::from(b))
+    bytes[at..at + n]
+        .iter()
+        .rev()
+        .fold(0, |acc, &b| (acc << 8) | u64::from(b))
 }
 
 #[test]
@@ -116,7 +119,8 @@ fn chip_tensor_materializes_views_in_bounds_only() {
     assert_eq!(c.dtype(), DType::F32);
     assert!(!c.is_contiguous());
     // A backing shorter than the view is refused, naming it.
-    let short = ChipTensor::from_view(&t, 0x7000_0000, t.end_byte() - 1, AddressSpace::Host).unwrap_err();
+    let short =
+        ChipTensor::from_view(&t, 0x7000_0000, t.end_byte() - 1, AddressSpace::Host).unwrap_err();
     assert_eq!(short.field(), Some("backing"));
     let wraps = ChipTensor::from_view(&t, u64::MAX - 8, 1 << 20, AddressSpace::Host).unwrap_err();
     assert_eq!(wraps.field(), Some("addr"));
@@ -132,14 +136,39 @@ fn every_backing_round_trips() {
     let id = CanonicalIdentity::new([3; 8], 77, 1).unwrap();
     let addr = NonZeroU64::new(0xdead_beef).unwrap();
     let cases = [
-        (Backing::ForkShm { addr }, AddressSpace::Host, Access::ReadWrite),
-        (Backing::PosixShm { name: strata_wire::ShmName::new("strata.buf-1").unwrap() }, AddressSpace::Host, Access::Write),
-        (Backing::VmmWindow { addr }, AddressSpace::Device, Access::ReadWrite),
+        (
+            Backing::ForkShm { addr },
+            AddressSpace::Host,
+            Access::ReadWrite,
+        ),
+        (
+            Backing::PosixShm {
+                name: strata_wire::ShmName::new("strata.buf-1").unwrap(),
+            },
+            AddressSpace::Host,
+            Access::Write,
+        ),
+        (
+            Backing::VmmWindow { addr },
+            AddressSpace::Device,
+            Access::ReadWrite,
+        ),
         (Backing::RemoteSidecar, AddressSpace::Host, Access::Read),
         (Backing::RemoteSidecar, AddressSpace::Device, Access::Read),
-        (Backing::DeviceMalloc { addr }, AddressSpace::Device, Access::ReadWrite),
+        (
+            Backing::DeviceMalloc { addr },
+            AddressSpace::Device,
+            Access::ReadWrite,
+        ),
         (Backing::ForkCow { addr }, AddressSpace::Host, Access::Read),
-        (Backing::Memfd { st_dev: 1, st_ino: 2 }, AddressSpace::Host, Access::ReadWrite),
+        (
+            Backing::Memfd {
+                st_dev: 1,
+                st_ino: 2,
+            },
+            AddressSpace::Host,
+            Access::ReadWrite,
+        ),
     ];
     for (backing, space, access) in cases {
         let d = BufferDescriptor::new(id, 4096, space, access, backing).unwrap();

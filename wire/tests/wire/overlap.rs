@@ -1,8 +1,8 @@
 //! The overlap engine against the brute-force byte-set oracle.
 
 use proptest::prelude::*;
-use strata_wire::check::{check_answer, overlap_by_bytes, view_pair, Rng, ViewClass};
-use strata_wire::{overlap, DType, Footprint, Overlap, Tensor};
+use strata_wire::check::{Rng, ViewClass, check_answer, overlap_by_bytes, view_pair};
+use strata_wire::{DType, Footprint, Overlap, Tensor, overlap};
 
 use crate::memfd_buffer;
 
@@ -11,11 +11,26 @@ use crate::memfd_buffer;
 #[test]
 fn acceptance_cases_16x16() {
     let buf = memfd_buffer(1, 256);
-    let tile = |r0: u64, c0: u64, rows: u32, cols: u32| Tensor::new(buf, r0 * 16 + c0, &[rows, cols], &[16, 1], DType::U8).unwrap();
-    let flat = |start: u64, end: u64| Tensor::new(buf, start, &[u32::try_from(end - start).unwrap()], &[1], DType::U8).unwrap();
+    let tile = |r0: u64, c0: u64, rows: u32, cols: u32| {
+        Tensor::new(buf, r0 * 16 + c0, &[rows, cols], &[16, 1], DType::U8).unwrap()
+    };
+    let flat = |start: u64, end: u64| {
+        Tensor::new(
+            buf,
+            start,
+            &[u32::try_from(end - start).unwrap()],
+            &[1],
+            DType::U8,
+        )
+        .unwrap()
+    };
     let check = |a: &Tensor, b: &Tensor, want: Overlap| {
         assert_eq!(overlap(a, b), want, "{a:?} vs {b:?}");
-        assert_eq!(overlap_by_bytes(a, b), Some(want), "oracle disagrees with the expectation");
+        assert_eq!(
+            overlap_by_bytes(a, b),
+            Some(want),
+            "oracle disagrees with the expectation"
+        );
     };
     check(&tile(0, 0, 16, 4), &tile(0, 8, 16, 4), Overlap::Disjoint);
     check(&tile(0, 0, 8, 8), &tile(0, 8, 8, 8), Overlap::Disjoint);
@@ -47,7 +62,9 @@ fn acceptance_cases_16x16() {
 #[test]
 fn transposed_wrapping_and_reshaped_views() {
     let buf = memfd_buffer(1, 1024);
-    let v = |off: u64, shape: &[u32], strides: &[u32], d: DType| Tensor::new(buf, off, shape, strides, d).unwrap();
+    let v = |off: u64, shape: &[u32], strides: &[u32], d: DType| {
+        Tensor::new(buf, off, shape, strides, d).unwrap()
+    };
     // A 16×16 F32 matrix; its transpose covers the same bytes.
     let m = v(0, &[16, 16], &[16, 1], DType::F32);
     let mt = v(0, &[16, 16], &[1, 16], DType::F32);
@@ -130,8 +147,16 @@ fn precision_per_class() {
         }
         rows.push((class, t));
     }
-    let pct = |n: u64, d: u64| if d == 0 { "n/a".to_owned() } else { format!("{:.2}%", 100.0 * n as f64 / d as f64) };
-    println!("| class | exact? | pairs | truly disjoint | Disjoint precision | truly covering | Covers precision |");
+    let pct = |n: u64, d: u64| {
+        if d == 0 {
+            "n/a".to_owned()
+        } else {
+            format!("{:.2}%", 100.0 * n as f64 / d as f64)
+        }
+    };
+    println!(
+        "| class | exact? | pairs | truly disjoint | Disjoint precision | truly covering | Covers precision |"
+    );
     println!("|---|---|---|---|---|---|---|");
     for (class, t) in &rows {
         println!(
@@ -146,10 +171,20 @@ fn precision_per_class() {
         );
     }
     for (class, t) in &rows {
-        assert!(t.disjoint > PAIRS / 50, "{class:?}: only {} disjoint pairs generated", t.disjoint);
+        assert!(
+            t.disjoint > PAIRS / 50,
+            "{class:?}: only {} disjoint pairs generated",
+            t.disjoint
+        );
         if class.is_exact() {
-            assert_eq!(t.disjoint_found, t.disjoint, "{class:?}: Disjoint precision below 100%");
-            assert_eq!(t.covers_found, t.covers, "{class:?}: Covers precision below 100%");
+            assert_eq!(
+                t.disjoint_found, t.disjoint,
+                "{class:?}: Disjoint precision below 100%"
+            );
+            assert_eq!(
+                t.covers_found, t.covers,
+                "{class:?}: Covers precision below 100%"
+            );
         }
     }
 }

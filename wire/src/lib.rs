@@ -51,11 +51,13 @@
     clippy::cast_possible_wrap
 )]
 
+mod backing;
 mod chip_tensor;
 mod codec;
 mod descriptor;
 mod dtype;
 mod error;
+mod identity;
 mod mint;
 mod overlap;
 mod sync;
@@ -64,13 +66,12 @@ mod tensor;
 
 pub mod check;
 
+pub use backing::{BackendKind, Backing, MAX_BODY_LEN, ShmName};
 pub use chip_tensor::ChipTensor;
-pub use descriptor::{
-    Access, AddressSpace, BackendKind, Backing, BufferDescriptor, CanonicalIdentity,
-    DESCRIPTOR_MAGIC, DESCRIPTOR_SIZE, IDENTITY_SIZE, MAX_BODY_LEN, ShmName,
-};
+pub use descriptor::{Access, AddressSpace, BufferDescriptor, DESCRIPTOR_MAGIC, DESCRIPTOR_SIZE};
 pub use dtype::DType;
 pub use error::{Error, FieldValue};
+pub use identity::{CanonicalIdentity, IDENTITY_SIZE};
 pub use mint::IdentityMint;
 pub use overlap::{Footprint, Overlap, overlap};
 pub use task_args::{HEADER_SIZE, MAX_SCALARS, MAX_TENSORS, TaskArgs, header_counts};

@@ -18,11 +18,8 @@
 //! touches no byte and has no use as a task argument, and refusing it keeps the
 //! extent formula total.
 
-use crate::codec::{Reader, Writer};
-use crate::descriptor::{
-    BufferDescriptor, CanonicalIdentity, DESCRIPTOR_SIZE, check_zero, exact_len,
-};
-use crate::{DType, Error};
+use crate::codec::{Reader, Writer, check_zero, exact_len};
+use crate::{BufferDescriptor, CanonicalIdentity, DESCRIPTOR_SIZE, DType, Error};
 
 /// Maximum rank of a view.
 pub const MAX_DIMS: usize = 5;

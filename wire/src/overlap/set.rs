@@ -189,17 +189,12 @@ pub(super) fn normalize(base: i128, width: i128, dims: &[Dim]) -> (Set, bool) {
 mod tests {
     use super::*;
 
+    /// The bytes of the dims exactly as given, before normalization.
     fn brute(base: i128, width: i128, dims: &[Dim]) -> Vec<i128> {
-        let mut out: Vec<i128> = (0..width).map(|j| base + j).collect();
-        for d in dims {
-            let prev = std::mem::take(&mut out);
-            for i in 0..d.n {
-                out.extend(prev.iter().map(|p| p + i * d.s));
-            }
-        }
-        out.sort_unstable();
-        out.dedup();
-        out
+        let raw = dims
+            .iter()
+            .try_fold(Set::run(base, width), |s, d| s.push(*d));
+        raw.expect("at most 8 dims").bytes()
     }
 
     #[test]

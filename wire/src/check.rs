@@ -322,8 +322,13 @@ fn layout(rng: &mut Rng, class: ViewClass) -> Layout {
         }
         ViewClass::Arbitrary => vec![160],
         _ => {
-            let rank = rng.range(1, 4);
-            random_dims(rng, rank, if rank >= 3 { 6 } else { 10 })
+            let rank = rng.range(1, 5);
+            let max = match rank {
+                1 | 2 => 10,
+                3 => 6,
+                _ => 4,
+            };
+            random_dims(rng, rank, max)
         }
     };
     let elems: u32 = dims.iter().product();

@@ -111,6 +111,15 @@ fn footprint_and_tensor_paths_agree() {
     assert_eq!(fa.identity(), a.identity());
 }
 
+/// Pairs per class in the precision test; `STRATA_PRECISION_PAIRS` raises it
+/// for a longer sweep.
+fn precision_pairs() -> u64 {
+    std::env::var("STRATA_PRECISION_PAIRS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(20_000)
+}
+
 /// Per-class tallies against the oracle.
 #[derive(Default)]
 struct Tally {
@@ -127,12 +136,12 @@ struct Tally {
 /// exact classes.
 #[test]
 fn precision_per_class() {
-    const PAIRS: u64 = 20_000;
+    let pairs = precision_pairs();
     let mut rows = Vec::new();
     for class in ViewClass::ALL {
         let mut t = Tally::default();
         let mut rng = Rng(0x5eed ^ class as u64);
-        for _ in 0..PAIRS {
+        for _ in 0..pairs {
             let (a, b) = view_pair(class, &mut rng);
             let truth = overlap_by_bytes(&a, &b).unwrap();
             let got = overlap(&a, &b);
@@ -172,7 +181,7 @@ fn precision_per_class() {
     }
     for (class, t) in &rows {
         assert!(
-            t.disjoint > PAIRS / 50,
+            t.disjoint > pairs / 50,
             "{class:?}: only {} disjoint pairs generated",
             t.disjoint
         );

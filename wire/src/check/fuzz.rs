@@ -1,0 +1,201 @@
+//! The fuzz oracles, and hostile values for every word of a record.
+
+#![allow(
+    clippy::indexing_slicing,
+    clippy::panic,
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::cast_possible_truncation
+)]
+// Test support: panics are how an oracle reports, and casts of small
+// generator values are in range by construction.
+
+use super::oracle::{check_answer, overlap_by_bytes};
+use super::views::{Rng, ViewClass, view_pair};
+use crate::{BufferDescriptor, DType, Footprint, TENSOR_SIZE, TaskArgs, Tensor, overlap};
+
+/// An independent reading of the tensor rules of DESIGN §3, written for
+/// clarity rather than speed, to cross-check [`Tensor::decode`].
+pub fn reference_tensor_valid(bytes: &[u8]) -> bool {
+    if bytes.len() != TENSOR_SIZE {
+        return false;
+    }
+    let le = |at: usize, n: usize| {
+        bytes[at..at + n]
+            .iter()
+            .rev()
+            .fold(0u128, |acc, &b| (acc << 8) | u128::from(b))
+    };
+    let magic = le(0, 2);
+    let space = le(2, 1);
+    let access = le(3, 1);
+    let kind = le(4, 1);
+    let generation = le(24, 4);
+    let nbytes = le(40, 8);
+    let body_len = le(52, 2) as usize;
+    let body = &bytes[56..88];
+    let descriptor_ok = magic == 0x5342
+        && space <= 1
+        && access <= 2
+        && kind <= 6
+        && le(5, 3) == 0
+        && generation != 0
+        && le(54, 2) == 0
+        && body_len <= 32
+        && body[body_len.min(32)..].iter().all(|&b| b == 0)
+        && match kind {
+            0 | 2 | 4 | 5 => body_len == 8 && le(56, 8) != 0,
+            1 => {
+                (1..=32).contains(&body_len)
+                    && body[..body_len]
+                        .iter()
+                        .all(|&b| b.is_ascii_graphic() && b != b'/')
+            }
+            3 => body_len == 0,
+            6 => body_len == 16,
+            _ => false,
+        }
+        && match kind {
+            2 | 4 => space == 1,
+            3 => true,
+            _ => space == 0,
+        }
+        && (kind != 5 || access == 0);
+    if !descriptor_ok {
+        return false;
+    }
+    let byte_offset = le(88, 8);
+    let ndims = le(96, 4);
+    let dtype = le(140, 1);
+    if !(1..=5).contains(&ndims) || dtype > 14 || le(141, 3) != 0 {
+        return false;
+    }
+    let ndims = ndims as usize;
+    let mut span = 1u128;
+    for i in 0..5 {
+        let (shape, stride) = (le(100 + 4 * i, 4), le(120 + 4 * i, 4));
+        if i < ndims {
+            if shape == 0 || stride == 0 {
+                return false;
+            }
+            span += (shape - 1) * stride;
+        } else if shape != 0 || stride != 0 {
+            return false;
+        }
+    }
+    let bits = DType::from_code(dtype as u8).unwrap().bits() as u128;
+    let align = (bits / 8).max(1);
+    let extent = (span * bits).div_ceil(8);
+    byte_offset % align == 0 && byte_offset + extent <= nbytes
+}
+
+/// Fuzz oracle for one tensor record: decoding never panics; a decoded
+/// tensor re-encodes to bytes that decode to itself, equals what the public
+/// constructor builds from its parts, and the reference reading of the rules
+/// agrees with the validator on every input.
+pub fn check_tensor_bytes(data: &[u8]) {
+    let decoded = Tensor::decode(data);
+    assert_eq!(
+        decoded.is_ok(),
+        reference_tensor_valid(data),
+        "validator and reference disagree on {data:02x?}: {decoded:?}"
+    );
+    if let Ok(t) = decoded {
+        let mut expect = data.to_vec();
+        expect[IDENTITY_PAD_IN_TENSOR].fill(0);
+        assert_eq!(
+            t.encode().as_slice(),
+            expect.as_slice(),
+            "a valid tensor re-encodes to itself"
+        );
+        let again = Tensor::decode(&t.encode()).expect("re-encoded tensor must decode");
+        assert_eq!(again, t);
+        let rebuilt = Tensor::new(
+            *t.buffer(),
+            t.byte_offset(),
+            t.shape(),
+            t.strides(),
+            t.dtype(),
+        );
+        assert_eq!(rebuilt, Ok(t));
+        let d = BufferDescriptor::decode(&data[..crate::DESCRIPTOR_SIZE])
+            .expect("descriptor of a valid tensor");
+        assert_eq!(&d, t.buffer());
+        assert!(t.end_byte() <= t.buffer().nbytes());
+    }
+}
+
+/// Where a tensor record keeps its identity's ignored padding.
+const IDENTITY_PAD_IN_TENSOR: std::ops::Range<usize> = 28..40;
+
+/// Fuzz oracle for a TaskArgs blob: decode and validate agree (same error),
+/// and a decoded blob round-trips.
+pub fn check_task_args_bytes(data: &[u8]) {
+    let decoded = TaskArgs::decode(data);
+    let validated = TaskArgs::validate(data);
+    assert_eq!(
+        decoded.as_ref().err(),
+        validated.as_ref().err(),
+        "decode and validate disagree"
+    );
+    if let Ok(args) = decoded {
+        // Byte-exact except the identity padding, which decoding ignores.
+        let mut expect = data.to_vec();
+        for i in 0..args.tensors().len() {
+            let at = crate::HEADER_SIZE + i * TENSOR_SIZE;
+            expect[at + IDENTITY_PAD_IN_TENSOR.start..at + IDENTITY_PAD_IN_TENSOR.end].fill(0);
+        }
+        assert_eq!(args.encode(), expect, "a valid blob re-encodes to itself");
+        assert_eq!(TaskArgs::decode(&args.encode()), Ok(args));
+    }
+    // Whatever the bytes are, reading them as a single record must not panic.
+    let _ = crate::decode_any(data);
+}
+
+/// Fuzz oracle for the overlap engine: a pair drawn from the seed in
+/// `data` is compared with the byte-set oracle. The engine may never answer
+/// Disjoint for views that share a byte, nor Covers when it is false, and it
+/// must agree with the oracle exactly on the exact classes.
+pub fn check_overlap_seed(data: &[u8]) {
+    let mut seed = [0u8; 8];
+    for (d, s) in seed.iter_mut().zip(data) {
+        *d = *s;
+    }
+    let class =
+        ViewClass::ALL[usize::from(data.get(8).copied().unwrap_or(0)) % ViewClass::ALL.len()];
+    let mut rng = Rng(u64::from_le_bytes(seed));
+    let (a, b) = view_pair(class, &mut rng);
+    let truth = overlap_by_bytes(&a, &b).expect("generated views are small");
+    let got = overlap(&a, &b);
+    check_answer(class, &a, &b, got, truth);
+    let (fa, fb) = (Footprint::of(&a), Footprint::of(&b));
+    assert_eq!(fa.overlap(&fb), got, "footprint and tensor paths disagree");
+}
+
+/// Values tried in every 4-byte word of a record by the hostile-input tests.
+pub const HOSTILE_WORDS: [u32; 12] = [
+    0,
+    1,
+    2,
+    5,
+    6,
+    7,
+    0xff,
+    0x7fff_ffff,
+    0x8000_0000,
+    0xffff_ffff,
+    0x0001_0000,
+    0x5342,
+];
+
+/// Every copy of `record` with one aligned 4-byte word replaced by one of
+/// [`HOSTILE_WORDS`].
+pub fn hostile_variants(record: &[u8]) -> impl Iterator<Item = Vec<u8>> + '_ {
+    (0..record.len() / 4).flat_map(move |word| {
+        HOSTILE_WORDS.iter().map(move |v| {
+            let mut copy = record.to_vec();
+            copy[word * 4..word * 4 + 4].copy_from_slice(&v.to_le_bytes());
+            copy
+        })
+    })
+}

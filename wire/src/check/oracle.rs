@@ -22,20 +22,21 @@ pub fn byte_set(view: &Tensor) -> Option<Vec<u64>> {
     if view.element_count() > ORACLE_MAX_ELEMENTS {
         return None;
     }
-    let bits = u64::from(view.dtype().bits());
+    let bits = u128::from(view.dtype().bits());
     let mut out = Vec::new();
     let shape = view.shape();
     let strides = view.strides();
     let mut index = vec![0u32; shape.len()];
     loop {
-        let elem: u64 = index
+        let elem: u128 = index
             .iter()
             .zip(strides)
-            .map(|(&i, &s)| u64::from(i) * u64::from(s))
+            .map(|(&i, &s)| u128::from(i) * u128::from(s))
             .sum();
-        let first_bit = view.byte_offset() * 8 + elem * bits;
+        // In bits, u128: byte offsets may be close to 2^64.
+        let first_bit = u128::from(view.byte_offset()) * 8 + elem * bits;
         let last_bit = first_bit + bits - 1;
-        out.extend(first_bit / 8..=last_bit / 8);
+        out.extend((first_bit / 8..=last_bit / 8).map(|b| b as u64));
         // Odometer over the index, innermost axis fastest.
         let mut axis = shape.len();
         loop {

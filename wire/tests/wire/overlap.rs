@@ -219,3 +219,59 @@ proptest! {
         prop_assert_eq!(overlap(&a, &a), if Footprint::of(&a).is_exact() { Overlap::Covers } else { Overlap::Partial });
     }
 }
+
+/// Small boxes of a huge row-major array (rows of 2^20 I64, 2^18 rows, so
+/// byte offsets near 2^41) and views with offsets near 2^62: the arithmetic
+/// holds up far from zero, and the answers stay exact on a shared layout.
+#[test]
+fn huge_offsets_and_strides() {
+    let mut rng = Rng(77);
+    let big = memfd_buffer(9, 1 << 62);
+    const COLS: u64 = 1 << 20;
+    for _ in 0..20_000 {
+        let mut tile = |rng: &mut Rng| {
+            let (r0, c0) = (
+                rng.next_u64() % ((1 << 18) - 4),
+                rng.next_u64() % (COLS - 8),
+            );
+            let (rows, cols) = (rng.range(1, 4), rng.range(1, 8));
+            let step = rng.range(1, 3);
+            let row_stride = u32::try_from(COLS).unwrap();
+            Tensor::new(
+                big,
+                (r0 * COLS + c0) * 8,
+                &[rows, cols],
+                &[row_stride, step],
+                DType::I64,
+            )
+            .unwrap()
+        };
+        // Nearby tiles, so that some of them meet.
+        let a = tile(&mut rng);
+        let mut b = tile(&mut rng);
+        if rng.range(0, 1) == 0 {
+            let near = a.byte_offset() + u64::from(rng.range(0, 64)) * 8;
+            b = Tensor::new(big, near, b.shape(), b.strides(), DType::I64).unwrap();
+        }
+        let truth = overlap_by_bytes(&a, &b).unwrap();
+        check_answer(ViewClass::Stepped, &a, &b, overlap(&a, &b), truth);
+
+        let far = |rng: &mut Rng| {
+            let off = (1u64 << 61) + (rng.next_u64() % (1 << 40)) * 8;
+            let shape = [rng.range(1, 4), rng.range(1, 4)];
+            let strides = [rng.range(1, u32::MAX / 2), rng.range(1, 1 << 16)];
+            Tensor::new(big, off, &shape, &strides, DType::U64).unwrap()
+        };
+        let (x, y) = (far(&mut rng), far(&mut rng));
+        let y = Tensor::new(
+            big,
+            x.byte_offset() + (y.byte_offset() % 4096) * 8,
+            y.shape(),
+            y.strides(),
+            DType::U64,
+        )
+        .unwrap();
+        let truth = overlap_by_bytes(&x, &y).unwrap();
+        check_answer(ViewClass::Arbitrary, &x, &y, overlap(&x, &y), truth);
+    }
+}

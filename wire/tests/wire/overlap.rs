@@ -229,7 +229,7 @@ fn huge_offsets_and_strides() {
     let big = memfd_buffer(9, 1 << 62);
     const COLS: u64 = 1 << 20;
     for _ in 0..20_000 {
-        let mut tile = |rng: &mut Rng| {
+        let tile = |rng: &mut Rng| {
             let (r0, c0) = (
                 rng.next_u64() % ((1 << 18) - 4),
                 rng.next_u64() % (COLS - 8),

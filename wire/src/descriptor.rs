@@ -268,15 +268,10 @@ impl BufferDescriptor {
             ));
         }
         let backing = Backing::parse(kind, used)?;
-        check_pairing(address_space, access, kind)?;
-        Ok(BufferDescriptor {
-            address_space,
-            access,
-            backing,
-            identity,
-            nbytes,
-            owner_worker_path_id,
-        })
+        Ok(
+            BufferDescriptor::new(identity, nbytes, address_space, access, backing)?
+                .with_owner_worker_path_id(owner_worker_path_id),
+        )
     }
 }
 

@@ -1,15 +1,5 @@
 //! The fuzz oracles, and hostile values for every word of a record.
 
-#![allow(
-    clippy::indexing_slicing,
-    clippy::panic,
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::cast_possible_truncation
-)]
-// Test support: panics are how an oracle reports, and casts of small
-// generator values are in range by construction.
-
 use super::oracle::{check_answer, overlap_by_bytes};
 use super::views::{Rng, ViewClass, view_pair};
 use crate::{BufferDescriptor, DType, Footprint, TENSOR_SIZE, TaskArgs, Tensor, overlap};

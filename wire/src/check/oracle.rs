@@ -1,15 +1,5 @@
 //! The brute-force overlap oracle: enumerate the bytes of small views.
 
-#![allow(
-    clippy::indexing_slicing,
-    clippy::panic,
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::cast_possible_truncation
-)]
-// Test support: panics are how an oracle reports, and casts of small
-// generator values are in range by construction.
-
 use super::views::ViewClass;
 use crate::{Overlap, Tensor};
 

@@ -1,15 +1,5 @@
 //! Random view pairs by class, reproducible from a seed.
 
-#![allow(
-    clippy::indexing_slicing,
-    clippy::panic,
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::cast_possible_truncation
-)]
-// Test support: panics are how an oracle reports, and casts of small
-// generator values are in range by construction.
-
 use crate::{Access, AddressSpace, Backing, BufferDescriptor, CanonicalIdentity, DType, Tensor};
 
 /// A small deterministic generator (SplitMix64), so that a failing case is

@@ -64,10 +64,18 @@ impl ChipTensor {
                 nbytes: size,
             });
         }
-        let start_offset = match view.dtype().bits() {
+        let mut c = ChipTensor::geometry(view, space);
+        c.addr = addr;
+        c.size = size;
+        c.start_offset = match view.dtype().bits() {
             4 => view.byte_offset() * 2,
             bits => view.byte_offset() / u64::from(bits / 8),
         };
+        Ok(c)
+    }
+
+    /// The view geometry at address 0, start offset 0.
+    fn geometry(view: &Tensor, space: AddressSpace) -> Self {
         let mut shapes = [0u32; 5];
         let mut strides = [0u32; 5];
         for ((d, s), (&shape, &stride)) in shapes
@@ -78,10 +86,10 @@ impl ChipTensor {
             *d = shape;
             *s = stride;
         }
-        Ok(ChipTensor {
-            addr,
-            size,
-            start_offset,
+        ChipTensor {
+            addr: 0,
+            size: 0,
+            start_offset: 0,
             shapes,
             strides,
             // ndims is 1..=5.
@@ -90,7 +98,29 @@ impl ChipTensor {
             address_space: space.code(),
             contiguous: u8::from(view.is_contiguous()),
             _pad: [0; 57],
-        })
+        }
+    }
+
+    /// Materializes `view` onto a staged copy of its bytes: `addr` holds the
+    /// view's `extent_bytes()` bytes, from its first byte on, laid out as in
+    /// the buffer (same strides), so element 0 is at `addr`.
+    ///
+    /// # Errors
+    /// [`Error::InvalidField`] naming `addr` when the copy would wrap the
+    /// address space.
+    pub fn staged(view: &Tensor, addr: u64, space: AddressSpace) -> Result<Self, Error> {
+        let extent = view.extent_bytes();
+        if addr.checked_add(extent).is_none() {
+            return Err(Error::invalid(
+                "addr",
+                addr,
+                "staged copy wraps the address space",
+            ));
+        }
+        let mut c = ChipTensor::geometry(view, space);
+        c.addr = addr;
+        c.size = extent;
+        Ok(c)
     }
 
     /// Start of the resolved backing.

@@ -61,6 +61,7 @@ mod identity;
 mod mint;
 mod overlap;
 mod sync;
+mod tag;
 mod task_args;
 mod tensor;
 
@@ -74,6 +75,7 @@ pub use error::{Error, FieldValue};
 pub use identity::{CanonicalIdentity, IDENTITY_SIZE};
 pub use mint::IdentityMint;
 pub use overlap::{Footprint, Overlap, overlap};
+pub use tag::ArgTag;
 pub use task_args::{HEADER_SIZE, MAX_SCALARS, MAX_TENSORS, TaskArgs, header_counts};
 pub use tensor::{MAX_DIMS, TENSOR_SIZE, Tensor};
 

@@ -128,6 +128,19 @@ fn chip_tensor_materializes_views_in_bounds_only() {
     let c = ChipTensor::from_view(&contiguous, 0, 1 << 20, AddressSpace::Device).unwrap();
     assert!(c.is_contiguous());
     assert_eq!(c.address_space(), AddressSpace::Device);
+    // A staged copy holds exactly the view's extent, element 0 first.
+    let s = ChipTensor::staged(&t, 0x4000, AddressSpace::Device).unwrap();
+    assert_eq!(
+        (s.addr(), s.size(), s.start_offset()),
+        (0x4000, t.extent_bytes(), 0)
+    );
+    assert_eq!(s.strides(), t.strides());
+    assert_eq!(
+        ChipTensor::staged(&t, u64::MAX - 4, AddressSpace::Device)
+            .unwrap_err()
+            .field(),
+        Some("addr")
+    );
 }
 
 #[test]

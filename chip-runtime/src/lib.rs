@@ -1,9 +1,60 @@
-//! `strata-chip` (package `strata-chip-runtime`) will hold the chip runtime
-//! (DESIGN §6): the `Device` trait, the default simulated chip with its own
-//! device-memory arena (persistent, per-run and scratch regions), the
-//! materialization of wire tensors into `ChipTensor`s, and the built-in
-//! kernels.
+//! `strata-chip`: the chip runtime a worker runs tasks on (DESIGN §6).
 //!
-//! Nothing is implemented yet; it arrives with the chip runtime (issue 3).
-//! The crate has no tokio dependency, so that its shared-memory structures
-//! can be model-checked with loom.
+//! - [`Device`]: allocate and free device memory, copy host↔device, launch
+//!   kernels on materialized arguments, synchronize, report statistics.
+//!   Callers hold a `dyn Device`, so another kind of chip is another
+//!   implementation.
+//! - [`SimDevice`]: the default device, a simulated discrete accelerator
+//!   configured by a spec string (`sim`, `sim:mem=2GiB,mode=staged`,
+//!   `sim:mode=unified,lanes=2`; see [`spec`]).
+//! - [`arena`]: device-memory bookkeeping in three regions (persistent,
+//!   run, scratch), 64-byte aligned, with statistics and out-of-memory
+//!   errors that name the region.
+//! - [`kernel`]: the callable model (name, version, signature, handle), the
+//!   typed strided views kernels compute through, the registry and the
+//!   built-in kernels.
+//!
+//! No tokio here: the shared-memory structures (arena pools, the run
+//! region's cursor, the lane pool, completion slots) use the crate's `sync`
+//! shim and are model-checked with loom.
+//!
+//! ```
+//! use std::sync::Arc;
+//! use strata_chip::{device, ArgBacking, Device, HostBuffer, Launch, LaunchArg, Registry, SimDevice};
+//! use strata_wire::{ArgTag, DType, Tensor};
+//!
+//! let dev = SimDevice::from_spec("sim:mem=16MiB")?;
+//! let kernels = Registry::with_builtins();
+//! let fill = kernels.get(kernels.find("fill", 1).unwrap())?;
+//!
+//! let host = Arc::new(HostBuffer::new(64)?);
+//! let buf = strata_wire::check::test_buffer(64);
+//! let view = Tensor::new(buf, 0, &[4, 4], &[4, 1], DType::F32)?;
+//! let arg = LaunchArg { tensor: view, tag: ArgTag::Output, backing: ArgBacking::Host(host.clone()) };
+//! let report = device::launch(&dev, Launch { kernel: fill, args: vec![arg], scalars: vec![2.5f64.to_bits()] })?.wait()?;
+//! assert_eq!(report.staged_out, 64);
+//! assert_eq!(host.read(0, 4)?, 2.5f32.to_le_bytes());
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+
+pub mod arena;
+pub mod device;
+mod error;
+pub mod kernel;
+pub mod memory;
+mod sim;
+pub mod spec;
+mod sync;
+
+#[doc(hidden)]
+pub use half;
+
+pub use arena::Region;
+pub use device::{
+    ArgBacking, Device, DeviceBlock, DeviceInfo, DeviceStats, Launch, LaunchArg, LaunchReport,
+};
+pub use error::Error;
+pub use kernel::{Kernel, KernelContext, KernelDescriptor, KernelHandle, Registry};
+pub use memory::{HostBuffer, HostMemory};
+pub use sim::SimDevice;
+pub use spec::{DeviceSpec, Mode};

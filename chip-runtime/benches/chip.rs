@@ -1,0 +1,119 @@
+#![allow(missing_docs)] // criterion_group! generates undocumented items
+
+//! Benchmarks of the chip runtime: F32 512×512×512 matmul on one lane
+//! (throughput in FLOP/s: 2·m·k·n per iteration), in unified mode (the
+//! kernel alone) and staged mode (with the copies), and persistent-region
+//! allocation and free in ns per operation.
+//!
+//! `cargo bench -p strata-chip-runtime --bench chip`
+
+use std::hint::black_box;
+use std::sync::Arc;
+use std::time::Duration;
+
+use criterion::{Criterion, Throughput, criterion_group, criterion_main};
+use strata_chip::arena::{Arena, Region};
+use strata_chip::{ArgBacking, HostBuffer, Launch, LaunchArg, Registry, SimDevice, device};
+use strata_wire::{
+    Access, AddressSpace, ArgTag, Backing, BufferDescriptor, CanonicalIdentity, DType, Tensor,
+};
+
+const N: u32 = 512;
+
+fn bench_matmul(c: &mut Criterion) {
+    let reg = Registry::with_builtins();
+    let kernel = reg.get(reg.find("matmul", 1).unwrap()).unwrap();
+    let bytes = (N * N * 4) as usize;
+    let mut group = c.benchmark_group("matmul_f32_512");
+    group.throughput(Throughput::Elements(2 * u64::from(N).pow(3)));
+    for mode in ["unified", "staged"] {
+        let dev = SimDevice::from_spec(&format!("sim:mem=64MiB,mode={mode},lanes=1")).unwrap();
+        let mats: Vec<(Arc<HostBuffer>, Tensor)> = (0..3)
+            .map(|i| {
+                let host = HostBuffer::new(bytes).unwrap();
+                let vals: Vec<u8> = (0..N * N)
+                    .flat_map(|j| ((j % 13) as f32 * 0.25 - i as f32).to_le_bytes())
+                    .collect();
+                host.write(0, &vals).unwrap();
+                let id = CanonicalIdentity::new(*b"benchmat", i as u64 + 1, 1).unwrap();
+                let buf = BufferDescriptor::new(
+                    id,
+                    bytes as u64,
+                    AddressSpace::Host,
+                    Access::ReadWrite,
+                    Backing::Memfd {
+                        st_dev: 1,
+                        st_ino: i as u64,
+                    },
+                )
+                .unwrap();
+                let t = Tensor::row_major(buf, 0, &[N, N], DType::F32).unwrap();
+                (Arc::new(host), t)
+            })
+            .collect();
+        let arg = |i: usize, tag| LaunchArg {
+            tensor: mats[i].1,
+            tag,
+            backing: ArgBacking::Host(mats[i].0.clone()),
+        };
+        let launch = Launch {
+            kernel: kernel.clone(),
+            args: vec![
+                arg(0, ArgTag::Input),
+                arg(1, ArgTag::Input),
+                arg(2, ArgTag::Output),
+            ],
+            scalars: vec![],
+        };
+        group.bench_function(mode, |b| {
+            b.iter(|| {
+                device::launch(&dev, launch.clone())
+                    .unwrap()
+                    .wait()
+                    .unwrap()
+            })
+        });
+    }
+    group.finish();
+}
+
+fn bench_arena(c: &mut Criterion) {
+    let mut group = c.benchmark_group("persistent_region");
+    let arena = Arena::new(1 << 30, 64, 64).unwrap();
+    group.bench_function("alloc_free_pair", |b| {
+        b.iter(|| {
+            let blk = arena.alloc(Region::Persistent, black_box(4096)).unwrap();
+            arena.free(Region::Persistent, blk.offset).unwrap()
+        })
+    });
+    // With 10,000 blocks of mixed sizes live, allocate one and free the
+    // oldest: the steady state of a long run.
+    let mut live: std::collections::VecDeque<u64> = (0..10_000u64)
+        .map(|i| {
+            arena
+                .alloc(Region::Persistent, 64 + (i * 7919) % 65_536)
+                .unwrap()
+                .offset
+        })
+        .collect();
+    let mut i = 0u64;
+    group.bench_function("alloc_free_10k_live", |b| {
+        b.iter(|| {
+            i += 1;
+            let blk = arena
+                .alloc(Region::Persistent, 64 + (i * 104_729) % 65_536)
+                .unwrap();
+            live.push_back(blk.offset);
+            let old = live.pop_front().unwrap();
+            arena.free(Region::Persistent, old).unwrap()
+        })
+    });
+    group.finish();
+}
+
+criterion_group! {
+    name = benches;
+    config = Criterion::default().warm_up_time(Duration::from_millis(500)).measurement_time(Duration::from_secs(3));
+    targets = bench_matmul, bench_arena
+}
+criterion_main!(benches);

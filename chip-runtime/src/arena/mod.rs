@@ -1,0 +1,217 @@
+//! The device-memory arena: bookkeeping of which device bytes are in use.
+//!
+//! Device memory is split into three regions, each with the allocator that
+//! fits its lifetime:
+//!
+//! | region | holds | allocator |
+//! |---|---|---|
+//! | persistent | user device buffers, freed one by one | `Pool`: TLSF-style O(1) offset allocator, bounded fragmentation |
+//! | run | allocations that live until the run ends | `Bump`: lock-free bump pointer, reset as a whole |
+//! | scratch | per-kernel temporaries and staged copies | `Pool` again, freed when the kernel ends |
+//!
+//! Every block starts on a 64-byte boundary and spans a whole number of
+//! 64-byte units. The arena only hands out offsets; the bytes live in the
+//! device's memory mapping. Out of memory is an [`Error::OutOfMemory`]
+//! naming the region, the bytes asked and the bytes free, never a panic.
+//!
+//! Invariants, checked by [`Arena::check_invariants`] in the property tests
+//! and the loom models:
+//! - ARENA-1: live blocks of a region never overlap and lie inside it;
+//! - ARENA-2: every block offset is a multiple of 64;
+//! - ARENA-3: a pool's bytes in use equal the sum of its live blocks, and its
+//!   free space plus the space granted to live blocks equals its capacity;
+//! - ARENA-4: a block is freed at most once (a second free is
+//!   [`Error::UnknownBlock`]).
+
+mod bump;
+mod pool;
+
+use std::fmt;
+
+pub(crate) use bump::Bump;
+pub(crate) use pool::Pool;
+
+use crate::Error;
+
+/// Block alignment and allocation unit, in bytes.
+pub const UNIT: u64 = crate::spec::BLOCK_ALIGN;
+
+/// Which part of device memory a block comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Region {
+    /// User device buffers, individually freed.
+    Persistent,
+    /// Bump-allocated, reset as a whole when a run ends.
+    Run,
+    /// Per-kernel temporaries and staged copies.
+    Scratch,
+}
+
+impl Region {
+    /// Lowercase name.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Region::Persistent => "persistent",
+            Region::Run => "run",
+            Region::Scratch => "scratch",
+        }
+    }
+}
+
+impl fmt::Display for Region {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// A live allocation: `len` bytes at `offset` from the start of device
+/// memory (64-byte aligned).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Block {
+    /// Region the block belongs to.
+    pub region: Region,
+    /// Byte offset from the start of device memory.
+    pub offset: u64,
+    /// Bytes asked for (the region reserves this rounded up to 64).
+    pub len: u64,
+}
+
+/// Counters of one region.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct RegionStats {
+    /// Bytes the region manages.
+    pub capacity: u64,
+    /// Bytes in live blocks (rounded up to 64 per block).
+    pub in_use: u64,
+    /// Highest `in_use` seen.
+    pub peak: u64,
+    /// Successful allocations.
+    pub allocs: u64,
+    /// Frees (for the run region: resets).
+    pub frees: u64,
+    /// Allocations refused for lack of space.
+    pub failed: u64,
+}
+
+/// Counters of all three regions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct ArenaStats {
+    /// The persistent region.
+    pub persistent: RegionStats,
+    /// The run region.
+    pub run: RegionStats,
+    /// The scratch region.
+    pub scratch: RegionStats,
+}
+
+/// The three regions over one device memory of
+/// `persistent + run + scratch` bytes, laid out in that order.
+#[derive(Debug)]
+pub struct Arena {
+    persistent: Pool,
+    run: Bump,
+    scratch: Pool,
+}
+
+impl Arena {
+    /// An arena with regions of the given sizes (each a multiple of 64 and
+    /// at most [`crate::spec::MAX_REGION_BYTES`]).
+    ///
+    /// # Errors
+    /// [`Error::Spec`] when a size breaks those rules.
+    pub fn new(persistent: u64, run: u64, scratch: u64) -> Result<Arena, Error> {
+        for (name, bytes) in [
+            ("persistent", persistent),
+            ("run", run),
+            ("scratch", scratch),
+        ] {
+            if bytes % UNIT != 0 || bytes > crate::spec::MAX_REGION_BYTES {
+                return Err(Error::Spec {
+                    spec: format!("{name}={bytes}"),
+                    reason: format!(
+                        "a region is a multiple of {UNIT} bytes, at most {}",
+                        crate::spec::MAX_REGION_BYTES
+                    ),
+                });
+            }
+        }
+        Ok(Arena {
+            persistent: Pool::new(Region::Persistent, 0, persistent),
+            run: Bump::new(persistent, run),
+            scratch: Pool::new(Region::Scratch, persistent + run, scratch),
+        })
+    }
+
+    /// Total bytes managed.
+    pub fn capacity(&self) -> u64 {
+        self.persistent.capacity() + self.run.capacity() + self.scratch.capacity()
+    }
+
+    /// Allocates `nbytes` (at least one 64-byte unit) in `region`.
+    ///
+    /// # Errors
+    /// [`Error::OutOfMemory`] or [`Error::TooManyBlocks`].
+    pub fn alloc(&self, region: Region, nbytes: u64) -> Result<Block, Error> {
+        match region {
+            Region::Persistent => self.persistent.alloc(nbytes),
+            Region::Run => self.run.alloc(nbytes),
+            Region::Scratch => self.scratch.alloc(nbytes),
+        }
+    }
+
+    /// Frees the block at `offset` in `region` and returns its length.
+    ///
+    /// # Errors
+    /// [`Error::UnknownBlock`] when no live block starts there, including a
+    /// second free of the same block and any free in the run region (which
+    /// is only ever reset as a whole).
+    pub fn free(&self, region: Region, offset: u64) -> Result<u64, Error> {
+        match region {
+            Region::Persistent => self.persistent.free(offset),
+            Region::Scratch => self.scratch.free(offset),
+            Region::Run => Err(Error::UnknownBlock {
+                region,
+                addr: offset,
+            }),
+        }
+    }
+
+    /// The live block of `region` that contains byte `offset`, if any.
+    pub fn block_containing(&self, region: Region, offset: u64) -> Option<Block> {
+        match region {
+            Region::Persistent => self.persistent.block_containing(offset),
+            Region::Scratch => self.scratch.block_containing(offset),
+            Region::Run => self.run.block_containing(offset),
+        }
+    }
+
+    /// Releases every run-region block at once. The caller makes sure none
+    /// is still in use (the device does this only when no kernel runs).
+    pub fn reset_run(&self) {
+        self.run.reset();
+    }
+
+    /// Counters of every region.
+    pub fn stats(&self) -> ArenaStats {
+        ArenaStats {
+            persistent: self.persistent.stats(),
+            run: self.run.stats(),
+            scratch: self.scratch.stats(),
+        }
+    }
+
+    /// Checks ARENA-1..3 (module docs).
+    ///
+    /// # Errors
+    /// A description of the first broken invariant.
+    pub fn check_invariants(&self) -> Result<(), String> {
+        self.persistent.check_invariants()?;
+        self.scratch.check_invariants()?;
+        self.run.check_invariants()
+    }
+}
+
+/// Rounds `nbytes` up to whole units (at least one); `None` on overflow.
+pub(crate) fn units_for(nbytes: u64) -> Option<u64> {
+    Some(nbytes.checked_add(UNIT - 1)? / UNIT).map(|u| u.max(1))
+}

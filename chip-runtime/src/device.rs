@@ -1,0 +1,290 @@
+//! The device interface the worker programs against.
+//!
+//! A [`Device`] allocates and frees device memory, copies between host and
+//! device, launches kernels on materialized arguments, synchronizes and
+//! reports statistics. Callers hold a `dyn Device`, so a second kind of
+//! device (a CUDA GPU, say) is a new implementation, not a change to them.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use strata_wire::{ArgTag, Tensor};
+
+use crate::Error;
+use crate::arena::{ArenaStats, Region};
+use crate::kernel::Kernel;
+use crate::memory::HostMemory;
+use crate::spec::Mode;
+use crate::sync::{Condvar, Mutex, lock, wait};
+
+/// A device address (not a host pointer).
+pub type DeviceAddr = u64;
+
+/// What a device is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeviceInfo {
+    /// Device kind, such as `sim`.
+    pub kind: String,
+    /// The canonical spec string it was built from.
+    pub spec: String,
+    /// Total device memory in bytes.
+    pub memory: u64,
+    /// Kernels that may run at once.
+    pub lanes: usize,
+    /// How host-backed arguments reach kernels.
+    pub mode: Mode,
+}
+
+/// An allocation of device memory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct DeviceBlock {
+    /// Device address of the first byte (64-byte aligned).
+    pub addr: DeviceAddr,
+    /// Bytes asked for.
+    pub len: u64,
+    /// The region it came from.
+    pub region: Region,
+}
+
+/// Where a kernel argument's bytes are on this worker.
+#[derive(Debug, Clone)]
+pub enum ArgBacking {
+    /// A host mapping of the whole buffer (the tensor's `byte_offset` is
+    /// from its start).
+    Host(Arc<dyn HostMemory>),
+    /// A device block found by the buffer's identity (the tensor's
+    /// `byte_offset` is from the block's start).
+    Device(DeviceBlock),
+}
+
+/// One tensor argument of a launch.
+#[derive(Debug, Clone)]
+pub struct LaunchArg {
+    /// The validated view.
+    pub tensor: Tensor,
+    /// The task's tag for it.
+    pub tag: ArgTag,
+    /// Where its bytes are.
+    pub backing: ArgBacking,
+}
+
+/// A kernel launch.
+#[derive(Clone)]
+pub struct Launch {
+    /// The callable.
+    pub kernel: Arc<dyn Kernel>,
+    /// Tensor arguments, in signature order.
+    pub args: Vec<LaunchArg>,
+    /// Scalar arguments.
+    pub scalars: Vec<u64>,
+}
+
+impl std::fmt::Debug for Launch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Launch")
+            .field("kernel", &self.kernel.descriptor().qualified_name())
+            .field("args", &self.args)
+            .field("scalars", &self.scalars)
+            .finish()
+    }
+}
+
+/// What happened to a launch that ran.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct LaunchReport {
+    /// The lane it ran on.
+    pub lane: usize,
+    /// Waiting for a lane.
+    pub queued: Duration,
+    /// Staging in, running, staging out.
+    pub busy: Duration,
+    /// The kernel alone.
+    pub kernel: Duration,
+    /// Bytes copied host → device for it.
+    pub staged_in: u64,
+    /// Bytes copied device → host for it.
+    pub staged_out: u64,
+}
+
+/// Called exactly once with the outcome of a launch that was accepted.
+pub type Completion = Box<dyn FnOnce(Result<LaunchReport, Error>) + Send>;
+
+/// Device counters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct DeviceStats {
+    /// Memory per region.
+    pub arena: ArenaStats,
+    /// Bytes staged host → device for kernel arguments.
+    pub staged_to_device: u64,
+    /// Bytes staged device → host for kernel arguments.
+    pub staged_to_host: u64,
+    /// Bytes moved by explicit `copy_to_device` calls.
+    pub copied_to_device: u64,
+    /// Bytes moved by explicit `copy_from_device` calls.
+    pub copied_to_host: u64,
+    /// Launches accepted.
+    pub launched: u64,
+    /// Launches that ran to success.
+    pub succeeded: u64,
+    /// Launches whose kernel returned an error (or whose staging failed).
+    pub failed: u64,
+    /// Launches whose kernel panicked.
+    pub panicked: u64,
+    /// Total time lanes spent on launches.
+    pub busy: Duration,
+}
+
+/// A chip.
+pub trait Device: Send + Sync {
+    /// What it is.
+    fn info(&self) -> DeviceInfo;
+
+    /// Allocates `nbytes` in the persistent or the run region.
+    ///
+    /// # Errors
+    /// [`Error::OutOfMemory`] naming the region; [`Error::Spec`] for the
+    /// scratch region, which only kernels allocate from.
+    fn alloc(&self, region: Region, nbytes: u64) -> Result<DeviceBlock, Error>;
+
+    /// Frees a persistent block by its address.
+    ///
+    /// # Errors
+    /// [`Error::UnknownBlock`] when no live persistent block starts there
+    /// (including a second free).
+    fn free(&self, addr: DeviceAddr) -> Result<(), Error>;
+
+    /// Ends a run: waits for running kernels, then releases every run block.
+    ///
+    /// # Errors
+    /// When the device is shut down.
+    fn end_run(&self) -> Result<(), Error>;
+
+    /// Copies `src` into device memory at `dst`, inside one live block.
+    ///
+    /// # Errors
+    /// [`Error::OutOfRange`] when the range is not inside a live block.
+    fn copy_to_device(&self, dst: DeviceAddr, src: &[u8]) -> Result<(), Error>;
+
+    /// Copies device memory at `src`, inside one live block, into `dst`.
+    ///
+    /// # Errors
+    /// [`Error::OutOfRange`] when the range is not inside a live block.
+    fn copy_from_device(&self, src: DeviceAddr, dst: &mut [u8]) -> Result<(), Error>;
+
+    /// Checks a launch and queues it; `done` is called exactly once, on a
+    /// device thread, with the outcome.
+    ///
+    /// # Errors
+    /// Before anything runs (and without calling `done`): arguments that do
+    /// not fit the kernel's signature, their backing or each other
+    /// ([`Error::Argument`], [`Error::Scalars`]), or a shut-down device.
+    fn launch(&self, launch: Launch, done: Completion) -> Result<(), Error>;
+
+    /// Waits until every accepted launch has completed.
+    fn synchronize(&self);
+
+    /// Current counters.
+    fn stats(&self) -> DeviceStats;
+}
+
+/// Waits for one launch's outcome.
+#[derive(Debug)]
+pub struct LaunchHandle {
+    slot: std::sync::Arc<Slot<Result<LaunchReport, Error>>>,
+}
+
+impl LaunchHandle {
+    /// Blocks until the launch completes and returns its outcome.
+    ///
+    /// # Errors
+    /// The launch's failure.
+    pub fn wait(self) -> Result<LaunchReport, Error> {
+        self.slot.wait().unwrap_or(Err(Error::ShutDown))
+    }
+}
+
+/// Launches on `device` and returns a handle to wait on.
+///
+/// # Errors
+/// As [`Device::launch`].
+pub fn launch(device: &dyn Device, launch: Launch) -> Result<LaunchHandle, Error> {
+    let slot = std::sync::Arc::new(Slot::new());
+    let filler = std::sync::Arc::clone(&slot);
+    device.launch(
+        launch,
+        Box::new(move |outcome| {
+            filler.complete(outcome);
+        }),
+    )?;
+    Ok(LaunchHandle { slot })
+}
+
+/// A one-shot completion slot: filled once, taken once.
+#[derive(Debug)]
+pub(crate) struct Slot<T> {
+    state: Mutex<SlotState<T>>,
+    ready: Condvar,
+}
+
+#[derive(Debug)]
+enum SlotState<T> {
+    Empty,
+    Full(T),
+    Taken,
+}
+
+impl<T> Slot<T> {
+    pub(crate) fn new() -> Self {
+        Slot {
+            state: Mutex::new(SlotState::Empty),
+            ready: Condvar::new(),
+        }
+    }
+
+    /// Fills the slot; `false` (and the value dropped) if it was already
+    /// filled, which would be a duplicated completion.
+    pub(crate) fn complete(&self, value: T) -> bool {
+        let mut s = lock(&self.state);
+        if !matches!(*s, SlotState::Empty) {
+            return false;
+        }
+        *s = SlotState::Full(value);
+        self.ready.notify_all();
+        true
+    }
+
+    /// Waits for the value; `None` if it was already taken.
+    pub(crate) fn wait(&self) -> Option<T> {
+        let mut s = lock(&self.state);
+        loop {
+            match std::mem::replace(&mut *s, SlotState::Taken) {
+                SlotState::Full(v) => return Some(v),
+                SlotState::Taken => return None,
+                SlotState::Empty => {
+                    *s = SlotState::Empty;
+                    s = wait(&self.ready, s);
+                }
+            }
+        }
+    }
+}
+
+#[cfg(all(test, loom))]
+mod loom_models {
+    use super::*;
+    use crate::sync::{Arc, thread};
+
+    /// A completion racing its waiter is delivered once; a duplicate is
+    /// refused.
+    #[test]
+    fn slot_delivers_exactly_once() {
+        loom::model(|| {
+            let slot = Arc::new(Slot::new());
+            let s = Arc::clone(&slot);
+            let t = thread::spawn(move || (s.complete(7), s.complete(8)));
+            assert_eq!(slot.wait(), Some(7));
+            assert_eq!(t.join().unwrap(), (true, false));
+            assert_eq!(slot.wait(), None);
+        });
+    }
+}

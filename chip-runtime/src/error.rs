@@ -1,0 +1,117 @@
+//! The one error type of `strata-chip`.
+
+use crate::arena::Region;
+use crate::kernel::KernelHandle;
+
+/// What went wrong on a device.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// A region of device memory cannot satisfy an allocation.
+    #[error(
+        "out of device memory in the {region} region: asked {asked} bytes, {free} bytes free (largest free block {largest} bytes)"
+    )]
+    OutOfMemory {
+        /// The region asked.
+        region: Region,
+        /// Bytes asked for.
+        asked: u64,
+        /// Bytes free in the region.
+        free: u64,
+        /// The largest block the region could hand out.
+        largest: u64,
+    },
+    /// A region holds as many live blocks as it can track.
+    #[error("the {region} region already holds its maximum of {max} live blocks")]
+    TooManyBlocks {
+        /// The region.
+        region: Region,
+        /// Its block limit.
+        max: u64,
+    },
+    /// A free, copy or argument names a device address that is not a live
+    /// block (never allocated, or already freed).
+    #[error("no live device block at {addr:#x} in the {region} region")]
+    UnknownBlock {
+        /// The region searched.
+        region: Region,
+        /// The address given.
+        addr: u64,
+    },
+    /// A copy or view reaches outside device memory or its block.
+    #[error("device range {addr:#x}+{len} is outside {what}")]
+    OutOfRange {
+        /// Start of the range.
+        addr: u64,
+        /// Length of the range.
+        len: u64,
+        /// What it should have been inside.
+        what: &'static str,
+    },
+    /// The device spec string is malformed.
+    #[error("invalid device spec {spec:?}: {reason}")]
+    Spec {
+        /// The spec as given.
+        spec: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// The device memory could not be mapped.
+    #[error("cannot map {bytes} bytes of device memory: {reason}")]
+    Map {
+        /// Size asked.
+        bytes: u64,
+        /// The OS error.
+        reason: String,
+    },
+    /// A kernel argument does not fit the kernel's signature, its backing, or
+    /// the other arguments.
+    #[error("kernel {kernel}: argument {index} ({name}): {reason}")]
+    Argument {
+        /// `name@version` of the kernel.
+        kernel: String,
+        /// Position of the argument.
+        index: usize,
+        /// Name of the argument in the signature (or `?` past its end).
+        name: String,
+        /// What is wrong.
+        reason: String,
+    },
+    /// The scalars do not fit the kernel's signature.
+    #[error("kernel {kernel}: scalars: {reason}")]
+    Scalars {
+        /// `name@version` of the kernel.
+        kernel: String,
+        /// What is wrong.
+        reason: String,
+    },
+    /// No kernel is registered under a handle.
+    #[error("no kernel registered with handle {0}")]
+    UnknownKernel(KernelHandle),
+    /// A kernel with the same name and version but another signature is
+    /// already registered.
+    #[error("kernel {0} is already registered with a different signature")]
+    ConflictingKernel(String),
+    /// The kernel returned an error.
+    #[error("kernel {kernel} failed: {reason}")]
+    KernelFailed {
+        /// `name@version` of the kernel.
+        kernel: String,
+        /// The kernel's message.
+        reason: String,
+    },
+    /// The kernel panicked; the device caught it and keeps working.
+    #[error("kernel {kernel} panicked: {message}")]
+    KernelPanicked {
+        /// `name@version` of the kernel.
+        kernel: String,
+        /// The panic message.
+        message: String,
+    },
+    /// The device is shutting down and takes no more work.
+    #[error("the device is shut down")]
+    ShutDown,
+    /// A wire-format rule was broken while materializing an argument.
+    #[error(transparent)]
+    Wire(#[from] strata_wire::Error),
+}

@@ -1,0 +1,208 @@
+//! The built-in kernels, all on arbitrary strided views (transposed,
+//! stepped, offset):
+//!
+//! | name | arguments | scalars | dtypes |
+//! |---|---|---|---|
+//! | `fill` | out W | value (in out's dtype) | numeric |
+//! | `copy` | src R, dst W (same shape) | | any byte-sized |
+//! | `add`, `mul` | a R, b R, out W (same shape) | | numeric |
+//! | `axpy` | x R, y RW (same shape): y = αx + y | α (f64) | F32, F16, BF16 |
+//! | `matmul` | a R `[m,k]`, b R `[k,n]`, c W `[m,n]`: c = a·b | | F32, F16, BF16 |
+//! | `matmul_acc` | a R, b R, c RW: c += a·b | | F32, F16, BF16 |
+//! | `reduce_sum` | x R `[.., n]`, out W `[..]` (or `[1]` for rank 1): sum over the last axis | | F32, F16, BF16 |
+//! | `softmax` | x R, out W (same shape): along the last axis | | F32, F16, BF16 |
+//! | `transpose` | x R `[.., a, b]`, out W `[.., b, a]`: swaps the last two axes | | any byte-sized |
+//!
+//! Integer arithmetic wraps. F16/BF16 matmuls convert to f32 in scratch
+//! memory and multiply with `matrixmultiply`'s SGEMM; reductions and
+//! softmax accumulate in f64.
+
+mod elementwise;
+mod linalg;
+
+use std::sync::Arc;
+
+use strata_wire::{Access, DType, Tensor};
+
+use super::element::{BYTE_DTYPES, FLOAT_DTYPES, NUMERIC_DTYPES};
+use super::{
+    ArgSpec, DTypes, Kernel, KernelContext, KernelDescriptor, Rank, ScalarKind, ScalarSpec,
+};
+
+type CheckFn = fn(&[Tensor], &[u64]) -> Result<(), (usize, String)>;
+type RunFn = fn(&mut KernelContext<'_>) -> Result<(), String>;
+
+/// A built-in kernel: a descriptor and two functions.
+struct Builtin {
+    desc: KernelDescriptor,
+    check: CheckFn,
+    run: RunFn,
+}
+
+impl Kernel for Builtin {
+    fn descriptor(&self) -> &KernelDescriptor {
+        &self.desc
+    }
+    fn check(&self, args: &[Tensor], scalars: &[u64]) -> Result<(), (usize, String)> {
+        (self.check)(args, scalars)
+    }
+    fn run(&self, ctx: &mut KernelContext<'_>) -> Result<(), String> {
+        (self.run)(ctx)
+    }
+}
+
+fn arg(name: &str, access: Access, dtypes: DTypes, rank: Rank) -> ArgSpec {
+    ArgSpec::new(name, access, dtypes, rank)
+}
+
+fn kernel(
+    name: &str,
+    args: Vec<ArgSpec>,
+    scalars: Vec<ScalarSpec>,
+    check: CheckFn,
+    run: RunFn,
+) -> Arc<dyn Kernel> {
+    Arc::new(Builtin {
+        desc: KernelDescriptor {
+            name: name.to_owned(),
+            version: 1,
+            args,
+            scalars,
+        },
+        check,
+        run,
+    })
+}
+
+fn scalar(name: &str, kind: ScalarKind) -> ScalarSpec {
+    ScalarSpec {
+        name: name.to_owned(),
+        kind,
+    }
+}
+
+fn list(d: &[DType]) -> DTypes {
+    DTypes::OneOf(d.to_vec())
+}
+
+/// Every built-in kernel, version 1.
+pub fn all() -> Vec<Arc<dyn Kernel>> {
+    use Access::{Read as R, ReadWrite as RW, Write as W};
+    let same = |i| DTypes::SameAs(i);
+    vec![
+        kernel(
+            "fill",
+            vec![arg("out", W, list(NUMERIC_DTYPES), Rank::Any)],
+            vec![scalar("value", ScalarKind::LikeArg(0))],
+            |_, _| Ok(()),
+            elementwise::fill,
+        ),
+        kernel(
+            "copy",
+            vec![
+                arg("src", R, list(BYTE_DTYPES), Rank::Any),
+                arg("dst", W, same(0), Rank::SameAs(0)),
+            ],
+            vec![],
+            |a, _| same_shape(a, 1, 0),
+            elementwise::copy,
+        ),
+        kernel(
+            "add",
+            vec![
+                arg("a", R, list(NUMERIC_DTYPES), Rank::Any),
+                arg("b", R, same(0), Rank::SameAs(0)),
+                arg("out", W, same(0), Rank::SameAs(0)),
+            ],
+            vec![],
+            |a, _| same_shape(a, 1, 0).and(same_shape(a, 2, 0)),
+            elementwise::add,
+        ),
+        kernel(
+            "mul",
+            vec![
+                arg("a", R, list(NUMERIC_DTYPES), Rank::Any),
+                arg("b", R, same(0), Rank::SameAs(0)),
+                arg("out", W, same(0), Rank::SameAs(0)),
+            ],
+            vec![],
+            |a, _| same_shape(a, 1, 0).and(same_shape(a, 2, 0)),
+            elementwise::mul,
+        ),
+        kernel(
+            "axpy",
+            vec![
+                arg("x", R, list(FLOAT_DTYPES), Rank::Any),
+                arg("y", RW, same(0), Rank::SameAs(0)),
+            ],
+            vec![scalar("alpha", ScalarKind::F64)],
+            |a, _| same_shape(a, 1, 0),
+            elementwise::axpy,
+        ),
+        kernel(
+            "matmul",
+            vec![
+                arg("a", R, list(FLOAT_DTYPES), Rank::Exactly(2)),
+                arg("b", R, same(0), Rank::Exactly(2)),
+                arg("c", W, same(0), Rank::Exactly(2)),
+            ],
+            vec![],
+            linalg::check_matmul,
+            linalg::matmul,
+        ),
+        kernel(
+            "matmul_acc",
+            vec![
+                arg("a", R, list(FLOAT_DTYPES), Rank::Exactly(2)),
+                arg("b", R, same(0), Rank::Exactly(2)),
+                arg("c", RW, same(0), Rank::Exactly(2)),
+            ],
+            vec![],
+            linalg::check_matmul,
+            linalg::matmul_acc,
+        ),
+        kernel(
+            "reduce_sum",
+            vec![
+                arg("x", R, list(FLOAT_DTYPES), Rank::Any),
+                arg("out", W, same(0), Rank::Any),
+            ],
+            vec![],
+            linalg::check_reduce,
+            linalg::reduce_sum,
+        ),
+        kernel(
+            "softmax",
+            vec![
+                arg("x", R, list(FLOAT_DTYPES), Rank::Any),
+                arg("out", W, same(0), Rank::SameAs(0)),
+            ],
+            vec![],
+            |a, _| same_shape(a, 1, 0),
+            linalg::softmax,
+        ),
+        kernel(
+            "transpose",
+            vec![
+                arg("x", R, list(BYTE_DTYPES), Rank::AtLeast(2)),
+                arg("out", W, same(0), Rank::SameAs(0)),
+            ],
+            vec![],
+            linalg::check_transpose,
+            elementwise::transpose,
+        ),
+    ]
+}
+
+/// Argument `i` must have the shape of argument `j`.
+fn same_shape(args: &[Tensor], i: usize, j: usize) -> Result<(), (usize, String)> {
+    let (a, b) = (args[i].shape(), args[j].shape());
+    if a == b {
+        Ok(())
+    } else {
+        Err((
+            i,
+            format!("shape {a:?} differs from argument {j}'s shape {b:?}"),
+        ))
+    }
+}

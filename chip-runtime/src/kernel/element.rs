@@ -1,0 +1,198 @@
+//! Element types kernels compute on, and dispatch from a runtime dtype.
+
+use half::{bf16, f16};
+use strata_wire::DType;
+
+/// A plain-old-data type: every bit pattern is a valid value, so any device
+/// or host bytes may be read as it.
+///
+/// # Safety
+/// Implementors must be inhabited by every bit pattern of their size and
+/// have no padding.
+pub unsafe trait Pod: Copy + Send + Sync + std::fmt::Debug + 'static {}
+
+macro_rules! pod {
+    ($($t:ty),*) => {$(
+        // SAFETY: primitive integers and IEEE floats accept every bit pattern.
+        unsafe impl Pod for $t {}
+    )*};
+}
+pod!(u8, u16, u32, u64, i8, i16, i32, i64, f32, f16, bf16);
+
+/// A numeric element type kernels compute on.
+pub trait Element: Pod + PartialEq {
+    /// The wire dtype of this type.
+    const DTYPE: DType;
+    /// The value as f64 (exact for every type but the 64-bit integers).
+    fn to_f64(self) -> f64;
+    /// The nearest value (floats round; integers saturate, NaN is 0).
+    fn from_f64(v: f64) -> Self;
+    /// A scalar argument as this type: f64 bits for floats, the low bits in
+    /// two's complement for integers.
+    fn from_scalar(bits: u64) -> Self;
+    /// Sum (wrapping for integers; rounded for 16-bit floats).
+    fn add(self, other: Self) -> Self;
+    /// Product (wrapping for integers; rounded for 16-bit floats).
+    fn mul(self, other: Self) -> Self;
+}
+
+macro_rules! int_element {
+    ($($t:ty => $d:ident),*) => {$(
+        impl Element for $t {
+            const DTYPE: DType = DType::$d;
+            fn to_f64(self) -> f64 { self as f64 }
+            fn from_f64(v: f64) -> Self { v as $t }
+            fn from_scalar(bits: u64) -> Self { bits as $t }
+            fn add(self, other: Self) -> Self { self.wrapping_add(other) }
+            fn mul(self, other: Self) -> Self { self.wrapping_mul(other) }
+        }
+    )*};
+}
+int_element!(i8 => I8, i16 => I16, i32 => I32, i64 => I64, u8 => U8, u16 => U16, u32 => U32, u64 => U64);
+
+impl Element for f32 {
+    const DTYPE: DType = DType::F32;
+    fn to_f64(self) -> f64 {
+        f64::from(self)
+    }
+    fn from_f64(v: f64) -> Self {
+        v as f32
+    }
+    fn from_scalar(bits: u64) -> Self {
+        f64::from_bits(bits) as f32
+    }
+    fn add(self, other: Self) -> Self {
+        self + other
+    }
+    fn mul(self, other: Self) -> Self {
+        self * other
+    }
+}
+
+macro_rules! half_element {
+    ($($t:ty => $d:ident),*) => {$(
+        impl Element for $t {
+            const DTYPE: DType = DType::$d;
+            fn to_f64(self) -> f64 { self.to_f64() }
+            fn from_f64(v: f64) -> Self { <$t>::from_f64(v) }
+            fn from_scalar(bits: u64) -> Self { <$t>::from_f64(f64::from_bits(bits)) }
+            fn add(self, other: Self) -> Self { <$t>::from_f32(self.to_f32() + other.to_f32()) }
+            fn mul(self, other: Self) -> Self { <$t>::from_f32(self.to_f32() * other.to_f32()) }
+        }
+    )*};
+}
+half_element!(f16 => F16, bf16 => BF16);
+
+/// Runs `$body` with `$T` bound to the float type of `$dtype` (F32, F16,
+/// BF16), or evaluates to an `Err` naming the dtype.
+#[macro_export]
+#[doc(hidden)]
+macro_rules! with_float {
+    ($dtype:expr, $T:ident => $body:expr) => {
+        match $dtype {
+            ::strata_wire::DType::F32 => {
+                type $T = f32;
+                $body
+            }
+            ::strata_wire::DType::F16 => {
+                type $T = $crate::half::f16;
+                $body
+            }
+            ::strata_wire::DType::BF16 => {
+                type $T = $crate::half::bf16;
+                $body
+            }
+            other => Err(format!(
+                "dtype {other} is not a float type this kernel supports"
+            )),
+        }
+    };
+}
+
+/// Runs `$body` with `$T` bound to the numeric type of `$dtype` (floats and
+/// integers), or evaluates to an `Err` naming the dtype.
+#[macro_export]
+#[doc(hidden)]
+macro_rules! with_numeric {
+    ($dtype:expr, $T:ident => $body:expr) => {
+        match $dtype {
+            ::strata_wire::DType::I8 => { type $T = i8; $body }
+            ::strata_wire::DType::I16 => { type $T = i16; $body }
+            ::strata_wire::DType::I32 => { type $T = i32; $body }
+            ::strata_wire::DType::I64 => { type $T = i64; $body }
+            ::strata_wire::DType::U8 => { type $T = u8; $body }
+            ::strata_wire::DType::U16 => { type $T = u16; $body }
+            ::strata_wire::DType::U32 => { type $T = u32; $body }
+            ::strata_wire::DType::U64 => { type $T = u64; $body }
+            other => $crate::with_float!(other, $T => $body),
+        }
+    };
+}
+
+/// Runs `$body` with `$T` bound to an unsigned integer of the dtype's width
+/// (for kernels that move elements without computing on them), or an `Err`
+/// for sub-byte dtypes.
+#[macro_export]
+#[doc(hidden)]
+macro_rules! with_bits {
+    ($dtype:expr, $T:ident => $body:expr) => {
+        match $dtype.bits() {
+            8 => {
+                type $T = u8;
+                $body
+            }
+            16 => {
+                type $T = u16;
+                $body
+            }
+            32 => {
+                type $T = u32;
+                $body
+            }
+            64 => {
+                type $T = u64;
+                $body
+            }
+            _ => Err(format!(
+                "dtype {} has sub-byte elements, which this kernel does not move",
+                $dtype
+            )),
+        }
+    };
+}
+
+/// The dtypes [`with_float!`] accepts.
+pub const FLOAT_DTYPES: &[DType] = &[DType::F32, DType::F16, DType::BF16];
+
+/// The dtypes [`with_numeric!`] accepts.
+pub const NUMERIC_DTYPES: &[DType] = &[
+    DType::F32,
+    DType::F16,
+    DType::BF16,
+    DType::I8,
+    DType::I16,
+    DType::I32,
+    DType::I64,
+    DType::U8,
+    DType::U16,
+    DType::U32,
+    DType::U64,
+];
+
+/// Every dtype of at least one byte ([`with_bits!`] accepts these).
+pub const BYTE_DTYPES: &[DType] = &[
+    DType::F32,
+    DType::F16,
+    DType::I32,
+    DType::I16,
+    DType::I8,
+    DType::U8,
+    DType::BF16,
+    DType::I64,
+    DType::U64,
+    DType::U16,
+    DType::U32,
+    DType::Bool,
+    DType::Fp8E4M3Fn,
+    DType::Fp8E8M0,
+];

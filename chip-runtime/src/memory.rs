@@ -1,0 +1,223 @@
+//! Raw memory: the simulated chip's own device memory, and the host memory
+//! that host-backed arguments live in.
+//!
+//! This module and `kernel/view.rs` are the only places that touch memory
+//! through raw pointers. Memory that another thread, kernel or process may
+//! write at the same time is never turned into a Rust reference; it is only
+//! read and written by raw copies at bounds-checked addresses.
+
+use std::fmt;
+use std::ptr::NonNull;
+
+use memmap2::MmapMut;
+
+use crate::Error;
+
+/// Device address of byte 0 of device memory. Device addresses are not host
+/// pointers; offsetting them keeps 0 invalid (DEVICE_MALLOC bodies must be
+/// nonzero) and makes a device address passed as a host pointer obvious.
+pub const DEVICE_BASE: u64 = 0x0000_1000_0000_0000;
+
+/// The simulated chip's memory: one anonymous mapping of its own, separate
+/// from every host buffer.
+pub(crate) struct DeviceMemory {
+    // Owns the mapping; never dereferenced after construction (see `ptr`).
+    _map: MmapMut,
+    ptr: NonNull<u8>,
+    len: u64,
+}
+
+// SAFETY: DeviceMemory hands out only bounds-checked raw pointers and raw
+// copies; which thread touches which bytes when is decided by the arena (no
+// two live blocks overlap) and by the callers' ordering of tasks, exactly as
+// for memory shared with a DMA engine.
+unsafe impl Send for DeviceMemory {}
+// SAFETY: as above; no method takes `&mut self` or creates references.
+unsafe impl Sync for DeviceMemory {}
+
+impl fmt::Debug for DeviceMemory {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "DeviceMemory({} bytes at {:#x})", self.len, DEVICE_BASE)
+    }
+}
+
+impl DeviceMemory {
+    pub(crate) fn new(len: u64) -> Result<Self, Error> {
+        let map_err = |reason: String| Error::Map { bytes: len, reason };
+        let size =
+            usize::try_from(len).map_err(|_| map_err("larger than the address space".into()))?;
+        let mut map = MmapMut::map_anon(size.max(1)).map_err(|e| map_err(e.to_string()))?;
+        let ptr = NonNull::new(map.as_mut_ptr()).ok_or_else(|| map_err("null mapping".into()))?;
+        Ok(DeviceMemory {
+            _map: map,
+            ptr,
+            len,
+        })
+    }
+
+    /// The host pointer behind device range `[addr, addr + len)`.
+    pub(crate) fn ptr(&self, addr: u64, len: u64) -> Result<*mut u8, Error> {
+        let out = || Error::OutOfRange {
+            addr,
+            len,
+            what: "device memory",
+        };
+        let offset = addr.checked_sub(DEVICE_BASE).ok_or_else(out)?;
+        let end = offset.checked_add(len).ok_or_else(out)?;
+        if end > self.len {
+            return Err(out());
+        }
+        let offset = usize::try_from(offset).map_err(|_| out())?;
+        // SAFETY: offset + len ≤ self.len, the size of the mapping, so the
+        // result stays inside the same allocation.
+        Ok(unsafe { self.ptr.as_ptr().add(offset) })
+    }
+
+    /// Copies `src` to device address `addr`.
+    pub(crate) fn write(&self, addr: u64, src: &[u8]) -> Result<(), Error> {
+        let dst = self.ptr(addr, src.len() as u64)?;
+        // SAFETY: `dst` is valid for src.len() bytes (checked by `ptr`) and a
+        // caller's slice cannot overlap the device mapping, which no one
+        // outside this module can borrow.
+        unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), dst, src.len()) };
+        Ok(())
+    }
+
+    /// Copies device bytes at `addr` into `dst`.
+    pub(crate) fn read(&self, addr: u64, dst: &mut [u8]) -> Result<(), Error> {
+        let src = self.ptr(addr, dst.len() as u64)?;
+        // SAFETY: as in `write`, with the roles swapped.
+        unsafe { std::ptr::copy_nonoverlapping(src, dst.as_mut_ptr(), dst.len()) };
+        Ok(())
+    }
+}
+
+/// Host memory that host-backed kernel arguments live in: a mapped memfd on
+/// a worker, or a [`HostBuffer`].
+///
+/// # Safety
+/// Implementors guarantee that `as_ptr()..as_ptr() + len()` stays mapped and
+/// readable (and writable when `writable()` says so) for as long as the value
+/// lives, and that while strata may access it, no code turns those bytes into
+/// Rust references (other processes may write them; only raw copies are
+/// sound).
+pub unsafe trait HostMemory: Send + Sync + fmt::Debug {
+    /// First byte.
+    fn as_ptr(&self) -> *mut u8;
+    /// Length in bytes.
+    fn len(&self) -> usize;
+    /// Whether the bytes may be written.
+    fn writable(&self) -> bool;
+    /// Whether the memory is empty.
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// Page-aligned, zero-initialized host memory owned by the process: what
+/// tests, benchmarks and single-process users back host tensors with.
+pub struct HostBuffer {
+    _map: MmapMut,
+    ptr: NonNull<u8>,
+    len: usize,
+}
+
+// SAFETY: as for DeviceMemory: only raw, bounds-checked copies.
+unsafe impl Send for HostBuffer {}
+// SAFETY: as above.
+unsafe impl Sync for HostBuffer {}
+
+impl fmt::Debug for HostBuffer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "HostBuffer({} bytes)", self.len)
+    }
+}
+
+impl HostBuffer {
+    /// `len` zero bytes.
+    ///
+    /// # Errors
+    /// [`Error::Map`] when the memory cannot be mapped.
+    pub fn new(len: usize) -> Result<Self, Error> {
+        let mut map = MmapMut::map_anon(len.max(1)).map_err(|e| Error::Map {
+            bytes: len as u64,
+            reason: e.to_string(),
+        })?;
+        let ptr = NonNull::new(map.as_mut_ptr()).ok_or_else(|| Error::Map {
+            bytes: len as u64,
+            reason: "null mapping".into(),
+        })?;
+        Ok(HostBuffer {
+            _map: map,
+            ptr,
+            len,
+        })
+    }
+
+    /// A buffer holding a copy of `bytes`.
+    ///
+    /// # Errors
+    /// As [`HostBuffer::new`].
+    pub fn from_bytes(bytes: &[u8]) -> Result<Self, Error> {
+        let b = HostBuffer::new(bytes.len())?;
+        b.write(0, bytes)?;
+        Ok(b)
+    }
+
+    /// Copies `bytes` in at `offset`.
+    ///
+    /// # Errors
+    /// [`Error::OutOfRange`] when the range does not fit.
+    pub fn write(&self, offset: usize, bytes: &[u8]) -> Result<(), Error> {
+        let dst = self.range(offset, bytes.len())?;
+        // SAFETY: `range` checked the bounds; `bytes` is caller memory, which
+        // cannot overlap this private mapping.
+        unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), dst, bytes.len()) };
+        Ok(())
+    }
+
+    /// Copies `len` bytes out from `offset`.
+    ///
+    /// # Errors
+    /// [`Error::OutOfRange`] when the range does not fit.
+    pub fn read(&self, offset: usize, len: usize) -> Result<Vec<u8>, Error> {
+        let src = self.range(offset, len)?;
+        let mut out = vec![0u8; len];
+        // SAFETY: as in `write`.
+        unsafe { std::ptr::copy_nonoverlapping(src, out.as_mut_ptr(), len) };
+        Ok(out)
+    }
+
+    /// A copy of every byte.
+    pub fn to_vec(&self) -> Vec<u8> {
+        self.read(0, self.len).unwrap_or_default()
+    }
+
+    fn range(&self, offset: usize, len: usize) -> Result<*mut u8, Error> {
+        match offset.checked_add(len) {
+            Some(end) if end <= self.len => {
+                // SAFETY: offset ≤ len of the mapping.
+                Ok(unsafe { self.ptr.as_ptr().add(offset) })
+            }
+            _ => Err(Error::OutOfRange {
+                addr: offset as u64,
+                len: len as u64,
+                what: "the host buffer",
+            }),
+        }
+    }
+}
+
+// SAFETY: the mapping lives as long as the HostBuffer, is readable and
+// writable, and HostBuffer never hands out references to it.
+unsafe impl HostMemory for HostBuffer {
+    fn as_ptr(&self) -> *mut u8 {
+        self.ptr.as_ptr()
+    }
+    fn len(&self) -> usize {
+        self.len
+    }
+    fn writable(&self) -> bool {
+        true
+    }
+}

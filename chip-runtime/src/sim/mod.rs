@@ -1,0 +1,460 @@
+//! `SimDevice`: the default device, a simulated discrete accelerator.
+//!
+//! It has its own memory (one anonymous mapping managed by the [`Arena`]),
+//! moves host bytes in and out explicitly in staged mode, and runs kernels
+//! on a pool of lanes. Everything a real chip would count is counted.
+//!
+//! A launch, step by step:
+//! 1. `launch` validates the arguments against the kernel's signature, their
+//!    backings and each other, then queues a job; errors here reach the
+//!    caller directly and nothing runs.
+//! 2. On a lane, each argument is materialized: device-backed arguments and,
+//!    in unified mode, host-backed ones resolve in place; in staged mode a
+//!    scratch block receives the view's bytes (if the kernel reads them).
+//! 3. The kernel runs under `catch_unwind`.
+//! 4. On success, staged arguments the kernel writes are copied back, view
+//!    bytes only. On failure nothing is copied back: host memory keeps its
+//!    old bytes.
+//! 5. Scratch blocks are freed, counters updated, and the completion called.
+
+mod lanes;
+mod staging;
+
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use strata_wire::{AddressSpace, ArgTag, ChipTensor, Tensor};
+
+use crate::Error;
+use crate::arena::{Arena, Block, Region};
+use crate::device::{
+    ArgBacking, Completion, Device, DeviceAddr, DeviceBlock, DeviceInfo, DeviceStats, Launch,
+    LaunchArg, LaunchReport,
+};
+use crate::kernel::{KernelContext, Materialized, Scratch, validate_launch};
+use crate::memory::{DEVICE_BASE, DeviceMemory};
+use crate::spec::{DeviceSpec, Mode};
+use crate::sync::{AtomicU64, Ordering};
+use lanes::LanePool;
+
+/// The simulated chip.
+#[derive(Debug)]
+pub struct SimDevice {
+    inner: Arc<Inner>,
+    lanes: LanePool,
+}
+
+#[derive(Debug)]
+struct Inner {
+    spec: DeviceSpec,
+    memory: DeviceMemory,
+    arena: Arena,
+    counters: Counters,
+}
+
+#[derive(Debug, Default)]
+struct Counters {
+    staged_to_device: AtomicU64,
+    staged_to_host: AtomicU64,
+    copied_to_device: AtomicU64,
+    copied_to_host: AtomicU64,
+    launched: AtomicU64,
+    succeeded: AtomicU64,
+    failed: AtomicU64,
+    panicked: AtomicU64,
+    busy_ns: AtomicU64,
+}
+
+impl SimDevice {
+    /// A device built from a spec string such as `sim:mem=2GiB,lanes=2`.
+    ///
+    /// # Errors
+    /// [`Error::Spec`] for a bad spec, [`Error::Map`] when the memory
+    /// cannot be mapped.
+    pub fn from_spec(spec: &str) -> Result<Self, Error> {
+        SimDevice::new(spec.parse()?)
+    }
+
+    /// A device built from a parsed spec.
+    ///
+    /// # Errors
+    /// [`Error::Map`] when the memory or the lane threads cannot be set up.
+    pub fn new(spec: DeviceSpec) -> Result<Self, Error> {
+        let arena = Arena::new(spec.persistent(), spec.run, spec.scratch)?;
+        let memory = DeviceMemory::new(spec.mem)?;
+        let lanes = LanePool::new(spec.lanes).map_err(|e| Error::Map {
+            bytes: 0,
+            reason: format!("cannot start lane threads: {e}"),
+        })?;
+        Ok(SimDevice {
+            inner: Arc::new(Inner {
+                spec,
+                memory,
+                arena,
+                counters: Counters::default(),
+            }),
+            lanes,
+        })
+    }
+
+    /// The arena's invariant check (ARENA-1..3), for tests.
+    ///
+    /// # Errors
+    /// The first broken invariant.
+    pub fn check_invariants(&self) -> Result<(), String> {
+        self.inner.arena.check_invariants()
+    }
+}
+
+impl Device for SimDevice {
+    fn info(&self) -> DeviceInfo {
+        let spec = &self.inner.spec;
+        DeviceInfo {
+            kind: "sim".into(),
+            spec: spec.to_string(),
+            memory: spec.mem,
+            lanes: spec.lanes,
+            mode: spec.mode,
+        }
+    }
+
+    fn alloc(&self, region: Region, nbytes: u64) -> Result<DeviceBlock, Error> {
+        if region == Region::Scratch {
+            return Err(Error::Spec {
+                spec: self.inner.spec.to_string(),
+                reason: "the scratch region is for kernels; allocate persistent or run blocks"
+                    .into(),
+            });
+        }
+        let b = self.inner.arena.alloc(region, nbytes)?;
+        Ok(DeviceBlock {
+            addr: DEVICE_BASE + b.offset,
+            len: b.len,
+            region,
+        })
+    }
+
+    fn free(&self, addr: DeviceAddr) -> Result<(), Error> {
+        let unknown = Error::UnknownBlock {
+            region: Region::Persistent,
+            addr,
+        };
+        let offset = addr.checked_sub(DEVICE_BASE).ok_or(unknown)?;
+        self.inner
+            .arena
+            .free(Region::Persistent, offset)
+            .map(|_| ())
+            .map_err(|_| Error::UnknownBlock {
+                region: Region::Persistent,
+                addr,
+            })
+    }
+
+    fn end_run(&self) -> Result<(), Error> {
+        self.lanes.wait_idle();
+        self.inner.arena.reset_run();
+        Ok(())
+    }
+
+    fn copy_to_device(&self, dst: DeviceAddr, src: &[u8]) -> Result<(), Error> {
+        self.inner.live_range(dst, src.len() as u64)?;
+        self.inner.memory.write(dst, src)?;
+        self.inner
+            .counters
+            .copied_to_device
+            .fetch_add(src.len() as u64, Ordering::Relaxed);
+        Ok(())
+    }
+
+    fn copy_from_device(&self, src: DeviceAddr, dst: &mut [u8]) -> Result<(), Error> {
+        self.inner.live_range(src, dst.len() as u64)?;
+        self.inner.memory.read(src, dst)?;
+        self.inner
+            .counters
+            .copied_to_host
+            .fetch_add(dst.len() as u64, Ordering::Relaxed);
+        Ok(())
+    }
+
+    fn launch(&self, launch: Launch, done: Completion) -> Result<(), Error> {
+        let tagged: Vec<(Tensor, ArgTag)> = launch.args.iter().map(|a| (a.tensor, a.tag)).collect();
+        validate_launch(launch.kernel.as_ref(), &tagged, &launch.scalars)?;
+        for (i, arg) in launch.args.iter().enumerate() {
+            self.inner.check_backing(&launch, i, arg)?;
+        }
+        self.inner.counters.launched.fetch_add(1, Ordering::Relaxed);
+        let inner = Arc::clone(&self.inner);
+        let queued_at = Instant::now();
+        let job = Box::new(move |lane: usize| {
+            let queued = queued_at.elapsed();
+            let outcome = inner.execute(&launch, lane, queued);
+            done(outcome);
+        });
+        self.lanes.submit(job).map_err(|_| Error::ShutDown)
+    }
+
+    fn synchronize(&self) {
+        self.lanes.wait_idle();
+    }
+
+    fn stats(&self) -> DeviceStats {
+        let c = &self.inner.counters;
+        let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        DeviceStats {
+            arena: self.inner.arena.stats(),
+            staged_to_device: get(&c.staged_to_device),
+            staged_to_host: get(&c.staged_to_host),
+            copied_to_device: get(&c.copied_to_device),
+            copied_to_host: get(&c.copied_to_host),
+            launched: get(&c.launched),
+            succeeded: get(&c.succeeded),
+            failed: get(&c.failed),
+            panicked: get(&c.panicked),
+            busy: Duration::from_nanos(get(&c.busy_ns)),
+        }
+    }
+}
+
+/// A scratch block freed when dropped.
+struct ScratchGuard<'a> {
+    arena: &'a Arena,
+    block: Block,
+}
+
+impl Drop for ScratchGuard<'_> {
+    fn drop(&mut self) {
+        // The block was allocated by this guard's owner and is freed once.
+        let _ = self.arena.free(Region::Scratch, self.block.offset);
+    }
+}
+
+impl Inner {
+    /// Checks that `[addr, addr + len)` lies in one live persistent or run
+    /// block.
+    fn live_range(&self, addr: DeviceAddr, len: u64) -> Result<(), Error> {
+        let out = Error::OutOfRange {
+            addr,
+            len,
+            what: "a live device block",
+        };
+        let offset = addr.checked_sub(DEVICE_BASE).ok_or(out.clone())?;
+        let block = self
+            .arena
+            .block_containing(Region::Persistent, offset)
+            .or_else(|| self.arena.block_containing(Region::Run, offset))
+            .ok_or(out.clone())?;
+        let end = offset.checked_add(len).ok_or(out.clone())?;
+        if end > block.offset + block.len {
+            return Err(out);
+        }
+        Ok(())
+    }
+
+    fn check_backing(&self, launch: &Launch, i: usize, arg: &LaunchArg) -> Result<(), Error> {
+        let desc = launch.kernel.descriptor();
+        let bad = |reason: String| Error::Argument {
+            kernel: desc.qualified_name(),
+            index: i,
+            name: desc
+                .args
+                .get(i)
+                .map_or_else(|| "?".into(), |a| a.name.clone()),
+            reason,
+        };
+        let t = &arg.tensor;
+        let writes = desc.args.get(i).is_some_and(|a| a.access.allows_write());
+        match &arg.backing {
+            ArgBacking::Host(mem) => {
+                if t.buffer().address_space() != AddressSpace::Host {
+                    return Err(bad("a DEVICE buffer cannot be backed by host memory".into()));
+                }
+                if t.end_byte() > mem.len() as u64 {
+                    return Err(bad(format!(
+                        "the view ends at byte {} but the host mapping has {}",
+                        t.end_byte(),
+                        mem.len()
+                    )));
+                }
+                if writes && !mem.writable() {
+                    return Err(bad(
+                        "the kernel writes it but its host mapping is read-only".into(),
+                    ));
+                }
+            }
+            ArgBacking::Device(block) => {
+                if t.buffer().address_space() != AddressSpace::Device {
+                    return Err(bad(
+                        "a HOST buffer cannot be backed by a device block".into()
+                    ));
+                }
+                if t.end_byte() > block.len {
+                    return Err(bad(format!(
+                        "the view ends at byte {} but the device block has {}",
+                        t.end_byte(),
+                        block.len
+                    )));
+                }
+                self.live_range(block.addr, block.len)
+                    .map_err(|e| bad(e.to_string()))?;
+            }
+        }
+        Ok(())
+    }
+
+    fn execute(
+        &self,
+        launch: &Launch,
+        lane: usize,
+        queued: Duration,
+    ) -> Result<LaunchReport, Error> {
+        let started = Instant::now();
+        let mut report = LaunchReport {
+            lane,
+            queued,
+            ..LaunchReport::default()
+        };
+        let result = self.materialize_and_run(launch, &mut report);
+        report.busy = started.elapsed();
+        let c = &self.counters;
+        c.busy_ns.fetch_add(
+            u64::try_from(report.busy.as_nanos()).unwrap_or(u64::MAX),
+            Ordering::Relaxed,
+        );
+        c.staged_to_device
+            .fetch_add(report.staged_in, Ordering::Relaxed);
+        c.staged_to_host
+            .fetch_add(report.staged_out, Ordering::Relaxed);
+        match &result {
+            Ok(()) => c.succeeded.fetch_add(1, Ordering::Relaxed),
+            Err(Error::KernelPanicked { .. }) => c.panicked.fetch_add(1, Ordering::Relaxed),
+            Err(_) => c.failed.fetch_add(1, Ordering::Relaxed),
+        };
+        result.map(|()| report)
+    }
+
+    fn materialize_and_run(&self, launch: &Launch, report: &mut LaunchReport) -> Result<(), Error> {
+        let desc = launch.kernel.descriptor();
+        let mut staged: Vec<Option<ScratchGuard<'_>>> = Vec::with_capacity(launch.args.len());
+        let mut args = Vec::with_capacity(launch.args.len());
+        for (arg, spec) in launch.args.iter().zip(&desc.args) {
+            let t = &arg.tensor;
+            let extent = t.extent_bytes();
+            let (chip, base, guard) = match (&arg.backing, self.spec.mode) {
+                (ArgBacking::Host(mem), Mode::Unified) => {
+                    let chip = ChipTensor::from_view(
+                        t,
+                        mem.as_ptr() as u64,
+                        mem.len() as u64,
+                        AddressSpace::Host,
+                    )?;
+                    // SAFETY: check_backing proved byte_offset + extent ≤ the
+                    // mapping's length, and the Arc in `launch` keeps it mapped.
+                    (
+                        chip,
+                        unsafe { mem.as_ptr().add(t.byte_offset() as usize) },
+                        None,
+                    )
+                }
+                (ArgBacking::Host(mem), Mode::Staged) => {
+                    let block = self.arena.alloc(Region::Scratch, extent)?;
+                    let guard = ScratchGuard {
+                        arena: &self.arena,
+                        block,
+                    };
+                    let addr = DEVICE_BASE + block.offset;
+                    let dev = self.memory.ptr(addr, extent)?;
+                    // Sub-byte views share bytes with neighbours; staging them
+                    // in even for write-only use keeps the neighbours intact
+                    // on the way back.
+                    if spec.access.allows_read() || t.dtype().is_sub_byte() {
+                        // SAFETY: the view's extent lies inside the host
+                        // mapping (check_backing) and inside the fresh
+                        // scratch block; the two never overlap.
+                        report.staged_in += unsafe {
+                            staging::copy_view(t, mem.as_ptr().add(t.byte_offset() as usize), dev)
+                        };
+                    }
+                    (
+                        ChipTensor::staged(t, addr, AddressSpace::Device)?,
+                        dev,
+                        Some(guard),
+                    )
+                }
+                (ArgBacking::Device(block), _) => {
+                    let chip =
+                        ChipTensor::from_view(t, block.addr, block.len, AddressSpace::Device)?;
+                    (
+                        chip,
+                        self.memory.ptr(block.addr + t.byte_offset(), extent)?,
+                        None,
+                    )
+                }
+            };
+            // SAFETY: `base` is element 0 of the view, whose extent was
+            // checked against its backing above; the backing outlives the
+            // kernel run (Arc or guard held in this frame).
+            args.push(unsafe { Materialized::new(chip, spec.access, base) });
+            staged.push(guard);
+        }
+
+        let arena = &self.arena;
+        let memory = &self.memory;
+        let scratch = move |nbytes: usize| -> Result<Scratch<'_>, String> {
+            let block = arena
+                .alloc(Region::Scratch, nbytes as u64)
+                .map_err(|e| e.to_string())?;
+            let ptr = memory
+                .ptr(DEVICE_BASE + block.offset, nbytes as u64)
+                .map_err(|e| e.to_string())?;
+            let guard = ScratchGuard { arena, block };
+            // SAFETY: a fresh scratch block is exclusively this kernel's until
+            // the guard frees it, 64-byte aligned, and `ptr` covers nbytes.
+            Ok(unsafe { Scratch::new(ptr, nbytes, Box::new(move || drop(guard))) })
+        };
+        let mut ctx = KernelContext::new(&args, &launch.scalars, &scratch);
+        let kernel_name = desc.qualified_name();
+        let started = Instant::now();
+        let ran = catch_unwind(AssertUnwindSafe(|| launch.kernel.run(&mut ctx)));
+        report.kernel = started.elapsed();
+        match ran {
+            Ok(Ok(())) => {}
+            Ok(Err(reason)) => {
+                return Err(Error::KernelFailed {
+                    kernel: kernel_name,
+                    reason,
+                });
+            }
+            Err(payload) => {
+                let message = payload
+                    .downcast_ref::<&str>()
+                    .map(|s| (*s).to_owned())
+                    .or_else(|| payload.downcast_ref::<String>().cloned())
+                    .unwrap_or_else(|| "non-string panic payload".into());
+                return Err(Error::KernelPanicked {
+                    kernel: kernel_name,
+                    message,
+                });
+            }
+        }
+        for ((arg, spec), (m, guard)) in launch
+            .args
+            .iter()
+            .zip(&desc.args)
+            .zip(args.iter().zip(&staged))
+        {
+            if let (Some(_), ArgBacking::Host(mem), true) =
+                (guard, &arg.backing, spec.access.allows_write())
+            {
+                let t = &arg.tensor;
+                let dev = self.memory.ptr(m.chip().addr(), t.extent_bytes())?;
+                // SAFETY: as for the copy in, in the other direction; the
+                // host mapping is writable (check_backing).
+                report.staged_out += unsafe {
+                    staging::copy_view(t, dev, mem.as_ptr().add(t.byte_offset() as usize))
+                };
+            }
+        }
+        Ok(())
+    }
+}

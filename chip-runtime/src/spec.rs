@@ -1,0 +1,301 @@
+//! Device spec strings: `sim`, `sim:mem=2GiB,mode=staged`,
+//! `sim:mode=unified,lanes=2`.
+//!
+//! Grammar: `KIND[:KEY=VALUE(,KEY=VALUE)*]`. For `sim` the keys are
+//!
+//! | key | value | default |
+//! |---|---|---|
+//! | `mem` | total device memory, a size | 1GiB |
+//! | `mode` | `staged` (copy host views into device memory) or `unified` (read host memory in place) | staged |
+//! | `lanes` | kernels that may run at once, 1..=256 | 1 |
+//! | `run` | bytes of the per-run bump region | mem/4 |
+//! | `scratch` | bytes of the per-kernel scratch region (staged copies, temporaries) | mem/4 |
+//!
+//! The persistent region gets the rest. Sizes are integers with an optional
+//! suffix: `B`, `KiB`, `MiB`, `GiB`, `TiB` (powers of 1024) or `KB`, `MB`,
+//! `GB`, `TB` (powers of 1000). Region sizes are rounded down to 64 bytes.
+//! Unknown keys, repeated keys and bad values are errors naming them.
+
+use std::fmt;
+use std::str::FromStr;
+
+use crate::Error;
+
+/// Alignment of every device block and region boundary.
+pub const BLOCK_ALIGN: u64 = 64;
+
+/// Largest region the arena can manage (2^32 − 1 blocks of 64 bytes).
+pub const MAX_REGION_BYTES: u64 = (u32::MAX as u64) * BLOCK_ALIGN;
+
+/// Smallest device memory accepted.
+pub const MIN_MEM: u64 = 64 * 1024;
+
+/// How host-backed arguments reach a kernel.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Mode {
+    /// Like a discrete accelerator: the bytes of each host view are copied
+    /// into device memory before the kernel (if it reads them) and back after
+    /// it (if it writes them).
+    Staged,
+    /// Like unified memory: the kernel reads and writes host memory in place.
+    Unified,
+}
+
+impl Mode {
+    /// `staged` or `unified`.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Mode::Staged => "staged",
+            Mode::Unified => "unified",
+        }
+    }
+}
+
+/// A parsed, validated device spec.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct DeviceSpec {
+    /// Total device memory.
+    pub mem: u64,
+    /// How host-backed arguments are handled.
+    pub mode: Mode,
+    /// How many kernels may run at once.
+    pub lanes: usize,
+    /// Bytes of the run region.
+    pub run: u64,
+    /// Bytes of the scratch region.
+    pub scratch: u64,
+}
+
+impl DeviceSpec {
+    /// Bytes of the persistent region: what `run` and `scratch` leave.
+    pub fn persistent(&self) -> u64 {
+        self.mem - self.run - self.scratch
+    }
+}
+
+impl Default for DeviceSpec {
+    fn default() -> Self {
+        // Infallible: the default string is valid (tested).
+        "sim".parse().unwrap_or(DeviceSpec {
+            mem: 1 << 30,
+            mode: Mode::Staged,
+            lanes: 1,
+            run: 1 << 28,
+            scratch: 1 << 28,
+        })
+    }
+}
+
+impl FromStr for DeviceSpec {
+    type Err = Error;
+
+    fn from_str(spec: &str) -> Result<Self, Error> {
+        let bad = |reason: String| Error::Spec {
+            spec: spec.to_owned(),
+            reason,
+        };
+        let (kind, rest) = match spec.split_once(':') {
+            Some((kind, rest)) => (kind, Some(rest)),
+            None => (spec, None),
+        };
+        if kind != "sim" {
+            return Err(bad(format!("unknown device kind {kind:?} (known: sim)")));
+        }
+        let (mut mem, mut mode, mut lanes, mut run, mut scratch) = (None, None, None, None, None);
+        for item in rest.into_iter().flat_map(|r| r.split(',')) {
+            let (key, value) = item
+                .split_once('=')
+                .ok_or_else(|| bad(format!("{item:?} is not KEY=VALUE")))?;
+            let slot_taken = match key {
+                "mem" => mem
+                    .replace(parse_size(value).map_err(|r| bad(format!("mem: {r}")))?)
+                    .is_some(),
+                "run" => run
+                    .replace(parse_size(value).map_err(|r| bad(format!("run: {r}")))?)
+                    .is_some(),
+                "scratch" => scratch
+                    .replace(parse_size(value).map_err(|r| bad(format!("scratch: {r}")))?)
+                    .is_some(),
+                "mode" => {
+                    let m = match value {
+                        "staged" => Mode::Staged,
+                        "unified" => Mode::Unified,
+                        other => {
+                            return Err(bad(format!("mode: {other:?} is not staged or unified")));
+                        }
+                    };
+                    mode.replace(m).is_some()
+                }
+                "lanes" => {
+                    let n: usize = value
+                        .parse()
+                        .ok()
+                        .filter(|n| (1..=256).contains(n))
+                        .ok_or_else(|| {
+                            bad(format!("lanes: {value:?} is not a number from 1 to 256"))
+                        })?;
+                    lanes.replace(n).is_some()
+                }
+                other => {
+                    return Err(bad(format!(
+                        "unknown key {other:?} (known: mem, mode, lanes, run, scratch)"
+                    )));
+                }
+            };
+            if slot_taken {
+                return Err(bad(format!("{key} is given twice")));
+            }
+        }
+        let mem = mem.unwrap_or(1 << 30);
+        if mem < MIN_MEM {
+            return Err(bad(format!(
+                "mem: {mem} bytes is below the minimum of {MIN_MEM}"
+            )));
+        }
+        let align = |v: u64| v / BLOCK_ALIGN * BLOCK_ALIGN;
+        let mem = align(mem);
+        let run = align(run.unwrap_or(mem / 4));
+        let scratch = align(scratch.unwrap_or(mem / 4));
+        let persistent = mem
+            .checked_sub(run)
+            .and_then(|r| r.checked_sub(scratch))
+            .ok_or_else(|| {
+                bad(format!(
+                    "run ({run}) + scratch ({scratch}) exceed mem ({mem})"
+                ))
+            })?;
+        for (name, bytes) in [
+            ("persistent", persistent),
+            ("run", run),
+            ("scratch", scratch),
+        ] {
+            if bytes > MAX_REGION_BYTES {
+                return Err(bad(format!(
+                    "the {name} region would be {bytes} bytes; at most {MAX_REGION_BYTES} are supported"
+                )));
+            }
+        }
+        let mode = mode.unwrap_or(Mode::Staged);
+        if scratch == 0 && mode == Mode::Staged {
+            return Err(bad(
+                "staged mode needs a scratch region (scratch > 0)".into()
+            ));
+        }
+        Ok(DeviceSpec {
+            mem,
+            mode,
+            lanes: lanes.unwrap_or(1),
+            run,
+            scratch,
+        })
+    }
+}
+
+impl fmt::Display for DeviceSpec {
+    /// The canonical form, with every key: parsing it gives the same spec.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "sim:mem={},mode={},lanes={},run={},scratch={}",
+            format_size(self.mem),
+            self.mode.name(),
+            self.lanes,
+            format_size(self.run),
+            format_size(self.scratch)
+        )
+    }
+}
+
+/// Parses `2GiB`, `512MiB`, `1GB`, `4096` into bytes.
+///
+/// # Errors
+/// A message saying what is wrong with the text.
+pub fn parse_size(text: &str) -> Result<u64, String> {
+    let digits = text.trim_end_matches(|c: char| c.is_ascii_alphabetic());
+    let suffix = &text[digits.len()..];
+    let n: u64 = digits
+        .parse()
+        .map_err(|_| format!("{text:?} is not a size such as 512MiB"))?;
+    let unit: u64 = match suffix {
+        "" | "B" => 1,
+        "KiB" => 1 << 10,
+        "MiB" => 1 << 20,
+        "GiB" => 1 << 30,
+        "TiB" => 1 << 40,
+        "KB" => 1_000,
+        "MB" => 1_000_000,
+        "GB" => 1_000_000_000,
+        "TB" => 1_000_000_000_000,
+        other => return Err(format!("unknown size suffix {other:?} in {text:?}")),
+    };
+    n.checked_mul(unit)
+        .ok_or_else(|| format!("{text:?} overflows 64 bits"))
+}
+
+/// Formats a size with the largest binary suffix that divides it exactly.
+pub fn format_size(bytes: u64) -> String {
+    for (unit, name) in [
+        (1u64 << 40, "TiB"),
+        (1 << 30, "GiB"),
+        (1 << 20, "MiB"),
+        (1 << 10, "KiB"),
+    ] {
+        if bytes >= unit && bytes % unit == 0 {
+            return format!("{}{name}", bytes / unit);
+        }
+    }
+    bytes.to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_and_examples() {
+        let d: DeviceSpec = "sim".parse().unwrap();
+        assert_eq!(d, DeviceSpec::default());
+        assert_eq!(
+            (d.mem, d.mode, d.lanes, d.run, d.scratch),
+            (1 << 30, Mode::Staged, 1, 1 << 28, 1 << 28)
+        );
+        assert_eq!(d.persistent(), 1 << 29);
+        let s: DeviceSpec = "sim:mem=2GiB,mode=staged".parse().unwrap();
+        assert_eq!(s.mem, 2 << 30);
+        let u: DeviceSpec = "sim:mode=unified,lanes=2".parse().unwrap();
+        assert_eq!((u.mode, u.lanes), (Mode::Unified, 2));
+        for spec in [d, s, u] {
+            assert_eq!(
+                spec.to_string().parse::<DeviceSpec>().unwrap(),
+                spec,
+                "{spec}"
+            );
+        }
+        assert_eq!(
+            "sim:mem=1MB,run=0,scratch=1000,mode=unified"
+                .parse::<DeviceSpec>()
+                .unwrap()
+                .to_string(),
+            "sim:mem=1000000,mode=unified,lanes=1,run=0,scratch=960"
+        );
+    }
+
+    #[test]
+    fn errors_name_the_problem() {
+        let err = |s: &str| s.parse::<DeviceSpec>().unwrap_err().to_string();
+        assert!(err("gpu").contains("unknown device kind \"gpu\""));
+        assert!(err("sim:mem=lots").contains("mem: \"lots\" is not a size"));
+        assert!(err("sim:mem=4XB").contains("unknown size suffix \"XB\""));
+        assert!(err("sim:mode=fast").contains("mode: \"fast\""));
+        assert!(err("sim:lanes=0").contains("lanes: \"0\""));
+        assert!(err("sim:lanes=1,lanes=2").contains("lanes is given twice"));
+        assert!(err("sim:colour=blue").contains("unknown key \"colour\""));
+        assert!(err("sim:mem").contains("not KEY=VALUE"));
+        assert!(err("sim:mem=1KiB").contains("below the minimum"));
+        assert!(err("sim:mem=1GiB,run=1GiB").contains("exceed mem"));
+        assert!(err("sim:mem=1TiB,run=0,scratch=0").contains("at most"));
+        assert!(err("sim:scratch=0").contains("scratch > 0"));
+        assert!(err("sim:mem=99999999999999999999").contains("not a size"));
+        assert!(err("sim:mem=99999999999TiB").contains("overflows"));
+    }
+}

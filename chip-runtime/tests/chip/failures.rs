@@ -1,0 +1,415 @@
+//! Errors name what was wrong, and the device keeps working after them.
+
+use std::sync::Arc;
+
+use strata_chip::kernel::{ArgSpec, DTypes, KernelDescriptor, Rank};
+use strata_chip::{
+    ArgBacking, Device, Error, HostBuffer, Kernel, KernelContext, LaunchArg, Region, Registry,
+    SimDevice,
+};
+use strata_wire::check::Rng;
+use strata_wire::{
+    Access, AddressSpace, ArgTag, Backing, BufferDescriptor, CanonicalIdentity, DType, Tensor,
+};
+
+use crate::common::{Layout, host_tensor, read, run};
+
+fn dev() -> SimDevice {
+    SimDevice::from_spec("sim:mem=1MiB,lanes=2").unwrap()
+}
+
+#[test]
+fn out_of_memory_then_smaller_requests_still_work() {
+    let d = dev();
+    let err = d.alloc(Region::Persistent, 10 << 20).unwrap_err();
+    match &err {
+        Error::OutOfMemory {
+            region: Region::Persistent,
+            asked,
+            free,
+            ..
+        } => {
+            assert_eq!(*asked, 10 << 20);
+            assert_eq!(*free, 512 * 1024);
+        }
+        other => panic!("{other}"),
+    }
+    assert!(
+        err.to_string()
+            .starts_with("out of device memory in the persistent region: asked 10485760 bytes")
+    );
+    let b = d.alloc(Region::Persistent, 4096).unwrap();
+    assert_eq!(b.addr % 64, 0);
+    d.copy_to_device(b.addr, &[7; 4096]).unwrap();
+    let mut back = [0u8; 4096];
+    d.copy_from_device(b.addr, &mut back).unwrap();
+    assert_eq!(back, [7; 4096]);
+    d.free(b.addr).unwrap();
+    assert!(
+        matches!(d.free(b.addr), Err(Error::UnknownBlock { .. })),
+        "double free refused"
+    );
+    assert!(
+        matches!(
+            d.copy_to_device(b.addr, &[1]),
+            Err(Error::OutOfRange { .. })
+        ),
+        "freed block"
+    );
+    assert!(matches!(
+        d.alloc(Region::Scratch, 64),
+        Err(Error::Spec { .. })
+    ));
+    let s = d.stats();
+    assert_eq!(
+        (
+            s.arena.persistent.failed,
+            s.copied_to_device,
+            s.copied_to_host
+        ),
+        (1, 4096, 4096)
+    );
+    d.check_invariants().unwrap();
+}
+
+#[test]
+fn a_staged_view_larger_than_scratch_fails_the_task_not_the_device() {
+    let d = SimDevice::from_spec("sim:mem=1MiB,scratch=64KiB").unwrap();
+    let reg = Registry::with_builtins();
+    let mut rng = Rng(1);
+    let big = host_tensor(&mut rng, &[256, 128], DType::F32, Layout::RowMajor);
+    let err = run(&d, &reg, "fill", vec![big.arg(ArgTag::Output)], vec![0]).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            Error::OutOfMemory {
+                region: Region::Scratch,
+                asked: 131_072,
+                ..
+            }
+        ),
+        "{err}"
+    );
+    let small = host_tensor(&mut rng, &[4, 4], DType::F32, Layout::RowMajor);
+    run(
+        &d,
+        &reg,
+        "fill",
+        vec![small.arg(ArgTag::Output)],
+        vec![1f64.to_bits()],
+    )
+    .unwrap();
+    assert_eq!(read(&small.bytes(), &small.view, &[3, 3]), 1.0);
+}
+
+fn argument_error(err: Error) -> (usize, String, String) {
+    match err {
+        Error::Argument {
+            index,
+            name,
+            reason,
+            ..
+        } => (index, name, reason),
+        other => panic!("expected an argument error, got {other}"),
+    }
+}
+
+#[test]
+fn bad_arguments_are_refused_before_anything_runs_naming_the_argument() {
+    let d = dev();
+    let reg = Registry::with_builtins();
+    let mut rng = Rng(2);
+    let a = host_tensor(&mut rng, &[4, 3], DType::F32, Layout::RowMajor);
+    let b = host_tensor(&mut rng, &[5, 2], DType::F32, Layout::RowMajor);
+    let c = host_tensor(&mut rng, &[4, 2], DType::F32, Layout::RowMajor);
+    let h = host_tensor(&mut rng, &[4, 3], DType::F16, Layout::RowMajor);
+    let r1 = host_tensor(&mut rng, &[12], DType::F32, Layout::RowMajor);
+
+    let (i, name, why) = argument_error(
+        run(
+            &d,
+            &reg,
+            "matmul",
+            vec![
+                a.arg(ArgTag::Input),
+                b.arg(ArgTag::Input),
+                c.arg(ArgTag::Output),
+            ],
+            vec![],
+        )
+        .unwrap_err(),
+    );
+    assert_eq!((i, name.as_str()), (1, "b"));
+    assert!(why.contains("does not chain"), "{why}");
+
+    let (i, _, why) =
+        argument_error(run(&d, &reg, "add", vec![a.arg(ArgTag::Input)], vec![]).unwrap_err());
+    assert_eq!(i, 1);
+    assert!(why.contains("expected 3 tensor arguments, got 1"));
+
+    let (i, name, why) = argument_error(
+        run(
+            &d,
+            &reg,
+            "add",
+            vec![
+                a.arg(ArgTag::Input),
+                h.arg(ArgTag::Input),
+                a.arg(ArgTag::Output),
+            ],
+            vec![],
+        )
+        .unwrap_err(),
+    );
+    assert_eq!((i, name.as_str()), (1, "b"));
+    assert!(
+        why.contains("dtype F16 differs from argument 0's F32"),
+        "{why}"
+    );
+
+    let (i, _, why) = argument_error(
+        run(
+            &d,
+            &reg,
+            "copy",
+            vec![a.arg(ArgTag::Input), r1.arg(ArgTag::Output)],
+            vec![],
+        )
+        .unwrap_err(),
+    );
+    assert_eq!(i, 1);
+    assert!(
+        why.contains("rank 1 given, the rank of argument 0 expected"),
+        "{why}"
+    );
+
+    let (i, _, why) =
+        argument_error(run(&d, &reg, "fill", vec![a.arg(ArgTag::Input)], vec![0]).unwrap_err());
+    assert_eq!(i, 0);
+    assert!(
+        why.contains("tagged INPUT, but the kernel writes it"),
+        "{why}"
+    );
+
+    let err = run(&d, &reg, "fill", vec![a.arg(ArgTag::Output)], vec![]).unwrap_err();
+    assert!(matches!(err, Error::Scalars { .. }), "{err}");
+
+    // Writing a view that shares bytes with another argument.
+    let (i, _, why) = argument_error(
+        run(
+            &d,
+            &reg,
+            "add",
+            vec![
+                a.arg(ArgTag::Input),
+                a.arg(ArgTag::Input),
+                a.arg(ArgTag::Output),
+            ],
+            vec![],
+        )
+        .unwrap_err(),
+    );
+    assert_eq!(i, 2);
+    assert!(why.contains("shares bytes with argument 0"), "{why}");
+
+    // A READ grant cannot be written.
+    let id = CanonicalIdentity::new([3; 8], 77, 1).unwrap();
+    let ro = BufferDescriptor::new(
+        id,
+        64,
+        AddressSpace::Host,
+        Access::Read,
+        Backing::Memfd {
+            st_dev: 1,
+            st_ino: 2,
+        },
+    )
+    .unwrap();
+    let view = Tensor::new(ro, 0, &[16], &[1], DType::F32).unwrap();
+    let host = Arc::new(HostBuffer::new(64).unwrap());
+    let arg = LaunchArg {
+        tensor: view,
+        tag: ArgTag::Output,
+        backing: ArgBacking::Host(host),
+    };
+    let (_, _, why) = argument_error(run(&d, &reg, "fill", vec![arg], vec![0]).unwrap_err());
+    assert!(why.contains("grants READ"), "{why}");
+
+    // A host mapping shorter than the view.
+    let short = Arc::new(HostBuffer::new(16).unwrap());
+    let arg = LaunchArg {
+        tensor: c.view,
+        tag: ArgTag::Output,
+        backing: ArgBacking::Host(short),
+    };
+    let (_, _, why) = argument_error(run(&d, &reg, "fill", vec![arg], vec![0]).unwrap_err());
+    assert!(why.contains("host mapping has 16"), "{why}");
+
+    assert_eq!(d.stats().launched, 0, "nothing was queued");
+}
+
+/// Panics on purpose.
+struct Panicky(KernelDescriptor);
+
+impl Kernel for Panicky {
+    fn descriptor(&self) -> &KernelDescriptor {
+        &self.0
+    }
+    fn run(&self, ctx: &mut KernelContext<'_>) -> Result<(), String> {
+        let v = ctx.input::<f32>(0)?;
+        // Index past the end: the view's bounds check panics.
+        let _ = v.get(&[usize::MAX]);
+        Ok(())
+    }
+}
+
+#[test]
+fn a_panicking_kernel_is_a_task_failure_and_the_device_keeps_working() {
+    let d = dev();
+    let mut reg = Registry::with_builtins();
+    let panicky = Arc::new(Panicky(KernelDescriptor {
+        name: "test.panicky".into(),
+        version: 1,
+        args: vec![ArgSpec::new(
+            "x",
+            Access::Read,
+            DTypes::Any,
+            Rank::Exactly(1),
+        )],
+        scalars: vec![],
+    }));
+    reg.register(panicky).unwrap();
+    let mut rng = Rng(3);
+    let x = host_tensor(&mut rng, &[8], DType::F32, Layout::RowMajor);
+    let prev = std::panic::take_hook();
+    std::panic::set_hook(Box::new(|_| {}));
+    let err = run(&d, &reg, "test.panicky", vec![x.arg(ArgTag::Input)], vec![]);
+    std::panic::set_hook(prev);
+    match err.unwrap_err() {
+        Error::KernelPanicked { kernel, message } => {
+            assert_eq!(kernel, "test.panicky@1");
+            assert!(message.contains("past axis 0"), "{message}");
+        }
+        other => panic!("{other}"),
+    }
+    let out = host_tensor(&mut rng, &[8], DType::F32, Layout::RowMajor);
+    run(
+        &d,
+        &reg,
+        "copy",
+        vec![x.arg(ArgTag::Input), out.arg(ArgTag::Output)],
+        vec![],
+    )
+    .unwrap();
+    assert_eq!(out.bytes()[..32], x.bytes()[..32]);
+    let s = d.stats();
+    assert_eq!((s.launched, s.panicked, s.succeeded), (2, 1, 1));
+    assert_eq!(s.arena.scratch.in_use, 0);
+}
+
+#[test]
+fn device_backed_arguments_run_in_place() {
+    let d = dev();
+    let reg = Registry::with_builtins();
+    let block = d.alloc(Region::Persistent, 64).unwrap();
+    let values: Vec<u8> = (0..16).flat_map(|i| (i as f32).to_le_bytes()).collect();
+    d.copy_to_device(block.addr, &values).unwrap();
+    let id = CanonicalIdentity::new([9; 8], 1, 1).unwrap();
+    let addr = std::num::NonZeroU64::new(block.addr).unwrap();
+    let desc = BufferDescriptor::new(
+        id,
+        64,
+        AddressSpace::Device,
+        Access::ReadWrite,
+        Backing::DeviceMalloc { addr },
+    )
+    .unwrap();
+    let x = Tensor::new(desc, 0, &[4, 4], &[4, 1], DType::F32).unwrap();
+    let xt = Tensor::new(desc, 0, &[4, 4], &[1, 4], DType::F32).unwrap();
+    let mut rng = Rng(4);
+    let out = host_tensor(&mut rng, &[4, 4], DType::F32, Layout::RowMajor);
+    let dev_arg = |t: Tensor| LaunchArg {
+        tensor: t,
+        tag: ArgTag::Input,
+        backing: ArgBacking::Device(block),
+    };
+    let report = run(
+        &d,
+        &reg,
+        "add",
+        vec![dev_arg(x), dev_arg(xt), out.arg(ArgTag::Output)],
+        vec![],
+    )
+    .unwrap();
+    assert_eq!(report.staged_in, 0, "device arguments are not staged");
+    let ob = out.bytes();
+    for i in 0..4 {
+        for j in 0..4 {
+            assert_eq!(
+                read(&ob, &out.view, &[i, j]),
+                (4 * i + j + 4 * j + i) as f64
+            );
+        }
+    }
+    // A run block, then end_run releases it.
+    let r = d.alloc(Region::Run, 1000).unwrap();
+    d.copy_to_device(r.addr, &[1; 1000]).unwrap();
+    d.end_run().unwrap();
+    assert!(
+        d.copy_to_device(r.addr, &[1; 10]).is_err(),
+        "run memory is gone after end_run"
+    );
+    assert_eq!(d.stats().arena.run.in_use, 0);
+}
+
+#[test]
+fn registry_handles() {
+    let reg = Registry::with_builtins();
+    let names = [
+        "fill",
+        "copy",
+        "add",
+        "mul",
+        "axpy",
+        "matmul",
+        "matmul_acc",
+        "reduce_sum",
+        "softmax",
+        "transpose",
+    ];
+    assert_eq!(reg.len(), names.len());
+    let mut handles = std::collections::HashSet::new();
+    for name in names {
+        let h = reg
+            .find(name, 1)
+            .unwrap_or_else(|| panic!("{name} registered"));
+        let k = reg.get(h).unwrap();
+        assert_eq!(
+            k.descriptor().handle(),
+            h,
+            "handle is the digest of the descriptor"
+        );
+        assert!(handles.insert(h));
+    }
+    let add = reg.get(reg.find("add", 1).unwrap()).unwrap();
+    assert_eq!(
+        add.descriptor().canonical(),
+        "add@1(a:R:F32|F16|BF16|I8|I16|I32|I64|U8|U16|U32|U64:*,b:R:=0:=0,out:W:=0:=0;)"
+    );
+    // Same name and version, different signature: refused.
+    let mut reg2 = reg.clone();
+    let clash = Arc::new(Panicky(KernelDescriptor {
+        name: "add".into(),
+        version: 1,
+        args: vec![ArgSpec::new("x", Access::Read, DTypes::Any, Rank::Any)],
+        scalars: vec![],
+    }));
+    assert!(matches!(
+        reg2.register(clash),
+        Err(Error::ConflictingKernel(_))
+    ));
+    assert!(matches!(
+        reg.get(strata_chip::KernelHandle([0; 16])),
+        Err(Error::UnknownKernel(_))
+    ));
+}

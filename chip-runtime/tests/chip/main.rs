@@ -1,0 +1,10 @@
+//! Integration tests of `strata-chip`: built-in kernels against naive
+//! references on strided views in both modes, staging that touches only the
+//! written views' bytes, the arena under random allocation sequences, and
+//! failure behaviour.
+
+mod arena;
+mod common;
+mod failures;
+mod kernels;
+mod staging;

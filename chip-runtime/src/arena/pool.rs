@@ -151,15 +151,24 @@ impl Pool {
             return None;
         }
         let s = lock(&self.state);
-        // Live blocks are few compared with lookups' value here (copies and
-        // argument checks); a scan keeps the pool's state to one map.
+        let block = |unit: u32, live: &Live| Block {
+            region: self.region,
+            offset: self.base + u64::from(unit) * UNIT,
+            len: live.len,
+        };
+        // Copies nearly always start at a block's first byte: O(1).
+        let exact = (rel % UNIT == 0)
+            .then(|| u32::try_from(rel / UNIT).ok())
+            .flatten()
+            .and_then(|u| s.live.get(&u).map(|l| block(u, l)));
+        if exact.is_some() {
+            return exact;
+        }
+        // An interior address: scan (the live map is keyed for O(1) alloc
+        // and free, not for range queries).
         s.live.iter().find_map(|(&unit, live)| {
             let start = u64::from(unit) * UNIT;
-            (rel >= start && rel < start + live.len.max(1)).then_some(Block {
-                region: self.region,
-                offset: self.base + start,
-                len: live.len,
-            })
+            (rel >= start && rel < start + live.len.max(1)).then(|| block(unit, live))
         })
     }
 

@@ -44,6 +44,7 @@ pub mod kernel;
 pub mod memory;
 mod sim;
 pub mod spec;
+pub mod staging;
 mod sync;
 
 #[doc(hidden)]

@@ -1,9 +1,53 @@
-//! `strata-proto` will hold the gRPC service between the orchestrator and a
-//! worker (DESIGN §5): the `.proto` files, the code generated from them in
-//! `build.rs` by a pure-Rust protobuf compiler, and the checked conversions
-//! between prost types and the domain types of `strata-wire`.
+//! `strata-proto`: the gRPC service between an orchestrator and a worker
+//! (`strata/worker/v1/worker.proto`, compiled by protox in `build.rs`, no
+//! system `protoc`), and the one place where its messages become domain
+//! types.
 //!
-//! Nothing is implemented yet; it arrives with the worker node (issue 4).
-//! The crate exists now so the workspace has its final shape.
+//! Prost types never travel past this crate's [`convert`] functions: every
+//! `TryFrom<pb::X>` checks every field (lengths, codes, counts, the TaskArgs
+//! blob through `strata-wire`'s validator) and names the field it refuses.
+//!
+//! ```
+//! use strata_proto::{convert::TaskRequest, pb, TaskId};
+//! use strata_wire::{check::test_buffer, ArgTag, DType, TaskArgs, Tensor};
+//!
+//! let t = Tensor::row_major(test_buffer(64), 0, &[16], DType::F32).unwrap();
+//! let req = TaskRequest {
+//!     id: TaskId(7),
+//!     callable: strata_chip::KernelHandle([1; 16]),
+//!     args: TaskArgs::new(vec![t], vec![]).unwrap(),
+//!     tags: vec![ArgTag::Output],
+//!     inline: vec![None],
+//! };
+//! let wire: pb::Task = (&req).into();
+//! assert_eq!(TaskRequest::try_from(wire).unwrap(), req);
+//!
+//! let bad = pb::Task { tags: vec![9], ..(&req).into() };
+//! assert_eq!(TaskRequest::try_from(bad).unwrap_err().field, "tags[0]");
+//! ```
 
-#![forbid(unsafe_code)]
+pub mod convert;
+
+/// The generated messages and service stubs.
+#[allow(missing_docs, unreachable_pub, clippy::all, clippy::pedantic)]
+pub mod pb {
+    tonic::include_proto!("strata.worker.v1");
+}
+
+pub use convert::{ConvertError, TaskId};
+
+/// The protocol version this build speaks; a handshake with any other is
+/// refused.
+pub const PROTOCOL_VERSION: u32 = 1;
+
+/// Metadata key carrying the session id on every call after the handshake.
+pub const SESSION_HEADER: &str = "strata-session";
+
+/// Default largest gRPC message, both directions (64 MiB).
+pub const DEFAULT_MAX_MESSAGE_BYTES: usize = 64 << 20;
+
+/// Largest fd side-channel frame (identities of one import message).
+pub const MAX_FD_FRAME_BYTES: usize = 64 * 1024;
+
+/// Most fds one side-channel message may carry.
+pub const MAX_FDS_PER_MESSAGE: usize = 64;

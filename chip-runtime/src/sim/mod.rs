@@ -18,7 +18,6 @@
 //! 5. Scratch blocks are freed, counters updated, and the completion called.
 
 mod lanes;
-mod staging;
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
@@ -35,6 +34,7 @@ use crate::device::{
 use crate::kernel::{KernelContext, Materialized, Scratch, validate_launch};
 use crate::memory::{DEVICE_BASE, DeviceMemory};
 use crate::spec::{DeviceSpec, Mode};
+use crate::staging;
 use crate::sync::{AtomicU64, Ordering};
 use lanes::LanePool;
 

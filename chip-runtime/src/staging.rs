@@ -1,4 +1,6 @@
-//! Moving exactly a view's bytes between host and device memory.
+//! Moving exactly a view's bytes: between host and device memory when
+//! staging, and into or out of a packed byte string when a view's bytes
+//! travel over the network.
 //!
 //! A staged copy keeps the view's layout: byte `first + d` of the buffer
 //! (where `first` is the view's first byte) goes to byte `d` of the device
@@ -13,7 +15,7 @@ use strata_wire::Tensor;
 /// increasing order and adjacent ones merge; a view whose elements repeat
 /// (overlapping strides) may report a byte more than once, which is harmless
 /// for copies.
-pub(crate) fn for_each_run(view: &Tensor, mut f: impl FnMut(usize, usize)) {
+pub fn for_each_run(view: &Tensor, mut f: impl FnMut(usize, usize)) {
     if view.is_contiguous() {
         f(0, view.extent_bytes() as usize);
         return;
@@ -73,6 +75,41 @@ pub(crate) fn for_each_run(view: &Tensor, mut f: impl FnMut(usize, usize)) {
     }
 }
 
+/// Bytes in the packed form of a view: the sum of its runs' lengths.
+pub fn packed_len(view: &Tensor) -> u64 {
+    let mut n = 0u64;
+    for_each_run(view, |_, len| n += len as u64);
+    n
+}
+
+/// Copies the view's bytes out of `extent` (the view's bytes from its first
+/// byte, laid out as in the buffer) into a packed string, run after run.
+///
+/// # Panics
+/// When `extent` is shorter than the view's extent.
+pub fn pack(view: &Tensor, extent: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(packed_len(view) as usize);
+    for_each_run(view, |off, len| {
+        out.extend_from_slice(&extent[off..off + len])
+    });
+    out
+}
+
+/// Copies a packed string back into `extent` (laid out from the view's
+/// first byte). Returns `false`, copying nothing, when `packed` is not
+/// exactly [`packed_len`] bytes or `extent` is short.
+pub fn unpack(view: &Tensor, packed: &[u8], extent: &mut [u8]) -> bool {
+    if packed.len() as u64 != packed_len(view) || (extent.len() as u64) < view.extent_bytes() {
+        return false;
+    }
+    let mut at = 0;
+    for_each_run(view, |off, len| {
+        extent[off..off + len].copy_from_slice(&packed[at..at + len]);
+        at += len;
+    });
+    true
+}
+
 /// Copies the view's bytes from `src` to `dst`, both laid out from the
 /// view's first byte; returns the bytes copied.
 ///
@@ -115,6 +152,20 @@ mod tests {
                 got.sort_unstable();
                 got.dedup();
                 assert_eq!(got, byte_set(&v).unwrap(), "{class:?} {v:?}");
+                // pack ∘ unpack restores the view's bytes.
+                let extent: Vec<u8> = (0..v.extent_bytes()).map(|i| (i * 7 % 251) as u8).collect();
+                let packed = pack(&v, &extent);
+                assert_eq!(packed.len() as u64, packed_len(&v));
+                let mut back = vec![0u8; extent.len()];
+                assert!(unpack(&v, &packed, &mut back));
+                for b in byte_set(&v).unwrap() {
+                    let i = (b - first) as usize;
+                    assert_eq!(back[i], extent[i]);
+                }
+                assert!(
+                    !unpack(&v, &packed[1..], &mut back),
+                    "a short packed string is refused"
+                );
             }
         }
     }

@@ -1,0 +1,425 @@
+//! Conversions between prost messages and domain types, each checking every
+//! field; and the one mapping from conversion errors to gRPC statuses.
+
+use std::fmt;
+
+use strata_chip::{KernelHandle, Region};
+use strata_wire::{ArgTag, CanonicalIdentity, TaskArgs};
+
+use crate::pb;
+
+/// A task's id, chosen by the client, echoed in its completion.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct TaskId(pub u64);
+
+impl fmt::Display for TaskId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "task {}", self.0)
+    }
+}
+
+/// A message field that broke a rule.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{field}: {reason}")]
+pub struct ConvertError {
+    /// Path of the field, such as `tasks[3].tags[1]`.
+    pub field: String,
+    /// What is wrong with it.
+    pub reason: String,
+}
+
+impl ConvertError {
+    fn new(field: impl Into<String>, reason: impl Into<String>) -> Self {
+        ConvertError {
+            field: field.into(),
+            reason: reason.into(),
+        }
+    }
+}
+
+impl From<ConvertError> for tonic::Status {
+    fn from(e: ConvertError) -> Self {
+        tonic::Status::invalid_argument(e.to_string())
+    }
+}
+
+/// A 32-byte identity field.
+///
+/// # Errors
+/// When the bytes are not a valid identity.
+pub fn identity(field: &str, bytes: &[u8]) -> Result<CanonicalIdentity, ConvertError> {
+    CanonicalIdentity::decode(bytes).map_err(|e| ConvertError::new(field, e.to_string()))
+}
+
+/// A 16-byte callable handle field.
+///
+/// # Errors
+/// When the field is not 16 bytes.
+pub fn handle(field: &str, bytes: &[u8]) -> Result<KernelHandle, ConvertError> {
+    let h: [u8; 16] = bytes.try_into().map_err(|_| {
+        ConvertError::new(
+            field,
+            format!("a callable handle is 16 bytes, got {}", bytes.len()),
+        )
+    })?;
+    Ok(KernelHandle(h))
+}
+
+/// A region field (persistent or run).
+///
+/// # Errors
+/// For an unspecified or unknown region.
+pub fn region(field: &str, code: i32) -> Result<Region, ConvertError> {
+    match pb::Region::try_from(code) {
+        Ok(pb::Region::Persistent) => Ok(Region::Persistent),
+        Ok(pb::Region::Run) => Ok(Region::Run),
+        _ => Err(ConvertError::new(
+            field,
+            format!("region {code} is not PERSISTENT (1) or RUN (2)"),
+        )),
+    }
+}
+
+/// The protobuf code of a region; scratch has none (it is never asked for).
+pub fn region_code(r: Region) -> i32 {
+    match r {
+        Region::Persistent => pb::Region::Persistent as i32,
+        Region::Run | Region::Scratch => pb::Region::Run as i32,
+    }
+}
+
+/// A task, checked.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TaskRequest {
+    /// Its id.
+    pub id: TaskId,
+    /// The callable.
+    pub callable: KernelHandle,
+    /// Tensor and scalar arguments, validated.
+    pub args: TaskArgs,
+    /// One tag per tensor.
+    pub tags: Vec<ArgTag>,
+    /// Per tensor: the packed view bytes that travel with the task, if any.
+    pub inline: Vec<Option<Vec<u8>>>,
+}
+
+impl TryFrom<pb::Task> for TaskRequest {
+    type Error = ConvertError;
+
+    fn try_from(t: pb::Task) -> Result<Self, ConvertError> {
+        let callable = handle("callable", &t.callable)?;
+        let args =
+            TaskArgs::decode(&t.args).map_err(|e| ConvertError::new("args", e.to_string()))?;
+        let n = args.tensors().len();
+        if t.tags.len() != n {
+            return Err(ConvertError::new(
+                "tags",
+                format!("{} tags for {n} tensor arguments", t.tags.len()),
+            ));
+        }
+        let tags = t
+            .tags
+            .iter()
+            .enumerate()
+            .map(|(i, &c)| {
+                ArgTag::from_code(c).ok_or_else(|| {
+                    ConvertError::new(
+                        format!("tags[{i}]"),
+                        format!("{c} is not a tag code 0 to 4"),
+                    )
+                })
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let mut inline: Vec<Option<Vec<u8>>> = vec![None; n];
+        for (k, item) in t.inline_inputs.into_iter().enumerate() {
+            let field = format!("inline_inputs[{k}]");
+            let i = usize::try_from(item.arg_index).unwrap_or(usize::MAX);
+            let slot = inline.get_mut(i).ok_or_else(|| {
+                ConvertError::new(
+                    &field,
+                    format!("arg_index {} is past the {n} tensors", item.arg_index),
+                )
+            })?;
+            if slot.is_some() {
+                return Err(ConvertError::new(
+                    field,
+                    format!("argument {i} has inline bytes twice"),
+                ));
+            }
+            let view = &args.tensors()[i];
+            let want = strata_chip::staging::packed_len(view);
+            if item.data.len() as u64 != want {
+                return Err(ConvertError::new(
+                    field,
+                    format!(
+                        "{} bytes for argument {i}, whose view has {want}",
+                        item.data.len()
+                    ),
+                ));
+            }
+            *slot = Some(item.data);
+        }
+        Ok(TaskRequest {
+            id: TaskId(t.task_id),
+            callable,
+            args,
+            tags,
+            inline,
+        })
+    }
+}
+
+impl From<&TaskRequest> for pb::Task {
+    fn from(r: &TaskRequest) -> Self {
+        pb::Task {
+            task_id: r.id.0,
+            callable: r.callable.0.to_vec(),
+            args: r.args.encode(),
+            tags: r.tags.iter().map(|t| t.code()).collect(),
+            inline_inputs: r
+                .inline
+                .iter()
+                .enumerate()
+                .filter_map(|(i, d)| {
+                    d.as_ref().map(|data| pb::InlineBytes {
+                        arg_index: i as u32,
+                        data: data.clone(),
+                    })
+                })
+                .collect(),
+        }
+    }
+}
+
+/// How a task ended on the worker.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TaskOutcome {
+    /// It ran to success.
+    Success,
+    /// It failed; the cause.
+    Failure(String),
+}
+
+/// A task's completion, checked.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TaskCompletion {
+    /// The task.
+    pub id: TaskId,
+    /// How it ended.
+    pub outcome: TaskOutcome,
+    /// Lane it ran on.
+    pub lane: u32,
+    /// Nanoseconds waiting for a lane.
+    pub queued_ns: u64,
+    /// Nanoseconds staging and running.
+    pub busy_ns: u64,
+    /// Nanoseconds in the kernel.
+    pub kernel_ns: u64,
+    /// Bytes staged host → device.
+    pub staged_in: u64,
+    /// Bytes staged device → host.
+    pub staged_out: u64,
+    /// Packed bytes of written inline arguments, by argument index.
+    pub outputs: Vec<(u32, Vec<u8>)>,
+}
+
+impl TryFrom<pb::Completion> for TaskCompletion {
+    type Error = ConvertError;
+
+    fn try_from(c: pb::Completion) -> Result<Self, ConvertError> {
+        let outcome = match pb::Outcome::try_from(c.outcome) {
+            Ok(pb::Outcome::Success) => {
+                if !c.cause.is_empty() {
+                    return Err(ConvertError::new("cause", "a successful task has no cause"));
+                }
+                TaskOutcome::Success
+            }
+            Ok(pb::Outcome::TaskFailure) => {
+                if c.cause.is_empty() {
+                    return Err(ConvertError::new(
+                        "cause",
+                        "a failed task must carry its cause",
+                    ));
+                }
+                TaskOutcome::Failure(c.cause)
+            }
+            _ => {
+                return Err(ConvertError::new(
+                    "outcome",
+                    format!("{} is not SUCCESS or TASK_FAILURE", c.outcome),
+                ));
+            }
+        };
+        let timing = c.timing.unwrap_or_default();
+        Ok(TaskCompletion {
+            id: TaskId(c.task_id),
+            outcome,
+            lane: c.lane,
+            queued_ns: timing.queued_ns,
+            busy_ns: timing.busy_ns,
+            kernel_ns: timing.kernel_ns,
+            staged_in: c.staged_in,
+            staged_out: c.staged_out,
+            outputs: c
+                .outputs
+                .into_iter()
+                .map(|o| (o.arg_index, o.data))
+                .collect(),
+        })
+    }
+}
+
+impl From<TaskCompletion> for pb::Completion {
+    fn from(c: TaskCompletion) -> Self {
+        let (outcome, cause) = match c.outcome {
+            TaskOutcome::Success => (pb::Outcome::Success, String::new()),
+            TaskOutcome::Failure(cause) => (pb::Outcome::TaskFailure, cause),
+        };
+        pb::Completion {
+            task_id: c.id.0,
+            outcome: outcome as i32,
+            cause,
+            timing: Some(pb::Timing {
+                queued_ns: c.queued_ns,
+                busy_ns: c.busy_ns,
+                kernel_ns: c.kernel_ns,
+            }),
+            staged_in: c.staged_in,
+            staged_out: c.staged_out,
+            outputs: c
+                .outputs
+                .into_iter()
+                .map(|(arg_index, data)| pb::InlineBytes { arg_index, data })
+                .collect(),
+            lane: c.lane,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use strata_wire::check::test_buffer;
+    use strata_wire::{DType, Tensor};
+
+    fn task() -> pb::Task {
+        let t = Tensor::new(test_buffer(256), 0, &[4, 4], &[16, 2], DType::U8).unwrap();
+        let req = TaskRequest {
+            id: TaskId(1),
+            callable: KernelHandle([2; 16]),
+            args: TaskArgs::new(vec![t, t], vec![3]).unwrap(),
+            tags: vec![ArgTag::Input, ArgTag::Output],
+            inline: vec![Some(vec![0; 16]), None],
+        };
+        (&req).into()
+    }
+
+    #[test]
+    fn every_task_field_is_checked() {
+        let ok = task();
+        assert!(TaskRequest::try_from(ok.clone()).is_ok());
+        let field = |t: pb::Task| TaskRequest::try_from(t).unwrap_err().field;
+        assert_eq!(
+            field(pb::Task {
+                callable: vec![1; 15],
+                ..ok.clone()
+            }),
+            "callable"
+        );
+        assert_eq!(
+            field(pb::Task {
+                args: vec![1, 2, 3],
+                ..ok.clone()
+            }),
+            "args"
+        );
+        assert_eq!(
+            field(pb::Task {
+                tags: vec![0],
+                ..ok.clone()
+            }),
+            "tags"
+        );
+        assert_eq!(
+            field(pb::Task {
+                tags: vec![0, 7],
+                ..ok.clone()
+            }),
+            "tags[1]"
+        );
+        let inline = |i: u32, n: usize| {
+            vec![pb::InlineBytes {
+                arg_index: i,
+                data: vec![0; n],
+            }]
+        };
+        assert_eq!(
+            field(pb::Task {
+                inline_inputs: inline(2, 16),
+                ..ok.clone()
+            }),
+            "inline_inputs[0]"
+        );
+        assert_eq!(
+            field(pb::Task {
+                inline_inputs: inline(0, 15),
+                ..ok.clone()
+            }),
+            "inline_inputs[0]"
+        );
+        let twice = [inline(1, 16), inline(1, 16)].concat();
+        assert_eq!(
+            field(pb::Task {
+                inline_inputs: twice,
+                ..ok
+            }),
+            "inline_inputs[1]"
+        );
+    }
+
+    #[test]
+    fn completions_round_trip_and_are_checked() {
+        let c = TaskCompletion {
+            id: TaskId(9),
+            outcome: TaskOutcome::Failure("boom".into()),
+            lane: 1,
+            queued_ns: 2,
+            busy_ns: 3,
+            kernel_ns: 4,
+            staged_in: 5,
+            staged_out: 6,
+            outputs: vec![(0, vec![1, 2])],
+        };
+        let p: pb::Completion = c.clone().into();
+        assert_eq!(TaskCompletion::try_from(p.clone()).unwrap(), c);
+        let field = |p: pb::Completion| TaskCompletion::try_from(p).unwrap_err().field;
+        assert_eq!(
+            field(pb::Completion {
+                cause: String::new(),
+                ..p.clone()
+            }),
+            "cause"
+        );
+        assert_eq!(
+            field(pb::Completion {
+                outcome: 0,
+                ..p.clone()
+            }),
+            "outcome"
+        );
+        assert_eq!(
+            field(pb::Completion {
+                outcome: pb::Outcome::Success as i32,
+                ..p
+            }),
+            "cause"
+        );
+        assert_eq!(region("region", 3).unwrap_err().field, "region");
+        assert_eq!(region("region", 1), Ok(Region::Persistent));
+        assert_eq!(handle("h", &[0; 3]).unwrap_err().field, "h");
+        assert_eq!(
+            identity("identity", &[0; 32]).unwrap_err().field,
+            "identity"
+        );
+    }
+}

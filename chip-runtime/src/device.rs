@@ -135,7 +135,7 @@ pub struct DeviceStats {
 }
 
 /// A chip.
-pub trait Device: Send + Sync {
+pub trait Device: Send + Sync + std::fmt::Debug {
     /// What it is.
     fn info(&self) -> DeviceInfo;
 

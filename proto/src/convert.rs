@@ -99,7 +99,8 @@ pub struct TaskRequest {
     pub args: TaskArgs,
     /// One tag per tensor.
     pub tags: Vec<ArgTag>,
-    /// Per tensor: the packed view bytes that travel with the task, if any.
+    /// Per tensor: the packed view bytes that travel with the task, if any
+    /// (remote workers). Empty for a remote argument the task only writes.
     pub inline: Vec<Option<Vec<u8>>>,
 }
 

@@ -1,9 +1,254 @@
-//! `strata-tests` will hold strata's cross-process tests: end-to-end runs
-//! of the real `strata` binary (workers, driver, fault injection) on
-//! temporary socket paths and port 0.
+//! `strata-tests`: strata's cross-process tests and the helpers they share.
 //!
-//! There are no cross-process parts yet; the first arrive with the worker
-//! node (issue 4). The CLI's own tests live with the CLI in
-//! `strata-orchestrator`'s integration tests.
+//! The tests (in `tests/cross/`) spawn the real `strata` binary, and
+//! `strata-test-worker` (this package's own worker binary, built with user
+//! kernels the way users build theirs), on private sockets in temporary
+//! directories, and talk to them as an orchestrator would.
 
-#![forbid(unsafe_code)]
+#![deny(unsafe_code)]
+
+use std::io::{BufRead, BufReader};
+use std::os::fd::{AsFd, BorrowedFd};
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use memmap2::MmapMut;
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+use strata_wire::{Access, AddressSpace, Backing, BufferDescriptor, IdentityMint};
+use strata_worker::Endpoint;
+use tempfile::TempDir;
+
+/// The `strata` binary of this build (next to the test executable's
+/// `deps` folder; `cargo test --workspace` builds it).
+///
+/// # Panics
+/// When it has not been built.
+pub fn strata_bin() -> PathBuf {
+    let exe = std::env::current_exe().expect("current exe");
+    let dir = exe.parent().and_then(Path::parent).expect("target dir");
+    let bin = dir.join("strata");
+    assert!(
+        bin.exists(),
+        "the strata binary is not built at {}: run `cargo build -p strata-orchestrator` (`cargo test --workspace` builds it)",
+        bin.display()
+    );
+    bin
+}
+
+/// A worker process on a private socket, killed when dropped.
+pub struct WorkerProcess {
+    child: Child,
+    /// Where it serves.
+    pub endpoint: Endpoint,
+    /// Its log (stderr).
+    pub log_path: PathBuf,
+    _dir: TempDir,
+}
+
+impl std::fmt::Debug for WorkerProcess {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "WorkerProcess({}, pid {})",
+            self.endpoint,
+            self.child.id()
+        )
+    }
+}
+
+impl WorkerProcess {
+    /// Starts `binary` with `prefix` arguments (`["worker"]` for `strata`),
+    /// `--listen unix:<tmp>/w.sock` and `extra`, and waits for its ready
+    /// line.
+    ///
+    /// # Panics
+    /// When it does not become ready within 20 s.
+    pub fn spawn_unix(binary: &Path, prefix: &[&str], extra: &[&str]) -> Self {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let sock = dir.path().join("w.sock");
+        let listen = format!("unix:{}", sock.display());
+        Self::spawn(binary, prefix, &["--listen", &listen], extra, dir)
+    }
+
+    /// Starts `binary` listening on TCP loopback (port chosen by the OS).
+    ///
+    /// # Panics
+    /// When it does not become ready within 20 s.
+    pub fn spawn_tcp(binary: &Path, prefix: &[&str], extra: &[&str]) -> Self {
+        let dir = tempfile::tempdir().expect("tempdir");
+        Self::spawn(binary, prefix, &["--listen", "tcp:127.0.0.1:0"], extra, dir)
+    }
+
+    fn spawn(
+        binary: &Path,
+        prefix: &[&str],
+        listen: &[&str],
+        extra: &[&str],
+        dir: TempDir,
+    ) -> Self {
+        let log_path = dir.path().join("worker.log");
+        let log = std::fs::File::create(&log_path).expect("log file");
+        let mut child = Command::new(binary)
+            .args(prefix)
+            .args(listen)
+            .args(extra)
+            .env("RUST_LOG", "info")
+            .stdout(Stdio::piped())
+            .stderr(log)
+            .spawn()
+            .unwrap_or_else(|e| panic!("spawn {}: {e}", binary.display()));
+        let stdout = child.stdout.take().expect("stdout");
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines() {
+                let Ok(line) = line else { return };
+                if tx.send(line).is_err() {
+                    return;
+                }
+            }
+        });
+        let line = rx
+            .recv_timeout(Duration::from_secs(20))
+            .unwrap_or_else(|_| {
+                let _ = child.kill();
+                panic!(
+                    "worker not ready in 20 s; log:\n{}",
+                    std::fs::read_to_string(&log_path).unwrap_or_default()
+                )
+            });
+        let endpoint = line
+            .split_whitespace()
+            .find_map(|w| w.strip_prefix("listen="))
+            .and_then(|e| e.parse().ok())
+            .unwrap_or_else(|| panic!("ready line without listen=: {line}"));
+        WorkerProcess {
+            child,
+            endpoint,
+            log_path,
+            _dir: dir,
+        }
+    }
+
+    /// The worker's pid.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Everything the worker logged so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log_path).unwrap_or_default()
+    }
+
+    /// Open fds of the worker process.
+    pub fn fd_count(&self) -> usize {
+        std::fs::read_dir(format!("/proc/{}/fd", self.pid()))
+            .map(|d| d.count())
+            .unwrap_or(0)
+    }
+
+    /// Sends SIGTERM and waits up to `timeout` for the exit status.
+    ///
+    /// # Panics
+    /// When the worker does not exit in time.
+    pub fn terminate(&mut self, timeout: Duration) -> ExitStatus {
+        let pid = Pid::from_raw(i32::try_from(self.pid()).expect("pid"));
+        let _ = kill(pid, Signal::SIGTERM);
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(status) = self.child.try_wait().expect("wait") {
+                return status;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "worker did not exit within {timeout:?}; log:\n{}",
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for WorkerProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A host buffer the way a driver makes one: an anonymous memfd, mapped
+/// shared here, described by a MEMFD descriptor naming its inode.
+pub struct SharedBuffer {
+    file: std::fs::File,
+    map: MmapMut,
+    descriptor: BufferDescriptor,
+}
+
+impl std::fmt::Debug for SharedBuffer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "SharedBuffer({})", self.descriptor.identity())
+    }
+}
+
+impl SharedBuffer {
+    /// `nbytes` zero bytes with a fresh identity from `mint`.
+    ///
+    /// # Panics
+    /// When the memfd cannot be made or mapped.
+    pub fn new(mint: &IdentityMint, nbytes: u64, access: Access) -> Self {
+        let mfd = memfd::MemfdOptions::default()
+            .close_on_exec(true)
+            .create("strata-test")
+            .expect("memfd");
+        let file = mfd.into_file();
+        file.set_len(nbytes).expect("set_len");
+        let meta = file.metadata().expect("fstat");
+        let descriptor = BufferDescriptor::new(
+            mint.mint().expect("identity"),
+            nbytes,
+            AddressSpace::Host,
+            access,
+            Backing::Memfd {
+                st_dev: meta.dev(),
+                st_ino: meta.ino(),
+            },
+        )
+        .expect("descriptor");
+        let map = map_shared(&file);
+        SharedBuffer {
+            file,
+            map,
+            descriptor,
+        }
+    }
+
+    /// The descriptor.
+    pub fn descriptor(&self) -> BufferDescriptor {
+        self.descriptor
+    }
+
+    /// The memfd, to pass to a worker.
+    pub fn fd(&self) -> BorrowedFd<'_> {
+        self.file.as_fd()
+    }
+
+    /// Writes `bytes` at `offset`.
+    pub fn write(&mut self, offset: usize, bytes: &[u8]) {
+        self.map[offset..offset + bytes.len()].copy_from_slice(bytes);
+    }
+
+    /// Reads `len` bytes at `offset`.
+    pub fn read(&self, offset: usize, len: usize) -> Vec<u8> {
+        self.map[offset..offset + len].to_vec()
+    }
+}
+
+#[allow(unsafe_code)]
+fn map_shared(file: &std::fs::File) -> MmapMut {
+    // SAFETY: the file is a memfd this process created; other processes
+    // that map it write only while we wait for their completions.
+    unsafe { MmapMut::map_mut(file).expect("mmap") }
+}

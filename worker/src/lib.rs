@@ -1,7 +1,55 @@
-//! `strata-worker` will hold the worker node (DESIGN §5): the gRPC service a
-//! worker serves to the orchestrator, the Unix-socket fd side channel, the
-//! import registry that maps each buffer once by identity, and task
-//! execution on the chip runtime. The `strata worker` subcommand and
-//! user-built worker binaries will both be thin shells over it.
+//! `strata-worker`: the worker node, one process per chip (DESIGN §5).
 //!
-//! Nothing is implemented yet; it arrives with the worker node (issue 4).
+//! A worker serves the orchestrator over gRPC (`strata-proto`), receives
+//! buffer fds over a Unix side channel ([`fdchan`]), maps each imported
+//! buffer once by identity (the import registry of `strata-worker-core`),
+//! and runs tasks on its chip (`strata-chip`): decode and validate the
+//! blob, resolve and materialize every argument, launch, complete. A bad
+//! task fails with a precise cause; the worker keeps serving.
+//!
+//! Build a worker binary with your own kernels:
+//!
+//! ```no_run
+//! use std::sync::Arc;
+//! use strata_chip::Registry;
+//! # fn my_kernel() -> Arc<dyn strata_chip::Kernel> { unimplemented!() }
+//! let mut kernels = Registry::with_builtins();
+//! kernels.register(my_kernel()).unwrap();
+//! // In main: parse `strata_worker::cli::WorkerArgs` with clap, then
+//! // std::process::exit(... strata_worker::cli::run(args, kernels) ...)
+//! ```
+//!
+//! or embed one: `Worker::new(config).kernel(k)?.bind().await?.serve(shutdown).await`.
+
+mod auth;
+pub mod cli;
+pub mod client;
+pub mod config;
+mod exec;
+pub mod fdchan;
+mod imports;
+mod listen;
+mod node;
+mod server;
+mod service;
+
+pub use client::{ClientError, Handshake, TaskStream, WorkerClient};
+pub use config::{Auth, Endpoint, TlsFiles, WorkerConfig};
+pub use imports::HostMapping;
+pub use server::{BoundWorker, Worker};
+pub use strata_worker_core::SessionId;
+
+/// Why a worker could not start or serve.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum WorkerError {
+    /// A setting is wrong.
+    #[error("configuration: {0}")]
+    Config(String),
+    /// A socket could not be bound.
+    #[error("cannot listen on {0}")]
+    Bind(String),
+    /// The server failed.
+    #[error("server: {0}")]
+    Serve(String),
+}

@@ -36,11 +36,21 @@ pub enum Command {
         #[arg(long)]
         compact: bool,
     },
+    /// Serve one chip: run tasks for an orchestrator over gRPC.
+    ///
+    /// Listens on a Unix socket (with a second socket for buffer fds) or on
+    /// TCP (with a bearer token and/or TLS client certificates). Prints one
+    /// ready line to stdout once serving; stops on SIGTERM after finishing
+    /// the tasks in flight.
+    Worker(strata_worker::cli::WorkerArgs),
 }
 
 /// Runs a parsed command line and returns the process exit status.
 pub fn run(cli: Cli) -> ExitCode {
     match cli.command {
         Command::Inspect { file, compact } => inspect::run(&file, compact),
+        Command::Worker(args) => {
+            strata_worker::cli::run(args, strata_chip::Registry::with_builtins())
+        }
     }
 }

@@ -3,6 +3,7 @@
 //!
 //! | name | arguments | scalars | dtypes |
 //! |---|---|---|---|
+//! | `noop` | | | (does nothing: for measuring dispatch) |
 //! | `fill` | out W | value (in out's dtype) | numeric |
 //! | `copy` | src R, dst W (same shape) | | any byte-sized |
 //! | `add`, `mul` | a R, b R, out W (same shape) | | numeric |
@@ -90,6 +91,7 @@ pub fn all() -> Vec<Arc<dyn Kernel>> {
     use Access::{Read as R, ReadWrite as RW, Write as W};
     let same = |i| DTypes::SameAs(i);
     vec![
+        kernel("noop", vec![], vec![], |_, _| Ok(()), |_| Ok(())),
         kernel(
             "fill",
             vec![arg("out", W, list(NUMERIC_DTYPES), Rank::Any)],

@@ -1,0 +1,4 @@
+//! Cross-process tests: the real `strata` binary (and `strata-test-worker`,
+//! a user-style worker binary) on private sockets.
+
+mod worker;

@@ -1,0 +1,580 @@
+//! `strata worker` against a test client that speaks the protocol as an
+//! orchestrator would (issue 4's acceptance list).
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::time::Duration;
+
+use strata_chip::KernelHandle;
+use strata_proto::convert::{TaskCompletion, TaskOutcome, TaskRequest};
+use strata_proto::{TaskId, pb};
+use strata_tests::{SharedBuffer, WorkerProcess, strata_bin};
+use strata_wire::{Access, ArgTag, DType, IdentityMint, TaskArgs, Tensor};
+use strata_worker::{Handshake, TaskStream, WorkerClient};
+
+fn mint() -> IdentityMint {
+    IdentityMint::new(rand_owner())
+}
+
+fn rand_owner() -> [u8; 8] {
+    let t = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos();
+    (t as u64 ^ u64::from(std::process::id())).to_le_bytes()
+}
+
+fn test_worker_bin() -> &'static Path {
+    Path::new(env!("CARGO_BIN_EXE_strata-test-worker"))
+}
+
+async fn session(w: &WorkerProcess) -> (WorkerClient, Handshake) {
+    let mut c = WorkerClient::connect(&w.endpoint, None)
+        .await
+        .expect("connect");
+    let hs = c.handshake().await.expect("handshake");
+    (c, hs)
+}
+
+/// Sends `tasks` and collects completions until every id has one.
+async fn run_all(stream: &mut TaskStream, tasks: &[TaskRequest]) -> HashMap<u64, TaskCompletion> {
+    stream.send(tasks).await.expect("send");
+    collect(stream, tasks.len()).await
+}
+
+async fn collect(stream: &mut TaskStream, n: usize) -> HashMap<u64, TaskCompletion> {
+    let mut got = HashMap::new();
+    while got.len() < n {
+        let batch = tokio::time::timeout(Duration::from_secs(30), stream.next())
+            .await
+            .expect("completions in time")
+            .expect("stream ok")
+            .expect("stream open");
+        for c in batch {
+            assert!(got.insert(c.id.0, c).is_none(), "a task completed twice");
+        }
+    }
+    got
+}
+
+fn task(
+    id: u64,
+    callable: KernelHandle,
+    tensors: Vec<Tensor>,
+    tags: Vec<ArgTag>,
+    scalars: Vec<u64>,
+) -> TaskRequest {
+    let n = tensors.len();
+    TaskRequest {
+        id: TaskId(id),
+        callable,
+        args: TaskArgs::new(tensors, scalars).unwrap(),
+        tags,
+        inline: vec![None; n],
+    }
+}
+
+fn f32s(bytes: &[u8]) -> Vec<f32> {
+    bytes
+        .chunks(4)
+        .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+        .collect()
+}
+
+fn assert_failed(c: &TaskCompletion, needle: &str) {
+    match &c.outcome {
+        TaskOutcome::Failure(cause) => {
+            assert!(cause.contains(needle), "cause {cause:?} lacks {needle:?}")
+        }
+        TaskOutcome::Success => panic!("expected a failure containing {needle:?}"),
+    }
+}
+
+/// A 64×64 F32 matrix in a memfd: `add` over strided views of it (the
+/// transpose of one quadrant plus another quadrant into a third), with the
+/// result read back from the test's own mapping.
+#[tokio::test(flavor = "multi_thread")]
+async fn add_over_memfd_views() {
+    let w = WorkerProcess::spawn_unix(
+        &strata_bin(),
+        &["worker"],
+        &["--device", "sim:mem=64MiB,lanes=2"],
+    );
+    let (mut client, hs) = session(&w).await;
+    assert_eq!(hs.chip_id, 0);
+    assert!(hs.device_spec.starts_with("sim:mem=64MiB"));
+    let add = hs.callable("add", 1).expect("add offered");
+    let mint = mint();
+    let mut buf = SharedBuffer::new(&mint, 64 * 64 * 4, Access::ReadWrite);
+    let values: Vec<u8> = (0..64 * 64)
+        .flat_map(|i| (i as f32).to_le_bytes())
+        .collect();
+    buf.write(0, &values);
+    let mut fds = client.fd_channel().await.unwrap();
+    let acks = fds
+        .import(&[*buf.descriptor().identity()], &[buf.fd()])
+        .await
+        .unwrap();
+    assert_eq!(acks, vec![Ok(())]);
+
+    let d = buf.descriptor();
+    let quadrant = |r0: u64, c0: u64, transposed: bool| {
+        let strides: [u32; 2] = if transposed { [1, 64] } else { [64, 1] };
+        let (r0, c0) = if transposed { (c0, r0) } else { (r0, c0) };
+        Tensor::new(d, (r0 * 64 + c0) * 4, &[32, 32], &strides, DType::F32).unwrap()
+    };
+    let a = quadrant(0, 0, true); // transpose of the top-left quadrant
+    let b = quadrant(0, 32, false); // top-right
+    let out = quadrant(32, 32, false); // bottom-right
+    let mut stream = client.open_tasks().await.unwrap();
+    let done = run_all(
+        &mut stream,
+        &[task(
+            1,
+            add,
+            vec![a, b, out],
+            vec![ArgTag::Input, ArgTag::Input, ArgTag::Output],
+            vec![],
+        )],
+    )
+    .await;
+    assert_eq!(done[&1].outcome, TaskOutcome::Success, "{}", w.log());
+    for i in 0..32usize {
+        let row = f32s(&buf.read(((32 + i) * 64 + 32) * 4, 32 * 4));
+        for (j, got) in row.iter().enumerate() {
+            let want = (j * 64 + i) as f32 + (i * 64 + 32 + j) as f32;
+            assert_eq!(*got, want, "out[{i}][{j}]");
+        }
+    }
+    // The untouched bottom-left quadrant is as it was.
+    assert_eq!(
+        buf.read(32 * 64 * 4, 32 * 4),
+        values[32 * 64 * 4..32 * 64 * 4 + 128]
+    );
+    let stats = client.stats().await.unwrap();
+    assert_eq!((stats.tasks_succeeded, stats.imports), (1, 1));
+}
+
+/// 1,000 tasks in flight on one stream: every one completes exactly once,
+/// and each wrote its own element.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_thousand_tasks_in_flight_complete_once() {
+    let w = WorkerProcess::spawn_unix(
+        &strata_bin(),
+        &["worker"],
+        &["--device", "sim:mem=64MiB,lanes=2"],
+    );
+    let (mut client, hs) = session(&w).await;
+    let fill = hs.callable("fill", 1).unwrap();
+    let mint = mint();
+    let buf = SharedBuffer::new(&mint, 1000 * 4, Access::ReadWrite);
+    let mut fds = client.fd_channel().await.unwrap();
+    assert_eq!(
+        fds.import(&[*buf.descriptor().identity()], &[buf.fd()])
+            .await
+            .unwrap(),
+        vec![Ok(())]
+    );
+    let tasks: Vec<TaskRequest> = (0..1000u64)
+        .map(|i| {
+            let v = Tensor::new(buf.descriptor(), i * 4, &[1], &[1], DType::F32).unwrap();
+            task(
+                i,
+                fill,
+                vec![v],
+                vec![ArgTag::Output],
+                vec![(i as f64 + 0.5).to_bits()],
+            )
+        })
+        .collect();
+    let mut stream = client.open_tasks().await.unwrap();
+    // All 1,000 go out before any completion is read.
+    for chunk in tasks.chunks(100) {
+        stream.send(chunk).await.unwrap();
+    }
+    let done = collect(&mut stream, 1000).await;
+    assert_eq!(done.len(), 1000);
+    assert!(done.values().all(|c| c.outcome == TaskOutcome::Success));
+    let vals = f32s(&buf.read(0, 4000));
+    for (i, v) in vals.iter().enumerate() {
+        assert_eq!(*v, i as f32 + 0.5);
+    }
+    // Nothing more arrives: no duplicates.
+    assert!(
+        tokio::time::timeout(Duration::from_millis(200), stream.next())
+            .await
+            .is_err()
+    );
+}
+
+/// Bad input is refused with a clear error, and the worker keeps serving.
+#[tokio::test(flavor = "multi_thread")]
+async fn bad_input_is_refused_and_the_worker_keeps_serving() {
+    let w = WorkerProcess::spawn_unix(&strata_bin(), &["worker"], &["--device", "sim:mem=64MiB"]);
+    let (mut client, hs) = session(&w).await;
+    let fill = hs.callable("fill", 1).unwrap();
+    let mint = mint();
+    let good = SharedBuffer::new(&mint, 256, Access::ReadWrite);
+    let small = SharedBuffer::new(&mint, 64, Access::ReadWrite);
+    let liar = SharedBuffer::new(&mint, 256, Access::ReadWrite);
+    let mut fds = client.fd_channel().await.unwrap();
+
+    // Pipes and regular files are refused when they arrive.
+    let (pipe_r, _pipe_w) = nix::unistd::pipe().unwrap();
+    let file = tempfile::tempfile().unwrap();
+    let pipe_id = mint.mint().unwrap();
+    let file_id = mint.mint().unwrap();
+    let acks = fds
+        .import(
+            &[pipe_id, file_id],
+            &[
+                std::os::fd::AsFd::as_fd(&pipe_r),
+                std::os::fd::AsFd::as_fd(&file),
+            ],
+        )
+        .await
+        .unwrap();
+    assert!(
+        acks[0].as_ref().unwrap_err().contains("not tmpfs/shmem"),
+        "{acks:?}"
+    );
+    assert!(acks[1].as_ref().unwrap_err().contains("magic"), "{acks:?}");
+
+    // The small memfd and the one whose body names another inode pass the
+    // arrival check and fail at first use.
+    let liar_desc = {
+        let d = liar.descriptor();
+        strata_wire::BufferDescriptor::new(
+            *d.identity(),
+            256,
+            d.address_space(),
+            d.access(),
+            strata_wire::Backing::Memfd {
+                st_dev: 1,
+                st_ino: 2,
+            },
+        )
+        .unwrap()
+    };
+    let small_desc = {
+        let d = small.descriptor();
+        strata_wire::BufferDescriptor::new(
+            *d.identity(),
+            256,
+            d.address_space(),
+            d.access(),
+            *d.backing(),
+        )
+        .unwrap()
+    };
+    let ids = [
+        *good.descriptor().identity(),
+        *small.descriptor().identity(),
+        *liar.descriptor().identity(),
+    ];
+    let acks = fds
+        .import(&ids, &[good.fd(), small.fd(), liar.fd()])
+        .await
+        .unwrap();
+    assert_eq!(acks, vec![Ok(()), Ok(()), Ok(())]);
+    // A second import of a live identity is refused.
+    let again = fds.import(&ids[..1], &[good.fd()]).await.unwrap();
+    assert!(again[0].as_ref().unwrap_err().contains("already imported"));
+
+    let ok_view = Tensor::new(good.descriptor(), 0, &[4], &[1], DType::F32).unwrap();
+    let mut stream = client.open_tasks().await.unwrap();
+    let good_task = |id| {
+        task(
+            id,
+            fill,
+            vec![ok_view],
+            vec![ArgTag::Output],
+            vec![1f64.to_bits()],
+        )
+    };
+
+    // A blob with a bad magic, and one whose view runs past nbytes.
+    let mut bad_magic: pb::Task = (&good_task(1)).into();
+    bad_magic.args[8] ^= 0xff;
+    let mut past_end: pb::Task = (&good_task(2)).into();
+    past_end.args[8 + 88..8 + 96].copy_from_slice(&248u64.to_le_bytes());
+    stream
+        .send_raw(pb::TaskBatch {
+            tasks: vec![bad_magic, past_end],
+        })
+        .await
+        .unwrap();
+    let done = collect(&mut stream, 2).await;
+    assert_failed(&done[&1], "tensors[0].buffer.magic");
+    assert_failed(&done[&2], "view out of bounds");
+
+    let v = |d, n: u32| Tensor::new(d, 0, &[n], &[1], DType::F32).unwrap();
+    let batch = vec![
+        task(
+            3,
+            fill,
+            vec![v(small_desc, 64)],
+            vec![ArgTag::Output],
+            vec![0],
+        ),
+        task(
+            4,
+            fill,
+            vec![v(liar_desc, 4)],
+            vec![ArgTag::Output],
+            vec![0],
+        ),
+        task(
+            5,
+            KernelHandle([7; 16]),
+            vec![ok_view],
+            vec![ArgTag::Output],
+            vec![0],
+        ),
+        task(
+            6,
+            fill,
+            vec![v(pipe_desc(&mint), 4)],
+            vec![ArgTag::Output],
+            vec![0],
+        ),
+        task(7, fill, vec![ok_view], vec![ArgTag::Input], vec![0]),
+        good_task(8),
+    ];
+    let done = run_all(&mut stream, &batch).await;
+    assert_failed(&done[&3], "holds 64 bytes but the buffer has nbytes 256");
+    assert_failed(&done[&4], "but the MEMFD body names (1, 2)");
+    assert_failed(&done[&5], "unknown callable 07070707");
+    assert_failed(&done[&6], "is not imported");
+    assert_failed(&done[&7], "tagged INPUT, but the kernel writes it");
+    assert_eq!(done[&8].outcome, TaskOutcome::Success);
+    assert_eq!(f32s(&good.read(0, 16)), vec![1.0; 4]);
+
+    // A wrong protocol version is refused at the handshake.
+    let mut other = WorkerClient::connect(&w.endpoint, None).await.unwrap();
+    let err = other
+        .handshake_with_version(99)
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("protocol version 99 refused: this worker speaks version 1"),
+        "{err}"
+    );
+    // ...and the first session still works.
+    let done = run_all(&mut stream, &[good_task(9)]).await;
+    assert_eq!(done[&9].outcome, TaskOutcome::Success);
+}
+
+fn pipe_desc(mint: &IdentityMint) -> strata_wire::BufferDescriptor {
+    strata_wire::BufferDescriptor::new(
+        mint.mint().unwrap(),
+        64,
+        strata_wire::AddressSpace::Host,
+        Access::ReadWrite,
+        strata_wire::Backing::Memfd {
+            st_dev: 0,
+            st_ino: 0,
+        },
+    )
+    .unwrap()
+}
+
+/// A TCP worker refuses clients with a wrong or missing token.
+#[tokio::test(flavor = "multi_thread")]
+async fn tcp_needs_the_token() {
+    let dir = tempfile::tempdir().unwrap();
+    let token = dir.path().join("token");
+    std::fs::write(&token, "s3cret-token\n").unwrap();
+    let w = WorkerProcess::spawn_tcp(
+        &strata_bin(),
+        &["worker"],
+        &["--token-file", token.to_str().unwrap()],
+    );
+    for bad in [None, Some("wrong-token")] {
+        let mut c = WorkerClient::connect(&w.endpoint, bad).await.unwrap();
+        let err = c.handshake().await.unwrap_err().to_string();
+        assert!(err.contains("bearer token"), "{err}");
+    }
+    let mut c = WorkerClient::connect(&w.endpoint, Some("s3cret-token"))
+        .await
+        .unwrap();
+    let hs = c.handshake().await.unwrap();
+    assert_eq!(hs.fd_socket, None, "TCP workers have no fd channel");
+    assert!(w.log().contains("refused a call with a wrong bearer token"));
+    assert!(w.log().contains("refused a call without a bearer token"));
+}
+
+/// A TCP listener without authentication needs --insecure.
+#[test]
+fn tcp_without_auth_needs_insecure() {
+    let out = std::process::Command::new(strata_bin())
+        .args(["worker", "--listen", "tcp:127.0.0.1:0"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("without authentication"));
+}
+
+/// A panicking user kernel fails its task; the next task succeeds.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_panicking_kernel_fails_only_its_task() {
+    let w = WorkerProcess::spawn_unix(test_worker_bin(), &[], &[]);
+    let (mut client, hs) = session(&w).await;
+    let panic = hs.callable("test.panic", 1).expect("user kernel offered");
+    let noop = hs.callable("noop", 1).unwrap();
+    let mut stream = client.open_tasks().await.unwrap();
+    let done = run_all(&mut stream, &[task(1, panic, vec![], vec![], vec![])]).await;
+    assert_failed(
+        &done[&1],
+        "test.panic@1 panicked: test.panic was asked to panic",
+    );
+    let done = run_all(&mut stream, &[task(2, noop, vec![], vec![], vec![])]).await;
+    assert_eq!(done[&2].outcome, TaskOutcome::Success);
+    assert_eq!(client.stats().await.unwrap().kernels_panicked, 1);
+}
+
+/// Many imports and releases leave no fd behind in the worker.
+#[tokio::test(flavor = "multi_thread")]
+async fn no_fd_leaks() {
+    let w = WorkerProcess::spawn_unix(&strata_bin(), &["worker"], &[]);
+    let (mut client, hs) = session(&w).await;
+    let fill = hs.callable("fill", 1).unwrap();
+    let mut fds = client.fd_channel().await.unwrap();
+    let mut stream = client.open_tasks().await.unwrap();
+    let baseline = w.fd_count();
+    let mint = mint();
+    for round in 0..10u64 {
+        let bufs: Vec<SharedBuffer> = (0..20)
+            .map(|_| SharedBuffer::new(&mint, 4096, Access::ReadWrite))
+            .collect();
+        let ids: Vec<_> = bufs.iter().map(|b| *b.descriptor().identity()).collect();
+        let raw: Vec<_> = bufs.iter().map(SharedBuffer::fd).collect();
+        assert!(
+            fds.import(&ids, &raw)
+                .await
+                .unwrap()
+                .iter()
+                .all(Result::is_ok)
+        );
+        // Extra fds beyond the declared identities are closed on arrival.
+        let extra = SharedBuffer::new(&mint, 64, Access::ReadWrite);
+        let acks = fds.import(&ids[..0], &[extra.fd()]).await.unwrap();
+        assert!(acks.is_empty());
+        let tasks: Vec<_> = bufs
+            .iter()
+            .enumerate()
+            .map(|(i, b)| {
+                let v = Tensor::new(b.descriptor(), 0, &[1024], &[1], DType::F32).unwrap();
+                task(
+                    round * 100 + i as u64,
+                    fill,
+                    vec![v],
+                    vec![ArgTag::Output],
+                    vec![0],
+                )
+            })
+            .collect();
+        let done = run_all(&mut stream, &tasks).await;
+        assert!(done.values().all(|c| c.outcome == TaskOutcome::Success));
+        assert_eq!(client.release_imports(&ids).await.unwrap(), 20);
+    }
+    // Released mappings and fds go once their tasks are done.
+    let mut now = w.fd_count();
+    for _ in 0..100 {
+        if now <= baseline {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        now = w.fd_count();
+    }
+    assert_eq!(
+        now, baseline,
+        "fds: baseline {baseline}, after 200 imports and releases {now}"
+    );
+    assert_eq!(client.stats().await.unwrap().imports, 0);
+}
+
+/// When the orchestrator's connection drops, its imports and device buffers
+/// are released and the worker serves the next session.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_dropped_session_is_cleaned_up() {
+    let w = WorkerProcess::spawn_unix(&strata_bin(), &["worker"], &["--device", "sim:mem=64MiB"]);
+    let mint = mint();
+    {
+        let (mut client, _) = session(&w).await;
+        let buf = SharedBuffer::new(&mint, 4096, Access::ReadWrite);
+        let mut fds = client.fd_channel().await.unwrap();
+        assert_eq!(
+            fds.import(&[*buf.descriptor().identity()], &[buf.fd()])
+                .await
+                .unwrap(),
+            vec![Ok(())]
+        );
+        let dev = mint.mint().unwrap();
+        client
+            .device_alloc(&dev, 1 << 20, strata_chip::Region::Persistent)
+            .await
+            .unwrap();
+        client.copy_to_device(&dev, 0, vec![5; 100]).await.unwrap();
+        assert_eq!(
+            client.copy_from_device(&dev, 0, 100).await.unwrap(),
+            vec![5; 100]
+        );
+        let _stream = client.open_tasks().await.unwrap();
+        let s = client.stats().await.unwrap();
+        assert_eq!((s.imports, s.persistent.unwrap().in_use), (1, 1 << 20));
+        // Everything of this session is dropped here.
+    }
+    let (mut client, _) = session(&w).await;
+    let mut s = client.stats().await.unwrap();
+    for _ in 0..100 {
+        if s.imports == 0 && s.sessions == 1 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        s = client.stats().await.unwrap();
+    }
+    assert_eq!(
+        (s.imports, s.sessions, s.persistent.unwrap().in_use),
+        (0, 1, 0),
+        "{}",
+        w.log()
+    );
+}
+
+/// SIGTERM: in-flight tasks finish, the worker exits 0 and removes its
+/// sockets.
+#[tokio::test(flavor = "multi_thread")]
+async fn sigterm_finishes_in_flight_work_and_exits_zero() {
+    let mut w = WorkerProcess::spawn_unix(test_worker_bin(), &[], &[]);
+    let (mut client, hs) = session(&w).await;
+    let sleep = hs.callable("test.sleep", 1).unwrap();
+    let mut stream = client.open_tasks().await.unwrap();
+    stream
+        .send(&[task(1, sleep, vec![], vec![], vec![300])])
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let pid = w.pid();
+    let collector = tokio::spawn(async move { collect(&mut stream, 1).await });
+    let status = tokio::task::spawn_blocking(move || {
+        let s = w.terminate(Duration::from_secs(10));
+        (s, w)
+    })
+    .await
+    .unwrap();
+    let done = collector.await.unwrap();
+    assert_eq!(
+        done[&1].outcome,
+        TaskOutcome::Success,
+        "the running task finished"
+    );
+    assert!(status.0.success(), "exit status {:?}", status.0);
+    let _ = pid;
+    let sock = match &status.1.endpoint {
+        strata_worker::Endpoint::Unix(p) => p.clone(),
+        other => panic!("{other}"),
+    };
+    assert!(!sock.exists(), "socket removed");
+}

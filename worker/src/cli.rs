@@ -1,0 +1,185 @@
+//! `strata worker`: the arguments and the process around a [`Worker`].
+//!
+//! A user who builds a worker binary with their own kernels calls
+//! [`run`] with a registry holding them.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::Args;
+use strata_chip::Registry;
+use tracing::{error, info};
+
+use crate::config::{Auth, Endpoint, TlsFiles, WorkerConfig};
+use crate::{Worker, WorkerError};
+
+/// Options of `strata worker`.
+#[derive(Debug, Clone, Args)]
+#[command(after_help = "Examples:
+  strata worker --listen unix:/run/strata/chip0.sock
+  strata worker --chip 1 --device sim:mem=2GiB,lanes=2 --listen unix:/tmp/chip1.sock --ready-file /tmp/chip1.ready
+  strata worker --listen tcp:0.0.0.0:7420 --token-file /etc/strata/token
+  strata worker --listen tcp:0.0.0.0:7420 --tls-cert w.pem --tls-key w.key --tls-client-ca ca.pem")]
+pub struct WorkerArgs {
+    /// Which chip this worker owns (reported to the orchestrator).
+    #[arg(long, default_value_t = 0)]
+    pub chip: u32,
+    /// Device spec: sim[:mem=SIZE,mode=staged|unified,lanes=N,run=SIZE,scratch=SIZE].
+    #[arg(long, default_value = "sim")]
+    pub device: String,
+    /// Where to serve: unix:PATH (mode 0600, same-uid clients only) or tcp:HOST:PORT.
+    #[arg(long)]
+    pub listen: Endpoint,
+    /// The fd side channel's socket (default: the listen path + ".fd").
+    #[arg(long)]
+    pub fd_socket: Option<PathBuf>,
+    /// File holding the bearer token TCP clients must send.
+    #[arg(long)]
+    pub token_file: Option<PathBuf>,
+    /// TLS certificate chain (PEM) for a TCP listener; needs --tls-key and --tls-client-ca.
+    #[arg(long, requires_all = ["tls_key", "tls_client_ca"])]
+    pub tls_cert: Option<PathBuf>,
+    /// TLS private key (PEM).
+    #[arg(long, requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
+    /// CA (PEM) that client certificates must chain to.
+    #[arg(long, requires = "tls_cert")]
+    pub tls_client_ca: Option<PathBuf>,
+    /// Allow a TCP listener without token or TLS (anyone who reaches it can run tasks).
+    #[arg(long)]
+    pub insecure: bool,
+    /// Also write the ready line, as JSON, to this file once serving.
+    #[arg(long)]
+    pub ready_file: Option<PathBuf>,
+    /// Largest gRPC message accepted or sent, in bytes.
+    #[arg(long, default_value_t = strata_proto::DEFAULT_MAX_MESSAGE_BYTES)]
+    pub max_message_bytes: usize,
+}
+
+impl WorkerArgs {
+    /// The configuration these options describe.
+    ///
+    /// # Errors
+    /// When the token file cannot be read or is empty.
+    pub fn config(&self) -> Result<WorkerConfig, WorkerError> {
+        let token = match &self.token_file {
+            Some(p) => {
+                let t = std::fs::read_to_string(p)
+                    .map_err(|e| WorkerError::Config(format!("token file {}: {e}", p.display())))?;
+                let t = t.trim().to_owned();
+                if t.is_empty() {
+                    return Err(WorkerError::Config(format!(
+                        "token file {} is empty",
+                        p.display()
+                    )));
+                }
+                Some(t)
+            }
+            None => None,
+        };
+        let tls = match (&self.tls_cert, &self.tls_key, &self.tls_client_ca) {
+            (Some(cert), Some(key), Some(ca)) => Some(TlsFiles {
+                cert: cert.clone(),
+                key: key.clone(),
+                client_ca: ca.clone(),
+            }),
+            _ => None,
+        };
+        let mut c = WorkerConfig::new(self.listen.clone());
+        c.chip_id = self.chip;
+        c.device_spec = self.device.clone();
+        c.fd_socket = self.fd_socket.clone();
+        c.auth = Auth {
+            token,
+            tls,
+            insecure: self.insecure,
+        };
+        c.max_message_bytes = self.max_message_bytes;
+        Ok(c)
+    }
+}
+
+/// Runs a worker until SIGTERM or SIGINT: logs to stderr (`RUST_LOG`,
+/// default `info`), prints one ready line to stdout once serving, exits 0
+/// after a clean shutdown and 1 when it cannot start.
+pub fn run(args: WorkerArgs, kernels: Registry) -> ExitCode {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
+        )
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .try_init();
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .thread_name("strata-worker")
+        .build()
+    {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("strata worker: cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(serve(args, kernels)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            error!("{e}");
+            eprintln!("strata worker: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn serve(args: WorkerArgs, kernels: Registry) -> Result<(), WorkerError> {
+    let config = args.config()?;
+    let bound = Worker::new(config).kernels(kernels).bind().await?;
+    let fd = bound
+        .fd_socket()
+        .map(|p| p.display().to_string())
+        .unwrap_or_default();
+    let line = format!(
+        "strata worker ready: chip={} listen={} fd={} device={} pid={}",
+        args.chip,
+        bound.endpoint(),
+        if fd.is_empty() { "-" } else { &fd },
+        bound.device_spec(),
+        std::process::id()
+    );
+    if let Some(path) = &args.ready_file {
+        let json = serde_json::json!({
+            "chip": args.chip,
+            "listen": bound.endpoint().to_string(),
+            "fd_socket": fd,
+            "device": bound.device_spec(),
+            "pid": std::process::id(),
+        });
+        std::fs::write(path, json.to_string())
+            .map_err(|e| WorkerError::Config(format!("ready file {}: {e}", path.display())))?;
+    }
+    {
+        use std::io::Write;
+        let mut out = std::io::stdout().lock();
+        let _ = writeln!(out, "{line}");
+        let _ = out.flush();
+    }
+    info!("{line}");
+    bound.serve(terminate()).await
+}
+
+/// Resolves on SIGTERM or SIGINT.
+async fn terminate() {
+    use tokio::signal::unix::{SignalKind, signal};
+    match (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) {
+        (Ok(mut term), Ok(mut int)) => {
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = int.recv() => {}
+            }
+        }
+        _ => std::future::pending::<()>().await,
+    }
+}

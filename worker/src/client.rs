@@ -1,0 +1,460 @@
+//! A client of a worker: what the orchestrator's endpoints and the
+//! cross-process tests talk to a worker through.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use hyper_util::rt::TokioIo;
+use strata_chip::{KernelHandle, Region};
+use strata_proto::convert::{self, ConvertError, TaskCompletion, TaskRequest};
+use strata_proto::{DEFAULT_MAX_MESSAGE_BYTES, PROTOCOL_VERSION, SESSION_HEADER, pb};
+use strata_wire::CanonicalIdentity;
+use strata_worker_core::SessionId;
+use tokio::net::UnixStream;
+use tokio::sync::mpsc;
+use tonic::metadata::MetadataValue;
+use tonic::service::interceptor::InterceptedService;
+use tonic::transport::{Channel, Uri};
+use tonic::{Request, Status, Streaming};
+
+use crate::config::Endpoint;
+use crate::fdchan::FdChannel;
+
+/// Why a client call failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ClientError {
+    /// The worker could not be reached.
+    #[error("cannot connect to {endpoint}: {reason}")]
+    Connect {
+        /// Where.
+        endpoint: String,
+        /// Why.
+        reason: String,
+    },
+    /// The worker refused or failed a call.
+    #[error("worker: {}", .0.message())]
+    Status(#[from] Status),
+    /// The fd channel failed.
+    #[error("fd channel: {0}")]
+    Io(#[from] std::io::Error),
+    /// The worker sent a malformed message.
+    #[error("malformed reply: {0}")]
+    Convert(#[from] ConvertError),
+    /// A call was made out of order.
+    #[error("{0}")]
+    Protocol(String),
+}
+
+/// Adds the bearer token and the session id to every call.
+#[derive(Clone, Debug)]
+pub struct ClientMeta {
+    token: Option<MetadataValue<tonic::metadata::Ascii>>,
+    session: Arc<AtomicU64>,
+}
+
+impl tonic::service::Interceptor for ClientMeta {
+    fn call(&mut self, mut req: Request<()>) -> Result<Request<()>, Status> {
+        if let Some(t) = &self.token {
+            req.metadata_mut().insert("authorization", t.clone());
+        }
+        let s = self.session.load(Ordering::Relaxed);
+        if s != 0 {
+            let v = MetadataValue::try_from(s.to_string())
+                .map_err(|_| Status::internal("session id"))?;
+            req.metadata_mut().insert(SESSION_HEADER, v);
+        }
+        Ok(req)
+    }
+}
+
+type Stub = pb::worker_client::WorkerClient<InterceptedService<Channel, ClientMeta>>;
+
+/// One callable a worker offers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CallableInfo {
+    /// Its handle.
+    pub handle: KernelHandle,
+    /// Name.
+    pub name: String,
+    /// Version.
+    pub version: u32,
+    /// Canonical descriptor.
+    pub signature: String,
+}
+
+/// What the handshake told us.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Handshake {
+    /// Our session.
+    pub session: SessionId,
+    /// The worker's chip.
+    pub chip_id: u32,
+    /// Device kind.
+    pub device_kind: String,
+    /// Canonical device spec.
+    pub device_spec: String,
+    /// Device memory in bytes.
+    pub device_memory: u64,
+    /// Lanes.
+    pub lanes: u32,
+    /// Callables.
+    pub callables: Vec<CallableInfo>,
+    /// Fd side channel, for Unix workers.
+    pub fd_socket: Option<PathBuf>,
+    /// Largest message the worker accepts.
+    pub max_message_bytes: u64,
+}
+
+impl Handshake {
+    /// The handle of `name@version`, if the worker offers it.
+    pub fn callable(&self, name: &str, version: u32) -> Option<KernelHandle> {
+        self.callables
+            .iter()
+            .find(|c| c.name == name && c.version == version)
+            .map(|c| c.handle)
+    }
+}
+
+/// A connection to one worker.
+#[derive(Debug, Clone)]
+pub struct WorkerClient {
+    stub: Stub,
+    session: Arc<AtomicU64>,
+    handshake: Option<Handshake>,
+    endpoint: Endpoint,
+}
+
+impl WorkerClient {
+    /// Connects to `endpoint`, sending `token` on every call if given.
+    ///
+    /// # Errors
+    /// [`ClientError::Connect`].
+    pub async fn connect(endpoint: &Endpoint, token: Option<&str>) -> Result<Self, ClientError> {
+        let fail = |reason: String| ClientError::Connect {
+            endpoint: endpoint.to_string(),
+            reason,
+        };
+        let channel = match endpoint {
+            Endpoint::Unix(path) => {
+                let path = path.clone();
+                tonic::transport::Endpoint::try_from("http://strata-worker.invalid")
+                    .map_err(|e| fail(e.to_string()))?
+                    .connect_with_connector(tower::service_fn(move |_: Uri| {
+                        let path = path.clone();
+                        async move {
+                            Ok::<_, std::io::Error>(TokioIo::new(UnixStream::connect(path).await?))
+                        }
+                    }))
+                    .await
+                    .map_err(|e| fail(error_chain(&e)))?
+            }
+            Endpoint::Tcp(addr) => tonic::transport::Endpoint::try_from(format!("http://{addr}"))
+                .map_err(|e| fail(e.to_string()))?
+                .tcp_nodelay(true)
+                .connect()
+                .await
+                .map_err(|e| fail(error_chain(&e)))?,
+        };
+        let token = match token {
+            Some(t) => Some(
+                MetadataValue::try_from(format!("Bearer {t}"))
+                    .map_err(|_| fail("the token is not printable ASCII".into()))?,
+            ),
+            None => None,
+        };
+        let session = Arc::new(AtomicU64::new(0));
+        let stub = pb::worker_client::WorkerClient::with_interceptor(
+            channel,
+            ClientMeta {
+                token,
+                session: Arc::clone(&session),
+            },
+        )
+        .max_decoding_message_size(DEFAULT_MAX_MESSAGE_BYTES)
+        .max_encoding_message_size(DEFAULT_MAX_MESSAGE_BYTES);
+        Ok(WorkerClient {
+            stub,
+            session,
+            handshake: None,
+            endpoint: endpoint.clone(),
+        })
+    }
+
+    /// Opens a session, speaking this build's protocol version.
+    ///
+    /// # Errors
+    /// The worker's refusal, or a malformed reply.
+    pub async fn handshake(&mut self) -> Result<Handshake, ClientError> {
+        self.handshake_with_version(PROTOCOL_VERSION).await
+    }
+
+    /// Opens a session claiming protocol `version` (tests use it to check
+    /// that a mismatch is refused).
+    ///
+    /// # Errors
+    /// As [`WorkerClient::handshake`].
+    pub async fn handshake_with_version(&mut self, version: u32) -> Result<Handshake, ClientError> {
+        let reply = self
+            .stub
+            .handshake(pb::HandshakeRequest {
+                protocol_version: version,
+                client_name: "strata".into(),
+            })
+            .await?
+            .into_inner();
+        let callables = reply
+            .callables
+            .into_iter()
+            .enumerate()
+            .map(|(i, c)| {
+                Ok(CallableInfo {
+                    handle: convert::handle(&format!("callables[{i}].handle"), &c.handle)?,
+                    name: c.name,
+                    version: c.version,
+                    signature: c.signature,
+                })
+            })
+            .collect::<Result<Vec<_>, ConvertError>>()?;
+        let hs = Handshake {
+            session: SessionId(reply.session_id),
+            chip_id: reply.chip_id,
+            device_kind: reply.device_kind,
+            device_spec: reply.device_spec,
+            device_memory: reply.device_memory,
+            lanes: reply.lanes,
+            callables,
+            fd_socket: (!reply.fd_socket.is_empty()).then(|| PathBuf::from(reply.fd_socket)),
+            max_message_bytes: reply.max_message_bytes,
+        };
+        self.session.store(hs.session.0, Ordering::Relaxed);
+        self.handshake = Some(hs.clone());
+        Ok(hs)
+    }
+
+    /// The handshake's result, once made.
+    pub fn handshake_info(&self) -> Option<&Handshake> {
+        self.handshake.as_ref()
+    }
+
+    /// Connects the fd side channel of this session.
+    ///
+    /// # Errors
+    /// Before a handshake, for a TCP worker, or when the socket fails.
+    pub async fn fd_channel(&self) -> Result<FdChannel, ClientError> {
+        let hs = self
+            .handshake
+            .as_ref()
+            .ok_or_else(|| ClientError::Protocol("handshake first".into()))?;
+        let path = hs.fd_socket.as_ref().ok_or_else(|| {
+            ClientError::Protocol(format!("{} has no fd channel (TCP worker)", self.endpoint))
+        })?;
+        Ok(FdChannel::connect(path, hs.session).await?)
+    }
+
+    /// Opens the session's task stream.
+    ///
+    /// # Errors
+    /// The worker's refusal (no session, a stream already open).
+    pub async fn open_tasks(&mut self) -> Result<TaskStream, ClientError> {
+        let (tx, rx) = mpsc::channel::<pb::TaskBatch>(64);
+        let completions = self
+            .stub
+            .tasks(tokio_stream::wrappers::ReceiverStream::new(rx))
+            .await?
+            .into_inner();
+        Ok(TaskStream {
+            tx: Some(tx),
+            completions,
+        })
+    }
+
+    /// Allocates a device buffer for `identity`; returns its device address.
+    ///
+    /// # Errors
+    /// The worker's refusal (out of memory names the region).
+    pub async fn device_alloc(
+        &mut self,
+        identity: &CanonicalIdentity,
+        nbytes: u64,
+        region: Region,
+    ) -> Result<u64, ClientError> {
+        let req = pb::DeviceAllocRequest {
+            identity: identity.encode().to_vec(),
+            nbytes,
+            region: convert::region_code(region),
+        };
+        Ok(self.stub.device_alloc(req).await?.into_inner().addr)
+    }
+
+    /// Frees a device buffer.
+    ///
+    /// # Errors
+    /// The worker's refusal.
+    pub async fn device_free(&mut self, identity: &CanonicalIdentity) -> Result<(), ClientError> {
+        self.stub
+            .device_free(pb::DeviceFreeRequest {
+                identity: identity.encode().to_vec(),
+            })
+            .await?;
+        Ok(())
+    }
+
+    /// Writes `data` at `offset` of a device buffer.
+    ///
+    /// # Errors
+    /// The worker's refusal.
+    pub async fn copy_to_device(
+        &mut self,
+        identity: &CanonicalIdentity,
+        offset: u64,
+        data: Vec<u8>,
+    ) -> Result<(), ClientError> {
+        let req = pb::CopyToDeviceRequest {
+            identity: identity.encode().to_vec(),
+            offset,
+            data,
+        };
+        self.stub.copy_to_device(req).await?;
+        Ok(())
+    }
+
+    /// Reads `len` bytes at `offset` of a device buffer.
+    ///
+    /// # Errors
+    /// The worker's refusal.
+    pub async fn copy_from_device(
+        &mut self,
+        identity: &CanonicalIdentity,
+        offset: u64,
+        len: u64,
+    ) -> Result<Vec<u8>, ClientError> {
+        let req = pb::CopyFromDeviceRequest {
+            identity: identity.encode().to_vec(),
+            offset,
+            len,
+        };
+        Ok(self.stub.copy_from_device(req).await?.into_inner().data)
+    }
+
+    /// Releases imported buffers; returns how many were imported.
+    ///
+    /// # Errors
+    /// The worker's refusal.
+    pub async fn release_imports(
+        &mut self,
+        identities: &[CanonicalIdentity],
+    ) -> Result<u32, ClientError> {
+        let req = pb::ReleaseImportRequest {
+            identities: identities.iter().map(|i| i.encode().to_vec()).collect(),
+        };
+        Ok(self.stub.release_import(req).await?.into_inner().released)
+    }
+
+    /// The worker's counters.
+    ///
+    /// # Errors
+    /// The worker's refusal.
+    pub async fn stats(&mut self) -> Result<pb::StatsReply, ClientError> {
+        Ok(self.stub.stats(pb::StatsRequest {}).await?.into_inner())
+    }
+
+    /// Echoes `payload`: a bare round trip.
+    ///
+    /// # Errors
+    /// The worker's refusal.
+    pub async fn ping(&mut self, payload: Vec<u8>) -> Result<Vec<u8>, ClientError> {
+        Ok(self
+            .stub
+            .ping(pb::PingRequest { payload })
+            .await?
+            .into_inner()
+            .payload)
+    }
+
+    /// A stream of health beats every `interval_ms`.
+    ///
+    /// # Errors
+    /// The worker's refusal.
+    pub async fn health(
+        &mut self,
+        interval_ms: u32,
+    ) -> Result<Streaming<pb::HealthBeat>, ClientError> {
+        Ok(self
+            .stub
+            .health(pb::HealthRequest { interval_ms })
+            .await?
+            .into_inner())
+    }
+}
+
+/// The two halves of a session's task stream.
+#[derive(Debug)]
+pub struct TaskStream {
+    tx: Option<mpsc::Sender<pb::TaskBatch>>,
+    completions: Streaming<pb::CompletionBatch>,
+}
+
+impl TaskStream {
+    /// Sends one batch of tasks.
+    ///
+    /// # Errors
+    /// When the stream is closed.
+    pub async fn send(&self, tasks: &[TaskRequest]) -> Result<(), ClientError> {
+        self.send_raw(pb::TaskBatch {
+            tasks: tasks.iter().map(pb::Task::from).collect(),
+        })
+        .await
+    }
+
+    /// Sends a batch as given, unchecked (tests send malformed tasks).
+    ///
+    /// # Errors
+    /// When the stream is closed.
+    pub async fn send_raw(&self, batch: pb::TaskBatch) -> Result<(), ClientError> {
+        let tx = self
+            .tx
+            .as_ref()
+            .ok_or_else(|| ClientError::Protocol("the task stream is closed".into()))?;
+        tx.send(batch)
+            .await
+            .map_err(|_| ClientError::Protocol("the task stream is closed".into()))
+    }
+
+    /// Closes our sending half: the worker finishes what it has, streams the
+    /// completions, and ends the stream (and the session).
+    pub fn close(&mut self) {
+        self.tx = None;
+    }
+
+    /// The next batch of completions; `None` when the worker ended the stream.
+    ///
+    /// # Errors
+    /// A broken stream or a malformed completion.
+    pub async fn next(&mut self) -> Result<Option<Vec<TaskCompletion>>, ClientError> {
+        match self.completions.message().await? {
+            None => Ok(None),
+            Some(batch) => Ok(Some(
+                batch
+                    .completions
+                    .into_iter()
+                    .map(TaskCompletion::try_from)
+                    .collect::<Result<_, _>>()?,
+            )),
+        }
+    }
+}
+
+/// An error and its sources, on one line (tonic's transport errors hide the
+/// useful part in `source()`).
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        s.push_str(": ");
+        s.push_str(&c.to_string());
+        cur = c.source();
+    }
+    s
+}

@@ -1,0 +1,155 @@
+//! What a worker is told at startup.
+
+use std::fmt;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::str::FromStr;
+
+use strata_proto::DEFAULT_MAX_MESSAGE_BYTES;
+
+/// Where a worker listens (or a client connects).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Endpoint {
+    /// A Unix socket path.
+    Unix(PathBuf),
+    /// A TCP address.
+    Tcp(SocketAddr),
+}
+
+impl FromStr for Endpoint {
+    type Err = String;
+
+    /// `unix:PATH` or `tcp:HOST:PORT`.
+    fn from_str(s: &str) -> Result<Self, String> {
+        if let Some(path) = s.strip_prefix("unix:") {
+            if path.is_empty() {
+                return Err(format!("{s:?}: unix: needs a socket path"));
+            }
+            return Ok(Endpoint::Unix(PathBuf::from(path)));
+        }
+        if let Some(addr) = s.strip_prefix("tcp:") {
+            return addr
+                .parse()
+                .map(Endpoint::Tcp)
+                .map_err(|e| format!("{s:?}: tcp: needs HOST:PORT with a numeric host ({e})"));
+        }
+        Err(format!("{s:?} is neither unix:PATH nor tcp:HOST:PORT"))
+    }
+}
+
+impl fmt::Display for Endpoint {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Endpoint::Unix(p) => write!(f, "unix:{}", p.display()),
+            Endpoint::Tcp(a) => write!(f, "tcp:{a}"),
+        }
+    }
+}
+
+/// Server-side TLS with client certificates.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TlsFiles {
+    /// PEM certificate chain of the worker.
+    pub cert: PathBuf,
+    /// PEM private key of the worker.
+    pub key: PathBuf,
+    /// PEM CA that client certificates must chain to.
+    pub client_ca: PathBuf,
+}
+
+/// How TCP clients are authenticated. Unix-socket clients are
+/// authenticated by their uid instead.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Auth {
+    /// A bearer token every call must carry (`authorization: Bearer …`).
+    pub token: Option<String>,
+    /// TLS with client certificates.
+    pub tls: Option<TlsFiles>,
+    /// Explicitly allow a TCP listener with neither.
+    pub insecure: bool,
+}
+
+/// Everything a worker needs to start.
+#[derive(Debug, Clone)]
+pub struct WorkerConfig {
+    /// Which chip this worker owns (reported in the handshake).
+    pub chip_id: u32,
+    /// Device spec, such as `sim:mem=2GiB,lanes=2`.
+    pub device_spec: String,
+    /// Where to serve gRPC.
+    pub listen: Endpoint,
+    /// The fd side channel's socket (Unix listeners only); default: the
+    /// listen path with `.fd` appended.
+    pub fd_socket: Option<PathBuf>,
+    /// Authentication of TCP clients.
+    pub auth: Auth,
+    /// Largest gRPC message accepted or sent.
+    pub max_message_bytes: usize,
+    /// Most tasks one session may have in flight; further tasks wait (the
+    /// stream is not read) until some complete.
+    pub max_in_flight: usize,
+}
+
+impl WorkerConfig {
+    /// A configuration with defaults for everything but the listen address.
+    pub fn new(listen: Endpoint) -> Self {
+        WorkerConfig {
+            chip_id: 0,
+            device_spec: "sim".into(),
+            listen,
+            fd_socket: None,
+            auth: Auth::default(),
+            max_message_bytes: DEFAULT_MAX_MESSAGE_BYTES,
+            max_in_flight: 65_536,
+        }
+    }
+
+    /// The fd socket path, for Unix listeners.
+    pub fn fd_socket_path(&self) -> Option<PathBuf> {
+        match (&self.listen, &self.fd_socket) {
+            (_, Some(p)) => Some(p.clone()),
+            (Endpoint::Unix(p), None) => {
+                let mut s = p.clone().into_os_string();
+                s.push(".fd");
+                Some(PathBuf::from(s))
+            }
+            (Endpoint::Tcp(_), None) => None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn endpoints_parse_and_print() {
+        assert_eq!(
+            "unix:/tmp/w.sock".parse(),
+            Ok(Endpoint::Unix("/tmp/w.sock".into()))
+        );
+        assert_eq!(
+            "tcp:127.0.0.1:0".parse::<Endpoint>().unwrap().to_string(),
+            "tcp:127.0.0.1:0"
+        );
+        assert!(
+            "unix:"
+                .parse::<Endpoint>()
+                .unwrap_err()
+                .contains("needs a socket path")
+        );
+        assert!(
+            "tcp:localhost"
+                .parse::<Endpoint>()
+                .unwrap_err()
+                .contains("HOST:PORT")
+        );
+        assert!("udp:1".parse::<Endpoint>().unwrap_err().contains("neither"));
+        let c = WorkerConfig::new("unix:/run/w".parse().unwrap());
+        assert_eq!(c.fd_socket_path(), Some(PathBuf::from("/run/w.fd")));
+        assert_eq!(
+            WorkerConfig::new("tcp:127.0.0.1:1".parse().unwrap()).fd_socket_path(),
+            None
+        );
+    }
+}

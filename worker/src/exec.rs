@@ -1,0 +1,253 @@
+//! Running one task: resolve every argument, launch the kernel, complete.
+//!
+//! Steps, each failing the task (never the worker) with a cause that says
+//! which step and which argument:
+//! 1. find the callable;
+//! 2. resolve each tensor's backing: a device buffer of the session by
+//!    identity, inline bytes that came with the task (unpacked into a
+//!    private host buffer), or an imported fd mapped once by identity;
+//! 3. launch on the device (which validates the arguments against the
+//!    signature before anything runs);
+//! 4. on completion, pack the written inline arguments into the reply.
+//!
+//! Every lease (mapping, device buffer, inline buffer) is held by the
+//! completion closure, so nothing a running kernel touches is unmapped or
+//! freed under it.
+
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+
+use strata_chip::{ArgBacking, HostBuffer, HostMemory, Launch, LaunchArg, LaunchReport, staging};
+use strata_proto::TaskId;
+use strata_proto::convert::{TaskCompletion, TaskOutcome, TaskRequest};
+use strata_wire::{AddressSpace, BufferDescriptor, Tensor};
+
+use crate::node::{Node, Session};
+
+/// Called once with the task's completion.
+pub(crate) type Done = Box<dyn FnOnce(TaskCompletion) + Send>;
+
+/// A completion for a task that failed before or during its run.
+pub(crate) fn failure(id: TaskId, cause: String) -> TaskCompletion {
+    TaskCompletion {
+        id,
+        outcome: TaskOutcome::Failure(cause),
+        lane: 0,
+        queued_ns: 0,
+        busy_ns: 0,
+        kernel_ns: 0,
+        staged_in: 0,
+        staged_out: 0,
+        outputs: Vec::new(),
+    }
+}
+
+/// An argument whose bytes came with the task.
+struct InlineArg {
+    index: u32,
+    view: Tensor,
+    host: Arc<HostBuffer>,
+    written: bool,
+}
+
+/// Runs `req` and calls `done` exactly once.
+pub(crate) fn execute(node: &Arc<Node>, session: &Session, req: TaskRequest, done: Done) {
+    node.counters.in_flight.fetch_add(1, Ordering::Relaxed);
+    let counting = counted(node, done);
+    let id = req.id;
+    match prepare(node, session, req) {
+        Err(cause) => counting(failure(id, cause)),
+        Ok((launch, held, inline)) => {
+            let finish: strata_chip::device::Completion = Box::new(move |outcome| {
+                let completion = complete(id, outcome, &inline);
+                drop(held);
+                counting(completion);
+            });
+            // The device calls its completion only for launches it accepted;
+            // a refused launch is completed here. The slot makes sure
+            // exactly one of the two paths runs `finish`.
+            let slot = Arc::new(Mutex::new(Some(finish)));
+            let from_device = Arc::clone(&slot);
+            let relay: strata_chip::device::Completion = Box::new(move |outcome| {
+                if let Some(f) = take(&from_device) {
+                    f(outcome);
+                }
+            });
+            if let Err(e) = node.device.launch(launch, relay) {
+                if let Some(f) = take(&slot) {
+                    f(Err(e));
+                }
+            }
+        }
+    }
+}
+
+fn take<T>(slot: &Mutex<Option<T>>) -> Option<T> {
+    slot.lock().unwrap_or_else(|e| e.into_inner()).take()
+}
+
+/// Wraps `done` so that the worker's counters follow every completion.
+fn counted(node: &Arc<Node>, done: Done) -> Done {
+    let node = Arc::clone(node);
+    Box::new(move |c: TaskCompletion| {
+        let counter = match c.outcome {
+            TaskOutcome::Success => &node.counters.succeeded,
+            TaskOutcome::Failure(_) => &node.counters.failed,
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+        node.counters.in_flight.fetch_sub(1, Ordering::Relaxed);
+        done(c);
+    })
+}
+
+/// Leases held for the duration of a task.
+type Held = Vec<Box<dyn std::any::Any + Send + Sync>>;
+
+fn prepare(
+    node: &Node,
+    session: &Session,
+    req: TaskRequest,
+) -> Result<(Launch, Held, Vec<InlineArg>), String> {
+    let kernel = node.kernels.get(req.callable).map_err(|_| {
+        let mut names: Vec<String> = node
+            .kernels
+            .descriptors()
+            .map(|d| d.qualified_name())
+            .collect();
+        names.sort();
+        format!(
+            "unknown callable {}; this worker has {}",
+            req.callable,
+            names.join(", ")
+        )
+    })?;
+    let writes: Vec<bool> = kernel
+        .descriptor()
+        .args
+        .iter()
+        .map(|a| a.access.allows_write())
+        .collect();
+    let mut held: Held = Vec::new();
+    let mut inline_args = Vec::new();
+    let mut args = Vec::with_capacity(req.args.tensors().len());
+    for (i, ((tensor, tag), inline)) in req
+        .args
+        .tensors()
+        .iter()
+        .zip(&req.tags)
+        .zip(req.inline)
+        .enumerate()
+    {
+        let bad = |why: String| format!("argument {i}: {why}");
+        let (tensor, backing) = match (tensor.buffer().address_space(), inline) {
+            (AddressSpace::Device, Some(_)) => {
+                return Err(bad("a DEVICE buffer cannot travel inline".into()));
+            }
+            (AddressSpace::Device, None) => {
+                let buf = session
+                    .device_buffers()
+                    .get(tensor.identity())
+                    .cloned()
+                    .ok_or_else(|| {
+                        bad(format!(
+                            "device buffer {} is not allocated on this worker",
+                            tensor.identity()
+                        ))
+                    })?;
+                let block = buf.block;
+                held.push(Box::new(buf));
+                (*tensor, ArgBacking::Device(block))
+            }
+            (AddressSpace::Host, Some(packed)) => {
+                let (view, host) = unpack_inline(tensor, &packed).map_err(bad)?;
+                inline_args.push(InlineArg {
+                    index: i as u32,
+                    view,
+                    host: Arc::clone(&host),
+                    written: writes.get(i).copied().unwrap_or(false),
+                });
+                (view, ArgBacking::Host(host as Arc<dyn HostMemory>))
+            }
+            (AddressSpace::Host, None) => {
+                let mapping = node
+                    .imports()
+                    .acquire(tensor.buffer())
+                    .map_err(|e| bad(e.to_string()))?;
+                (*tensor, ArgBacking::Host(mapping as Arc<dyn HostMemory>))
+            }
+        };
+        args.push(LaunchArg {
+            tensor,
+            tag: *tag,
+            backing,
+        });
+    }
+    Ok((
+        Launch {
+            kernel,
+            args,
+            scalars: req.args.scalars().to_vec(),
+        },
+        held,
+        inline_args,
+    ))
+}
+
+/// A private host buffer holding the view's extent, with the packed bytes
+/// unpacked into it, and the view rebased onto it (offset 0).
+fn unpack_inline(view: &Tensor, packed: &[u8]) -> Result<(Tensor, Arc<HostBuffer>), String> {
+    let extent = view.extent_bytes();
+    let len = usize::try_from(extent).map_err(|_| format!("inline view of {extent} bytes"))?;
+    let d = view.buffer();
+    let rebased_desc = BufferDescriptor::new(
+        *d.identity(),
+        extent,
+        d.address_space(),
+        d.access(),
+        *d.backing(),
+    )
+    .map_err(|e| e.to_string())?;
+    let rebased = Tensor::new(rebased_desc, 0, view.shape(), view.strides(), view.dtype())
+        .map_err(|e| e.to_string())?;
+    let mut bytes = vec![0u8; len];
+    if !packed.is_empty() && !staging::unpack(&rebased, packed, &mut bytes) {
+        return Err(format!(
+            "inline bytes do not fit the view ({} bytes)",
+            packed.len()
+        ));
+    }
+    let host = HostBuffer::from_bytes(&bytes).map_err(|e| e.to_string())?;
+    Ok((rebased, Arc::new(host)))
+}
+
+fn complete(
+    id: TaskId,
+    outcome: Result<LaunchReport, strata_chip::Error>,
+    inline: &[InlineArg],
+) -> TaskCompletion {
+    match outcome {
+        Err(e) => failure(id, e.to_string()),
+        Ok(r) => {
+            let outputs = inline
+                .iter()
+                .filter(|a| a.written)
+                .map(|a| (a.index, staging::pack(&a.view, &a.host.to_vec())))
+                .collect();
+            TaskCompletion {
+                id,
+                outcome: TaskOutcome::Success,
+                lane: r.lane as u32,
+                queued_ns: nanos(r.queued),
+                busy_ns: nanos(r.busy),
+                kernel_ns: nanos(r.kernel),
+                staged_in: r.staged_in,
+                staged_out: r.staged_out,
+                outputs,
+            }
+        }
+    }
+}
+
+fn nanos(d: std::time::Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
+}

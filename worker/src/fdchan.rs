@@ -1,0 +1,306 @@
+//! The fd side channel: buffer fds by SCM_RIGHTS over a Unix socket.
+//!
+//! Framing: each frame is a little-endian u32 length (at most
+//! [`MAX_FD_FRAME_BYTES`]) and that many bytes of an encoded message. The
+//! client opens with an `FdHello` naming its session; then each `FdImport`
+//! frame carries, in the same `sendmsg`, exactly as many fds as it lists
+//! identities, and is answered by an `FdAck` with one result per identity.
+//!
+//! Received fds are close-on-exec from the moment they arrive
+//! (`MSG_CMSG_CLOEXEC`) and owned (`OwnedFd`) at once; fds beyond what a
+//! frame declares are closed; a truncated control message (`MSG_CTRUNC`)
+//! fails the frame. Closing the channel ends the session.
+
+use std::io::{self, IoSlice, IoSliceMut};
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::path::Path;
+use std::sync::Arc;
+
+use nix::sys::socket::{ControlMessage, ControlMessageOwned, MsgFlags, recvmsg, sendmsg};
+use prost::Message;
+use strata_proto::{MAX_FD_FRAME_BYTES, MAX_FDS_PER_MESSAGE, PROTOCOL_VERSION, pb};
+use strata_wire::CanonicalIdentity;
+use strata_worker_core::SessionId;
+use tokio::io::{AsyncWriteExt, Interest};
+use tokio::net::{UnixListener, UnixStream};
+use tokio::sync::watch;
+use tracing::{debug, info, warn};
+
+use crate::listen::peer_is_us;
+use crate::node::Node;
+
+/// One received frame and the fds that came with it.
+struct Frame {
+    payload: Vec<u8>,
+    fds: Vec<OwnedFd>,
+}
+
+/// Reads one frame; `Ok(None)` on a clean end of stream between frames.
+async fn read_frame(stream: &UnixStream) -> io::Result<Option<Frame>> {
+    let mut buf: Vec<u8> = Vec::with_capacity(256);
+    let mut fds: Vec<OwnedFd> = Vec::new();
+    let mut want = 4usize;
+    while buf.len() < want {
+        let mut chunk = vec![0u8; (want - buf.len()).min(MAX_FD_FRAME_BYTES)];
+        let (n, received, truncated) = stream
+            .async_io(Interest::READABLE, || {
+                recv_with_fds(stream.as_raw_fd(), &mut chunk)
+            })
+            .await?;
+        // Own every received fd before looking at anything else, so that
+        // each one is closed on every path out of here.
+        fds.extend(received);
+        if truncated {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                "control message truncated: too many fds in one frame",
+            ));
+        }
+        if n == 0 {
+            if buf.is_empty() {
+                return Ok(None);
+            }
+            return Err(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                "connection closed inside a frame",
+            ));
+        }
+        buf.extend_from_slice(&chunk[..n]);
+        if want == 4 && buf.len() >= 4 {
+            let len = u32::from_le_bytes([buf[0], buf[1], buf[2], buf[3]]) as usize;
+            if len > MAX_FD_FRAME_BYTES {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    format!("frame of {len} bytes exceeds the limit of {MAX_FD_FRAME_BYTES}"),
+                ));
+            }
+            want = 4 + len;
+        }
+    }
+    Ok(Some(Frame {
+        payload: buf.split_off(4),
+        fds,
+    }))
+}
+
+/// One `recvmsg` with room for [`MAX_FDS_PER_MESSAGE`] fds, close-on-exec.
+fn recv_with_fds(fd: RawFd, chunk: &mut [u8]) -> io::Result<(usize, Vec<OwnedFd>, bool)> {
+    let mut cmsg = nix::cmsg_space!([RawFd; MAX_FDS_PER_MESSAGE]);
+    let mut iov = [IoSliceMut::new(chunk)];
+    let msg = recvmsg::<()>(fd, &mut iov, Some(&mut cmsg), MsgFlags::MSG_CMSG_CLOEXEC)?;
+    let mut owned = Vec::new();
+    for c in msg.cmsgs()? {
+        if let ControlMessageOwned::ScmRights(raw) = c {
+            for r in raw {
+                // SAFETY: the kernel just installed this fd in our table for
+                // us; nothing else refers to it, so we take sole ownership.
+                owned.push(unsafe { OwnedFd::from_raw_fd(r) });
+            }
+        }
+    }
+    Ok((msg.bytes, owned, msg.flags.contains(MsgFlags::MSG_CTRUNC)))
+}
+
+/// Writes one frame, with `fds` attached to its first byte.
+async fn write_frame(stream: &mut UnixStream, payload: &[u8], fds: &[RawFd]) -> io::Result<()> {
+    let len = u32::try_from(payload.len()).map_err(|_| io::Error::other("frame too large"))?;
+    let mut frame = Vec::with_capacity(4 + payload.len());
+    frame.extend_from_slice(&len.to_le_bytes());
+    frame.extend_from_slice(payload);
+    let sent = stream
+        .async_io(Interest::WRITABLE, || {
+            let cmsgs: Vec<ControlMessage<'_>> = if fds.is_empty() {
+                Vec::new()
+            } else {
+                vec![ControlMessage::ScmRights(fds)]
+            };
+            Ok(sendmsg::<()>(
+                stream.as_raw_fd(),
+                &[IoSlice::new(&frame)],
+                &cmsgs,
+                MsgFlags::MSG_NOSIGNAL,
+                None,
+            )?)
+        })
+        .await?;
+    if sent < frame.len() {
+        stream.write_all(&frame[sent..]).await?;
+    }
+    Ok(())
+}
+
+/// Accepts fd-channel connections until shutdown.
+pub(crate) async fn serve(
+    listener: UnixListener,
+    node: Arc<Node>,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    loop {
+        let accepted = tokio::select! {
+            a = listener.accept() => a,
+            _ = shutdown.changed() => return,
+        };
+        let stream = match accepted {
+            Ok((s, _)) => s,
+            Err(e) => {
+                warn!(error = %e, "fd channel accept failed");
+                continue;
+            }
+        };
+        if !peer_is_us(&stream) {
+            continue;
+        }
+        let node = Arc::clone(&node);
+        tokio::spawn(async move {
+            if let Err(e) = handle(stream, &node).await {
+                warn!(error = %e, "fd channel connection failed");
+            }
+        });
+    }
+}
+
+async fn handle(mut stream: UnixStream, node: &Node) -> io::Result<()> {
+    let Some(first) = read_frame(&stream).await? else {
+        return Ok(());
+    };
+    let hello = pb::FdHello::decode(first.payload.as_slice())
+        .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, format!("FdHello: {e}")))?;
+    drop(first.fds);
+    if hello.protocol_version != PROTOCOL_VERSION {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!(
+                "fd channel protocol {} refused; this worker speaks {PROTOCOL_VERSION}",
+                hello.protocol_version
+            ),
+        ));
+    }
+    let session = SessionId(hello.session_id);
+    if !node.has_session(session) {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("unknown session {session}"),
+        ));
+    }
+    info!(%session, "fd channel open");
+    let result = import_loop(&mut stream, node, session).await;
+    // The orchestrator's side channel is gone: so is its session.
+    node.end_session(session, "fd channel closed");
+    result
+}
+
+async fn import_loop(stream: &mut UnixStream, node: &Node, session: SessionId) -> io::Result<()> {
+    while let Some(frame) = read_frame(stream).await? {
+        let ack = match pb::FdImport::decode(frame.payload.as_slice()) {
+            Ok(import) => import_all(node, session, import, frame.fds),
+            Err(e) => pb::FdAck {
+                results: vec![pb::FdResult {
+                    identity: vec![],
+                    ok: false,
+                    error: format!("FdImport: {e}"),
+                }],
+            },
+        };
+        write_frame(stream, &ack.encode_to_vec(), &[]).await?;
+    }
+    Ok(())
+}
+
+fn import_all(
+    node: &Node,
+    session: SessionId,
+    import: pb::FdImport,
+    fds: Vec<OwnedFd>,
+) -> pb::FdAck {
+    let declared = import.identities.len();
+    if fds.len() > declared {
+        debug!(
+            extra = fds.len() - declared,
+            "closing fds beyond those declared"
+        );
+    }
+    let mut fds = fds.into_iter();
+    let results = import
+        .identities
+        .into_iter()
+        .map(|raw| {
+            let fd = fds.next();
+            let outcome = match (CanonicalIdentity::decode(&raw), fd) {
+                (Err(e), _) => Err(format!("identity: {e}")),
+                (Ok(_), None) => Err(format!(
+                    "no fd arrived for this identity ({declared} declared)"
+                )),
+                (Ok(id), Some(fd)) => crate::imports::check_filesystem(&fd).and_then(|()| {
+                    node.imports()
+                        .offer(session, id, fd)
+                        .map_err(|e| e.to_string())
+                }),
+            };
+            match outcome {
+                Ok(()) => pb::FdResult {
+                    identity: raw,
+                    ok: true,
+                    error: String::new(),
+                },
+                Err(error) => pb::FdResult {
+                    identity: raw,
+                    ok: false,
+                    error,
+                },
+            }
+        })
+        .collect();
+    // Any fds left over are dropped (closed) here.
+    drop(fds);
+    pb::FdAck { results }
+}
+
+/// The client end of a worker's fd channel.
+#[derive(Debug)]
+pub struct FdChannel {
+    stream: UnixStream,
+}
+
+impl FdChannel {
+    /// Connects to `path` and introduces `session`.
+    ///
+    /// # Errors
+    /// When the socket cannot be reached.
+    pub async fn connect(path: &Path, session: SessionId) -> io::Result<Self> {
+        let mut stream = UnixStream::connect(path).await?;
+        let hello = pb::FdHello {
+            protocol_version: PROTOCOL_VERSION,
+            session_id: session.0,
+        };
+        write_frame(&mut stream, &hello.encode_to_vec(), &[]).await?;
+        Ok(FdChannel { stream })
+    }
+
+    /// Sends `identities` with `fds` (normally one each, in order) and
+    /// returns the worker's result for each identity: `Ok` or why it was
+    /// refused.
+    ///
+    /// # Errors
+    /// When the channel fails or the worker closes it.
+    pub async fn import(
+        &mut self,
+        identities: &[CanonicalIdentity],
+        fds: &[BorrowedFd<'_>],
+    ) -> io::Result<Vec<Result<(), String>>> {
+        let msg = pb::FdImport {
+            identities: identities.iter().map(|i| i.encode().to_vec()).collect(),
+        };
+        let raw: Vec<RawFd> = fds.iter().map(|f| f.as_raw_fd()).collect();
+        write_frame(&mut self.stream, &msg.encode_to_vec(), &raw).await?;
+        let frame = read_frame(&self.stream).await?.ok_or_else(|| {
+            io::Error::new(io::ErrorKind::UnexpectedEof, "worker closed the fd channel")
+        })?;
+        let ack = pb::FdAck::decode(frame.payload.as_slice())
+            .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, format!("FdAck: {e}")))?;
+        Ok(ack
+            .results
+            .into_iter()
+            .map(|r| if r.ok { Ok(()) } else { Err(r.error) })
+            .collect())
+    }
+}

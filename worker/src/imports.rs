@@ -1,0 +1,111 @@
+//! Mapping imported fds: the checks a backing must pass, and the mapping
+//! tasks read and write through.
+
+use std::os::fd::{AsRawFd, OwnedFd};
+
+use memmap2::{MmapOptions, MmapRaw};
+use nix::sys::stat::fstat;
+use nix::sys::statfs::{TMPFS_MAGIC, fstatfs};
+use strata_chip::HostMemory;
+use strata_wire::{AddressSpace, Backing, BufferDescriptor};
+use strata_worker_core::{ImportRegistry, Mapper};
+
+/// The worker's import registry.
+pub(crate) type Imports = ImportRegistry<FdMapper>;
+
+/// Maps received fds after checking them against the buffer's descriptor.
+#[derive(Debug, Default)]
+pub(crate) struct FdMapper;
+
+impl Mapper for FdMapper {
+    type Source = OwnedFd;
+    type Mapping = HostMapping;
+
+    /// Checks, in order: the backend kind (MEMFD or POSIX_SHM, host space),
+    /// the filesystem (tmpfs/shmem, by `fstatfs`), the size (at least
+    /// `nbytes`), and for MEMFD the inode against the descriptor's body; then
+    /// maps `nbytes` shared, read-only when the buffer grants READ only.
+    fn map(&self, fd: &OwnedFd, d: &BufferDescriptor) -> Result<HostMapping, String> {
+        if d.address_space() != AddressSpace::Host {
+            return Err("a DEVICE buffer cannot be imported by fd".into());
+        }
+        let expect_inode = match *d.backing() {
+            Backing::Memfd { st_dev, st_ino } => Some((st_dev, st_ino)),
+            Backing::PosixShm { .. } => None,
+            other => {
+                return Err(format!(
+                    "a {} buffer cannot be imported by fd",
+                    other.kind().name()
+                ));
+            }
+        };
+        check_filesystem(fd)?;
+        let st = fstat(fd).map_err(|e| format!("fstat failed: {e}"))?;
+        let size = u64::try_from(st.st_size).unwrap_or(0);
+        if size < d.nbytes() {
+            return Err(format!(
+                "the fd holds {size} bytes but the buffer has nbytes {}",
+                d.nbytes()
+            ));
+        }
+        if let Some((dev, ino)) = expect_inode {
+            let (got_dev, got_ino) = (st.st_dev, st.st_ino);
+            if (got_dev, got_ino) != (dev, ino) {
+                return Err(format!(
+                    "the fd is inode ({got_dev}, {got_ino}) but the MEMFD body names ({dev}, {ino})"
+                ));
+            }
+        }
+        if d.nbytes() == 0 {
+            return Err("a buffer of 0 bytes cannot be mapped".into());
+        }
+        let len = usize::try_from(d.nbytes())
+            .map_err(|_| "nbytes exceeds the address space".to_owned())?;
+        let writable = d.access().allows_write();
+        let mut opts = MmapOptions::new();
+        opts.len(len);
+        let map = if writable {
+            opts.map_raw(fd.as_raw_fd())
+        } else {
+            opts.map_raw_read_only(fd.as_raw_fd())
+        }
+        .map_err(|e| format!("mmap of {len} bytes failed: {e}"))?;
+        Ok(HostMapping { map, writable })
+    }
+}
+
+/// Refuses an fd that is not on tmpfs/shmem (memfds and POSIX shared
+/// memory are); run when the fd arrives, and again before mapping.
+pub(crate) fn check_filesystem(fd: &OwnedFd) -> Result<(), String> {
+    let fs = fstatfs(fd).map_err(|e| format!("fstatfs failed: {e}"))?;
+    let magic = fs.filesystem_type();
+    if magic != TMPFS_MAGIC {
+        return Err(format!(
+            "the fd is on a filesystem with magic {:#x}, not tmpfs/shmem ({:#x}): only memfds and shared-memory objects can back a buffer",
+            magic.0, TMPFS_MAGIC.0
+        ));
+    }
+    Ok(())
+}
+
+/// An imported buffer, mapped shared into the worker.
+#[derive(Debug)]
+pub struct HostMapping {
+    map: MmapRaw,
+    writable: bool,
+}
+
+// SAFETY: the mapping lives as long as this value (tasks hold it by Arc
+// while they run), is readable, and writable only when mapped so; strata
+// never creates references into it (MmapRaw hands out raw pointers only).
+unsafe impl HostMemory for HostMapping {
+    fn as_ptr(&self) -> *mut u8 {
+        self.map.as_mut_ptr()
+    }
+    fn len(&self) -> usize {
+        self.map.len()
+    }
+    fn writable(&self) -> bool {
+        self.writable
+    }
+}

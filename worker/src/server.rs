@@ -1,0 +1,258 @@
+//! Starting, serving and stopping a worker.
+//!
+//! Shutdown protocol (SIGTERM or the caller's shutdown future):
+//! 1. stop accepting connections and stop reading task streams (new tasks
+//!    are not started);
+//! 2. let every task already started complete and stream its completion;
+//! 3. end the task and health streams, then every session (imports and
+//!    device buffers released);
+//! 4. remove the socket files and return.
+
+use std::future::Future;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use strata_chip::{Device, Kernel, Registry, SimDevice};
+use strata_proto::pb::worker_server::WorkerServer;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tokio_stream::StreamExt;
+use tokio_stream::wrappers::{TcpListenerStream, UnixListenerStream};
+use tonic::service::interceptor::InterceptedService;
+use tonic::transport::{Certificate, Identity, Server, ServerTlsConfig};
+use tracing::{info, warn};
+
+use crate::auth::TokenCheck;
+use crate::config::{Endpoint, WorkerConfig};
+use crate::listen::{bind_unix, peer_is_us};
+use crate::node::Node;
+use crate::service::WorkerService;
+use crate::{WorkerError, fdchan};
+
+/// A worker being configured: its settings and its kernels.
+pub struct Worker {
+    config: WorkerConfig,
+    kernels: Registry,
+}
+
+impl std::fmt::Debug for Worker {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Worker")
+            .field("config", &self.config)
+            .field("kernels", &self.kernels)
+            .finish()
+    }
+}
+
+enum Listener {
+    Unix(tokio::net::UnixListener, PathBuf),
+    Tcp(TcpListener),
+}
+
+/// A worker whose sockets are bound and whose device is up: ready to serve.
+pub struct BoundWorker {
+    node: Arc<Node>,
+    listener: Listener,
+    fd_listener: Option<(tokio::net::UnixListener, PathBuf)>,
+    config: WorkerConfig,
+    endpoint: Endpoint,
+}
+
+impl std::fmt::Debug for BoundWorker {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BoundWorker")
+            .field("endpoint", &self.endpoint)
+            .finish()
+    }
+}
+
+impl Worker {
+    /// A worker with the built-in kernels.
+    pub fn new(config: WorkerConfig) -> Self {
+        Worker {
+            config,
+            kernels: Registry::with_builtins(),
+        }
+    }
+
+    /// Adds a user kernel.
+    ///
+    /// # Errors
+    /// When a different kernel with the same name and version is registered.
+    pub fn kernel(mut self, kernel: Arc<dyn Kernel>) -> Result<Self, WorkerError> {
+        self.kernels
+            .register(kernel)
+            .map_err(|e| WorkerError::Config(e.to_string()))?;
+        Ok(self)
+    }
+
+    /// Replaces the kernel registry.
+    pub fn kernels(mut self, kernels: Registry) -> Self {
+        self.kernels = kernels;
+        self
+    }
+
+    /// Checks the configuration, brings up the device and binds the sockets.
+    ///
+    /// # Errors
+    /// A bad device spec, an unauthenticated TCP listener without
+    /// `insecure`, or a socket that cannot be bound.
+    pub async fn bind(self) -> Result<BoundWorker, WorkerError> {
+        let config = self.config;
+        if let Endpoint::Tcp(addr) = &config.listen {
+            let a = &config.auth;
+            if a.token.is_none() && a.tls.is_none() {
+                if !a.insecure {
+                    return Err(WorkerError::Config(format!(
+                        "refusing to listen on tcp:{addr} without authentication: give a token file or TLS files, or --insecure"
+                    )));
+                }
+                warn!(%addr, "serving TCP without authentication (--insecure): anyone who can reach this port can run tasks");
+            }
+        }
+        let device: Arc<dyn Device> = Arc::new(
+            SimDevice::from_spec(&config.device_spec)
+                .map_err(|e| WorkerError::Config(e.to_string()))?,
+        );
+        let (listener, endpoint) = match &config.listen {
+            Endpoint::Unix(path) => {
+                let l = bind_unix(path)
+                    .await
+                    .map_err(|e| WorkerError::Bind(format!("unix:{}: {e}", path.display())))?;
+                (Listener::Unix(l, path.clone()), config.listen.clone())
+            }
+            Endpoint::Tcp(addr) => {
+                let l = TcpListener::bind(addr)
+                    .await
+                    .map_err(|e| WorkerError::Bind(format!("tcp:{addr}: {e}")))?;
+                let local = l
+                    .local_addr()
+                    .map_err(|e| WorkerError::Bind(e.to_string()))?;
+                (Listener::Tcp(l), Endpoint::Tcp(local))
+            }
+        };
+        let fd_listener = match config.fd_socket_path() {
+            Some(path) => {
+                let l = bind_unix(&path)
+                    .await
+                    .map_err(|e| WorkerError::Bind(format!("fd socket {}: {e}", path.display())))?;
+                Some((l, path))
+            }
+            None => None,
+        };
+        let node = Arc::new(Node::new(
+            config.chip_id,
+            device,
+            self.kernels,
+            fd_listener.as_ref().map(|(_, p)| p.clone()),
+            config.max_message_bytes,
+            config.max_in_flight,
+        ));
+        Ok(BoundWorker {
+            node,
+            listener,
+            fd_listener,
+            config,
+            endpoint,
+        })
+    }
+}
+
+impl BoundWorker {
+    /// Where clients connect (a TCP port 0 resolved to the real port).
+    pub fn endpoint(&self) -> &Endpoint {
+        &self.endpoint
+    }
+
+    /// The fd side channel's socket, for Unix listeners.
+    pub fn fd_socket(&self) -> Option<&std::path::Path> {
+        self.fd_listener.as_ref().map(|(_, p)| p.as_path())
+    }
+
+    /// The device's canonical spec.
+    pub fn device_spec(&self) -> String {
+        self.node.device.info().spec
+    }
+
+    /// Serves until `shutdown` resolves, then shuts down as the module docs
+    /// describe.
+    ///
+    /// # Errors
+    /// When the TLS files cannot be read or the server fails.
+    pub async fn serve(
+        self,
+        shutdown: impl Future<Output = ()> + Send + 'static,
+    ) -> Result<(), WorkerError> {
+        let (stop_tx, stop_rx) = watch::channel(false);
+        let max = self.config.max_message_bytes;
+        let svc = WorkerServer::new(WorkerService::new(Arc::clone(&self.node), stop_rx.clone()))
+            .max_decoding_message_size(max)
+            .max_encoding_message_size(max);
+        let token = self
+            .config
+            .auth
+            .token
+            .as_deref()
+            .filter(|_| matches!(self.endpoint, Endpoint::Tcp(_)));
+        let svc = InterceptedService::new(svc, TokenCheck::new(token));
+        let mut builder = Server::builder();
+        if let (Endpoint::Tcp(_), Some(tls)) = (&self.endpoint, &self.config.auth.tls) {
+            let read = |p: &PathBuf| {
+                std::fs::read(p).map_err(|e| WorkerError::Config(format!("{}: {e}", p.display())))
+            };
+            let identity = Identity::from_pem(read(&tls.cert)?, read(&tls.key)?);
+            let cfg = ServerTlsConfig::new()
+                .identity(identity)
+                .client_ca_root(Certificate::from_pem(read(&tls.client_ca)?));
+            builder = builder
+                .tls_config(cfg)
+                .map_err(|e| WorkerError::Config(format!("TLS: {e}")))?;
+        }
+        let router = builder.add_service(svc);
+
+        let fd_task = self.fd_listener.map(|(l, path)| {
+            let node = Arc::clone(&self.node);
+            (tokio::spawn(fdchan::serve(l, node, stop_rx.clone())), path)
+        });
+        let stop = async move {
+            shutdown.await;
+            info!("shutting down: no new tasks; finishing those in flight");
+            let _ = stop_tx.send(true);
+        };
+        let result = match self.listener {
+            Listener::Unix(l, path) => {
+                let incoming = UnixListenerStream::new(l).filter_map(|r| match r {
+                    Ok(s) if peer_is_us(&s) => Some(Ok::<_, std::io::Error>(s)),
+                    Ok(_) => None,
+                    Err(e) => {
+                        warn!(error = %e, "accept failed");
+                        None
+                    }
+                });
+                let r = router.serve_with_incoming_shutdown(incoming, stop).await;
+                let _ = std::fs::remove_file(&path);
+                r
+            }
+            Listener::Tcp(l) => {
+                let incoming = TcpListenerStream::new(l).filter_map(|r| match r {
+                    Ok(s) => {
+                        let _ = s.set_nodelay(true);
+                        Some(Ok::<_, std::io::Error>(s))
+                    }
+                    Err(e) => {
+                        warn!(error = %e, "accept failed");
+                        None
+                    }
+                });
+                router.serve_with_incoming_shutdown(incoming, stop).await
+            }
+        };
+        self.node.device.synchronize();
+        self.node.end_all_sessions();
+        if let Some((task, path)) = fd_task {
+            task.abort();
+            let _ = std::fs::remove_file(path);
+        }
+        result.map_err(|e| WorkerError::Serve(e.to_string()))
+    }
+}

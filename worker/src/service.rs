@@ -1,0 +1,415 @@
+//! The gRPC service: a thin shell that turns calls into work on the
+//! [`Node`] and maps errors to statuses in one place ([`status`]).
+
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use strata_proto::convert::{self, TaskCompletion, TaskRequest};
+use strata_proto::{PROTOCOL_VERSION, SESSION_HEADER, TaskId, pb};
+use strata_worker_core::SessionId;
+use tokio::sync::{Semaphore, mpsc, watch};
+use tokio_stream::Stream;
+use tonic::metadata::MetadataMap;
+use tonic::{Request, Response, Status, Streaming};
+use tracing::{debug, warn};
+
+use crate::exec;
+use crate::node::{DeviceBuffer, Node, Session};
+
+/// The service implementation.
+#[derive(Debug, Clone)]
+pub(crate) struct WorkerService {
+    node: Arc<Node>,
+    shutdown: watch::Receiver<bool>,
+}
+
+impl WorkerService {
+    pub(crate) fn new(node: Arc<Node>, shutdown: watch::Receiver<bool>) -> Self {
+        WorkerService { node, shutdown }
+    }
+
+    fn session(&self, meta: &MetadataMap) -> Result<(SessionId, Arc<Session>), Status> {
+        let raw = meta.get(SESSION_HEADER).ok_or_else(|| {
+            Status::failed_precondition(format!(
+                "no {SESSION_HEADER} metadata: call Handshake first"
+            ))
+        })?;
+        let id = raw
+            .to_str()
+            .ok()
+            .and_then(|s| s.parse::<u64>().ok())
+            .map(SessionId)
+            .ok_or_else(|| {
+                Status::invalid_argument(format!("{SESSION_HEADER} is not a decimal session id"))
+            })?;
+        let session = self
+            .node
+            .session(id)
+            .ok_or_else(|| Status::not_found(format!("session {id} is unknown or has ended")))?;
+        Ok((id, session))
+    }
+}
+
+/// The one mapping from chip errors to gRPC statuses.
+fn status(e: &strata_chip::Error) -> Status {
+    use strata_chip::Error as E;
+    let msg = e.to_string();
+    match e {
+        E::OutOfMemory { .. } | E::TooManyBlocks { .. } => Status::resource_exhausted(msg),
+        E::UnknownBlock { .. } => Status::not_found(msg),
+        E::OutOfRange { .. }
+        | E::Argument { .. }
+        | E::Scalars { .. }
+        | E::Spec { .. }
+        | E::Wire(_) => Status::invalid_argument(msg),
+        E::ShutDown => Status::unavailable(msg),
+        _ => Status::internal(msg),
+    }
+}
+
+/// Ends its session when dropped: when the task stream's response side
+/// goes away, the orchestrator is gone or done.
+#[derive(Debug)]
+struct SessionGuard {
+    node: Arc<Node>,
+    id: SessionId,
+}
+
+impl Drop for SessionGuard {
+    fn drop(&mut self) {
+        self.node.end_session(self.id, "task stream closed");
+    }
+}
+
+/// Completions, batched: each poll yields everything that is ready.
+#[derive(Debug)]
+pub(crate) struct Completions {
+    rx: mpsc::UnboundedReceiver<TaskCompletion>,
+    _guard: SessionGuard,
+}
+
+/// Most completions in one batch.
+const MAX_BATCH: usize = 4096;
+
+impl Stream for Completions {
+    type Item = Result<pb::CompletionBatch, Status>;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        let mut ready = Vec::new();
+        match self.rx.poll_recv_many(cx, &mut ready, MAX_BATCH) {
+            Poll::Ready(0) => Poll::Ready(None),
+            Poll::Ready(_) => {
+                let completions = ready.into_iter().map(pb::Completion::from).collect();
+                Poll::Ready(Some(Ok(pb::CompletionBatch { completions })))
+            }
+            Poll::Pending => Poll::Pending,
+        }
+    }
+}
+
+type BeatStream = tokio_stream::wrappers::ReceiverStream<Result<pb::HealthBeat, Status>>;
+
+#[tonic::async_trait]
+impl pb::worker_server::Worker for WorkerService {
+    async fn handshake(
+        &self,
+        request: Request<pb::HandshakeRequest>,
+    ) -> Result<Response<pb::HandshakeReply>, Status> {
+        let req = request.into_inner();
+        if req.protocol_version != PROTOCOL_VERSION {
+            return Err(Status::failed_precondition(format!(
+                "protocol version {} refused: this worker speaks version {PROTOCOL_VERSION}",
+                req.protocol_version
+            )));
+        }
+        let session = self.node.open_session();
+        let info = self.node.device.info();
+        let mut callables: Vec<pb::Callable> = self
+            .node
+            .kernels
+            .descriptors()
+            .map(|d| pb::Callable {
+                handle: d.handle().0.to_vec(),
+                name: d.name.clone(),
+                version: d.version,
+                signature: d.canonical(),
+            })
+            .collect();
+        callables.sort_by(|a, b| (&a.name, a.version).cmp(&(&b.name, b.version)));
+        debug!(%session, client = req.client_name, "handshake");
+        Ok(Response::new(pb::HandshakeReply {
+            protocol_version: PROTOCOL_VERSION,
+            session_id: session.0,
+            chip_id: self.node.chip_id,
+            device_kind: info.kind,
+            device_spec: info.spec,
+            device_memory: info.memory,
+            lanes: u32::try_from(info.lanes).unwrap_or(u32::MAX),
+            callables,
+            fd_socket: self
+                .node
+                .fd_socket
+                .as_ref()
+                .map(|p| p.display().to_string())
+                .unwrap_or_default(),
+            max_message_bytes: self.node.max_message_bytes as u64,
+        }))
+    }
+
+    type TasksStream = Completions;
+
+    async fn tasks(
+        &self,
+        request: Request<Streaming<pb::TaskBatch>>,
+    ) -> Result<Response<Completions>, Status> {
+        let (id, session) = self.session(request.metadata())?;
+        if session.streaming.swap(true, Ordering::SeqCst) {
+            return Err(Status::already_exists(format!(
+                "session {id} already has a task stream"
+            )));
+        }
+        let mut inbound = request.into_inner();
+        let (tx, rx) = mpsc::unbounded_channel::<TaskCompletion>();
+        let node = Arc::clone(&self.node);
+        let mut shutdown = self.shutdown.clone();
+        let permits = Arc::new(Semaphore::new(node.max_in_flight));
+        tokio::spawn(async move {
+            loop {
+                let next = tokio::select! {
+                    m = inbound.message() => m,
+                    _ = shutdown.changed() => break,
+                };
+                let batch = match next {
+                    Ok(Some(b)) => b,
+                    Ok(None) => break,
+                    Err(e) => {
+                        warn!(session = %id, error = %e, "task stream broke");
+                        break;
+                    }
+                };
+                for task in batch.tasks {
+                    // Backpressure: at most max_in_flight tasks run per
+                    // session; the stream is not read while it is full.
+                    let Ok(permit) = Arc::clone(&permits).acquire_owned().await else {
+                        return;
+                    };
+                    let tx = tx.clone();
+                    let done: exec::Done = Box::new(move |c| {
+                        drop(permit);
+                        let _ = tx.send(c);
+                    });
+                    let task_id = TaskId(task.task_id);
+                    match TaskRequest::try_from(task) {
+                        Ok(req) => exec::execute(&node, &session, req, done),
+                        Err(e) => {
+                            node.counters.in_flight.fetch_add(1, Ordering::Relaxed);
+                            node.counters.failed.fetch_add(1, Ordering::Relaxed);
+                            node.counters.in_flight.fetch_sub(1, Ordering::Relaxed);
+                            done(exec::failure(task_id, format!("refused: {e}")));
+                        }
+                    }
+                }
+            }
+        });
+        Ok(Response::new(Completions {
+            rx,
+            _guard: SessionGuard {
+                node: Arc::clone(&self.node),
+                id,
+            },
+        }))
+    }
+
+    async fn device_alloc(
+        &self,
+        request: Request<pb::DeviceAllocRequest>,
+    ) -> Result<Response<pb::DeviceAllocReply>, Status> {
+        let (_, session) = self.session(request.metadata())?;
+        let req = request.into_inner();
+        let identity = convert::identity("identity", &req.identity)?;
+        let region = convert::region("region", req.region)?;
+        if req.nbytes == 0 {
+            return Err(Status::invalid_argument(
+                "nbytes: a device buffer has at least one byte",
+            ));
+        }
+        let mut buffers = session.device_buffers();
+        if buffers.contains_key(&identity) {
+            return Err(Status::already_exists(format!(
+                "device buffer {identity} is already allocated"
+            )));
+        }
+        let block = self
+            .node
+            .device
+            .alloc(region, req.nbytes)
+            .map_err(|e| status(&e))?;
+        buffers.insert(
+            identity,
+            Arc::new(DeviceBuffer::new(Arc::clone(&self.node.device), block)),
+        );
+        Ok(Response::new(pb::DeviceAllocReply { addr: block.addr }))
+    }
+
+    async fn device_free(
+        &self,
+        request: Request<pb::DeviceFreeRequest>,
+    ) -> Result<Response<pb::DeviceFreeReply>, Status> {
+        let (_, session) = self.session(request.metadata())?;
+        let identity = convert::identity("identity", &request.get_ref().identity)?;
+        // Dropping the handle frees the block once no running task holds it.
+        session.device_buffers().remove(&identity).ok_or_else(|| {
+            Status::not_found(format!("device buffer {identity} is not allocated"))
+        })?;
+        Ok(Response::new(pb::DeviceFreeReply {}))
+    }
+
+    async fn copy_to_device(
+        &self,
+        request: Request<pb::CopyToDeviceRequest>,
+    ) -> Result<Response<pb::CopyToDeviceReply>, Status> {
+        let (_, session) = self.session(request.metadata())?;
+        let req = request.into_inner();
+        let identity = convert::identity("identity", &req.identity)?;
+        let buf = session.device_buffers().get(&identity).cloned();
+        let buf = buf.ok_or_else(|| {
+            Status::not_found(format!("device buffer {identity} is not allocated"))
+        })?;
+        let addr = in_block(&buf, req.offset, req.data.len() as u64)?;
+        self.node
+            .device
+            .copy_to_device(addr, &req.data)
+            .map_err(|e| status(&e))?;
+        Ok(Response::new(pb::CopyToDeviceReply {}))
+    }
+
+    async fn copy_from_device(
+        &self,
+        request: Request<pb::CopyFromDeviceRequest>,
+    ) -> Result<Response<pb::CopyFromDeviceReply>, Status> {
+        let (_, session) = self.session(request.metadata())?;
+        let req = request.into_inner();
+        let identity = convert::identity("identity", &req.identity)?;
+        if req.len > (self.node.max_message_bytes as u64).saturating_sub(64) {
+            return Err(Status::invalid_argument(format!(
+                "len {} exceeds what one reply may carry ({} bytes)",
+                req.len, self.node.max_message_bytes
+            )));
+        }
+        let buf = session.device_buffers().get(&identity).cloned();
+        let buf = buf.ok_or_else(|| {
+            Status::not_found(format!("device buffer {identity} is not allocated"))
+        })?;
+        let addr = in_block(&buf, req.offset, req.len)?;
+        let mut data = vec![0u8; req.len as usize];
+        self.node
+            .device
+            .copy_from_device(addr, &mut data)
+            .map_err(|e| status(&e))?;
+        Ok(Response::new(pb::CopyFromDeviceReply { data }))
+    }
+
+    async fn release_import(
+        &self,
+        request: Request<pb::ReleaseImportRequest>,
+    ) -> Result<Response<pb::ReleaseImportReply>, Status> {
+        self.session(request.metadata())?;
+        let mut released = 0;
+        for (i, raw) in request.into_inner().identities.iter().enumerate() {
+            let identity = convert::identity(&format!("identities[{i}]"), raw)?;
+            released += u32::from(self.node.imports().release(&identity));
+        }
+        Ok(Response::new(pb::ReleaseImportReply { released }))
+    }
+
+    async fn stats(
+        &self,
+        request: Request<pb::StatsRequest>,
+    ) -> Result<Response<pb::StatsReply>, Status> {
+        self.session(request.metadata())?;
+        let s = self.node.device.stats();
+        let region = |r: strata_chip::arena::RegionStats| pb::RegionStats {
+            capacity: r.capacity,
+            in_use: r.in_use,
+            peak: r.peak,
+            allocs: r.allocs,
+            frees: r.frees,
+            failed: r.failed,
+        };
+        let c = &self.node.counters;
+        Ok(Response::new(pb::StatsReply {
+            persistent: Some(region(s.arena.persistent)),
+            run: Some(region(s.arena.run)),
+            scratch: Some(region(s.arena.scratch)),
+            staged_to_device: s.staged_to_device,
+            staged_to_host: s.staged_to_host,
+            copied_to_device: s.copied_to_device,
+            copied_to_host: s.copied_to_host,
+            tasks_succeeded: c.succeeded.load(Ordering::Relaxed),
+            tasks_failed: c.failed.load(Ordering::Relaxed),
+            kernels_panicked: s.panicked,
+            imports: self.node.imports().len() as u64,
+            sessions: self.node.session_count() as u64,
+            tasks_in_flight: self.node.tasks_in_flight(),
+        }))
+    }
+
+    type HealthStream = BeatStream;
+
+    async fn health(
+        &self,
+        request: Request<pb::HealthRequest>,
+    ) -> Result<Response<BeatStream>, Status> {
+        let interval =
+            Duration::from_millis(u64::from(request.get_ref().interval_ms.clamp(10, 60_000)));
+        let (tx, rx) = mpsc::channel(1);
+        let node = Arc::clone(&self.node);
+        let mut shutdown = self.shutdown.clone();
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(interval);
+            let mut seq = 0u64;
+            loop {
+                tokio::select! {
+                    _ = tick.tick() => {}
+                    _ = shutdown.changed() => return,
+                }
+                seq += 1;
+                let beat = pb::HealthBeat {
+                    seq,
+                    tasks_in_flight: node.tasks_in_flight(),
+                    uptime_ms: u64::try_from(node.started.elapsed().as_millis())
+                        .unwrap_or(u64::MAX),
+                };
+                if tx.send(Ok(beat)).await.is_err() {
+                    return;
+                }
+            }
+        });
+        Ok(Response::new(tokio_stream::wrappers::ReceiverStream::new(
+            rx,
+        )))
+    }
+
+    async fn ping(
+        &self,
+        request: Request<pb::PingRequest>,
+    ) -> Result<Response<pb::PingReply>, Status> {
+        Ok(Response::new(pb::PingReply {
+            payload: request.into_inner().payload,
+        }))
+    }
+}
+
+/// The device address of `[offset, offset + len)` inside `buf`.
+fn in_block(buf: &DeviceBuffer, offset: u64, len: u64) -> Result<u64, Status> {
+    match offset.checked_add(len) {
+        Some(end) if end <= buf.block.len => Ok(buf.block.addr + offset),
+        _ => Err(Status::out_of_range(format!(
+            "range {offset}+{len} is outside the device buffer of {} bytes",
+            buf.block.len
+        ))),
+    }
+}

@@ -367,6 +367,7 @@ fn registry_handles() {
     let reg = Registry::with_builtins();
     let names = [
         "fill",
+        "noop",
         "copy",
         "add",
         "mul",

@@ -71,6 +71,21 @@ impl tonic::service::Interceptor for ClientMeta {
 
 type Stub = pb::worker_client::WorkerClient<InterceptedService<Channel, ClientMeta>>;
 
+/// TLS settings of a client: the CA that signed the worker's certificate,
+/// the client's own certificate and key (PEM), and the name the worker's
+/// certificate is for.
+#[derive(Debug, Clone)]
+pub struct ClientTls {
+    /// CA certificate (PEM) the worker's certificate chains to.
+    pub ca_pem: Vec<u8>,
+    /// The client's certificate chain (PEM).
+    pub cert_pem: Vec<u8>,
+    /// The client's private key (PEM).
+    pub key_pem: Vec<u8>,
+    /// The DNS name in the worker's certificate.
+    pub domain: String,
+}
+
 /// One callable a worker offers.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CallableInfo {
@@ -132,6 +147,20 @@ impl WorkerClient {
     /// # Errors
     /// [`ClientError::Connect`].
     pub async fn connect(endpoint: &Endpoint, token: Option<&str>) -> Result<Self, ClientError> {
+        Self::connect_with(endpoint, token, None).await
+    }
+
+    /// Connects to `endpoint` with a token and, for TCP, TLS with a client
+    /// certificate.
+    ///
+    /// # Errors
+    /// [`ClientError::Connect`], including a TLS handshake the worker
+    /// refuses.
+    pub async fn connect_with(
+        endpoint: &Endpoint,
+        token: Option<&str>,
+        tls: Option<&ClientTls>,
+    ) -> Result<Self, ClientError> {
         let fail = |reason: String| ClientError::Connect {
             endpoint: endpoint.to_string(),
             reason,
@@ -150,12 +179,23 @@ impl WorkerClient {
                     .await
                     .map_err(|e| fail(error_chain(&e)))?
             }
-            Endpoint::Tcp(addr) => tonic::transport::Endpoint::try_from(format!("http://{addr}"))
-                .map_err(|e| fail(e.to_string()))?
-                .tcp_nodelay(true)
-                .connect()
-                .await
-                .map_err(|e| fail(error_chain(&e)))?,
+            Endpoint::Tcp(addr) => {
+                let scheme = if tls.is_some() { "https" } else { "http" };
+                let mut ep = tonic::transport::Endpoint::try_from(format!("{scheme}://{addr}"))
+                    .map_err(|e| fail(e.to_string()))?
+                    .tcp_nodelay(true);
+                if let Some(t) = tls {
+                    let cfg = tonic::transport::ClientTlsConfig::new()
+                        .ca_certificate(tonic::transport::Certificate::from_pem(&t.ca_pem))
+                        .identity(tonic::transport::Identity::from_pem(
+                            &t.cert_pem,
+                            &t.key_pem,
+                        ))
+                        .domain_name(t.domain.clone());
+                    ep = ep.tls_config(cfg).map_err(|e| fail(error_chain(&e)))?;
+                }
+                ep.connect().await.map_err(|e| fail(error_chain(&e)))?
+            }
         };
         let token = match token {
             Some(t) => Some(

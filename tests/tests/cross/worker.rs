@@ -2,6 +2,7 @@
 //! orchestrator would (issue 4's acceptance list).
 
 use std::collections::HashMap;
+use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::time::Duration;
 
@@ -577,4 +578,150 @@ async fn sigterm_finishes_in_flight_work_and_exits_zero() {
         other => panic!("{other}"),
     };
     assert!(!sock.exists(), "socket removed");
+}
+
+/// A CA and certificates signed by it, PEM.
+struct Pki {
+    ca: String,
+    issuer: rcgen::Issuer<'static, rcgen::KeyPair>,
+}
+
+impl Pki {
+    fn new(name: &str) -> Pki {
+        let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+        params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        params
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, name);
+        let key = rcgen::KeyPair::generate().unwrap();
+        let ca = params.self_signed(&key).unwrap().pem();
+        Pki {
+            ca,
+            issuer: rcgen::Issuer::new(params, key),
+        }
+    }
+
+    /// (certificate, key) for `name`.
+    fn leaf(&self, name: &str) -> (String, String) {
+        let params = rcgen::CertificateParams::new(vec![name.to_owned()]).unwrap();
+        let key = rcgen::KeyPair::generate().unwrap();
+        (
+            params.signed_by(&key, &self.issuer).unwrap().pem(),
+            key.serialize_pem(),
+        )
+    }
+}
+
+/// TLS with client certificates: a client with a certificate from the
+/// worker's CA gets in; one from another CA, or with none, does not.
+#[tokio::test(flavor = "multi_thread")]
+async fn tls_client_certificates() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = Pki::new("strata test CA");
+    let rogue = Pki::new("some other CA");
+    let (server_cert, server_key) = ca.leaf("localhost");
+    let write = |name: &str, pem: &str| {
+        let p = dir.path().join(name);
+        std::fs::write(&p, pem).unwrap();
+        p.to_str().unwrap().to_owned()
+    };
+    let args = [
+        "--tls-cert".to_owned(),
+        write("server.pem", &server_cert),
+        "--tls-key".to_owned(),
+        write("server.key", &server_key),
+        "--tls-client-ca".to_owned(),
+        write("ca.pem", &ca.ca),
+    ];
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let w = WorkerProcess::spawn_tcp(&strata_bin(), &["worker"], &args);
+    let tls = |(cert, key): (String, String)| strata_worker::ClientTls {
+        ca_pem: ca.ca.clone().into_bytes(),
+        cert_pem: cert.into_bytes(),
+        key_pem: key.into_bytes(),
+        domain: "localhost".into(),
+    };
+    let mut good = WorkerClient::connect_with(&w.endpoint, None, Some(&tls(ca.leaf("driver"))))
+        .await
+        .unwrap();
+    assert_eq!(good.handshake().await.unwrap().chip_id, 0);
+    let outsider = tls(rogue.leaf("driver"));
+    let refused = match WorkerClient::connect_with(&w.endpoint, None, Some(&outsider)).await {
+        Err(_) => true,
+        Ok(mut c) => c.handshake().await.is_err(),
+    };
+    assert!(refused, "a client certificate from another CA is refused");
+    let plain = match WorkerClient::connect(&w.endpoint, None).await {
+        Err(_) => true,
+        Ok(mut c) => c.handshake().await.is_err(),
+    };
+    assert!(plain, "a client without TLS is refused");
+}
+
+/// A Unix connection from another uid is refused by its peer credentials
+/// even when the socket's mode would let it in (root only: it needs to run
+/// a process as another user).
+#[tokio::test(flavor = "multi_thread")]
+async fn unix_connections_from_other_uids_are_refused() {
+    if !nix::unistd::geteuid().is_root() {
+        eprintln!("skipped: needs root to connect as another uid");
+        return;
+    }
+    let w = WorkerProcess::spawn_unix(&strata_bin(), &["worker"], &[]);
+    let strata_worker::Endpoint::Unix(sock) = w.endpoint.clone() else {
+        panic!()
+    };
+    assert_eq!(
+        std::os::unix::fs::PermissionsExt::mode(&std::fs::metadata(&sock).unwrap().permissions())
+            & 0o777,
+        0o600
+    );
+    // Open the socket and its directory to everyone, then connect as nobody.
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(
+        sock.parent().unwrap(),
+        std::fs::Permissions::from_mode(0o777),
+    )
+    .unwrap();
+    std::fs::set_permissions(&sock, std::fs::Permissions::from_mode(0o666)).unwrap();
+    let script = "import socket,sys\ns=socket.socket(socket.AF_UNIX)\ns.connect(sys.argv[1])\ns.sendall(b'PRI * HTTP/2.0\\r\\n\\r\\nSM\\r\\n\\r\\n')\ns.settimeout(5)\ntry:\n  n=len(s.recv(100))\nexcept ConnectionResetError:\n  n=0\nprint(n)";
+    let out = std::process::Command::new("python3")
+        .args(["-c", script, sock.to_str().unwrap()])
+        .uid(65534)
+        .gid(65534)
+        .output()
+        .unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        "0",
+        "the worker closed the connection: {out:?}"
+    );
+    assert!(
+        w.log()
+            .contains("refused a Unix connection from another user"),
+        "{}",
+        w.log()
+    );
+    // Our own uid still gets in.
+    let mut c = WorkerClient::connect(&w.endpoint, None).await.unwrap();
+    c.handshake().await.unwrap();
+}
+
+/// The health stream beats while the worker serves.
+#[tokio::test(flavor = "multi_thread")]
+async fn health_beats() {
+    let w = WorkerProcess::spawn_unix(&strata_bin(), &["worker"], &[]);
+    let (mut client, _) = session(&w).await;
+    let mut beats = client.health(20).await.unwrap();
+    let mut seqs = Vec::new();
+    for _ in 0..3 {
+        let b = tokio::time::timeout(Duration::from_secs(2), beats.message())
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
+        seqs.push(b.seq);
+    }
+    assert_eq!(seqs, vec![1, 2, 3]);
+    assert_eq!(client.ping(b"hi".to_vec()).await.unwrap(), b"hi");
 }

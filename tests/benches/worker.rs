@@ -28,7 +28,11 @@ fn bench(c: &mut Criterion) {
         &[],
         &["--device", "sim:mem=64MiB,lanes=2"],
     );
-    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
     let (mut client, mut stream, noop) = rt.block_on(async {
         let mut client = WorkerClient::connect(&worker.endpoint, None).await.unwrap();
         let hs = client.handshake().await.unwrap();

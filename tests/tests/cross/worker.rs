@@ -572,7 +572,6 @@ async fn sigterm_finishes_in_flight_work_and_exits_zero() {
         "the running task finished"
     );
     assert!(status.0.success(), "exit status {:?}", status.0);
-    let _ = pid;
     let sock = match &status.1.endpoint {
         strata_worker::Endpoint::Unix(p) => p.clone(),
         other => panic!("{other}"),

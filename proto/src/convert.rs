@@ -297,6 +297,132 @@ impl From<TaskCompletion> for pb::Completion {
     }
 }
 
+/// A worker's counters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct WorkerStats {
+    /// Persistent region of the device arena.
+    pub persistent: strata_chip::arena::RegionStats,
+    /// Run region.
+    pub run: strata_chip::arena::RegionStats,
+    /// Scratch region.
+    pub scratch: strata_chip::arena::RegionStats,
+    /// Bytes staged host → device for kernel arguments.
+    pub staged_to_device: u64,
+    /// Bytes staged device → host.
+    pub staged_to_host: u64,
+    /// Bytes of explicit copies to the device.
+    pub copied_to_device: u64,
+    /// Bytes of explicit copies from the device.
+    pub copied_to_host: u64,
+    /// Tasks that succeeded.
+    pub tasks_succeeded: u64,
+    /// Tasks that failed.
+    pub tasks_failed: u64,
+    /// Kernels that panicked.
+    pub kernels_panicked: u64,
+    /// Live imports.
+    pub imports: u64,
+    /// Open sessions.
+    pub sessions: u64,
+    /// Tasks started and not yet completed.
+    pub tasks_in_flight: u64,
+}
+
+fn region_stats(
+    field: &str,
+    r: Option<pb::RegionStats>,
+) -> Result<strata_chip::arena::RegionStats, ConvertError> {
+    let r = r.ok_or_else(|| ConvertError::new(field, "missing"))?;
+    if r.in_use > r.capacity || r.peak > r.capacity {
+        return Err(ConvertError::new(
+            field,
+            format!(
+                "in use {} / peak {} exceed capacity {}",
+                r.in_use, r.peak, r.capacity
+            ),
+        ));
+    }
+    Ok(strata_chip::arena::RegionStats {
+        capacity: r.capacity,
+        in_use: r.in_use,
+        peak: r.peak,
+        allocs: r.allocs,
+        frees: r.frees,
+        failed: r.failed,
+    })
+}
+
+impl TryFrom<pb::StatsReply> for WorkerStats {
+    type Error = ConvertError;
+
+    fn try_from(s: pb::StatsReply) -> Result<Self, ConvertError> {
+        Ok(WorkerStats {
+            persistent: region_stats("persistent", s.persistent)?,
+            run: region_stats("run", s.run)?,
+            scratch: region_stats("scratch", s.scratch)?,
+            staged_to_device: s.staged_to_device,
+            staged_to_host: s.staged_to_host,
+            copied_to_device: s.copied_to_device,
+            copied_to_host: s.copied_to_host,
+            tasks_succeeded: s.tasks_succeeded,
+            tasks_failed: s.tasks_failed,
+            kernels_panicked: s.kernels_panicked,
+            imports: s.imports,
+            sessions: s.sessions,
+            tasks_in_flight: s.tasks_in_flight,
+        })
+    }
+}
+
+impl From<WorkerStats> for pb::StatsReply {
+    fn from(s: WorkerStats) -> Self {
+        let region = |r: strata_chip::arena::RegionStats| pb::RegionStats {
+            capacity: r.capacity,
+            in_use: r.in_use,
+            peak: r.peak,
+            allocs: r.allocs,
+            frees: r.frees,
+            failed: r.failed,
+        };
+        pb::StatsReply {
+            persistent: Some(region(s.persistent)),
+            run: Some(region(s.run)),
+            scratch: Some(region(s.scratch)),
+            staged_to_device: s.staged_to_device,
+            staged_to_host: s.staged_to_host,
+            copied_to_device: s.copied_to_device,
+            copied_to_host: s.copied_to_host,
+            tasks_succeeded: s.tasks_succeeded,
+            tasks_failed: s.tasks_failed,
+            kernels_panicked: s.kernels_panicked,
+            imports: s.imports,
+            sessions: s.sessions,
+            tasks_in_flight: s.tasks_in_flight,
+        }
+    }
+}
+
+/// One health beat.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HealthBeat {
+    /// 1, 2, 3, ... per stream.
+    pub seq: u64,
+    /// Tasks the worker is running.
+    pub tasks_in_flight: u64,
+    /// Milliseconds since the worker started.
+    pub uptime_ms: u64,
+}
+
+impl From<pb::HealthBeat> for HealthBeat {
+    fn from(b: pb::HealthBeat) -> Self {
+        HealthBeat {
+            seq: b.seq,
+            tasks_in_flight: b.tasks_in_flight,
+            uptime_ms: b.uptime_ms,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

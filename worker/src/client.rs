@@ -7,7 +7,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use hyper_util::rt::TokioIo;
 use strata_chip::{KernelHandle, Region};
-use strata_proto::convert::{self, ConvertError, TaskCompletion, TaskRequest};
+use strata_proto::convert::{
+    self, ConvertError, HealthBeat, TaskCompletion, TaskRequest, WorkerStats,
+};
 use strata_proto::{DEFAULT_MAX_MESSAGE_BYTES, PROTOCOL_VERSION, SESSION_HEADER, pb};
 use strata_wire::CanonicalIdentity;
 use strata_worker_core::SessionId;
@@ -396,8 +398,10 @@ impl WorkerClient {
     ///
     /// # Errors
     /// The worker's refusal.
-    pub async fn stats(&mut self) -> Result<pb::StatsReply, ClientError> {
-        Ok(self.stub.stats(pb::StatsRequest {}).await?.into_inner())
+    pub async fn stats(&mut self) -> Result<WorkerStats, ClientError> {
+        Ok(WorkerStats::try_from(
+            self.stub.stats(pb::StatsRequest {}).await?.into_inner(),
+        )?)
     }
 
     /// Echoes `payload`: a bare round trip.
@@ -426,6 +430,22 @@ impl WorkerClient {
             .health(pb::HealthRequest { interval_ms })
             .await?
             .into_inner())
+    }
+}
+
+/// A worker's health beats.
+#[derive(Debug)]
+pub struct HealthWatch {
+    beats: Streaming<pb::HealthBeat>,
+}
+
+impl HealthWatch {
+    /// The next beat; `None` when the worker ended the stream (shutdown).
+    ///
+    /// # Errors
+    /// A broken stream.
+    pub async fn next(&mut self) -> Result<Option<HealthBeat>, ClientError> {
+        Ok(self.beats.message().await?.map(HealthBeat::from))
     }
 }
 

@@ -33,7 +33,7 @@ mod node;
 mod server;
 mod service;
 
-pub use client::{ClientError, ClientTls, Handshake, TaskStream, WorkerClient};
+pub use client::{ClientError, ClientTls, Handshake, HealthWatch, TaskStream, WorkerClient};
 pub use config::{Auth, Endpoint, TlsFiles, WorkerConfig};
 pub use imports::HostMapping;
 pub use server::{BoundWorker, Worker};

@@ -7,7 +7,7 @@ use std::sync::atomic::Ordering;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use strata_proto::convert::{self, TaskCompletion, TaskRequest};
+use strata_proto::convert::{self, TaskCompletion, TaskRequest, WorkerStats};
 use strata_proto::{PROTOCOL_VERSION, SESSION_HEADER, TaskId, pb};
 use strata_worker_core::SessionId;
 use tokio::sync::{Semaphore, mpsc, watch};
@@ -331,19 +331,11 @@ impl pb::worker_server::Worker for WorkerService {
     ) -> Result<Response<pb::StatsReply>, Status> {
         self.session(request.metadata())?;
         let s = self.node.device.stats();
-        let region = |r: strata_chip::arena::RegionStats| pb::RegionStats {
-            capacity: r.capacity,
-            in_use: r.in_use,
-            peak: r.peak,
-            allocs: r.allocs,
-            frees: r.frees,
-            failed: r.failed,
-        };
         let c = &self.node.counters;
-        Ok(Response::new(pb::StatsReply {
-            persistent: Some(region(s.arena.persistent)),
-            run: Some(region(s.arena.run)),
-            scratch: Some(region(s.arena.scratch)),
+        let stats = WorkerStats {
+            persistent: s.arena.persistent,
+            run: s.arena.run,
+            scratch: s.arena.scratch,
             staged_to_device: s.staged_to_device,
             staged_to_host: s.staged_to_host,
             copied_to_device: s.copied_to_device,
@@ -354,7 +346,8 @@ impl pb::worker_server::Worker for WorkerService {
             imports: self.node.imports().len() as u64,
             sessions: self.node.session_count() as u64,
             tasks_in_flight: self.node.tasks_in_flight(),
-        }))
+        };
+        Ok(Response::new(stats.into()))
     }
 
     type HealthStream = BeatStream;

@@ -524,7 +524,7 @@ async fn a_dropped_session_is_cleaned_up() {
         );
         let _stream = client.open_tasks().await.unwrap();
         let s = client.stats().await.unwrap();
-        assert_eq!((s.imports, s.persistent.unwrap().in_use), (1, 1 << 20));
+        assert_eq!((s.imports, s.persistent.in_use), (1, 1 << 20));
         // Everything of this session is dropped here.
     }
     let (mut client, _) = session(&w).await;
@@ -537,7 +537,7 @@ async fn a_dropped_session_is_cleaned_up() {
         s = client.stats().await.unwrap();
     }
     assert_eq!(
-        (s.imports, s.sessions, s.persistent.unwrap().in_use),
+        (s.imports, s.sessions, s.persistent.in_use),
         (0, 1, 0),
         "{}",
         w.log()
@@ -557,7 +557,6 @@ async fn sigterm_finishes_in_flight_work_and_exits_zero() {
         .await
         .unwrap();
     tokio::time::sleep(Duration::from_millis(100)).await;
-    let pid = w.pid();
     let collector = tokio::spawn(async move { collect(&mut stream, 1).await });
     let status = tokio::task::spawn_blocking(move || {
         let s = w.terminate(Duration::from_secs(10));

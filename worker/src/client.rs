@@ -421,15 +421,13 @@ impl WorkerClient {
     ///
     /// # Errors
     /// The worker's refusal.
-    pub async fn health(
-        &mut self,
-        interval_ms: u32,
-    ) -> Result<Streaming<pb::HealthBeat>, ClientError> {
-        Ok(self
+    pub async fn health(&mut self, interval_ms: u32) -> Result<HealthWatch, ClientError> {
+        let beats = self
             .stub
             .health(pb::HealthRequest { interval_ms })
             .await?
-            .into_inner())
+            .into_inner();
+        Ok(HealthWatch { beats })
     }
 }
 

@@ -713,7 +713,7 @@ async fn health_beats() {
     let mut beats = client.health(20).await.unwrap();
     let mut seqs = Vec::new();
     for _ in 0..3 {
-        let b = tokio::time::timeout(Duration::from_secs(2), beats.message())
+        let b = tokio::time::timeout(Duration::from_secs(2), beats.next())
             .await
             .unwrap()
             .unwrap()

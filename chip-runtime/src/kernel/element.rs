@@ -180,19 +180,9 @@ pub const NUMERIC_DTYPES: &[DType] = &[
 ];
 
 /// Every dtype of at least one byte ([`with_bits!`] accepts these).
-pub const BYTE_DTYPES: &[DType] = &[
-    DType::F32,
-    DType::F16,
-    DType::I32,
-    DType::I16,
-    DType::I8,
-    DType::U8,
-    DType::BF16,
-    DType::I64,
-    DType::U64,
-    DType::U16,
-    DType::U32,
-    DType::Bool,
-    DType::Fp8E4M3Fn,
-    DType::Fp8E8M0,
-];
+pub fn byte_dtypes() -> Vec<DType> {
+    DType::ALL
+        .into_iter()
+        .filter(|d| !d.is_sub_byte())
+        .collect()
+}

@@ -25,7 +25,7 @@ use std::sync::Arc;
 
 use strata_wire::{Access, DType, Tensor};
 
-use super::element::{BYTE_DTYPES, FLOAT_DTYPES, NUMERIC_DTYPES};
+use super::element::{FLOAT_DTYPES, NUMERIC_DTYPES, byte_dtypes};
 use super::{
     ArgSpec, DTypes, Kernel, KernelContext, KernelDescriptor, Rank, ScalarKind, ScalarSpec,
 };
@@ -102,35 +102,15 @@ pub fn all() -> Vec<Arc<dyn Kernel>> {
         kernel(
             "copy",
             vec![
-                arg("src", R, list(BYTE_DTYPES), Rank::Any),
+                arg("src", R, DTypes::OneOf(byte_dtypes()), Rank::Any),
                 arg("dst", W, same(0), Rank::SameAs(0)),
             ],
             vec![],
             |a, _| same_shape(a, 1, 0),
             elementwise::copy,
         ),
-        kernel(
-            "add",
-            vec![
-                arg("a", R, list(NUMERIC_DTYPES), Rank::Any),
-                arg("b", R, same(0), Rank::SameAs(0)),
-                arg("out", W, same(0), Rank::SameAs(0)),
-            ],
-            vec![],
-            |a, _| same_shape(a, 1, 0).and(same_shape(a, 2, 0)),
-            elementwise::add,
-        ),
-        kernel(
-            "mul",
-            vec![
-                arg("a", R, list(NUMERIC_DTYPES), Rank::Any),
-                arg("b", R, same(0), Rank::SameAs(0)),
-                arg("out", W, same(0), Rank::SameAs(0)),
-            ],
-            vec![],
-            |a, _| same_shape(a, 1, 0).and(same_shape(a, 2, 0)),
-            elementwise::mul,
-        ),
+        binary("add", elementwise::add),
+        binary("mul", elementwise::mul),
         kernel(
             "axpy",
             vec![
@@ -186,7 +166,7 @@ pub fn all() -> Vec<Arc<dyn Kernel>> {
         kernel(
             "transpose",
             vec![
-                arg("x", R, list(BYTE_DTYPES), Rank::AtLeast(2)),
+                arg("x", R, DTypes::OneOf(byte_dtypes()), Rank::AtLeast(2)),
                 arg("out", W, same(0), Rank::SameAs(0)),
             ],
             vec![],
@@ -194,6 +174,22 @@ pub fn all() -> Vec<Arc<dyn Kernel>> {
             elementwise::transpose,
         ),
     ]
+}
+
+/// `out = op(a, b)` element by element, on numeric dtypes of one shape.
+fn binary(name: &str, run: RunFn) -> Arc<dyn Kernel> {
+    use Access::{Read as R, Write as W};
+    kernel(
+        name,
+        vec![
+            arg("a", R, list(NUMERIC_DTYPES), Rank::Any),
+            arg("b", R, DTypes::SameAs(0), Rank::SameAs(0)),
+            arg("out", W, DTypes::SameAs(0), Rank::SameAs(0)),
+        ],
+        vec![],
+        |a, _| same_shape(a, 1, 0).and(same_shape(a, 2, 0)),
+        run,
+    )
 }
 
 /// Argument `i` must have the shape of argument `j`.

@@ -97,6 +97,30 @@ impl Footprint {
         self.exact
     }
 
+    /// Byte offset of the first byte.
+    pub fn base(&self) -> u64 {
+        u64::try_from(self.set.base).unwrap_or(0)
+    }
+
+    /// Bytes in each innermost contiguous run.
+    pub fn run_bytes(&self) -> u64 {
+        u64::try_from(self.set.width).unwrap_or(u64::MAX)
+    }
+
+    /// The levels of the footprint, innermost first, as `(count, byte
+    /// stride)`: the bytes are `base + Σ i_k·stride_k + [0, run_bytes)`.
+    /// Strides increase and each level's stride is at least the extent of
+    /// what is inside it; an index can use them to place the footprint in a
+    /// row/column grid.
+    pub fn levels(&self) -> impl Iterator<Item = (u64, u64)> + '_ {
+        self.set.dims().iter().map(|d| {
+            (
+                u64::try_from(d.n).unwrap_or(u64::MAX),
+                u64::try_from(d.s).unwrap_or(u64::MAX),
+            )
+        })
+    }
+
     /// How `self` relates to `other`; [`Overlap::Covers`] means every byte of
     /// `other` is a byte of `self`.
     pub fn overlap(&self, other: &Footprint) -> Overlap {

@@ -1,0 +1,117 @@
+//! Submit-time checks: refused before anything is recorded.
+//!
+//! 1. ids increase (submission order);
+//! 2. at most 256 tensors and 128 scalars per member, at least one member;
+//! 3. every tag that reads needs a grant that allows reading, every tag that
+//!    writes (OUTPUT included) one that allows writing;
+//! 4. within a member, two arguments that share a byte where either writes
+//!    are refused, whatever their order;
+//! 5. across members of a group, two writes may not share a byte;
+//! 6. `after` may only name earlier tasks.
+//!
+//! Views are in bounds by construction (`Tensor` is validated).
+
+use strata_wire::{Footprint, MAX_SCALARS, MAX_TENSORS, Overlap};
+
+use super::NewTask;
+use crate::ids::TaskId;
+
+/// Why a task was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{task}: {what}")]
+pub struct SubmitError {
+    /// The task.
+    pub task: TaskId,
+    /// What is wrong, naming the member and argument.
+    pub what: String,
+}
+
+pub(super) fn check(task: &NewTask, last: Option<TaskId>) -> Result<(), SubmitError> {
+    let bad = |what: String| SubmitError {
+        task: task.id,
+        what,
+    };
+    if let Some(last) = last {
+        if task.id <= last {
+            return Err(bad(format!(
+                "ids must increase: {last} was submitted already"
+            )));
+        }
+    }
+    if task.members.is_empty() {
+        return Err(bad("a task has at least one member".into()));
+    }
+    for (m, args) in task.members.iter().enumerate() {
+        if args.len() > MAX_TENSORS {
+            return Err(bad(format!(
+                "member {m}: {} tensor arguments, at most {MAX_TENSORS}",
+                args.len()
+            )));
+        }
+        let scalars = task.scalars.get(m).copied().unwrap_or(0);
+        if scalars > MAX_SCALARS {
+            return Err(bad(format!(
+                "member {m}: {scalars} scalars, at most {MAX_SCALARS}"
+            )));
+        }
+        for (i, a) in args.iter().enumerate() {
+            let grant = a.tensor.buffer().access();
+            if a.tag.reads() && !grant.allows_read() {
+                return Err(bad(format!(
+                    "member {m} argument {i}: tagged {} but the buffer grants {}",
+                    a.tag,
+                    grant.name()
+                )));
+            }
+            if a.tag.writes() && !grant.allows_write() {
+                return Err(bad(format!(
+                    "member {m} argument {i}: tagged {} but the buffer grants {}",
+                    a.tag,
+                    grant.name()
+                )));
+            }
+        }
+        let prints: Vec<Footprint> = args.iter().map(|a| Footprint::of(&a.tensor)).collect();
+        for j in 0..args.len() {
+            for i in 0..j {
+                let writes = args[i].tag.writes() || args[j].tag.writes();
+                if writes && prints[i].overlap(&prints[j]) != Overlap::Disjoint {
+                    return Err(bad(format!(
+                        "member {m}: arguments {i} ({}) and {j} ({}) share bytes and one of them is written",
+                        args[i].tag, args[j].tag
+                    )));
+                }
+            }
+        }
+    }
+    if task.members.len() > 1 {
+        let writes: Vec<(usize, usize, Footprint)> = task
+            .members
+            .iter()
+            .enumerate()
+            .flat_map(|(m, args)| {
+                args.iter()
+                    .enumerate()
+                    .filter(|(_, a)| a.tag.writes())
+                    .map(move |(i, a)| (m, i, Footprint::of(&a.tensor)))
+            })
+            .collect();
+        for (k, (m1, i1, f1)) in writes.iter().enumerate() {
+            for (m2, i2, f2) in &writes[..k] {
+                if m1 != m2 && f1.overlap(f2) != Overlap::Disjoint {
+                    return Err(bad(format!(
+                        "members {m2} (argument {i2}) and {m1} (argument {i1}) write the same bytes"
+                    )));
+                }
+            }
+        }
+    }
+    for a in &task.after {
+        if *a >= task.id {
+            return Err(bad(format!(
+                "after names {a}, which is not an earlier task"
+            )));
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,259 @@
+//! The DAG builder and the scheduler, composed: what the orchestrator's
+//! DAG/scheduler actor owns. Calls go in, [`Action`]s come out; no IO, no
+//! clocks.
+//!
+//! Flow: `submit` checks placement and inserts into the DAG; a ready task
+//! goes to the scheduler, which dispatches it when its worker has room.
+//! `finished` (one call per member) ends a task in the scheduler, then in
+//! the DAG (complete or fail), whose transitions make more tasks ready or
+//! skip them. Losing a worker fails what ran there.
+
+use strata_wire::CanonicalIdentity;
+
+use crate::dag::{Born, Dag, NewTask, SubmitError, Transition};
+use crate::ids::{CallableId, ScopeId, TaskId, WorkerId};
+use crate::sched::{self, FirstError, MemberInfo, Outcome, Scheduler};
+
+/// What the engine asks its owner to do.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Action {
+    /// Send member `member` of `task` to `worker`.
+    Dispatch {
+        /// The task.
+        task: TaskId,
+        /// Which member.
+        member: usize,
+        /// Where.
+        worker: WorkerId,
+    },
+    /// The task is finished, with this outcome.
+    Done {
+        /// The task.
+        task: TaskId,
+        /// How it ended.
+        outcome: Outcome,
+    },
+    /// A scoped buffer is no longer used: release it.
+    Release(CanonicalIdentity),
+}
+
+/// A task to submit: the DAG's view plus, per member, callable and placement.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Submission {
+    /// The DAG's view (id, member arguments, `after`).
+    pub task: NewTask,
+    /// Per member: callable, placement, device buffers.
+    pub members: Vec<MemberInfo>,
+}
+
+/// DAG + scheduler.
+#[derive(Debug, Default)]
+pub struct Engine {
+    dag: Dag,
+    sched: Scheduler,
+}
+
+impl Engine {
+    /// An empty engine without workers.
+    pub fn new() -> Self {
+        Engine::default()
+    }
+
+    /// The DAG, for inspection.
+    pub fn dag(&self) -> &Dag {
+        &self.dag
+    }
+
+    /// The scheduler, for inspection.
+    pub fn scheduler(&self) -> &Scheduler {
+        &self.sched
+    }
+
+    /// The first failure of the run.
+    pub fn first_error(&self) -> Option<&FirstError> {
+        self.sched.first_error()
+    }
+
+    /// A worker came up (or back).
+    pub fn worker_up(
+        &mut self,
+        worker: WorkerId,
+        callables: impl IntoIterator<Item = CallableId>,
+        window: usize,
+    ) -> Vec<Action> {
+        let out = self.sched.worker_up(worker, callables, window);
+        self.after_sched(out)
+    }
+
+    /// A worker was lost.
+    pub fn worker_down(&mut self, worker: WorkerId, cause: &str) -> Vec<Action> {
+        let out = self.sched.worker_down(worker, cause);
+        self.after_sched(out)
+    }
+
+    /// Records where a DEVICE buffer lives (placement hint).
+    pub fn device_buffer(&mut self, worker: WorkerId, identity: CanonicalIdentity, present: bool) {
+        self.sched.device_buffer(worker, identity, present);
+    }
+
+    /// Submits a task.
+    ///
+    /// # Errors
+    /// The DAG's submit checks, or a placement that cannot work (unknown
+    /// worker, callable not registered there or anywhere, members that do
+    /// not match).
+    pub fn submit(&mut self, s: Submission) -> Result<Vec<Action>, SubmitError> {
+        let id = s.task.id;
+        if s.members.len() != s.task.members.len() {
+            return Err(SubmitError {
+                task: id,
+                what: format!(
+                    "{} member placements for {} members",
+                    s.members.len(),
+                    s.task.members.len()
+                ),
+            });
+        }
+        self.sched
+            .check_placeable(&s.members)
+            .map_err(|what| SubmitError { task: id, what })?;
+        let inserted = self.dag.insert(s.task)?;
+        match inserted.born {
+            Born::Skipped { because } => Ok(vec![Action::Done {
+                task: id,
+                outcome: Outcome::Skipped { because },
+            }]),
+            Born::Waiting => {
+                self.sched.submit(id, s.members);
+                Ok(Vec::new())
+            }
+            Born::Ready => {
+                self.sched.submit(id, s.members);
+                let out = self.sched.ready(id);
+                Ok(self.after_sched(out))
+            }
+        }
+    }
+
+    /// A member reported its result.
+    pub fn finished(
+        &mut self,
+        task: TaskId,
+        member: usize,
+        result: Result<(), String>,
+    ) -> Vec<Action> {
+        let out = self.sched.finished(task, member, result);
+        self.after_sched(out)
+    }
+
+    /// Cancels a task that has not started.
+    ///
+    /// # Errors
+    /// When it is running, finished or unknown.
+    pub fn cancel(&mut self, task: TaskId) -> Result<Vec<Action>, String> {
+        let transitions = self.dag.cancel(task)?;
+        let cancelled = self.sched.cancel(task)?;
+        let mut out = self.after_sched(cancelled);
+        out.extend(self.transitions(transitions));
+        Ok(out)
+    }
+
+    /// Opens a scope.
+    pub fn open_scope(&mut self) -> ScopeId {
+        self.dag.open_scope()
+    }
+
+    /// Registers a buffer in a scope.
+    ///
+    /// # Errors
+    /// An unknown or ended scope.
+    pub fn scope_buffer(
+        &mut self,
+        scope: ScopeId,
+        identity: CanonicalIdentity,
+    ) -> Result<(), String> {
+        self.dag.scope_buffer(scope, identity)
+    }
+
+    /// Ends a scope.
+    ///
+    /// # Errors
+    /// An unknown or ended scope.
+    pub fn end_scope(&mut self, scope: ScopeId) -> Result<Vec<Action>, String> {
+        let t = self.dag.end_scope(scope)?;
+        Ok(self.transitions(t))
+    }
+
+    /// Follows scheduler actions through the DAG until nothing changes:
+    /// dispatches mark tasks running; finished tasks complete or fail in the
+    /// DAG, whose transitions feed the scheduler again.
+    fn after_sched(&mut self, mut pending: Vec<sched::Action>) -> Vec<Action> {
+        let mut out = Vec::new();
+        while !pending.is_empty() {
+            let mut next = Vec::new();
+            for a in pending {
+                match a {
+                    sched::Action::Dispatch {
+                        task,
+                        member,
+                        worker,
+                    } => {
+                        if member == 0 {
+                            let _ = self.dag.start(task);
+                        }
+                        out.push(Action::Dispatch {
+                            task,
+                            member,
+                            worker,
+                        });
+                    }
+                    sched::Action::Done { task, outcome } => {
+                        let transitions = if outcome.is_success() {
+                            self.dag.complete(task)
+                        } else if outcome == Outcome::Cancelled {
+                            Ok(Vec::new())
+                        } else {
+                            self.dag.fail(task)
+                        };
+                        out.push(Action::Done { task, outcome });
+                        for t in transitions.unwrap_or_default() {
+                            match t {
+                                Transition::Ready(r) => next.extend(self.sched.ready(r)),
+                                Transition::Skipped { task, because } => {
+                                    self.sched.forget(task);
+                                    out.push(Action::Done {
+                                        task,
+                                        outcome: Outcome::Skipped { because },
+                                    });
+                                }
+                                Transition::Release(b) => out.push(Action::Release(b)),
+                            }
+                        }
+                    }
+                }
+            }
+            pending = next;
+        }
+        out
+    }
+
+    fn transitions(&mut self, ts: Vec<Transition>) -> Vec<Action> {
+        let mut out = Vec::new();
+        let mut sched_actions = Vec::new();
+        for t in ts {
+            match t {
+                Transition::Ready(r) => sched_actions.extend(self.sched.ready(r)),
+                Transition::Skipped { task, because } => {
+                    self.sched.forget(task);
+                    out.push(Action::Done {
+                        task,
+                        outcome: Outcome::Skipped { because },
+                    });
+                }
+                Transition::Release(b) => out.push(Action::Release(b)),
+            }
+        }
+        out.extend(self.after_sched(sched_actions));
+        out
+    }
+}

@@ -1,0 +1,664 @@
+//! The scheduler core: where and when ready tasks run.
+//!
+//! - Each worker has a FIFO ready queue and a bounded in-flight window
+//!   (backpressure: nothing more is dispatched to a full worker).
+//! - Placement: a member that names its worker goes there (if that worker
+//!   is down, the task fails with ENDPOINT_FAILURE); otherwise it goes to
+//!   the up worker offering its callable with the least outstanding work
+//!   (queued + in flight) relative to its window (first the least work
+//!   beyond the window, then the most free slots), ties broken toward a
+//!   worker holding one of the task's DEVICE buffers, then the lowest id. A group's members go to
+//!   distinct workers.
+//! - Groups launch all-or-nothing: a group is queued on all its workers at
+//!   once and dispatched only when it heads every one of those queues and
+//!   each has room. Queues are FIFO in ready order, so two groups meet in
+//!   the same order on every worker they share: no deadlock.
+//! - A task finishes when every member reported. The first failure of a run
+//!   is kept with its task, callable, worker and cause.
+//! - Endpoint loss: everything in flight on the worker fails with
+//!   ENDPOINT_FAILURE; queued tasks that named it fail too; queued tasks
+//!   placed automatically are placed again; other workers go on. A worker
+//!   that comes back up (same id) takes work again.
+//!
+//! Invariants, checked by [`Scheduler::check_invariants`] after every
+//! event in debug builds and by the property tests:
+//! - SCHED-1: a worker's in-flight count never exceeds its window, and
+//!   equals the members running on it;
+//! - SCHED-2: every unfinished task is in exactly one state: waiting for
+//!   the DAG, queued on exactly its members' workers, or running;
+//! - SCHED-3: a running member's worker offers its callable;
+//! - SCHED-4: a down worker has nothing queued or in flight.
+
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+
+use strata_wire::CanonicalIdentity;
+
+use crate::ids::{CallableId, TaskId, WorkerId};
+
+/// Where a member should run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Placement {
+    /// On this worker.
+    On(WorkerId),
+    /// Wherever the scheduler decides.
+    Any,
+}
+
+/// What the scheduler needs to know of one member.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MemberInfo {
+    /// The callable.
+    pub callable: CallableId,
+    /// Where it should run.
+    pub placement: Placement,
+    /// DEVICE buffers it uses (a hint for placement).
+    pub device_buffers: Vec<CanonicalIdentity>,
+}
+
+/// How a task ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    /// Every member ran to success.
+    Success,
+    /// A kernel failed; the cause.
+    TaskFailure(String),
+    /// The worker died, hung, or its link broke; the cause.
+    EndpointFailure(String),
+    /// Cancelled before it started.
+    Cancelled,
+    /// Not run, because a task it depends on failed.
+    Skipped {
+        /// The failed task at the root.
+        because: TaskId,
+    },
+}
+
+impl Outcome {
+    /// Whether the task produced its outputs.
+    pub fn is_success(&self) -> bool {
+        matches!(self, Outcome::Success)
+    }
+}
+
+/// The first failure of a run.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FirstError {
+    /// The task.
+    pub task: TaskId,
+    /// Its callable (of the member that failed).
+    pub callable: CallableId,
+    /// The worker it failed on, if it got one.
+    pub worker: Option<WorkerId>,
+    /// The outcome.
+    pub outcome: Outcome,
+}
+
+/// What the scheduler asks its owner to do.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Action {
+    /// Send member `member` of `task` to `worker`.
+    Dispatch {
+        /// The task.
+        task: TaskId,
+        /// Which member.
+        member: usize,
+        /// Where.
+        worker: WorkerId,
+    },
+    /// The task is finished.
+    Done {
+        /// The task.
+        task: TaskId,
+        /// How.
+        outcome: Outcome,
+    },
+}
+
+#[derive(Debug)]
+struct Worker {
+    up: bool,
+    callables: HashSet<CallableId>,
+    window: usize,
+    in_flight: usize,
+    queue: VecDeque<TaskId>,
+    device_buffers: HashSet<CanonicalIdentity>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum State {
+    /// Submitted, not ready yet.
+    Waiting,
+    /// Ready, queued on these workers (one per member).
+    Queued(Vec<WorkerId>),
+    /// Dispatched to these workers; members still to report, and the first
+    /// failure among them.
+    Running {
+        workers: Vec<WorkerId>,
+        left: Vec<bool>,
+        failure: Option<(usize, Outcome)>,
+    },
+}
+
+#[derive(Debug)]
+struct Task {
+    members: Vec<MemberInfo>,
+    state: State,
+}
+
+/// The scheduler.
+#[derive(Debug, Default)]
+pub struct Scheduler {
+    workers: BTreeMap<WorkerId, Worker>,
+    tasks: HashMap<TaskId, Task>,
+    first_error: Option<FirstError>,
+}
+
+impl Scheduler {
+    /// A scheduler without workers.
+    pub fn new() -> Self {
+        Scheduler::default()
+    }
+
+    /// A worker came up (or back up) offering `callables`, taking at most
+    /// `window` tasks at a time.
+    pub fn worker_up(
+        &mut self,
+        worker: WorkerId,
+        callables: impl IntoIterator<Item = CallableId>,
+        window: usize,
+    ) -> Vec<Action> {
+        let w = self.workers.entry(worker).or_insert_with(|| Worker {
+            up: true,
+            callables: HashSet::new(),
+            window: 1,
+            in_flight: 0,
+            queue: VecDeque::new(),
+            device_buffers: HashSet::new(),
+        });
+        w.up = true;
+        w.callables = callables.into_iter().collect();
+        w.window = window.max(1);
+        let mut out = Vec::new();
+        self.pump(&mut out);
+        self.debug_check();
+        out
+    }
+
+    /// Records that a DEVICE buffer lives on `worker` (or no longer does).
+    pub fn device_buffer(&mut self, worker: WorkerId, identity: CanonicalIdentity, present: bool) {
+        if let Some(w) = self.workers.get_mut(&worker) {
+            if present {
+                w.device_buffers.insert(identity);
+            } else {
+                w.device_buffers.remove(&identity);
+            }
+        }
+    }
+
+    /// Checks that a task could be placed: named workers are known and
+    /// offer the callable; other members have some worker that does.
+    ///
+    /// # Errors
+    /// Why not, naming the member.
+    pub fn check_placeable(&self, members: &[MemberInfo]) -> Result<(), String> {
+        let mut named = HashSet::new();
+        for (m, info) in members.iter().enumerate() {
+            match info.placement {
+                Placement::On(w) => {
+                    let worker = self
+                        .workers
+                        .get(&w)
+                        .ok_or_else(|| format!("member {m}: {w} is unknown"))?;
+                    if !worker.callables.contains(&info.callable) {
+                        return Err(format!(
+                            "member {m}: callable {} is not registered on {w}",
+                            info.callable
+                        ));
+                    }
+                    if !named.insert(w) {
+                        return Err(format!(
+                            "member {m}: {w} already runs another member of this group"
+                        ));
+                    }
+                }
+                Placement::Any => {
+                    if !self
+                        .workers
+                        .values()
+                        .any(|w| w.callables.contains(&info.callable))
+                    {
+                        return Err(format!(
+                            "member {m}: no worker offers callable {}",
+                            info.callable
+                        ));
+                    }
+                }
+            }
+        }
+        if members.len() > self.workers.len() {
+            return Err(format!(
+                "a group of {} members needs as many workers; there are {}",
+                members.len(),
+                self.workers.len()
+            ));
+        }
+        Ok(())
+    }
+
+    /// Registers a submitted task (not yet ready).
+    pub fn submit(&mut self, task: TaskId, members: Vec<MemberInfo>) {
+        self.tasks.insert(
+            task,
+            Task {
+                members,
+                state: State::Waiting,
+            },
+        );
+    }
+
+    /// The task became ready: place and, room allowing, dispatch it.
+    pub fn ready(&mut self, task: TaskId) -> Vec<Action> {
+        let mut out = Vec::new();
+        self.enqueue(task, &mut out);
+        self.pump(&mut out);
+        self.debug_check();
+        out
+    }
+
+    /// Forgets a task that will not run (skipped or cancelled before ready).
+    pub fn forget(&mut self, task: TaskId) {
+        self.tasks.remove(&task);
+    }
+
+    /// A member reported. When every member has, the task is done.
+    pub fn finished(
+        &mut self,
+        task: TaskId,
+        member: usize,
+        result: Result<(), String>,
+    ) -> Vec<Action> {
+        let mut out = Vec::new();
+        let Some(t) = self.tasks.get_mut(&task) else {
+            return out;
+        };
+        let State::Running {
+            workers,
+            left,
+            failure,
+        } = &mut t.state
+        else {
+            return out;
+        };
+        if !left.get(member).copied().unwrap_or(false) {
+            return out; // unknown or duplicate report
+        }
+        left[member] = false;
+        let w = workers[member];
+        if let Some(worker) = self.workers.get_mut(&w) {
+            worker.in_flight = worker.in_flight.saturating_sub(1);
+        }
+        if let Err(cause) = result {
+            failure.get_or_insert((member, Outcome::TaskFailure(cause)));
+        }
+        if left.iter().all(|l| !l) {
+            self.finish(task, &mut out);
+        }
+        self.pump(&mut out);
+        self.debug_check();
+        out
+    }
+
+    /// A worker was lost.
+    pub fn worker_down(&mut self, worker: WorkerId, cause: &str) -> Vec<Action> {
+        let mut out = Vec::new();
+        let Some(w) = self.workers.get_mut(&worker) else {
+            return out;
+        };
+        w.up = false;
+        w.in_flight = 0;
+        let queued: Vec<TaskId> = w.queue.drain(..).collect();
+        let why = format!("{worker} lost: {cause}");
+        // In flight on it: failed.
+        let running: Vec<TaskId> = self
+            .tasks
+            .iter()
+            .filter(|(_, t)| matches!(&t.state, State::Running { workers, left, .. } if workers.iter().zip(left).any(|(w, l)| *w == worker && *l)))
+            .map(|(id, _)| *id)
+            .collect();
+        for id in running {
+            let mut all_reported = false;
+            if let Some(State::Running {
+                workers,
+                left,
+                failure,
+            }) = self.tasks.get_mut(&id).map(|t| &mut t.state)
+            {
+                for (m, (w, l)) in workers.iter().zip(left.iter_mut()).enumerate() {
+                    if *w == worker && *l {
+                        *l = false;
+                        failure.get_or_insert((m, Outcome::EndpointFailure(why.clone())));
+                    }
+                }
+                all_reported = left.iter().all(|l| !l);
+            }
+            if all_reported {
+                self.finish(id, &mut out);
+            }
+        }
+        // Queued on it: named ones fail, automatic ones are placed again.
+        for id in queued {
+            let Some(t) = self.tasks.get(&id) else {
+                continue;
+            };
+            let State::Queued(ws) = &t.state else {
+                continue;
+            };
+            let ws = ws.clone();
+            let named = t
+                .members
+                .iter()
+                .zip(&ws)
+                .any(|(m, w)| *w == worker && matches!(m.placement, Placement::On(_)));
+            for w in &ws {
+                if let Some(other) = self.workers.get_mut(w) {
+                    other.queue.retain(|x| *x != id);
+                }
+            }
+            if named {
+                self.done(id, 0, None, Outcome::EndpointFailure(why.clone()), &mut out);
+            } else {
+                self.enqueue(id, &mut out);
+            }
+        }
+        self.pump(&mut out);
+        self.debug_check();
+        out
+    }
+
+    /// Cancels a task that is not running.
+    ///
+    /// # Errors
+    /// When it is running or unknown.
+    pub fn cancel(&mut self, task: TaskId) -> Result<Vec<Action>, String> {
+        let state = self
+            .tasks
+            .get(&task)
+            .map(|t| t.state.clone())
+            .ok_or_else(|| format!("{task} is unknown"))?;
+        match state {
+            State::Running { .. } => Err(format!("{task} is already running")),
+            State::Queued(ws) => {
+                for w in ws {
+                    if let Some(worker) = self.workers.get_mut(&w) {
+                        worker.queue.retain(|x| *x != task);
+                    }
+                }
+                self.tasks.remove(&task);
+                let mut out = vec![Action::Done {
+                    task,
+                    outcome: Outcome::Cancelled,
+                }];
+                self.pump(&mut out);
+                Ok(out)
+            }
+            State::Waiting => {
+                self.tasks.remove(&task);
+                Ok(vec![Action::Done {
+                    task,
+                    outcome: Outcome::Cancelled,
+                }])
+            }
+        }
+    }
+
+    /// The first failure seen.
+    pub fn first_error(&self) -> Option<&FirstError> {
+        self.first_error.as_ref()
+    }
+
+    /// Records `outcome` as a run's failure if it is the first (the DAG's
+    /// skips are not failures of their own).
+    pub fn note_failure(
+        &mut self,
+        task: TaskId,
+        callable: CallableId,
+        worker: Option<WorkerId>,
+        outcome: &Outcome,
+    ) {
+        if !matches!(
+            outcome,
+            Outcome::Success | Outcome::Skipped { .. } | Outcome::Cancelled
+        ) && self.first_error.is_none()
+        {
+            self.first_error = Some(FirstError {
+                task,
+                callable,
+                worker,
+                outcome: outcome.clone(),
+            });
+        }
+    }
+
+    /// Tasks queued or running on `worker`.
+    pub fn outstanding(&self, worker: WorkerId) -> usize {
+        self.workers
+            .get(&worker)
+            .map_or(0, |w| w.queue.len() + w.in_flight)
+    }
+
+    /// Places a ready task's members and queues it on their workers.
+    fn enqueue(&mut self, task: TaskId, out: &mut Vec<Action>) {
+        let Some(t) = self.tasks.get(&task) else {
+            return;
+        };
+        let mut chosen: Vec<WorkerId> = Vec::with_capacity(t.members.len());
+        for info in &t.members {
+            let pick = match info.placement {
+                Placement::On(w) => match self.workers.get(&w) {
+                    Some(worker) if worker.up => Ok(w),
+                    _ => Err(Outcome::EndpointFailure(format!("{w} is down"))),
+                },
+                Placement::Any => self
+                    .workers
+                    .iter()
+                    .filter(|(id, w)| {
+                        w.up && w.callables.contains(&info.callable) && !chosen.contains(id)
+                    })
+                    .min_by_key(|(id, w)| {
+                        let holds = info
+                            .device_buffers
+                            .iter()
+                            .any(|b| w.device_buffers.contains(b));
+                        let outstanding = w.queue.len() + w.in_flight;
+                        // Work beyond the window first, then free slots
+                        // (windows differ), then the device-buffer holder.
+                        (
+                            outstanding.saturating_sub(w.window),
+                            std::cmp::Reverse(w.window.saturating_sub(outstanding)),
+                            !holds,
+                            **id,
+                        )
+                    })
+                    .map(|(id, _)| *id)
+                    .ok_or_else(|| {
+                        Outcome::EndpointFailure(format!(
+                            "no worker that offers callable {} is up",
+                            info.callable
+                        ))
+                    }),
+            };
+            match pick {
+                Ok(w) => chosen.push(w),
+                Err(outcome) => {
+                    let callable = info.callable;
+                    self.note_failure(task, callable, None, &outcome);
+                    self.tasks.remove(&task);
+                    out.push(Action::Done { task, outcome });
+                    return;
+                }
+            }
+        }
+        for w in &chosen {
+            if let Some(worker) = self.workers.get_mut(w) {
+                worker.queue.push_back(task);
+            }
+        }
+        if let Some(t) = self.tasks.get_mut(&task) {
+            t.state = State::Queued(chosen);
+        }
+    }
+
+    /// Dispatches whatever heads its queues and fits.
+    fn pump(&mut self, out: &mut Vec<Action>) {
+        loop {
+            let mut progressed = false;
+            let heads: Vec<TaskId> = self
+                .workers
+                .values()
+                .filter_map(|w| w.queue.front().copied())
+                .collect();
+            for task in heads {
+                let Some(State::Queued(ws)) = self.tasks.get(&task).map(|t| &t.state) else {
+                    continue;
+                };
+                let ws = ws.clone();
+                let fits = ws.iter().all(|w| {
+                    self.workers.get(w).is_some_and(|x| {
+                        x.up && x.in_flight < x.window && x.queue.front() == Some(&task)
+                    })
+                });
+                if !fits {
+                    continue;
+                }
+                for (m, w) in ws.iter().enumerate() {
+                    if let Some(worker) = self.workers.get_mut(w) {
+                        worker.queue.pop_front();
+                        worker.in_flight += 1;
+                    }
+                    out.push(Action::Dispatch {
+                        task,
+                        member: m,
+                        worker: *w,
+                    });
+                }
+                if let Some(t) = self.tasks.get_mut(&task) {
+                    let n = ws.len();
+                    t.state = State::Running {
+                        workers: ws,
+                        left: vec![true; n],
+                        failure: None,
+                    };
+                }
+                progressed = true;
+            }
+            if !progressed {
+                return;
+            }
+        }
+    }
+
+    fn finish(&mut self, task: TaskId, out: &mut Vec<Action>) {
+        let Some(t) = self.tasks.get(&task) else {
+            return;
+        };
+        let State::Running {
+            workers, failure, ..
+        } = &t.state
+        else {
+            return;
+        };
+        let (member, outcome) = failure.clone().unwrap_or((0, Outcome::Success));
+        let worker = workers.get(member).copied();
+        self.done(task, member, worker, outcome, out);
+    }
+
+    fn done(
+        &mut self,
+        task: TaskId,
+        member: usize,
+        worker: Option<WorkerId>,
+        outcome: Outcome,
+        out: &mut Vec<Action>,
+    ) {
+        if let Some(t) = self.tasks.remove(&task) {
+            if let Some(info) = t.members.get(member) {
+                self.note_failure(task, info.callable, worker, &outcome);
+            }
+        }
+        out.push(Action::Done { task, outcome });
+    }
+
+    fn debug_check(&self) {
+        #[cfg(debug_assertions)]
+        if let Err(e) = self.check_invariants() {
+            panic!("scheduler invariant broken: {e}");
+        }
+    }
+
+    /// Checks SCHED-1..4 (module docs).
+    ///
+    /// # Errors
+    /// The first broken invariant.
+    pub fn check_invariants(&self) -> Result<(), String> {
+        let mut running_on: HashMap<WorkerId, usize> = HashMap::new();
+        let mut queued_on: HashMap<WorkerId, Vec<TaskId>> = HashMap::new();
+        for (id, t) in &self.tasks {
+            match &t.state {
+                State::Waiting => {}
+                State::Queued(ws) => {
+                    if ws.len() != t.members.len() {
+                        return Err(format!(
+                            "SCHED-2: {id} queued on {} workers for {} members",
+                            ws.len(),
+                            t.members.len()
+                        ));
+                    }
+                    for w in ws {
+                        queued_on.entry(*w).or_default().push(*id);
+                    }
+                }
+                State::Running { workers, left, .. } => {
+                    for (m, (w, l)) in workers.iter().zip(left).enumerate() {
+                        if *l {
+                            *running_on.entry(*w).or_insert(0) += 1;
+                            let offers = self
+                                .workers
+                                .get(w)
+                                .is_some_and(|x| x.callables.contains(&t.members[m].callable));
+                            if !offers {
+                                return Err(format!(
+                                    "SCHED-3: {id} member {m} runs on {w}, which lacks its callable"
+                                ));
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        for (id, w) in &self.workers {
+            let running = running_on.get(id).copied().unwrap_or(0);
+            if w.in_flight != running || w.in_flight > w.window {
+                return Err(format!(
+                    "SCHED-1: {id} has in_flight {} (window {}), {running} members running",
+                    w.in_flight, w.window
+                ));
+            }
+            let mut q: Vec<TaskId> = w.queue.iter().copied().collect();
+            let mut expect = queued_on.remove(id).unwrap_or_default();
+            q.sort_unstable();
+            expect.sort_unstable();
+            if q != expect {
+                return Err(format!(
+                    "SCHED-2: {id} queue {q:?} differs from the tasks queued on it {expect:?}"
+                ));
+            }
+            if !w.up && (w.in_flight > 0 || !w.queue.is_empty()) {
+                return Err(format!("SCHED-4: {id} is down with work on it"));
+            }
+        }
+        if let Some((w, _)) = queued_on.into_iter().next() {
+            return Err(format!("SCHED-2: tasks queued on unknown {w}"));
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,621 @@
+//! The cores' behaviour, one rule at a time.
+
+use strata_core::dag::{Arg, Born, NewTask, Transition, edge};
+use strata_core::engine::{Action, Submission};
+use strata_core::sched::{MemberInfo, Outcome, Placement};
+use strata_core::{CallableId, Dag, Engine, TaskId, WorkerId};
+use strata_wire::{
+    Access, AddressSpace, ArgTag, Backing, BufferDescriptor, CanonicalIdentity, DType, Tensor,
+};
+
+fn buffer(id: u64, access: Access) -> BufferDescriptor {
+    let identity = CanonicalIdentity::new(*b"coretest", id, 1).unwrap();
+    BufferDescriptor::new(
+        identity,
+        1024,
+        AddressSpace::Host,
+        access,
+        Backing::Memfd {
+            st_dev: 0,
+            st_ino: id,
+        },
+    )
+    .unwrap()
+}
+
+/// Row `r` (16 bytes) of a 64×16 U8 buffer.
+fn row(b: BufferDescriptor, r: u64) -> Tensor {
+    Tensor::new(b, r * 16, &[16], &[1], DType::U8).unwrap()
+}
+
+fn rows(b: BufferDescriptor, r0: u64, n: u32) -> Tensor {
+    Tensor::new(b, r0 * 16, &[n, 16], &[16, 1], DType::U8).unwrap()
+}
+
+fn task(id: u64, args: &[(Tensor, ArgTag)]) -> NewTask {
+    NewTask::single(
+        TaskId(id),
+        args.iter()
+            .map(|&(tensor, tag)| Arg { tensor, tag })
+            .collect(),
+    )
+}
+
+fn preds(dag: &mut Dag, t: NewTask) -> Vec<(u64, u8)> {
+    let mut e: Vec<(u64, u8)> = dag
+        .insert(t)
+        .unwrap()
+        .edges
+        .into_iter()
+        .map(|(p, k)| (p.0, k))
+        .collect();
+    e.sort_unstable();
+    e
+}
+
+#[test]
+fn raw_waw_war_and_output_orders_after_readers() {
+    let b = buffer(1, Access::ReadWrite);
+    let mut dag = Dag::new();
+    assert_eq!(
+        preds(&mut dag, task(1, &[(row(b, 0), ArgTag::Output)])),
+        vec![]
+    );
+    assert_eq!(
+        preds(&mut dag, task(2, &[(row(b, 0), ArgTag::Input)])),
+        vec![(1, edge::RAW)]
+    );
+    assert_eq!(
+        preds(&mut dag, task(3, &[(row(b, 0), ArgTag::Input)])),
+        vec![(1, edge::RAW)],
+        "readers do not order among themselves"
+    );
+    // OUTPUT orders after the earlier writer and both readers.
+    assert_eq!(
+        preds(&mut dag, task(4, &[(row(b, 0), ArgTag::Output)])),
+        vec![(1, edge::WAW), (2, edge::WAR), (3, edge::WAR)]
+    );
+    // The new write covered them all: a reader now meets only task 4.
+    assert_eq!(
+        preds(&mut dag, task(5, &[(row(b, 0), ArgTag::Input)])),
+        vec![(4, edge::RAW)]
+    );
+    assert_eq!(
+        preds(&mut dag, task(6, &[(row(b, 0), ArgTag::OutputExisting)])),
+        vec![(4, edge::WAW), (5, edge::WAR)]
+    );
+    assert_eq!(
+        preds(&mut dag, task(7, &[(row(b, 0), ArgTag::InOut)])),
+        vec![(6, edge::RAW | edge::WAW)]
+    );
+    // Other rows and other buffers: no edges. NO_DEP: no edges either way.
+    assert_eq!(
+        preds(&mut dag, task(8, &[(row(b, 1), ArgTag::InOut)])),
+        vec![]
+    );
+    assert_eq!(
+        preds(
+            &mut dag,
+            task(9, &[(row(buffer(2, Access::ReadWrite), 0), ArgTag::InOut)])
+        ),
+        vec![]
+    );
+    assert_eq!(
+        preds(&mut dag, task(10, &[(row(b, 0), ArgTag::NoDep)])),
+        vec![]
+    );
+    // A partial write does not retire: a reader of both rows meets 7 and 8.
+    assert_eq!(
+        preds(&mut dag, task(11, &[(rows(b, 0, 2), ArgTag::Input)])),
+        vec![(7, edge::RAW), (8, edge::RAW)]
+    );
+    // Explicit edges.
+    let mut t = task(12, &[(row(b, 5), ArgTag::Input)]);
+    t.after = vec![TaskId(9)];
+    assert_eq!(preds(&mut dag, t), vec![(9, edge::EXPLICIT)]);
+    dag.check_invariants().unwrap();
+    assert_eq!(
+        dag.stats().retired,
+        6,
+        "4 retires 1-3, 6 retires 4-5, 7 retires 6"
+    );
+}
+
+#[test]
+fn completion_releases_and_leaves_the_index() {
+    let b = buffer(1, Access::ReadWrite);
+    let mut dag = Dag::new();
+    dag.insert(task(1, &[(row(b, 0), ArgTag::Output)])).unwrap();
+    assert_eq!(
+        dag.insert(task(2, &[(row(b, 0), ArgTag::Input)]))
+            .unwrap()
+            .born,
+        Born::Waiting
+    );
+    assert_eq!(
+        dag.insert(task(3, &[(row(b, 1), ArgTag::Input)]))
+            .unwrap()
+            .born,
+        Born::Ready
+    );
+    assert_eq!(
+        dag.complete(TaskId(1)).unwrap(),
+        vec![Transition::Ready(TaskId(2))]
+    );
+    assert!(dag.complete(TaskId(1)).is_err(), "not live any more");
+    dag.complete(TaskId(2)).unwrap();
+    dag.complete(TaskId(3)).unwrap();
+    assert_eq!((dag.live(), dag.entries()), (0, 0));
+    // A finished writer adds no edge.
+    assert_eq!(
+        dag.insert(task(4, &[(row(b, 0), ArgTag::Input)]))
+            .unwrap()
+            .edges,
+        vec![]
+    );
+}
+
+#[test]
+fn failure_skips_data_consumers_and_poisons_later_readers() {
+    let b = buffer(1, Access::ReadWrite);
+    let mut dag = Dag::new();
+    dag.insert(task(1, &[(row(b, 0), ArgTag::Output)])).unwrap();
+    dag.insert(task(
+        2,
+        &[(row(b, 0), ArgTag::Input), (row(b, 1), ArgTag::Output)],
+    ))
+    .unwrap(); // RAW on 1
+    dag.insert(task(3, &[(row(b, 1), ArgTag::Input)])).unwrap(); // RAW on 2
+    dag.insert(task(4, &[(rows(b, 0, 1), ArgTag::OutputExisting)]))
+        .unwrap(); // WAW on 1, WAR on 2
+    dag.start(TaskId(1)).unwrap();
+    let t = dag.fail(TaskId(1)).unwrap();
+    assert!(t.contains(&Transition::Skipped {
+        task: TaskId(2),
+        because: TaskId(1)
+    }));
+    assert!(
+        t.contains(&Transition::Skipped {
+            task: TaskId(3),
+            because: TaskId(1)
+        }),
+        "transitively"
+    );
+    assert!(
+        t.contains(&Transition::Ready(TaskId(4))),
+        "a write after the failed write only needed ordering"
+    );
+    // Task 4 rewrites row 0 and runs; a reader of row 1 (written by the
+    // skipped task 2) is skipped at once, a reader of row 0 is not.
+    dag.complete(TaskId(4)).unwrap();
+    assert_eq!(
+        dag.insert(task(5, &[(row(b, 1), ArgTag::Input)]))
+            .unwrap()
+            .born,
+        Born::Skipped { because: TaskId(1) }
+    );
+    assert_eq!(
+        dag.insert(task(6, &[(row(b, 0), ArgTag::Input)]))
+            .unwrap()
+            .born,
+        Born::Ready
+    );
+    // A write covering the poisoned row cleans it.
+    dag.insert(task(7, &[(row(b, 1), ArgTag::Output)])).unwrap();
+    assert_eq!(
+        dag.insert(task(8, &[(row(b, 1), ArgTag::Input)]))
+            .unwrap()
+            .born,
+        Born::Waiting
+    );
+    // Explicit edges to a failed task skip too.
+    let mut t = task(9, &[(row(b, 9), ArgTag::Input)]);
+    t.after = vec![TaskId(2)];
+    assert_eq!(
+        dag.insert(t).unwrap().born,
+        Born::Skipped { because: TaskId(1) }
+    );
+    dag.check_invariants().unwrap();
+}
+
+#[test]
+fn cancel_only_before_running() {
+    let b = buffer(1, Access::ReadWrite);
+    let mut dag = Dag::new();
+    dag.insert(task(1, &[(row(b, 0), ArgTag::Output)])).unwrap();
+    dag.insert(task(2, &[(row(b, 0), ArgTag::Input)])).unwrap();
+    dag.start(TaskId(1)).unwrap();
+    assert!(
+        dag.cancel(TaskId(1))
+            .unwrap_err()
+            .contains("already running")
+    );
+    let t = dag.cancel(TaskId(2)).unwrap();
+    assert!(t.is_empty());
+    assert!(dag.cancel(TaskId(2)).is_err());
+    dag.complete(TaskId(1)).unwrap();
+    assert_eq!(dag.live(), 0);
+}
+
+#[test]
+fn submit_checks_refuse_before_recording() {
+    let b = buffer(1, Access::ReadWrite);
+    let ro = buffer(2, Access::Read);
+    let wo = buffer(3, Access::Write);
+    let mut dag = Dag::new();
+    let err = |dag: &mut Dag, t: NewTask| dag.insert(t).unwrap_err().to_string();
+    assert!(
+        err(&mut dag, task(1, &[(row(ro, 0), ArgTag::Output)]))
+            .contains("tagged OUTPUT but the buffer grants READ")
+    );
+    assert!(
+        err(&mut dag, task(1, &[(row(wo, 0), ArgTag::InOut)]))
+            .contains("tagged INOUT but the buffer grants WRITE")
+    );
+    assert!(err(&mut dag, task(1, &[(row(wo, 0), ArgTag::Input)])).contains("grants WRITE"));
+    // Overlapping arguments where one writes, in either order.
+    for (first, second) in [
+        (ArgTag::Input, ArgTag::Output),
+        (ArgTag::Output, ArgTag::Input),
+    ] {
+        let e = err(
+            &mut dag,
+            task(1, &[(rows(b, 0, 2), first), (row(b, 1), second)]),
+        );
+        assert!(
+            e.contains("arguments 0") && e.contains("share bytes"),
+            "{e}"
+        );
+    }
+    // Two reads of the same bytes are fine.
+    dag.insert(task(
+        1,
+        &[(rows(b, 0, 2), ArgTag::Input), (row(b, 1), ArgTag::Input)],
+    ))
+    .unwrap();
+    assert!(err(&mut dag, task(1, &[])).contains("ids must increase"));
+    let mut t = task(5, &[]);
+    t.after = vec![TaskId(5)];
+    assert!(err(&mut dag, t).contains("not an earlier task"));
+    let too_many: Vec<(Tensor, ArgTag)> = (0..257).map(|_| (row(b, 3), ArgTag::Input)).collect();
+    assert!(err(&mut dag, task(6, &too_many)).contains("257 tensor arguments"));
+    let mut t = task(7, &[]);
+    t.scalars = vec![129];
+    assert!(err(&mut dag, t).contains("129 scalars"));
+    // Group members may read what another writes, not write the same bytes.
+    let g = NewTask {
+        id: TaskId(8),
+        members: vec![
+            vec![Arg {
+                tensor: row(b, 4),
+                tag: ArgTag::Output,
+            }],
+            vec![Arg {
+                tensor: row(b, 4),
+                tag: ArgTag::Output,
+            }],
+        ],
+        scalars: vec![0, 0],
+        after: vec![],
+    };
+    assert!(err(&mut dag, g).contains("write the same bytes"));
+    assert_eq!(dag.live(), 1, "nothing refused was recorded");
+}
+
+#[test]
+fn scopes_release_when_ended_and_unused() {
+    let b = buffer(1, Access::ReadWrite);
+    let c = buffer(2, Access::ReadWrite);
+    let mut dag = Dag::new();
+    let s = dag.open_scope();
+    dag.scope_buffer(s, *b.identity()).unwrap();
+    dag.scope_buffer(s, *c.identity()).unwrap();
+    dag.insert(task(1, &[(row(b, 0), ArgTag::Output)])).unwrap();
+    assert_eq!(
+        dag.end_scope(s).unwrap(),
+        vec![Transition::Release(*c.identity())],
+        "c is unused"
+    );
+    assert!(dag.scope_buffer(s, *c.identity()).is_err());
+    assert_eq!(
+        dag.complete(TaskId(1)).unwrap(),
+        vec![Transition::Release(*b.identity())]
+    );
+}
+
+const K: CallableId = CallableId([1; 16]);
+const OTHER: CallableId = CallableId([2; 16]);
+
+fn submission(id: u64, args: &[(Tensor, ArgTag)], placement: Placement) -> Submission {
+    Submission {
+        task: task(id, args),
+        members: vec![MemberInfo {
+            callable: K,
+            placement,
+            device_buffers: vec![],
+        }],
+    }
+}
+
+fn dispatched(actions: &[Action]) -> Vec<(u64, u32)> {
+    actions
+        .iter()
+        .filter_map(|a| match a {
+            Action::Dispatch { task, worker, .. } => Some((task.0, worker.0)),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn placement_windows_and_directed_tasks() {
+    let b = buffer(1, Access::ReadWrite);
+    let mut e = Engine::new();
+    e.worker_up(WorkerId(0), [K], 1);
+    e.worker_up(WorkerId(1), [K, OTHER], 2);
+    let mut all = Vec::new();
+    for i in 0..5 {
+        all.extend(
+            e.submit(submission(
+                i + 1,
+                &[(row(b, i), ArgTag::Output)],
+                Placement::Any,
+            ))
+            .unwrap(),
+        );
+    }
+    // Least outstanding work relative to the window: worker 1 (window 2)
+    // first, then 0, then 1 again; 4 and 5 queue on 0 and 1.
+    assert_eq!(dispatched(&all), vec![(1, 1), (2, 0), (3, 1)]);
+    assert_eq!(
+        (
+            e.scheduler().outstanding(WorkerId(0)),
+            e.scheduler().outstanding(WorkerId(1))
+        ),
+        (2, 3)
+    );
+    let more = e.finished(TaskId(2), 0, Ok(()));
+    assert_eq!(
+        dispatched(&more),
+        vec![(4, 0)],
+        "task 4 was queued on worker 0"
+    );
+    // Directed placement to a worker without the callable is refused.
+    let mut s = submission(
+        10,
+        &[(row(b, 9), ArgTag::Input)],
+        Placement::On(WorkerId(0)),
+    );
+    s.members[0].callable = OTHER;
+    assert!(
+        e.submit(s)
+            .unwrap_err()
+            .to_string()
+            .contains("not registered on worker 0")
+    );
+    let s = submission(
+        11,
+        &[(row(b, 9), ArgTag::Input)],
+        Placement::On(WorkerId(7)),
+    );
+    assert!(
+        e.submit(s)
+            .unwrap_err()
+            .to_string()
+            .contains("worker 7 is unknown")
+    );
+    e.scheduler().check_invariants().unwrap();
+}
+
+#[test]
+fn device_buffers_break_ties() {
+    let b = buffer(1, Access::ReadWrite);
+    let mut e = Engine::new();
+    for w in 0..3 {
+        e.worker_up(WorkerId(w), [K], 4);
+    }
+    let dev = CanonicalIdentity::new(*b"devbuff!", 1, 1).unwrap();
+    e.device_buffer(WorkerId(2), dev, true);
+    let mut s = submission(1, &[(row(b, 0), ArgTag::Input)], Placement::Any);
+    s.members[0].device_buffers = vec![dev];
+    assert_eq!(dispatched(&e.submit(s).unwrap()), vec![(1, 2)]);
+}
+
+#[test]
+fn groups_launch_all_or_nothing_on_distinct_workers() {
+    let b = buffer(1, Access::ReadWrite);
+    let mut e = Engine::new();
+    e.worker_up(WorkerId(0), [K], 1);
+    e.worker_up(WorkerId(1), [K], 1);
+    // Worker 1 is busy with a solo task.
+    let solo = e
+        .submit(submission(
+            1,
+            &[(row(b, 0), ArgTag::Output)],
+            Placement::On(WorkerId(1)),
+        ))
+        .unwrap();
+    assert_eq!(dispatched(&solo), vec![(1, 1)]);
+    let group = Submission {
+        task: NewTask {
+            id: TaskId(2),
+            members: vec![
+                vec![
+                    Arg {
+                        tensor: row(b, 2),
+                        tag: ArgTag::Output,
+                    },
+                    Arg {
+                        tensor: row(b, 3),
+                        tag: ArgTag::Input,
+                    },
+                ],
+                vec![
+                    Arg {
+                        tensor: row(b, 3),
+                        tag: ArgTag::Output,
+                    },
+                    Arg {
+                        tensor: row(b, 2),
+                        tag: ArgTag::Input,
+                    },
+                ],
+            ],
+            scalars: vec![0, 0],
+            after: vec![],
+        },
+        members: vec![
+            MemberInfo {
+                callable: K,
+                placement: Placement::Any,
+                device_buffers: vec![]
+            };
+            2
+        ],
+    };
+    // Members read each other's outputs: no self-edge, ready at once, but
+    // not launched while worker 1 is full.
+    assert!(dispatched(&e.submit(group).unwrap()).is_empty());
+    let out = e.finished(TaskId(1), 0, Ok(()));
+    let mut d = dispatched(&out);
+    d.sort_unstable();
+    assert_eq!(d, vec![(2, 0), (2, 1)], "both members at once");
+    assert!(
+        e.finished(TaskId(2), 0, Ok(()))
+            .iter()
+            .all(|a| !matches!(a, Action::Done { .. })),
+        "one member is not the task"
+    );
+    let out = e.finished(TaskId(2), 1, Ok(()));
+    assert!(out.contains(&Action::Done {
+        task: TaskId(2),
+        outcome: Outcome::Success
+    }));
+}
+
+#[test]
+fn endpoint_loss_fails_in_flight_and_replaces_queued() {
+    let b = buffer(1, Access::ReadWrite);
+    let mut e = Engine::new();
+    e.worker_up(WorkerId(0), [K], 1);
+    e.worker_up(WorkerId(1), [K], 1);
+    let mut out = Vec::new();
+    out.extend(
+        e.submit(submission(
+            1,
+            &[(row(b, 0), ArgTag::Output)],
+            Placement::On(WorkerId(0)),
+        ))
+        .unwrap(),
+    );
+    out.extend(
+        e.submit(submission(
+            2,
+            &[(row(b, 1), ArgTag::Output)],
+            Placement::On(WorkerId(0)),
+        ))
+        .unwrap(),
+    );
+    out.extend(
+        e.submit(submission(
+            3,
+            &[(row(b, 2), ArgTag::Output)],
+            Placement::Any,
+        ))
+        .unwrap(),
+    );
+    out.extend(
+        e.submit(submission(
+            4,
+            &[(row(b, 3), ArgTag::Output)],
+            Placement::Any,
+        ))
+        .unwrap(),
+    );
+    out.extend(
+        e.submit(submission(5, &[(row(b, 0), ArgTag::Input)], Placement::Any))
+            .unwrap(),
+    );
+    assert_eq!(dispatched(&out), vec![(1, 0), (3, 1)]);
+    let lost = e.worker_down(WorkerId(0), "connection reset");
+    let done: Vec<(u64, Outcome)> = lost
+        .iter()
+        .filter_map(|a| match a {
+            Action::Done { task, outcome } => Some((task.0, outcome.clone())),
+            _ => None,
+        })
+        .collect();
+    assert!(done.contains(&(
+        1,
+        Outcome::EndpointFailure("worker 0 lost: connection reset".into())
+    )));
+    assert!(
+        done.contains(&(
+            2,
+            Outcome::EndpointFailure("worker 0 lost: connection reset".into())
+        )),
+        "named worker 0"
+    );
+    assert!(
+        done.contains(&(5, Outcome::Skipped { because: TaskId(1) })),
+        "read task 1's output"
+    );
+    let fe = e.first_error().unwrap();
+    assert_eq!((fe.task, fe.worker), (TaskId(1), Some(WorkerId(0))));
+    // Task 4 was queued automatically; it moves to worker 1 and runs there.
+    let out = e.finished(TaskId(3), 0, Ok(()));
+    assert_eq!(dispatched(&out), vec![(4, 1)]);
+    // The worker comes back and takes work again.
+    e.worker_up(WorkerId(0), [K], 1);
+    let out = e
+        .submit(submission(
+            6,
+            &[(row(b, 7), ArgTag::Output)],
+            Placement::On(WorkerId(0)),
+        ))
+        .unwrap();
+    assert_eq!(dispatched(&out), vec![(6, 0)]);
+    e.scheduler().check_invariants().unwrap();
+    e.dag().check_invariants().unwrap();
+}
+
+#[test]
+fn kernel_failure_is_the_first_error_and_cancel_works_through_the_engine() {
+    let b = buffer(1, Access::ReadWrite);
+    let mut e = Engine::new();
+    e.worker_up(WorkerId(0), [K], 1);
+    e.submit(submission(
+        1,
+        &[(row(b, 0), ArgTag::Output)],
+        Placement::Any,
+    ))
+    .unwrap();
+    e.submit(submission(2, &[(row(b, 0), ArgTag::Input)], Placement::Any))
+        .unwrap();
+    e.submit(submission(
+        3,
+        &[(row(b, 5), ArgTag::Output)],
+        Placement::Any,
+    ))
+    .unwrap();
+    let out = e.cancel(TaskId(3)).unwrap();
+    assert!(out.contains(&Action::Done {
+        task: TaskId(3),
+        outcome: Outcome::Cancelled
+    }));
+    assert!(e.cancel(TaskId(1)).is_err(), "running");
+    let out = e.finished(TaskId(1), 0, Err("kernel add@1 failed: boom".into()));
+    assert!(out.contains(&Action::Done {
+        task: TaskId(1),
+        outcome: Outcome::TaskFailure("kernel add@1 failed: boom".into())
+    }));
+    assert!(out.contains(&Action::Done {
+        task: TaskId(2),
+        outcome: Outcome::Skipped { because: TaskId(1) }
+    }));
+    let fe = e.first_error().unwrap();
+    assert_eq!(
+        (fe.task, fe.callable, fe.worker),
+        (TaskId(1), K, Some(WorkerId(0)))
+    );
+}

@@ -41,7 +41,7 @@ mod solve;
 
 use std::ops::Range;
 
-use crate::{CanonicalIdentity, Tensor};
+use crate::{CanonicalIdentity, MAX_DIMS, Tensor};
 use set::{Dim, Set, normalize};
 
 /// How two views relate, as seen from the first.
@@ -63,17 +63,85 @@ pub enum Overlap {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Footprint {
     identity: CanonicalIdentity,
-    set: Set,
+    set: Compact,
     exact: bool,
+}
+
+/// A nested set stored in 64-bit fields (every value of a valid view fits),
+/// a third of the solver's 128-bit form: indexes keep many footprints.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Compact {
+    base: u64,
+    width: u64,
+    len: u8,
+    dims: [(u64, u64); MAX_DIMS],
+}
+
+impl Compact {
+    /// The compact form, or `None` if a value does not fit (never for a
+    /// footprint of a valid tensor).
+    fn of(s: &Set) -> Option<Compact> {
+        let mut c = Compact {
+            base: u64::try_from(s.base).ok()?,
+            width: u64::try_from(s.width).ok()?,
+            len: u8::try_from(s.dims().len()).ok()?,
+            dims: [(0, 0); MAX_DIMS],
+        };
+        if s.dims().len() > MAX_DIMS {
+            return None;
+        }
+        for (slot, d) in c.dims.iter_mut().zip(s.dims()) {
+            *slot = (u64::try_from(d.n).ok()?, u64::try_from(d.s).ok()?);
+        }
+        Some(c)
+    }
+
+    fn dims(&self) -> &[(u64, u64)] {
+        self.dims.get(..usize::from(self.len)).unwrap_or_default()
+    }
+
+    fn set(&self) -> Set {
+        let mut s = Set::run(i128::from(self.base), i128::from(self.width));
+        for &(n, st) in self.dims() {
+            // At most MAX_DIMS (5) dims, below the set's capacity.
+            s = s
+                .push(Dim {
+                    n: i128::from(n),
+                    s: i128::from(st),
+                })
+                .unwrap_or(s);
+        }
+        s
+    }
+
+    fn bounds(&self) -> (u64, u64) {
+        let extent = self.dims().iter().fold(self.width, |e, &(n, s)| {
+            e.saturating_add((n - 1).saturating_mul(s))
+        });
+        (self.base, self.base.saturating_add(extent))
+    }
 }
 
 impl Footprint {
     /// The footprint of `view`.
     pub fn of(view: &Tensor) -> Footprint {
         let (set, exact) = byte_set(view);
+        let compact = Compact::of(&set).unwrap_or_else(|| {
+            // Unreachable for valid tensors; stay sound with the bounding run.
+            let (lo, hi) = set.bounds();
+            let lo = u64::try_from(lo).unwrap_or(0);
+            let hi = u64::try_from(hi).unwrap_or(u64::MAX);
+            Compact {
+                base: lo,
+                width: hi - lo,
+                len: 0,
+                dims: [(0, 0); MAX_DIMS],
+            }
+        });
+        let exact = exact && Compact::of(&set).is_some();
         Footprint {
             identity: *view.identity(),
-            set,
+            set: compact,
             exact,
         }
     }
@@ -86,8 +154,7 @@ impl Footprint {
     /// From the first byte to one past the last byte touched.
     pub fn byte_range(&self) -> Range<u64> {
         let (lo, hi) = self.set.bounds();
-        let clamp = |v: i128| u64::try_from(v).unwrap_or(if v < 0 { 0 } else { u64::MAX });
-        clamp(lo)..clamp(hi)
+        lo..hi
     }
 
     /// Whether the footprint is exactly the view's byte set (otherwise it is
@@ -99,12 +166,12 @@ impl Footprint {
 
     /// Byte offset of the first byte.
     pub fn base(&self) -> u64 {
-        u64::try_from(self.set.base).unwrap_or(0)
+        self.set.base
     }
 
     /// Bytes in each innermost contiguous run.
     pub fn run_bytes(&self) -> u64 {
-        u64::try_from(self.set.width).unwrap_or(u64::MAX)
+        self.set.width
     }
 
     /// The levels of the footprint, innermost first, as `(count, byte
@@ -113,12 +180,7 @@ impl Footprint {
     /// what is inside it; an index can use them to place the footprint in a
     /// row/column grid.
     pub fn levels(&self) -> impl Iterator<Item = (u64, u64)> + '_ {
-        self.set.dims().iter().map(|d| {
-            (
-                u64::try_from(d.n).unwrap_or(u64::MAX),
-                u64::try_from(d.s).unwrap_or(u64::MAX),
-            )
-        })
+        self.set.dims().iter().copied()
     }
 
     /// How `self` relates to `other`; [`Overlap::Covers`] means every byte of
@@ -128,15 +190,13 @@ impl Footprint {
             return Overlap::Disjoint;
         }
         let mut budget = solve::STEP_BUDGET;
-        match solve::intersects(&self.set, &other.set, &mut budget) {
+        let (a, b) = (self.set.set(), other.set.set());
+        match solve::intersects(&a, &b, &mut budget) {
             Some(false) => Overlap::Disjoint,
             None => Overlap::Partial,
             // A superset of `other` inside `self` proves `other` inside it;
             // a superset of `self` proves nothing.
-            Some(true)
-                if self.exact
-                    && solve::contains(&self.set, &other.set, &mut budget) == Some(true) =>
-            {
+            Some(true) if self.exact && solve::contains(&a, &b, &mut budget) == Some(true) => {
                 Overlap::Covers
             }
             Some(true) => Overlap::Partial,

@@ -1,7 +1,9 @@
-//! The per-buffer index of live accesses: an R-tree of each footprint's
-//! cells in a (row, column) grid of the buffer, so that finding the
-//! accesses that may share bytes with a new one costs about O(log k +
-//! matches) for k live entries, with the overlap engine deciding each
+//! The per-buffer index of live accesses: each footprint's rectangles in a
+//! (row, column) grid of the buffer, kept in a hash of fixed-size cells
+//! when they are small (tiles: O(1) per access whatever the number of live
+//! entries) and in an R-tree when they span many cells (O(log k)). Finding
+//! the accesses that may share bytes with a new one costs about O(cells +
+//! log k + matches) for k live entries, and the overlap engine decides each
 //! candidate exactly.
 //!
 //! The grid has rows of `S` bytes, where `S` is the innermost stride of the
@@ -14,9 +16,8 @@
 //! rectangles, so two footprints that share a byte have intersecting
 //! rectangles: the grid never hides a candidate, it only prunes.
 
-use std::collections::HashMap;
-
-use rstar::{AABB, RTree, RTreeObject};
+use rstar::{AABB, RStarInsertionStrategy, RTree, RTreeObject, RTreeParams};
+use rustc_hash::FxHashMap;
 use strata_wire::{Footprint, Overlap};
 
 use crate::ids::TaskId;
@@ -39,7 +40,6 @@ pub(crate) struct Entry {
     /// The task failed, was skipped or cancelled: it never wrote these
     /// bytes, so whoever reads them must be skipped too.
     pub(crate) poisoned: bool,
-    rects: Vec<AABB<[i64; 2]>>,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -64,43 +64,107 @@ const COORD_MAX: i64 = 1 << 30;
 /// different innermost stride re-chooses the grid (a cheap rebuild).
 const REGRID_LIMIT: usize = 64;
 
+/// Wider nodes than rstar's default: a shallower tree touches fewer nodes
+/// per query, which keeps the per-access cost nearly flat in the number of
+/// live entries.
+#[derive(Debug)]
+pub(crate) struct Params;
+
+impl RTreeParams for Params {
+    const MIN_SIZE: usize = 6;
+    const MAX_SIZE: usize = 16;
+    const REINSERTION_COUNT: usize = 3;
+    type DefaultInsertionStrategy = RStarInsertionStrategy;
+}
+
+/// An entry whose rectangles cover at most this many cells lives in the
+/// cell hash; a larger one in the R-tree.
+const SMALL_CELLS: u64 = 16;
+
+/// A query covering more cells than this scans the small entries instead
+/// of the cells.
+const SCAN_CELLS: u64 = 1024;
+
 /// Live accesses to one buffer.
 #[derive(Debug)]
 pub(crate) struct BufferIndex {
     row: u64,
-    tree: RTree<Item>,
-    entries: HashMap<u64, Entry>,
+    /// Cell height (rows) and width (columns), in grid units.
+    cell: (u64, u64),
+    cells: FxHashMap<(i64, i64), Vec<u64>>,
+    wide: RTree<Item, Params>,
+    entries: FxHashMap<u64, Entry>,
 }
 
 impl Default for BufferIndex {
     fn default() -> Self {
         BufferIndex {
             row: 4096,
-            tree: RTree::new(),
-            entries: HashMap::new(),
+            cell: (1, 4096),
+            cells: FxHashMap::default(),
+            wide: RTree::new_with_params(),
+            entries: FxHashMap::default(),
         }
     }
+}
+
+/// The cells rectangle `r` covers, as (first row, last row, first col,
+/// last col) in cell units.
+fn cell_span(r: &AABB<[i64; 2]>, cell: (u64, u64)) -> (i64, i64, i64, i64) {
+    let (ch, cw) = (
+        i64::try_from(cell.0).unwrap_or(1).max(1),
+        i64::try_from(cell.1).unwrap_or(1).max(1),
+    );
+    let (lo, hi) = (r.lower(), r.upper());
+    (lo[0] / ch, hi[0] / ch, lo[1] / cw, hi[1] / cw)
+}
+
+fn cell_count(rs: &[AABB<[i64; 2]>], cell: (u64, u64)) -> u64 {
+    rs.iter()
+        .map(|r| {
+            let (r0, r1, c0, c1) = cell_span(r, cell);
+            u64::try_from((r1 - r0 + 1).saturating_mul(c1 - c0 + 1)).unwrap_or(u64::MAX)
+        })
+        .fold(0u64, u64::saturating_add)
 }
 
 impl BufferIndex {
     /// Live entries that share a byte with `fp`, with how `fp` relates to
     /// each (`Covers` when `fp` covers the entry).
     pub(crate) fn matches(&self, fp: &Footprint) -> Vec<(u64, Overlap)> {
-        let mut out: Vec<(u64, Overlap)> = Vec::new();
-        for env in rects(fp, self.row) {
-            for item in self.tree.locate_in_envelope_intersecting(env) {
-                if out.iter().any(|(id, _)| *id == item.entry) {
-                    continue;
-                }
-                if let Some(e) = self.entries.get(&item.entry) {
-                    let rel = fp.overlap(&e.footprint);
-                    if rel != Overlap::Disjoint {
-                        out.push((item.entry, rel));
+        let rs = rects(fp, self.row);
+        let mut candidates: Vec<u64> = Vec::new();
+        if cell_count(&rs, self.cell) <= SCAN_CELLS {
+            for r in &rs {
+                let (r0, r1, c0, c1) = cell_span(r, self.cell);
+                for cr in r0..=r1 {
+                    for cc in c0..=c1 {
+                        if let Some(list) = self.cells.get(&(cr, cc)) {
+                            candidates.extend_from_slice(list);
+                        }
                     }
                 }
             }
+        } else {
+            candidates.extend(self.cells.values().flatten());
         }
-        out
+        for r in &rs {
+            candidates.extend(
+                self.wide
+                    .locate_in_envelope_intersecting(*r)
+                    .map(|i| i.entry),
+            );
+        }
+        candidates.sort_unstable();
+        candidates.dedup();
+        candidates
+            .into_iter()
+            .filter_map(|id| {
+                let e = self.entries.get(&id)?;
+                let rel = fp.overlap(&e.footprint);
+                (rel != Overlap::Disjoint).then_some((id, rel))
+            })
+            .collect()
     }
 
     pub(crate) fn get(&self, id: u64) -> Option<&Entry> {
@@ -114,19 +178,9 @@ impl BufferIndex {
     /// Adds an entry under `id`.
     pub(crate) fn insert(&mut self, id: u64, task: TaskId, kind: Kind, footprint: Footprint) {
         if self.entries.len() <= REGRID_LIMIT {
-            if let Some((_, s)) = footprint.levels().next() {
-                if s != self.row && s > 0 {
-                    self.regrid(s);
-                }
-            }
+            self.maybe_regrid(&footprint);
         }
-        let rects = rects(&footprint, self.row);
-        for env in &rects {
-            self.tree.insert(Item {
-                env: *env,
-                entry: id,
-            });
-        }
+        self.place(id, &footprint);
         self.entries.insert(
             id,
             Entry {
@@ -134,7 +188,6 @@ impl BufferIndex {
                 kind,
                 footprint,
                 poisoned: false,
-                rects,
             },
         );
     }
@@ -142,11 +195,29 @@ impl BufferIndex {
     /// Removes an entry.
     pub(crate) fn remove(&mut self, id: u64) -> Option<Entry> {
         let e = self.entries.remove(&id)?;
-        for env in &e.rects {
-            self.tree.remove(&Item {
-                env: *env,
-                entry: id,
-            });
+        // Where an entry lives is a function of its footprint and the grid,
+        // so it is recomputed rather than stored.
+        let rs = rects(&e.footprint, self.row);
+        if cell_count(&rs, self.cell) <= SMALL_CELLS {
+            for r in &rs {
+                let (r0, r1, c0, c1) = cell_span(r, self.cell);
+                for cr in r0..=r1 {
+                    for cc in c0..=c1 {
+                        if let Some(list) = self.cells.get_mut(&(cr, cc)) {
+                            if let Some(pos) = list.iter().position(|x| *x == id) {
+                                list.swap_remove(pos);
+                            }
+                            if list.is_empty() {
+                                self.cells.remove(&(cr, cc));
+                            }
+                        }
+                    }
+                }
+            }
+        } else {
+            for env in rs {
+                self.wide.remove(&Item { env, entry: id });
+            }
         }
         Some(e)
     }
@@ -163,26 +234,78 @@ impl BufferIndex {
         self.entries.iter()
     }
 
-    fn regrid(&mut self, row: u64) {
-        self.row = row;
-        let mut items = Vec::new();
-        for (id, e) in &mut self.entries {
-            e.rects = rects(&e.footprint, row);
-            items.extend(e.rects.iter().map(|env| Item {
-                env: *env,
-                entry: *id,
-            }));
+    fn place(&mut self, id: u64, fp: &Footprint) {
+        let rs = rects(fp, self.row);
+        if cell_count(&rs, self.cell) <= SMALL_CELLS {
+            for r in &rs {
+                let (r0, r1, c0, c1) = cell_span(r, self.cell);
+                for cr in r0..=r1 {
+                    for cc in c0..=c1 {
+                        let list = self.cells.entry((cr, cc)).or_default();
+                        if !list.contains(&id) {
+                            list.push(id);
+                        }
+                    }
+                }
+            }
+        } else {
+            for env in rs {
+                self.wide.insert(Item { env, entry: id });
+            }
         }
-        self.tree = RTree::bulk_load(items);
     }
 
-    /// The R-tree holds exactly the entries' rectangles.
+    /// While the index is small, follows the shape of what it is given: the
+    /// grid's row becomes the footprint's innermost stride and a cell the
+    /// size of its first rectangle (a tile).
+    fn maybe_regrid(&mut self, fp: &Footprint) {
+        let row = fp.levels().next().map_or(self.row, |(_, s)| s).max(1);
+        let shape = rects(fp, row).first().map_or((1, row), |r| {
+            let (lo, hi) = (r.lower(), r.upper());
+            (
+                u64::try_from(hi[0] - lo[0] + 1).unwrap_or(1),
+                u64::try_from(hi[1] - lo[1] + 1).unwrap_or(row),
+            )
+        });
+        if (row, shape) == (self.row, self.cell) {
+            return;
+        }
+        self.row = row;
+        self.cell = shape;
+        self.cells.clear();
+        self.wide = RTree::new_with_params();
+        let ids: Vec<(u64, Footprint)> = self
+            .entries
+            .iter()
+            .map(|(id, e)| (*id, e.footprint))
+            .collect();
+        for (id, fp) in ids {
+            self.place(id, &fp);
+        }
+    }
+
+    /// The cells and the R-tree hold exactly the entries' rectangles.
     pub(crate) fn check(&self) -> Result<(), String> {
-        let rects: usize = self.entries.values().map(|e| e.rects.len()).sum();
-        if rects != self.tree.size() {
+        let (mut in_cells, mut in_tree) = (0usize, 0usize);
+        for e in self.entries.values() {
+            let rs = rects(&e.footprint, self.row);
+            if cell_count(&rs, self.cell) <= SMALL_CELLS {
+                in_cells += rs
+                    .iter()
+                    .map(|r| {
+                        let (r0, r1, c0, c1) = cell_span(r, self.cell);
+                        usize::try_from((r1 - r0 + 1) * (c1 - c0 + 1)).unwrap_or(0)
+                    })
+                    .sum::<usize>();
+            } else {
+                in_tree += rs.len();
+            }
+        }
+        let cells: usize = self.cells.values().map(Vec::len).sum();
+        if in_tree != self.wide.size() || cells > in_cells {
             return Err(format!(
-                "index: {} rectangles in the tree, entries have {rects}",
-                self.tree.size()
+                "index: tree holds {} (expected {in_tree}), cells hold {cells} (at most {in_cells})",
+                self.wide.size()
             ));
         }
         Ok(())

@@ -3,3 +3,4 @@
 
 mod behaviour;
 mod differential;
+mod false_edges;

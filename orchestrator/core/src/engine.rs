@@ -37,6 +37,37 @@ pub enum Action {
     Release(CanonicalIdentity),
 }
 
+/// Something that happened, for [`Engine::on_event`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Event {
+    /// A worker came up (or back) offering these callables, taking at most
+    /// `window` tasks at a time.
+    WorkerUp {
+        /// The worker.
+        worker: WorkerId,
+        /// Its callables.
+        callables: Vec<CallableId>,
+        /// Its in-flight window.
+        window: usize,
+    },
+    /// A worker was lost.
+    WorkerDown {
+        /// The worker.
+        worker: WorkerId,
+        /// Why.
+        cause: String,
+    },
+    /// A member of a dispatched task reported.
+    Finished {
+        /// The task.
+        task: TaskId,
+        /// Which member.
+        member: usize,
+        /// Its result; the error is the cause.
+        result: Result<(), String>,
+    },
+}
+
 /// A task to submit: the DAG's view plus, per member, callable and placement.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Submission {
@@ -72,6 +103,23 @@ impl Engine {
     /// The first failure of the run.
     pub fn first_error(&self) -> Option<&FirstError> {
         self.sched.first_error()
+    }
+
+    /// Applies one event and returns what to do next.
+    pub fn on_event(&mut self, event: Event) -> Vec<Action> {
+        match event {
+            Event::WorkerUp {
+                worker,
+                callables,
+                window,
+            } => self.worker_up(worker, callables, window),
+            Event::WorkerDown { worker, cause } => self.worker_down(worker, &cause),
+            Event::Finished {
+                task,
+                member,
+                result,
+            } => self.finished(task, member, result),
+        }
     }
 
     /// A worker came up (or back).

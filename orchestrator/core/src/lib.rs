@@ -38,6 +38,6 @@ pub mod sched;
 pub mod sim;
 
 pub use dag::{Dag, SubmitError};
-pub use engine::{Action, Engine, Submission};
+pub use engine::{Action, Engine, Event, Submission};
 pub use ids::{CallableId, ScopeId, TaskId, WorkerId};
 pub use sched::{Outcome, Placement, Scheduler};

@@ -21,7 +21,7 @@ use strata_wire::{
 };
 
 use crate::dag::{Arg, NewTask};
-use crate::engine::{Action, Engine, Submission};
+use crate::engine::{Action, Engine, Event, Submission};
 use crate::ids::{CallableId, TaskId, WorkerId};
 use crate::sched::{MemberInfo, Outcome, Placement};
 
@@ -494,7 +494,11 @@ pub fn run_engine(p: &Program, workers: u32, rng: &mut Rng) -> (Memory, RunStats
             let (task, member, writes) = in_flight.swap_remove(i);
             // Outputs land when the task completes.
             apply(&writes, &mut mem);
-            let actions = engine.finished(task, member, Ok(()));
+            let actions = engine.on_event(Event::Finished {
+                task,
+                member,
+                result: Ok(()),
+            });
             handle(actions, &mem, &mut in_flight, &mut done);
         }
         stats.max_in_flight = stats.max_in_flight.max(in_flight.len());

@@ -100,6 +100,7 @@ impl Compact {
         self.dims.get(..usize::from(self.len)).unwrap_or_default()
     }
 
+    #[inline]
     fn set(&self) -> Set {
         let mut s = Set::run(i128::from(self.base), i128::from(self.width));
         for &(n, st) in self.dims() {
@@ -190,6 +191,11 @@ impl Footprint {
             return Overlap::Disjoint;
         }
         let mut budget = solve::STEP_BUDGET;
+        // Disjoint bounding ranges need no solver (and no 128-bit sets).
+        let ((alo, ahi), (blo, bhi)) = (self.set.bounds(), other.set.bounds());
+        if ahi <= blo || bhi <= alo {
+            return Overlap::Disjoint;
+        }
         let (a, b) = (self.set.set(), other.set.set());
         match solve::intersects(&a, &b, &mut budget) {
             Some(false) => Overlap::Disjoint,

@@ -40,6 +40,18 @@ impl Set {
         }
     }
 
+    /// A set from its parts, in place (no copy per level). `dims` must be
+    /// nested, counts ≥ 2, and at most [`MAX_SET_DIMS`] long (extra levels
+    /// are ignored).
+    pub(super) fn from_parts(base: i128, width: i128, dims: impl Iterator<Item = Dim>) -> Set {
+        let mut s = Set::run(base, width);
+        for (slot, d) in s.dims.iter_mut().zip(dims) {
+            *slot = d;
+            s.len += 1;
+        }
+        s
+    }
+
     pub(super) fn dims(&self) -> &[Dim] {
         self.dims.get(..self.len).unwrap_or_default()
     }

@@ -102,17 +102,11 @@ impl Compact {
 
     #[inline]
     fn set(&self) -> Set {
-        let mut s = Set::run(i128::from(self.base), i128::from(self.width));
-        for &(n, st) in self.dims() {
-            // At most MAX_DIMS (5) dims, below the set's capacity.
-            s = s
-                .push(Dim {
-                    n: i128::from(n),
-                    s: i128::from(st),
-                })
-                .unwrap_or(s);
-        }
-        s
+        let dims = self.dims().iter().map(|&(n, s)| Dim {
+            n: i128::from(n),
+            s: i128::from(s),
+        });
+        Set::from_parts(i128::from(self.base), i128::from(self.width), dims)
     }
 
     fn bounds(&self) -> (u64, u64) {

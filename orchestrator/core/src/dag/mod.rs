@@ -2,7 +2,7 @@
 //!
 //! Contract: running the tasks in any order this DAG allows gives exactly
 //! the bytes of running them one by one in submission order. Per buffer
-//! identity, an index of live accesses ([`index`]) answers "which earlier
+//! identity, an index of live accesses (`index.rs`) answers "which earlier
 //! accesses share a byte with this one"; a task gets an edge from
 //!
 //! | it | from earlier | kind |
@@ -217,7 +217,7 @@ impl Dag {
         self.nodes.contains_key(&id)
     }
 
-    /// Checks a task (see [`submit`]) and, if it passes, records it and
+    /// Checks a task (the rules in `submit.rs`) and, if it passes, records it and
     /// returns its edges.
     ///
     /// # Errors

@@ -264,19 +264,7 @@ impl Engine {
                             self.dag.fail(task)
                         };
                         out.push(Action::Done { task, outcome });
-                        for t in transitions.unwrap_or_default() {
-                            match t {
-                                Transition::Ready(r) => next.extend(self.sched.ready(r)),
-                                Transition::Skipped { task, because } => {
-                                    self.sched.forget(task);
-                                    out.push(Action::Done {
-                                        task,
-                                        outcome: Outcome::Skipped { because },
-                                    });
-                                }
-                                Transition::Release(b) => out.push(Action::Release(b)),
-                            }
-                        }
+                        next.extend(self.apply(transitions.unwrap_or_default(), &mut out));
                     }
                 }
             }
@@ -287,6 +275,15 @@ impl Engine {
 
     fn transitions(&mut self, ts: Vec<Transition>) -> Vec<Action> {
         let mut out = Vec::new();
+        let sched_actions = self.apply(ts, &mut out);
+        out.extend(self.after_sched(sched_actions));
+        out
+    }
+
+    /// Feeds DAG transitions to the scheduler: ready tasks are placed (the
+    /// scheduler's actions are returned), skipped ones finish, released
+    /// buffers are reported in `out`.
+    fn apply(&mut self, ts: Vec<Transition>, out: &mut Vec<Action>) -> Vec<sched::Action> {
         let mut sched_actions = Vec::new();
         for t in ts {
             match t {
@@ -301,7 +298,6 @@ impl Engine {
                 Transition::Release(b) => out.push(Action::Release(b)),
             }
         }
-        out.extend(self.after_sched(sched_actions));
-        out
+        sched_actions
     }
 }

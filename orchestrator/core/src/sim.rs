@@ -14,7 +14,7 @@
 
 use std::collections::HashMap;
 
-use strata_wire::check::Rng;
+use strata_wire::check::{Rng, random_factorization, row_major_strides};
 use strata_wire::{
     Access, AddressSpace, ArgTag, Backing, BufferDescriptor, CanonicalIdentity, DType,
     IdentityMint, Tensor,
@@ -188,7 +188,7 @@ fn random_task(rng: &mut Rng, layouts: &[Layout], id: TaskId, members: usize) ->
 fn random_view(rng: &mut Rng, layout: &Layout) -> Option<Tensor> {
     let nbytes = layout.desc.nbytes();
     let elem = u64::from(layout.dtype.bits() / 8);
-    let strides = row_major(&layout.dims);
+    let strides = row_major_strides(&layout.dims);
     let make = |offset_elems: u64, shape: &[u32], strides: &[u32], dtype: DType| {
         let byte_offset = match dtype.bits() {
             4 => offset_elems / 2,
@@ -197,7 +197,7 @@ fn random_view(rng: &mut Rng, layout: &Layout) -> Option<Tensor> {
         Tensor::new(layout.desc, byte_offset, shape, strides, dtype).ok()
     };
     let boxed = |rng: &mut Rng, dims: &[u32], max_step: u32| {
-        let st = row_major(dims);
+        let st = row_major_strides(dims);
         let mut off = 0u64;
         let mut shape = Vec::new();
         let mut vs = Vec::new();
@@ -238,7 +238,7 @@ fn random_view(rng: &mut Rng, layout: &Layout) -> Option<Tensor> {
                 return None;
             }
             let rank = rng.range(1, 3) as usize;
-            let dims = factorize(rng, (nbytes / e) as u32, rank);
+            let dims = random_factorization(rng, (nbytes / e) as u32, rank);
             let (o, s, st) = boxed(rng, &dims, 2);
             make(o, &s, &st, dtype)
         }
@@ -259,7 +259,7 @@ fn random_view(rng: &mut Rng, layout: &Layout) -> Option<Tensor> {
         5 => {
             // FP4 over the bytes.
             let rank = rng.range(1, 3) as usize;
-            let dims = factorize(rng, (nbytes * 2) as u32, rank);
+            let dims = random_factorization(rng, (nbytes * 2) as u32, rank);
             let (o, s, st) = boxed(rng, &dims, 2);
             make(o & !1, &s, &st, DType::Fp4E2M1)
         }
@@ -270,28 +270,6 @@ fn random_view(rng: &mut Rng, layout: &Layout) -> Option<Tensor> {
             make(u64::from(rng.range(0, 16)), &shape, &st, layout.dtype)
         }
     }
-}
-
-fn row_major(dims: &[u32]) -> Vec<u32> {
-    let mut s = vec![1u32; dims.len()];
-    for i in (0..dims.len().saturating_sub(1)).rev() {
-        s[i] = s[i + 1] * dims[i + 1];
-    }
-    s
-}
-
-fn factorize(rng: &mut Rng, mut n: u32, rank: usize) -> Vec<u32> {
-    let mut dims = vec![1u32; rank];
-    let mut p = 2;
-    while n > 1 {
-        while n % p == 0 {
-            let a = (rng.next_u64() % rank as u64) as usize;
-            dims[a] *= p;
-            n /= p;
-        }
-        p += 1;
-    }
-    dims
 }
 
 /// Every element offset of a view, in row-major index order, in units of

@@ -30,4 +30,4 @@ pub use fuzz::{
     reference_tensor_valid,
 };
 pub use oracle::{ORACLE_MAX_ELEMENTS, byte_set, check_answer, overlap_by_bytes};
-pub use views::{Rng, ViewClass, test_buffer, view_pair};
+pub use views::{Rng, ViewClass, random_factorization, row_major_strides, test_buffer, view_pair};

@@ -102,7 +102,8 @@ pub fn test_buffer(nbytes: u64) -> BufferDescriptor {
 
 const DTYPES: [DType; 5] = [DType::U8, DType::F16, DType::F32, DType::I64, DType::BF16];
 
-fn row_major_strides(dims: &[u32]) -> Vec<u32> {
+/// Row-major element strides of an array of `dims`.
+pub fn row_major_strides(dims: &[u32]) -> Vec<u32> {
     let mut strides = vec![1u32; dims.len()];
     for i in (0..dims.len().saturating_sub(1)).rev() {
         strides[i] = strides[i + 1] * dims[i + 1];
@@ -134,7 +135,7 @@ fn random_dims(rng: &mut Rng, rank: u32, max: u32) -> Vec<u32> {
 }
 
 /// Factors `n` into `rank` positive factors at random.
-fn random_factorization(rng: &mut Rng, mut n: u32, rank: usize) -> Vec<u32> {
+pub fn random_factorization(rng: &mut Rng, mut n: u32, rank: usize) -> Vec<u32> {
     let mut dims = vec![1u32; rank];
     let mut p = 2;
     while n > 1 {

@@ -214,9 +214,14 @@ impl<'a, T: Pod> ViewMut<'a, T> {
     /// On an index outside the shape.
     #[inline]
     pub fn get(&self, idx: &[usize]) -> T {
-        let off = self.geometry.offset(idx);
-        // SAFETY: as View::get.
-        unsafe { self.base.offset(off).read_unaligned() }
+        self.as_view().get(idx)
+    }
+
+    /// A read view of the same elements, borrowed from this one.
+    pub fn as_view(&self) -> View<'_, T> {
+        // SAFETY: the memory is readable and valid for this view's
+        // lifetime (ViewMut::new's contract), which outlives the borrow.
+        unsafe { View::new(self.base, self.geometry) }
     }
 
     /// Stores `value` at `idx`.

@@ -1,20 +1,76 @@
-//! `strata-orchestrator`: the driver-side half of strata, and the `strata`
+//! `strata-orchestrator`: the driver side of strata, and the `strata`
 //! command-line tool.
 //!
-//! Today it holds the CLI ([`cli`]) with its first subcommand,
-//! `strata inspect`, which decodes wire-format files. The orchestrator proper
-//! (dependency inference and scheduling cores, actors, buffers, endpoints and
-//! the driver API) arrives with issues 5 and 6.
+//! A driver starts a [`Cluster`] (spawning local workers, or connecting to
+//! running ones by `unix:` or `tcp:` address), creates [`Buffer`]s and
+//! [`View`]s over them, and submits [`Task`]s. The orchestrator infers the
+//! dependency DAG from the bytes each task reads and writes (`strata-core`)
+//! and dispatches ready tasks to the workers, passing host buffers to
+//! local workers by fd (zero-copy) and staging bytes to remote ones.
 //!
+//! ```no_run
+//! use strata_orchestrator::{Cluster, Task};
+//! use strata_wire::DType;
+//!
+//! # fn main() -> Result<(), strata_orchestrator::Error> {
+//! let cluster = Cluster::builder().local(4).start()?;
+//! let x = cluster.buffer_from_slice(&[1.0f32; 1024])?.tensor(&[1024], DType::F32)?;
+//! let y = cluster.buffer(4096)?.tensor(&[1024], DType::F32)?;
+//! cluster.submit(Task::new("copy").input(&x).output(&y))?;
+//! cluster.submit(Task::new("axpy").input(&x).inout(&y).scalar_f64(2.0))?;
+//! cluster.wait_all()?;
+//! assert!(y.read::<f32>()?.iter().all(|&v| v == 3.0));
+//! # Ok(()) }
 //! ```
-//! use strata_orchestrator::cli::inspect::to_json;
-//! use strata_wire::{decode_any, TaskArgs};
-//! let blob = TaskArgs::new(vec![], vec![7]).unwrap().encode();
-//! let json = to_json(&decode_any(&blob).unwrap());
-//! assert_eq!(json["kind"], "task_args");
-//! assert_eq!(json["scalars"][0], 7);
-//! ```
+//!
+//! Inside: a DAG/scheduler actor owns the cores, one endpoint actor per
+//! worker owns its gRPC stream and fd channel, and a buffer manager
+//! releases buffers on the workers once nothing uses them
+//! (docs/ARCHITECTURE.md draws the channel graph).
 
-#![forbid(unsafe_code)]
+#![deny(unsafe_code)]
 
+mod actors;
+mod buffer;
 pub mod cli;
+mod cluster;
+mod error;
+mod local;
+mod mapping;
+mod npy;
+mod task;
+
+pub use buffer::{Buffer, View};
+pub use cluster::{Cluster, ClusterBuilder, Scope, WorkerInfo};
+pub use error::{Error, RunError};
+pub use local::default_worker_binary;
+pub use strata_core::{Outcome, TaskId, WorkerId};
+pub use strata_worker::ClientTls;
+pub use task::{Task, TaskHandle};
+
+/// Figures of a run (since the previous `wait_all`) or of the cluster's
+/// life ([`Cluster::totals`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RunSummary {
+    /// Tasks submitted.
+    pub submitted: u64,
+    /// Tasks that succeeded.
+    pub succeeded: u64,
+    /// Tasks that failed (TASK_FAILURE or ENDPOINT_FAILURE).
+    pub failed: u64,
+    /// Tasks skipped because a producer failed.
+    pub skipped: u64,
+    /// Tasks cancelled.
+    pub cancelled: u64,
+    /// Dependency edges inferred (one per predecessor of a task).
+    pub edges: u64,
+    /// Bytes of host buffers passed to local workers by fd (each buffer
+    /// counted once per worker): not copied.
+    pub fd_bytes: u64,
+    /// View bytes sent to remote workers with tasks.
+    pub sent_bytes: u64,
+    /// View bytes remote workers sent back.
+    pub returned_bytes: u64,
+    /// Bytes workers staged between host and device memory.
+    pub staged_bytes: u64,
+}

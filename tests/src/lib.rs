@@ -7,6 +7,8 @@
 
 #![deny(unsafe_code)]
 
+pub mod kernels;
+
 use std::io::{BufRead, BufReader};
 use std::os::fd::{AsFd, BorrowedFd};
 use std::os::unix::fs::MetadataExt;

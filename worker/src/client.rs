@@ -486,6 +486,17 @@ impl TaskStream {
         self.tx = None;
     }
 
+    /// Splits the stream into its sending half and its completions, so that
+    /// one task can send while another reads.
+    pub fn split(self) -> (TaskSender, Completions) {
+        (
+            TaskSender { tx: self.tx },
+            Completions {
+                completions: self.completions,
+            },
+        )
+    }
+
     /// The next batch of completions; `None` when the worker ended the stream.
     ///
     /// # Errors
@@ -515,4 +526,55 @@ fn error_chain(e: &dyn std::error::Error) -> String {
         cur = c.source();
     }
     s
+}
+
+/// The sending half of a split [`TaskStream`]; dropping it closes the
+/// stream for sending (the worker then finishes and ends the session).
+#[derive(Debug)]
+pub struct TaskSender {
+    tx: Option<mpsc::Sender<pb::TaskBatch>>,
+}
+
+impl TaskSender {
+    /// Sends one batch of tasks.
+    ///
+    /// # Errors
+    /// When the stream is closed.
+    pub async fn send(&self, tasks: &[TaskRequest]) -> Result<(), ClientError> {
+        let tx = self
+            .tx
+            .as_ref()
+            .ok_or_else(|| ClientError::Protocol("the task stream is closed".into()))?;
+        tx.send(pb::TaskBatch {
+            tasks: tasks.iter().map(pb::Task::from).collect(),
+        })
+        .await
+        .map_err(|_| ClientError::Protocol("the task stream is closed".into()))
+    }
+}
+
+/// The completions half of a split [`TaskStream`].
+#[derive(Debug)]
+pub struct Completions {
+    completions: Streaming<pb::CompletionBatch>,
+}
+
+impl Completions {
+    /// The next batch of completions; `None` when the worker ended the
+    /// stream.
+    ///
+    /// # Errors
+    /// A broken stream or a malformed completion.
+    pub async fn next(&mut self) -> Result<Option<Vec<TaskCompletion>>, ClientError> {
+        match self.completions.message().await? {
+            None => Ok(None),
+            Some(batch) => Ok(Some(
+                batch
+                    .completions
+                    .into_iter()
+                    .map(TaskCompletion::try_from)
+                    .collect::<Result<_, _>>()?,
+            )),
+        }
+    }
 }

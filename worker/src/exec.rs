@@ -130,6 +130,7 @@ fn prepare(
     let mut held: Held = Vec::new();
     let mut inline_args = Vec::new();
     let mut args = Vec::with_capacity(req.args.tensors().len());
+    let mut staged = unpack_inline(req.args.tensors(), &req.inline)?;
     for (i, ((tensor, tag), inline)) in req
         .args
         .tensors()
@@ -158,8 +159,10 @@ fn prepare(
                 held.push(Box::new(buf));
                 (*tensor, ArgBacking::Device(block))
             }
-            (AddressSpace::Host, Some(packed)) => {
-                let (view, host) = unpack_inline(tensor, &packed).map_err(bad)?;
+            (AddressSpace::Host, Some(_)) => {
+                let (view, host) = staged[i]
+                    .take()
+                    .ok_or_else(|| bad("no inline bytes".into()))?;
                 inline_args.push(InlineArg {
                     index: i as u32,
                     view,
@@ -193,31 +196,89 @@ fn prepare(
     ))
 }
 
-/// A private host buffer holding the view's extent, with the packed bytes
-/// unpacked into it, and the view rebased onto it (offset 0).
-fn unpack_inline(view: &Tensor, packed: &[u8]) -> Result<(Tensor, Arc<HostBuffer>), String> {
-    let extent = view.extent_bytes();
-    let len = usize::try_from(extent).map_err(|_| format!("inline view of {extent} bytes"))?;
-    let d = view.buffer();
-    let rebased_desc = BufferDescriptor::new(
-        *d.identity(),
-        extent,
-        d.address_space(),
-        d.access(),
-        *d.backing(),
-    )
-    .map_err(|e| e.to_string())?;
-    let rebased = Tensor::new(rebased_desc, 0, view.shape(), view.strides(), view.dtype())
-        .map_err(|e| e.to_string())?;
-    let mut bytes = vec![0u8; len];
-    if !packed.is_empty() && !staging::unpack(&rebased, packed, &mut bytes) {
-        return Err(format!(
-            "inline bytes do not fit the view ({} bytes)",
-            packed.len()
-        ));
+/// An inline argument's view, rebased onto its private host buffer.
+type Rebased = (Tensor, Arc<HostBuffer>);
+
+/// The private host memory of the arguments whose bytes came with the
+/// task. The inline views over one buffer identity share one private
+/// buffer covering all of them, each rebased by the same amount, so that
+/// their relative positions (and the launch's overlap checks between
+/// them) are those of the original buffer. Returns, per argument, its
+/// rebased view and buffer (`None` for arguments without inline bytes).
+fn unpack_inline(
+    tensors: &[Tensor],
+    inline: &[Option<Vec<u8>>],
+) -> Result<Vec<Option<Rebased>>, String> {
+    let mut out: Vec<Option<Rebased>> = vec![None; tensors.len()];
+    let mut done = vec![false; tensors.len()];
+    for i in 0..tensors.len() {
+        if done[i] || inline.get(i).is_none_or(|d| d.is_none()) {
+            continue;
+        }
+        if tensors[i].buffer().address_space() != AddressSpace::Host {
+            continue;
+        }
+        let identity = *tensors[i].identity();
+        let group: Vec<usize> = (i..tensors.len())
+            .filter(|&j| {
+                tensors[j].identity() == &identity && inline.get(j).is_some_and(|d| d.is_some())
+            })
+            .collect();
+        // Rebase by a multiple of 64 bytes, which keeps every dtype's
+        // offset alignment.
+        let lo = group
+            .iter()
+            .map(|&j| tensors[j].byte_offset())
+            .min()
+            .unwrap_or(0)
+            & !63;
+        let hi = group
+            .iter()
+            .map(|&j| tensors[j].end_byte())
+            .max()
+            .unwrap_or(0);
+        let len = usize::try_from(hi - lo)
+            .map_err(|_| format!("argument {i}: inline views span {} bytes", hi - lo))?;
+        let d = tensors[i].buffer();
+        let desc = BufferDescriptor::new(
+            identity,
+            hi - lo,
+            d.address_space(),
+            d.access(),
+            *d.backing(),
+        )
+        .map_err(|e| format!("argument {i}: {e}"))?;
+        let mut bytes = vec![0u8; len];
+        let mut views = Vec::with_capacity(group.len());
+        for &j in &group {
+            let t = &tensors[j];
+            let view = Tensor::new(
+                desc,
+                t.byte_offset() - lo,
+                t.shape(),
+                t.strides(),
+                t.dtype(),
+            )
+            .map_err(|e| format!("argument {j}: {e}"))?;
+            let packed = inline[j].as_deref().unwrap_or_default();
+            let start = usize::try_from(view.byte_offset()).unwrap_or(usize::MAX);
+            if !packed.is_empty()
+                && !staging::unpack(&view, packed, bytes.get_mut(start..).unwrap_or_default())
+            {
+                return Err(format!(
+                    "argument {j}: inline bytes do not fit the view ({} bytes)",
+                    packed.len()
+                ));
+            }
+            views.push((j, view));
+            done[j] = true;
+        }
+        let host = Arc::new(HostBuffer::from_bytes(&bytes).map_err(|e| e.to_string())?);
+        for (j, view) in views {
+            out[j] = Some((view, Arc::clone(&host)));
+        }
     }
-    let host = HostBuffer::from_bytes(&bytes).map_err(|e| e.to_string())?;
-    Ok((rebased, Arc::new(host)))
+    Ok(out)
 }
 
 fn complete(
@@ -231,7 +292,14 @@ fn complete(
             let outputs = inline
                 .iter()
                 .filter(|a| a.written)
-                .map(|a| (a.index, staging::pack(&a.view, &a.host.to_vec())))
+                .map(|a| {
+                    let all = a.host.to_vec();
+                    let first = usize::try_from(a.view.byte_offset()).unwrap_or(usize::MAX);
+                    (
+                        a.index,
+                        staging::pack(&a.view, all.get(first..).unwrap_or_default()),
+                    )
+                })
                 .collect();
             TaskCompletion {
                 id,

@@ -33,11 +33,14 @@
 
 pub mod dag;
 pub mod engine;
+pub mod holders;
 mod ids;
 pub mod sched;
 pub mod sim;
+mod sync;
 
 pub use dag::{Dag, SubmitError};
 pub use engine::{Action, Engine, Event, Submission};
+pub use holders::Holders;
 pub use ids::{CallableId, ScopeId, TaskId, WorkerId};
 pub use sched::{Outcome, Placement, Scheduler};

@@ -1,4 +1,5 @@
 //! Cross-process tests: the real `strata` binary (and `strata-test-worker`,
 //! a user-style worker binary) on private sockets.
 
+mod cluster;
 mod worker;

@@ -1,0 +1,185 @@
+//! Jobs shared by the examples and the cross-process tests: each builds
+//! its inputs, runs on a [`Cluster`], and checks the result against a
+//! single-threaded reference.
+
+use std::time::{Duration, Instant};
+
+use strata_orchestrator::{Cluster, Error, RunSummary, Task, WorkerId};
+use strata_wire::DType;
+
+/// Deterministic pseudo-random values in [-1, 1) (splitmix64).
+pub fn random_values(seed: u64, n: usize) -> Vec<f32> {
+    let mut s = seed;
+    (0..n)
+        .map(|_| {
+            s = s.wrapping_add(0x9e37_79b9_7f4a_7c15);
+            let mut z = s;
+            z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+            z ^= z >> 31;
+            ((z >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+        })
+        .collect()
+}
+
+/// `a · b` for row-major `n × n` matrices, accumulated in f64.
+pub fn reference_matmul(a: &[f32], b: &[f32], n: usize) -> Vec<f32> {
+    let mut c = vec![0f32; n * n];
+    for i in 0..n {
+        for j in 0..n {
+            let mut acc = 0f64;
+            for k in 0..n {
+                acc += f64::from(a[i * n + k]) * f64::from(b[k * n + j]);
+            }
+            c[i * n + j] = acc as f32;
+        }
+    }
+    c
+}
+
+/// What a job did.
+#[derive(Debug, Clone)]
+pub struct JobReport {
+    /// Tasks submitted.
+    pub tasks: u64,
+    /// From the first submit to the last completion.
+    pub wall: Duration,
+    /// Largest difference from the reference.
+    pub max_abs_err: f64,
+    /// The run's figures.
+    pub summary: RunSummary,
+}
+
+impl JobReport {
+    /// Whether the result is within `tol` of the reference.
+    pub fn ok(&self, tol: f64) -> bool {
+        self.max_abs_err <= tol
+    }
+}
+
+fn max_abs_diff(x: &[f32], y: &[f32]) -> f64 {
+    x.iter()
+        .zip(y)
+        .map(|(a, b)| (f64::from(*a) - f64::from(*b)).abs())
+        .fold(0.0, f64::max)
+}
+
+/// `C = A · B` for `n × n` F32 matrices in `tile × tile` tiles: for every
+/// tile of C, one `matmul` then `n/tile − 1` `matmul_acc` tasks, each
+/// naming strided tile views of the row-major matrices (so `(n/tile)³`
+/// tasks, chained per C tile and independent across tiles). Checked
+/// against [`reference_matmul`].
+///
+/// # Errors
+/// A refused submit or a failed task; `n` not a multiple of `tile`.
+pub fn tiled_matmul(cluster: &Cluster, n: u32, tile: u32, seed: u64) -> Result<JobReport, Error> {
+    if tile == 0 || n % tile != 0 {
+        return Err(Error::Submit(format!(
+            "{n} is not a multiple of the tile {tile}"
+        )));
+    }
+    let nn = (n as usize) * (n as usize);
+    let a_host = random_values(seed, nn);
+    let b_host = random_values(seed ^ 0xabcd, nn);
+    let a = cluster.buffer_from_slice(&a_host)?;
+    let b = cluster.buffer_from_slice(&b_host)?;
+    let c = cluster.buffer(nn as u64 * 4)?;
+    let tiles = n / tile;
+    let view = |buf: &strata_orchestrator::Buffer, row: u32, col: u32| {
+        let offset = (u64::from(row) * u64::from(tile) * u64::from(n)
+            + u64::from(col) * u64::from(tile))
+            * 4;
+        buf.view(offset, &[tile, tile], &[n, 1], DType::F32)
+    };
+    let start = Instant::now();
+    let mut tasks = 0u64;
+    for k in 0..tiles {
+        for i in 0..tiles {
+            for j in 0..tiles {
+                let (ta, tb, tc) = (view(&a, i, k)?, view(&b, k, j)?, view(&c, i, j)?);
+                let t = if k == 0 {
+                    Task::new("matmul").input(&ta).input(&tb).output(&tc)
+                } else {
+                    Task::new("matmul_acc").input(&ta).input(&tb).inout(&tc)
+                };
+                cluster.submit(t)?;
+                tasks += 1;
+            }
+        }
+    }
+    let summary = cluster.wait_all()?;
+    let wall = start.elapsed();
+    let want = reference_matmul(&a_host, &b_host, n as usize);
+    let got = c.to_vec::<f32>()?;
+    Ok(JobReport {
+        tasks,
+        wall,
+        max_abs_err: max_abs_diff(&got, &want),
+        summary,
+    })
+}
+
+/// A two-stage pipeline whose intermediates never leave the devices: the
+/// `rows × cols` F32 input is cut into one block of rows per worker; on
+/// each worker, stage 1 copies its block into a device buffer and squares
+/// it into a second one (`mul`), stage 2 takes a row softmax into a third
+/// and copies the result back into the host output. Checked against
+/// `softmax(x · x)` computed here.
+///
+/// # Errors
+/// A refused submit or a failed task.
+pub fn pipeline(cluster: &Cluster, rows: u32, cols: u32, seed: u64) -> Result<JobReport, Error> {
+    let workers: Vec<WorkerId> = cluster.workers().iter().map(|w| w.id).collect();
+    let n = (rows as usize) * (cols as usize);
+    let x_host = random_values(seed, n);
+    let x = cluster.buffer_from_slice(&x_host)?;
+    let y = cluster.buffer(n as u64 * 4)?;
+    let block = rows.div_ceil(workers.len() as u32);
+    let start = Instant::now();
+    let mut tasks = 0u64;
+    let mut row = 0u32;
+    for &w in &workers {
+        if row >= rows {
+            break;
+        }
+        let r = block.min(rows - row);
+        let bytes = u64::from(r) * u64::from(cols) * 4;
+        let offset = u64::from(row) * u64::from(cols) * 4;
+        let xin = x.tensor_at(offset, &[r, cols], DType::F32)?;
+        let yout = y.tensor_at(offset, &[r, cols], DType::F32)?;
+        let d0 = cluster
+            .device_buffer(w, bytes)?
+            .tensor(&[r, cols], DType::F32)?;
+        let d1 = cluster
+            .device_buffer(w, bytes)?
+            .tensor(&[r, cols], DType::F32)?;
+        let d2 = cluster
+            .device_buffer(w, bytes)?
+            .tensor(&[r, cols], DType::F32)?;
+        // Stage 1.
+        cluster.submit(Task::new("copy").input(&xin).output(&d0))?;
+        cluster.submit(Task::new("mul").input(&d0).input(&d0).output(&d1))?;
+        // Stage 2.
+        cluster.submit(Task::new("softmax").input(&d1).output(&d2))?;
+        cluster.submit(Task::new("copy").input(&d2).output(&yout))?;
+        tasks += 4;
+        row += r;
+    }
+    let summary = cluster.wait_all()?;
+    let wall = start.elapsed();
+    let mut want = Vec::with_capacity(n);
+    for r in x_host.chunks(cols as usize) {
+        let sq: Vec<f64> = r.iter().map(|&v| f64::from(v) * f64::from(v)).collect();
+        let m = sq.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        let e: Vec<f64> = sq.iter().map(|v| (v - m).exp()).collect();
+        let s: f64 = e.iter().sum();
+        want.extend(e.iter().map(|v| (v / s) as f32));
+    }
+    let got = y.to_vec::<f32>()?;
+    Ok(JobReport {
+        tasks,
+        wall,
+        max_abs_err: max_abs_diff(&got, &want),
+        summary,
+    })
+}

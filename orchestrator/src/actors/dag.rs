@@ -1,0 +1,362 @@
+//! The DAG/scheduler actor: owns the [`Engine`] (dependency inference and
+//! scheduling), the records of unfinished tasks (which hold their buffers
+//! alive), and everyone waiting for results.
+
+use std::collections::{BTreeMap, HashMap};
+
+use strata_core::dag::{Arg, NewTask};
+use strata_core::sched::MemberInfo;
+use strata_core::{Action, CallableId, Engine, Outcome, Submission, TaskId, WorkerId};
+use strata_wire::CanonicalIdentity;
+use tokio::sync::{mpsc, oneshot};
+use tracing::debug;
+
+use super::{Cmd, DispatchItem, EpCmd, TaskSpec, Notice};
+use crate::RunSummary;
+use crate::buffer::Buffer;
+use crate::error::{Error, RunError};
+
+/// An endpoint as the DAG actor sees it.
+#[derive(Debug)]
+pub(crate) struct EndpointRef {
+    pub(crate) tx: mpsc::Sender<EpCmd>,
+    pub(crate) name: String,
+}
+
+struct Record {
+    spec: TaskSpec,
+    workers: Vec<Option<WorkerId>>,
+    waiters: Vec<oneshot::Sender<Result<(), RunError>>>,
+}
+
+pub(crate) struct DagActor {
+    engine: Engine,
+    endpoints: Vec<EndpointRef>,
+    next_id: u64,
+    records: HashMap<TaskId, Record>,
+    /// Outcomes of finished tasks that did not succeed (for late waits).
+    failed: HashMap<TaskId, RunError>,
+    all_waiters: Vec<oneshot::Sender<Result<RunSummary, RunError>>>,
+    /// This run (since the last `wait_all`): counts and the first error.
+    run: RunSummary,
+    first_error: Option<RunError>,
+    /// Everything since the start.
+    totals: RunSummary,
+    /// Buffers held by open or ending scopes.
+    scoped: HashMap<CanonicalIdentity, Buffer>,
+}
+
+impl DagActor {
+    pub(crate) fn new(endpoints: Vec<EndpointRef>) -> Self {
+        DagActor {
+            engine: Engine::new(),
+            endpoints,
+            next_id: 1,
+            records: HashMap::new(),
+            failed: HashMap::new(),
+            all_waiters: Vec::new(),
+            run: RunSummary::default(),
+            first_error: None,
+            totals: RunSummary::default(),
+            scoped: HashMap::new(),
+        }
+    }
+
+    /// Serves until the driver asks for shutdown or goes away.
+    pub(crate) async fn run(
+        mut self,
+        mut cmds: mpsc::Receiver<Cmd>,
+        mut ups: mpsc::UnboundedReceiver<Notice>,
+    ) {
+        let mut ups_open = true;
+        loop {
+            tokio::select! {
+                biased;
+                up = ups.recv(), if ups_open => match up {
+                    Some(up) => self.on_notice(up).await,
+                    None => ups_open = false,
+                },
+                cmd = cmds.recv() => match cmd {
+                    None => break,
+                    Some(Cmd::Shutdown { reply }) => {
+                        self.shutdown().await;
+                        let _ = reply.send(());
+                        return;
+                    }
+                    Some(cmd) => self.on_cmd(cmd).await,
+                },
+            }
+        }
+        self.shutdown().await;
+    }
+
+    /// Stops every endpoint (each closes its task stream and fd channel)
+    /// and lets go of every record: waiters see the cluster closed.
+    async fn shutdown(&mut self) {
+        for ep in &self.endpoints {
+            let (tx, rx) = oneshot::channel();
+            if ep.tx.send(EpCmd::Shutdown { reply: tx }).await.is_ok() {
+                let _ = rx.await;
+            }
+        }
+        self.records.clear();
+        self.scoped.clear();
+        self.all_waiters.clear();
+    }
+
+    async fn on_notice(&mut self, up: Notice) {
+        let actions = match up {
+            Notice::WorkerUp {
+                worker,
+                callables,
+                window,
+            } => self.engine.worker_up(worker, callables, window),
+            Notice::WorkerDown { worker, cause } => self.engine.worker_down(worker, &cause),
+            Notice::Finished {
+                task,
+                member,
+                result,
+                report,
+            } => {
+                for s in [&mut self.run, &mut self.totals] {
+                    s.sent_bytes += report.sent;
+                    s.returned_bytes += report.returned;
+                    s.staged_bytes += report.staged;
+                }
+                self.engine.finished(task, member, result)
+            }
+            Notice::Imported { bytes } => {
+                self.run.fd_bytes += bytes;
+                self.totals.fd_bytes += bytes;
+                Vec::new()
+            }
+        };
+        self.act(actions).await;
+    }
+
+    async fn on_cmd(&mut self, cmd: Cmd) {
+        match cmd {
+            Cmd::Submit { spec, reply } => {
+                let id = TaskId(self.next_id);
+                self.next_id += 1;
+                let task = NewTask {
+                    id,
+                    members: spec
+                        .members
+                        .iter()
+                        .map(|m| {
+                            m.args
+                                .iter()
+                                .map(|a| Arg {
+                                    tensor: a.tensor,
+                                    tag: a.tag,
+                                })
+                                .collect()
+                        })
+                        .collect(),
+                    scalars: spec.members.iter().map(|m| m.scalars.len()).collect(),
+                    after: spec.after.clone(),
+                };
+                let members = spec
+                    .members
+                    .iter()
+                    .map(|m| MemberInfo {
+                        callable: CallableId(m.callable.0),
+                        placement: m.placement,
+                        device_buffers: m.device_buffers.clone(),
+                    })
+                    .collect();
+                let edges_before = self.engine.dag().stats().edges;
+                match self.engine.submit(Submission { task, members }) {
+                    Err(e) => {
+                        let _ = reply.send(Err(Error::Submit(e.what)));
+                    }
+                    Ok(actions) => {
+                        let edges = self.engine.dag().stats().edges - edges_before;
+                        for s in [&mut self.run, &mut self.totals] {
+                            s.submitted += 1;
+                            s.edges += edges;
+                        }
+                        let n = spec.members.len();
+                        self.records.insert(
+                            id,
+                            Record {
+                                spec,
+                                workers: vec![None; n],
+                                waiters: Vec::new(),
+                            },
+                        );
+                        let _ = reply.send(Ok(id));
+                        self.act(actions).await;
+                    }
+                }
+            }
+            Cmd::Wait { task, reply } => {
+                if let Some(r) = self.records.get_mut(&task) {
+                    r.waiters.push(reply);
+                } else if task.0 == 0 || task.0 >= self.next_id {
+                    let _ = reply.send(Err(RunError {
+                        task,
+                        callable: "?".into(),
+                        worker: None,
+                        outcome: Outcome::TaskFailure(format!("{task} was never submitted")),
+                    }));
+                } else {
+                    let _ = reply.send(match self.failed.get(&task) {
+                        Some(e) => Err(e.clone()),
+                        None => Ok(()),
+                    });
+                }
+            }
+            Cmd::WaitAll { reply } => {
+                self.all_waiters.push(reply);
+                self.settle();
+            }
+            Cmd::Cancel { task, reply } => match self.engine.cancel(task) {
+                Ok(actions) => {
+                    let _ = reply.send(Ok(()));
+                    self.act(actions).await;
+                }
+                Err(e) => {
+                    let _ = reply.send(Err(Error::Submit(format!("cannot cancel {task}: {e}"))));
+                }
+            },
+            Cmd::OpenScope { reply } => {
+                let _ = reply.send(self.engine.open_scope());
+            }
+            Cmd::ScopeBuffer {
+                scope,
+                buffer,
+                reply,
+            } => {
+                let r = self
+                    .engine
+                    .scope_buffer(scope, buffer.identity())
+                    .map_err(|e| Error::Submit(format!("scope: {e}")));
+                if r.is_ok() {
+                    self.scoped.insert(buffer.identity(), buffer);
+                }
+                let _ = reply.send(r);
+            }
+            Cmd::EndScope { scope, reply } => match self.engine.end_scope(scope) {
+                Ok(actions) => {
+                    let _ = reply.send(Ok(()));
+                    self.act(actions).await;
+                }
+                Err(e) => {
+                    let _ = reply.send(Err(Error::Submit(format!("scope: {e}"))));
+                }
+            },
+            Cmd::Totals { reply } => {
+                let _ = reply.send(self.totals.clone());
+            }
+            Cmd::Shutdown { .. } => unreachable!("handled by run"),
+        }
+    }
+
+    /// Carries out the engine's actions: dispatches go to the endpoints in
+    /// one batch per worker; finished tasks wake their waiters and let go
+    /// of their buffers; scoped buffers whose scope ended are dropped.
+    async fn act(&mut self, actions: Vec<Action>) {
+        let mut batches: BTreeMap<WorkerId, Vec<DispatchItem>> = BTreeMap::new();
+        for a in actions {
+            match a {
+                Action::Dispatch {
+                    task,
+                    member,
+                    worker,
+                } => {
+                    let Some(r) = self.records.get_mut(&task) else {
+                        continue;
+                    };
+                    r.workers[member] = Some(worker);
+                    let m = &r.spec.members[member];
+                    batches.entry(worker).or_default().push(DispatchItem {
+                        task,
+                        member,
+                        callable: m.callable,
+                        args: m.args.clone(),
+                        scalars: m.scalars.clone(),
+                    });
+                }
+                Action::Done { task, outcome } => self.done(task, outcome),
+                Action::Release(identity) => {
+                    self.scoped.remove(&identity);
+                }
+            }
+        }
+        for (worker, items) in batches {
+            let Some(ep) = self.endpoints.get(worker.0 as usize) else {
+                continue;
+            };
+            // An endpoint that stopped has reported (or will report) its
+            // worker down, which fails these members in the engine.
+            if ep.tx.send(EpCmd::Dispatch(items)).await.is_err() {
+                debug!("{worker} is gone; its dispatches fail with it");
+            }
+        }
+        self.settle();
+    }
+
+    fn done(&mut self, task: TaskId, outcome: Outcome) {
+        let Some(record) = self.records.remove(&task) else {
+            return;
+        };
+        for s in [&mut self.run, &mut self.totals] {
+            match &outcome {
+                Outcome::Success => s.succeeded += 1,
+                Outcome::TaskFailure(_) | Outcome::EndpointFailure(_) => s.failed += 1,
+                Outcome::Cancelled => s.cancelled += 1,
+                Outcome::Skipped { .. } => s.skipped += 1,
+            }
+        }
+        let result = if outcome.is_success() {
+            Ok(())
+        } else {
+            let (member, worker) = record
+                .workers
+                .iter()
+                .enumerate()
+                .find_map(|(m, w)| w.map(|w| (m, w)))
+                .map_or((0, None), |(m, w)| (m, Some(w)));
+            let err = RunError {
+                task,
+                callable: record.spec.members[member].name.clone(),
+                worker: worker.map(|w| match self.endpoints.get(w.0 as usize) {
+                    Some(ep) => format!("{w} ({})", ep.name),
+                    None => w.to_string(),
+                }),
+                outcome: outcome.clone(),
+            };
+            if matches!(
+                outcome,
+                Outcome::TaskFailure(_) | Outcome::EndpointFailure(_)
+            ) && self.first_error.is_none()
+            {
+                self.first_error = Some(err.clone());
+            }
+            self.failed.insert(task, err.clone());
+            Err(err)
+        };
+        for w in record.waiters {
+            let _ = w.send(result.clone());
+        }
+        // `record` (and with it the task's hold on its buffers) drops here.
+    }
+
+    /// Answers `wait_all` once nothing is left unfinished, then starts a
+    /// new run.
+    fn settle(&mut self) {
+        if !self.records.is_empty() || self.all_waiters.is_empty() {
+            return;
+        }
+        let result = match self.first_error.take() {
+            Some(e) => Err(e),
+            None => Ok(self.run.clone()),
+        };
+        for w in self.all_waiters.drain(..) {
+            let _ = w.send(result.clone());
+        }
+        self.run = RunSummary::default();
+    }
+}

@@ -1,0 +1,487 @@
+//! One endpoint actor per worker: owns the gRPC task stream, the fd side
+//! channel (local workers), the set of buffers the worker imported, the
+//! members in flight there, and the health deadline.
+//!
+//! Local workers (Unix socket) get each host buffer's memfd once, on first
+//! use, and map it; remote workers (TCP) get the bytes of every view a
+//! task reads with the task, and send back the bytes of every view it
+//! writes, which land in the host buffer before the member counts as
+//! finished.
+//!
+//! A worker is lost when its task stream breaks or ends unasked, its fd
+//! channel fails, or no health beat arrives within the deadline. The
+//! endpoint then reports it down once (the engine fails what ran there
+//! with ENDPOINT_FAILURE), kills it if the cluster spawned it (so a hung
+//! process cannot write into buffers later), and ignores it from then on.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use strata_core::WorkerId;
+use strata_proto::TaskId as WireTaskId;
+use strata_proto::convert::{TaskCompletion, TaskOutcome, TaskRequest};
+use strata_wire::{ArgTag, CanonicalIdentity, TaskArgs, Tensor};
+use strata_worker::client::{Completions, TaskSender};
+use strata_worker::fdchan::FdChannel;
+use strata_worker::{HealthWatch, WorkerClient};
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+use tracing::{debug, warn};
+
+use super::{DispatchItem, EpCmd, Report, Notice};
+use crate::buffer::{Backing, HostShared};
+
+/// A connected worker, ready to become an actor.
+pub(crate) struct Connected {
+    pub(crate) client: WorkerClient,
+    pub(crate) sender: TaskSender,
+    pub(crate) completions: Completions,
+    pub(crate) fd: Option<FdChannel>,
+    pub(crate) health: HealthWatch,
+}
+
+enum Event {
+    Completions(Vec<TaskCompletion>),
+    StreamEnded(Option<String>),
+    HealthLost(String),
+}
+
+struct InFlight {
+    task: strata_core::TaskId,
+    member: usize,
+    /// Host views whose bytes travel (remote workers): argument index,
+    /// view, buffer, whether the task writes it.
+    staged: Vec<(u32, Tensor, Arc<HostShared>, bool)>,
+    sent: u64,
+}
+
+pub(crate) struct EndpointActor {
+    id: WorkerId,
+    name: String,
+    client: WorkerClient,
+    sender: Option<TaskSender>,
+    fd: Option<FdChannel>,
+    remote: bool,
+    imported: HashSet<CanonicalIdentity>,
+    in_flight: HashMap<u64, InFlight>,
+    up: mpsc::UnboundedSender<Notice>,
+    events: mpsc::UnboundedReceiver<Event>,
+    tasks: Vec<JoinHandle<()>>,
+    kill_pid: Option<u32>,
+    dead: bool,
+}
+
+impl EndpointActor {
+    pub(crate) fn new(
+        id: WorkerId,
+        name: String,
+        c: Connected,
+        up: mpsc::UnboundedSender<Notice>,
+        health_deadline: Duration,
+        kill_pid: Option<u32>,
+    ) -> Self {
+        let (ev_tx, events) = mpsc::unbounded_channel();
+        let reader = {
+            let tx = ev_tx.clone();
+            let mut completions = c.completions;
+            tokio::spawn(async move {
+                loop {
+                    match completions.next().await {
+                        Ok(Some(batch)) => {
+                            if tx.send(Event::Completions(batch)).is_err() {
+                                return;
+                            }
+                        }
+                        Ok(None) => {
+                            let _ = tx.send(Event::StreamEnded(None));
+                            return;
+                        }
+                        Err(e) => {
+                            let _ = tx.send(Event::StreamEnded(Some(e.to_string())));
+                            return;
+                        }
+                    }
+                }
+            })
+        };
+        let health = {
+            let tx = ev_tx;
+            let mut watch = c.health;
+            tokio::spawn(async move {
+                let cause = loop {
+                    match tokio::time::timeout(health_deadline, watch.next()).await {
+                        Ok(Ok(Some(_))) => {}
+                        Ok(Ok(None)) => break "the worker ended its health stream".to_owned(),
+                        Ok(Err(e)) => break format!("health stream broke: {e}"),
+                        Err(_) => {
+                            break format!(
+                                "no health beat for {} ms (hung or unreachable)",
+                                health_deadline.as_millis()
+                            );
+                        }
+                    }
+                };
+                let _ = tx.send(Event::HealthLost(cause));
+            })
+        };
+        let remote = c.fd.is_none();
+        EndpointActor {
+            id,
+            name,
+            client: c.client,
+            sender: Some(c.sender),
+            fd: c.fd,
+            remote,
+            imported: HashSet::new(),
+            in_flight: HashMap::new(),
+            up,
+            events,
+            tasks: vec![reader, health],
+            kill_pid,
+            dead: false,
+        }
+    }
+
+    pub(crate) async fn run(mut self, mut cmds: mpsc::Receiver<EpCmd>) {
+        let mut events_open = true;
+        loop {
+            tokio::select! {
+                biased;
+                ev = self.events.recv(), if events_open => match ev {
+                    Some(Event::Completions(batch)) => self.complete(batch),
+                    Some(Event::StreamEnded(None)) => {
+                        self.lost("the worker closed the task stream".into());
+                    }
+                    Some(Event::StreamEnded(Some(e))) => {
+                        self.lost(format!("task stream broke: {e}"));
+                    }
+                    Some(Event::HealthLost(cause)) => self.lost(cause),
+                    None => events_open = false,
+                },
+                cmd = cmds.recv() => match cmd {
+                    None => break,
+                    Some(EpCmd::Shutdown { reply }) => {
+                        self.close();
+                        let _ = reply.send(());
+                        return;
+                    }
+                    Some(cmd) => self.command(cmd).await,
+                },
+            }
+        }
+        self.close();
+    }
+
+    /// Closes the task stream and the fd channel: the worker ends the
+    /// session, releasing its imports and device buffers.
+    fn close(&mut self) {
+        self.sender = None;
+        self.fd = None;
+        for t in self.tasks.drain(..) {
+            t.abort();
+        }
+    }
+
+    fn lost(&mut self, cause: String) {
+        if self.dead {
+            return;
+        }
+        self.dead = true;
+        self.close();
+        self.in_flight.clear();
+        if let Some(pid) = self.kill_pid {
+            // The cluster spawned it: make sure a hung process cannot wake
+            // up and write into buffers later.
+            if let Ok(pid) = i32::try_from(pid) {
+                let _ = nix::sys::signal::kill(
+                    nix::unistd::Pid::from_raw(pid),
+                    nix::sys::signal::Signal::SIGKILL,
+                );
+            }
+        }
+        warn!("{} ({}) lost: {cause}", self.id, self.name);
+        let _ = self.up.send(Notice::WorkerDown {
+            worker: self.id,
+            cause,
+        });
+    }
+
+    async fn command(&mut self, cmd: EpCmd) {
+        let gone = || format!("{} ({}) is lost", self.id, self.name);
+        match cmd {
+            EpCmd::Dispatch(items) => {
+                if !self.dead {
+                    self.dispatch(items).await;
+                }
+            }
+            EpCmd::Release(ids) => {
+                for i in &ids {
+                    self.imported.remove(i);
+                }
+                if !self.dead {
+                    if let Err(e) = self.client.release_imports(&ids).await {
+                        debug!("{}: release of {} imports: {e}", self.id, ids.len());
+                    }
+                }
+            }
+            EpCmd::DeviceAlloc {
+                identity,
+                nbytes,
+                reply,
+            } => {
+                let r = if self.dead {
+                    Err(gone())
+                } else {
+                    self.client
+                        .device_alloc(&identity, nbytes, strata_chip::Region::Persistent)
+                        .await
+                        .map_err(|e| e.to_string())
+                };
+                let _ = reply.send(r);
+            }
+            EpCmd::DeviceFree(identity) => {
+                if !self.dead {
+                    if let Err(e) = self.client.device_free(&identity).await {
+                        debug!("{}: device free of {identity}: {e}", self.id);
+                    }
+                }
+            }
+            EpCmd::CopyToDevice {
+                identity,
+                offset,
+                data,
+                reply,
+            } => {
+                let r = if self.dead {
+                    Err(gone())
+                } else {
+                    self.client
+                        .copy_to_device(&identity, offset, data)
+                        .await
+                        .map_err(|e| e.to_string())
+                };
+                let _ = reply.send(r);
+            }
+            EpCmd::CopyFromDevice {
+                identity,
+                offset,
+                len,
+                reply,
+            } => {
+                let r = if self.dead {
+                    Err(gone())
+                } else {
+                    self.client
+                        .copy_from_device(&identity, offset, len)
+                        .await
+                        .map_err(|e| e.to_string())
+                };
+                let _ = reply.send(r);
+            }
+            EpCmd::Stats { reply } => {
+                let r = if self.dead {
+                    Err(gone())
+                } else {
+                    self.client.stats().await.map_err(|e| e.to_string())
+                };
+                let _ = reply.send(r);
+            }
+            EpCmd::Shutdown { .. } => unreachable!("handled by run"),
+        }
+    }
+
+    fn finish(&self, item: &DispatchItem, result: Result<(), String>) {
+        let _ = self.up.send(Notice::Finished {
+            task: item.task,
+            member: item.member,
+            result,
+            report: Report::default(),
+        });
+    }
+
+    async fn dispatch(&mut self, items: Vec<DispatchItem>) {
+        let refused = match self.import_new(&items).await {
+            Ok(r) => r,
+            Err(cause) => return self.lost(cause),
+        };
+        let mut batch = Vec::with_capacity(items.len());
+        for item in &items {
+            match self.request(item, &refused) {
+                Ok((req, f)) => {
+                    self.in_flight.insert(item.task.0, f);
+                    batch.push(req);
+                }
+                Err(cause) => self.finish(item, Err(cause)),
+            }
+        }
+        if batch.is_empty() {
+            return;
+        }
+        let Some(sender) = &self.sender else { return };
+        if let Err(e) = sender.send(&batch).await {
+            self.lost(format!("sending tasks: {e}"));
+        }
+    }
+
+    /// Passes the memfd of every host buffer these members use that the
+    /// worker has not imported yet. Returns the buffers it refused, with
+    /// why; an error when the channel itself failed.
+    async fn import_new(
+        &mut self,
+        items: &[DispatchItem],
+    ) -> Result<HashMap<CanonicalIdentity, String>, String> {
+        let mut refused = HashMap::new();
+        let Some(fd) = self.fd.as_mut() else {
+            return Ok(refused);
+        };
+        let mut new: Vec<Arc<HostShared>> = Vec::new();
+        let mut seen = HashSet::new();
+        for item in items {
+            for a in &item.args {
+                if let Backing::Host(h) = &a.backing {
+                    let id = *h.descriptor().identity();
+                    if !self.imported.contains(&id) && seen.insert(id) {
+                        new.push(Arc::clone(h));
+                    }
+                }
+            }
+        }
+        for chunk in new.chunks(strata_proto::MAX_FDS_PER_MESSAGE) {
+            let ids: Vec<CanonicalIdentity> =
+                chunk.iter().map(|h| *h.descriptor().identity()).collect();
+            let fds: Vec<_> = chunk.iter().map(|h| h.fd()).collect();
+            let results = fd
+                .import(&ids, &fds)
+                .await
+                .map_err(|e| format!("fd channel: {e}"))?;
+            if results.len() != ids.len() {
+                return Err(format!(
+                    "fd channel: {} results for {} buffers",
+                    results.len(),
+                    ids.len()
+                ));
+            }
+            let mut bytes = 0u64;
+            for ((h, id), r) in chunk.iter().zip(&ids).zip(results) {
+                match r {
+                    Ok(()) => {
+                        self.imported.insert(*id);
+                        h.imported_by(self.id);
+                        bytes += h.descriptor().nbytes();
+                    }
+                    Err(why) => {
+                        warn!("{} refused buffer {id}: {why}", self.id);
+                        refused.insert(*id, why);
+                    }
+                }
+            }
+            let _ = self.up.send(Notice::Imported { bytes });
+        }
+        Ok(refused)
+    }
+
+    fn request(
+        &self,
+        item: &DispatchItem,
+        refused: &HashMap<CanonicalIdentity, String>,
+    ) -> Result<(TaskRequest, InFlight), String> {
+        let mut tensors = Vec::with_capacity(item.args.len());
+        let mut tags = Vec::with_capacity(item.args.len());
+        let mut inline = Vec::with_capacity(item.args.len());
+        let mut staged = Vec::new();
+        let mut sent = 0u64;
+        for (i, a) in item.args.iter().enumerate() {
+            tensors.push(a.tensor);
+            tags.push(a.tag);
+            match &a.backing {
+                Backing::Host(h) if self.remote => {
+                    let data = if a.tag == ArgTag::Output {
+                        Vec::new()
+                    } else {
+                        h.pack(&a.tensor)
+                            .map_err(|e| format!("argument {i}: staging: {e}"))?
+                    };
+                    sent += data.len() as u64;
+                    inline.push(Some(data));
+                    staged.push((i as u32, a.tensor, Arc::clone(h), a.tag.writes()));
+                }
+                Backing::Host(h) => {
+                    if let Some(why) = refused.get(h.descriptor().identity()) {
+                        return Err(format!(
+                            "argument {i}: the worker refused buffer {}: {why}",
+                            h.descriptor().identity()
+                        ));
+                    }
+                    inline.push(None);
+                }
+                Backing::Device(_) => inline.push(None),
+            }
+        }
+        let args = TaskArgs::new(tensors, item.scalars.clone()).map_err(|e| e.to_string())?;
+        Ok((
+            TaskRequest {
+                id: WireTaskId(item.task.0),
+                callable: item.callable,
+                args,
+                tags,
+                inline,
+            },
+            InFlight {
+                task: item.task,
+                member: item.member,
+                staged,
+                sent,
+            },
+        ))
+    }
+
+    fn complete(&mut self, batch: Vec<TaskCompletion>) {
+        if self.dead {
+            return;
+        }
+        for c in batch {
+            let Some(f) = self.in_flight.remove(&c.id.0) else {
+                warn!("{}: completion for unknown task {}", self.id, c.id.0);
+                continue;
+            };
+            let mut report = Report {
+                sent: f.sent,
+                returned: 0,
+                staged: c.staged_in + c.staged_out,
+            };
+            let result = match c.outcome {
+                TaskOutcome::Failure(cause) => Err(cause),
+                TaskOutcome::Success => land(&f, &c.outputs, &mut report.returned),
+            };
+            let _ = self.up.send(Notice::Finished {
+                task: f.task,
+                member: f.member,
+                result,
+                report,
+            });
+        }
+    }
+}
+
+/// Writes the bytes a remote worker sent back into the host buffers; every
+/// argument the task writes must have come back.
+fn land(f: &InFlight, outputs: &[(u32, Vec<u8>)], returned: &mut u64) -> Result<(), String> {
+    for (index, view, host, writes) in &f.staged {
+        let out = outputs.iter().find(|(i, _)| i == index);
+        match out {
+            Some((_, bytes)) => {
+                host.unpack(view, bytes)
+                    .map_err(|e| format!("argument {index}: writing back: {e}"))?;
+                *returned += bytes.len() as u64;
+            }
+            None if *writes => {
+                return Err(format!(
+                    "argument {index}: the worker sent no bytes for a view the task writes"
+                ));
+            }
+            None => {}
+        }
+    }
+    Ok(())
+}

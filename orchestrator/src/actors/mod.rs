@@ -1,0 +1,173 @@
+//! The orchestrator's actors and the messages between them.
+//!
+//! ```text
+//!   driver threads (Cluster API)
+//!        │ Cmd (bounded) + oneshot replies
+//!        ▼
+//!   DAG/scheduler actor ──EpCmd::Dispatch (bounded)──▶ endpoint actor × N ──gRPC/fd──▶ worker
+//!        ▲                                               │   ▲
+//!        └─────────────── Notice (unbounded)──────────────┘   │ EpCmd::Release / DeviceFree (bounded)
+//!                                                            │
+//!   buffer handles / task records ──Released (unbounded)──▶ buffer manager
+//! ```
+//!
+//! Downward channels (driver → DAG actor → endpoints, buffer manager →
+//! endpoints) are bounded, so a fast driver cannot queue without limit;
+//! upward channels (endpoints → DAG actor, dropped buffers → buffer
+//! manager) are unbounded, so no bounded cycle exists and no actor ever
+//! waits on one that waits on it. The in-flight window of each worker
+//! bounds what the upward channel can hold.
+
+pub(crate) mod buffers;
+pub(crate) mod dag;
+pub(crate) mod endpoint;
+
+use strata_chip::KernelHandle;
+use strata_core::{CallableId, Placement, ScopeId, TaskId, WorkerId};
+use strata_proto::convert::WorkerStats;
+use strata_wire::{ArgTag, CanonicalIdentity, Tensor};
+use tokio::sync::oneshot;
+
+use crate::RunSummary;
+use crate::buffer::{Backing, Buffer};
+use crate::error::{Error, RunError};
+
+/// One tensor argument with what keeps its memory alive.
+#[derive(Debug, Clone)]
+pub(crate) struct ArgRef {
+    pub(crate) tensor: Tensor,
+    pub(crate) tag: ArgTag,
+    pub(crate) backing: Backing,
+}
+
+/// One member of a task, resolved by the driver.
+#[derive(Debug)]
+pub(crate) struct MemberSpec {
+    pub(crate) callable: KernelHandle,
+    pub(crate) name: String,
+    pub(crate) args: Vec<ArgRef>,
+    pub(crate) scalars: Vec<u64>,
+    pub(crate) placement: Placement,
+    pub(crate) device_buffers: Vec<CanonicalIdentity>,
+}
+
+/// A task, resolved by the driver.
+#[derive(Debug)]
+pub(crate) struct TaskSpec {
+    pub(crate) members: Vec<MemberSpec>,
+    pub(crate) after: Vec<TaskId>,
+}
+
+/// Driver → DAG actor.
+#[derive(Debug)]
+pub(crate) enum Cmd {
+    Submit {
+        spec: TaskSpec,
+        reply: oneshot::Sender<Result<TaskId, Error>>,
+    },
+    Wait {
+        task: TaskId,
+        reply: oneshot::Sender<Result<(), RunError>>,
+    },
+    WaitAll {
+        reply: oneshot::Sender<Result<RunSummary, RunError>>,
+    },
+    Cancel {
+        task: TaskId,
+        reply: oneshot::Sender<Result<(), Error>>,
+    },
+    OpenScope {
+        reply: oneshot::Sender<ScopeId>,
+    },
+    ScopeBuffer {
+        scope: ScopeId,
+        buffer: Buffer,
+        reply: oneshot::Sender<Result<(), Error>>,
+    },
+    EndScope {
+        scope: ScopeId,
+        reply: oneshot::Sender<Result<(), Error>>,
+    },
+    Totals {
+        reply: oneshot::Sender<RunSummary>,
+    },
+    Shutdown {
+        reply: oneshot::Sender<()>,
+    },
+}
+
+/// What a worker reported about one member, beyond its result.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Report {
+    /// Packed bytes sent with the task (remote workers).
+    pub(crate) sent: u64,
+    /// Packed bytes that came back and were written into host buffers.
+    pub(crate) returned: u64,
+    /// Bytes the worker staged between host and device memory.
+    pub(crate) staged: u64,
+}
+
+/// Endpoints (and the cluster's start) → DAG actor.
+#[derive(Debug)]
+pub(crate) enum Notice {
+    WorkerUp {
+        worker: WorkerId,
+        callables: Vec<CallableId>,
+        window: usize,
+    },
+    WorkerDown {
+        worker: WorkerId,
+        cause: String,
+    },
+    Finished {
+        task: TaskId,
+        member: usize,
+        result: Result<(), String>,
+        report: Report,
+    },
+    /// Bytes of buffers passed to a worker by fd.
+    Imported {
+        bytes: u64,
+    },
+}
+
+/// One member to run on a worker.
+#[derive(Debug)]
+pub(crate) struct DispatchItem {
+    pub(crate) task: TaskId,
+    pub(crate) member: usize,
+    pub(crate) callable: KernelHandle,
+    pub(crate) args: Vec<ArgRef>,
+    pub(crate) scalars: Vec<u64>,
+}
+
+/// DAG actor, buffer manager and driver → one endpoint.
+#[derive(Debug)]
+pub(crate) enum EpCmd {
+    Dispatch(Vec<DispatchItem>),
+    Release(Vec<CanonicalIdentity>),
+    DeviceAlloc {
+        identity: CanonicalIdentity,
+        nbytes: u64,
+        reply: oneshot::Sender<Result<u64, String>>,
+    },
+    DeviceFree(CanonicalIdentity),
+    CopyToDevice {
+        identity: CanonicalIdentity,
+        offset: u64,
+        data: Vec<u8>,
+        reply: oneshot::Sender<Result<(), String>>,
+    },
+    CopyFromDevice {
+        identity: CanonicalIdentity,
+        offset: u64,
+        len: u64,
+        reply: oneshot::Sender<Result<Vec<u8>, String>>,
+    },
+    Stats {
+        reply: oneshot::Sender<Result<WorkerStats, String>>,
+    },
+    Shutdown {
+        reply: oneshot::Sender<()>,
+    },
+}

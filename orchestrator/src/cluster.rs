@@ -1,0 +1,780 @@
+//! [`Cluster`]: the driver API. It starts (or connects to) workers, runs
+//! the orchestrator's actors on its own tokio runtime, and offers
+//! blocking calls to create buffers, submit tasks and wait for them.
+//!
+//! Call it from ordinary threads, not from inside an async runtime (its
+//! calls block on the actors' replies).
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use strata_chip::KernelHandle;
+use strata_core::{Placement, ScopeId, TaskId, WorkerId};
+use strata_proto::convert::WorkerStats;
+use strata_wire::{Access, AddressSpace, Backing as WireBacking, BufferDescriptor, IdentityMint};
+use strata_worker::{ClientTls, Endpoint, WorkerClient};
+use tokio::runtime::Runtime;
+use tokio::sync::{mpsc, oneshot};
+
+use crate::RunSummary;
+use crate::actors::dag::{DagActor, EndpointRef};
+use crate::actors::endpoint::{Connected, EndpointActor};
+use crate::actors::{ArgRef, Cmd, EpCmd, MemberSpec, TaskSpec, Notice, buffers};
+use crate::buffer::{Backing, Buffer, DeviceShared, HostShared, Released};
+use crate::error::Error;
+use crate::local::{LocalWorkers, default_worker_binary};
+use crate::task::{Task, TaskHandle};
+
+/// How a remote worker is reached.
+#[derive(Debug, Clone)]
+struct Remote {
+    endpoint: Endpoint,
+    token: Option<String>,
+    tls: Option<ClientTls>,
+}
+
+/// Settings of a [`Cluster`]; [`ClusterBuilder::start`] starts it.
+#[derive(Debug, Clone)]
+pub struct ClusterBuilder {
+    local: usize,
+    device: String,
+    binary: Option<PathBuf>,
+    remotes: Vec<Remote>,
+    window: usize,
+    health_interval: Duration,
+    health_deadline: Duration,
+    ready_timeout: Duration,
+}
+
+impl Default for ClusterBuilder {
+    fn default() -> Self {
+        ClusterBuilder {
+            local: 0,
+            device: "sim".into(),
+            binary: None,
+            remotes: Vec::new(),
+            window: 64,
+            health_interval: Duration::from_millis(100),
+            health_deadline: Duration::from_millis(1000),
+            ready_timeout: Duration::from_secs(30),
+        }
+    }
+}
+
+impl ClusterBuilder {
+    /// Spawns `n` local workers (chips 0..n) on private Unix sockets.
+    #[must_use]
+    pub fn local(mut self, n: usize) -> Self {
+        self.local = n;
+        self
+    }
+
+    /// The device spec of spawned workers (default `sim`), such as
+    /// `sim:mem=1GiB,mode=unified,lanes=1`.
+    #[must_use]
+    pub fn device(mut self, spec: impl Into<String>) -> Self {
+        self.device = spec.into();
+        self
+    }
+
+    /// The `strata` binary to spawn workers with (default:
+    /// [`default_worker_binary`]).
+    #[must_use]
+    pub fn worker_binary(mut self, path: impl Into<PathBuf>) -> Self {
+        self.binary = Some(path.into());
+        self
+    }
+
+    /// Connects to a running worker: `unix:PATH` (same host, buffers passed
+    /// by fd) or `tcp:HOST:PORT` (bytes staged), with a bearer token.
+    ///
+    /// # Errors
+    /// A malformed address.
+    pub fn connect(mut self, address: &str, token: Option<&str>) -> Result<Self, Error> {
+        let endpoint = address.parse().map_err(Error::Cluster)?;
+        self.remotes.push(Remote {
+            endpoint,
+            token: token.map(str::to_owned),
+            tls: None,
+        });
+        Ok(self)
+    }
+
+    /// Connects to a running TCP worker with TLS (client certificate) and
+    /// optionally a token.
+    ///
+    /// # Errors
+    /// A malformed address.
+    pub fn connect_tls(
+        mut self,
+        address: &str,
+        token: Option<&str>,
+        tls: ClientTls,
+    ) -> Result<Self, Error> {
+        let endpoint = address.parse().map_err(Error::Cluster)?;
+        self.remotes.push(Remote {
+            endpoint,
+            token: token.map(str::to_owned),
+            tls: Some(tls),
+        });
+        Ok(self)
+    }
+
+    /// The most members in flight on one worker (default 64).
+    #[must_use]
+    pub fn window(mut self, n: usize) -> Self {
+        self.window = n.max(1);
+        self
+    }
+
+    /// Health beats every `interval`; a worker silent for `deadline` is
+    /// lost (defaults 100 ms and 1 s).
+    #[must_use]
+    pub fn health(mut self, interval: Duration, deadline: Duration) -> Self {
+        self.health_interval = interval;
+        self.health_deadline = deadline;
+        self
+    }
+
+    /// Starts the workers, connects to every one, and starts the actors.
+    ///
+    /// # Errors
+    /// [`Error::Cluster`] naming the worker that could not be started or
+    /// reached (spawned workers are stopped again).
+    pub fn start(self) -> Result<Cluster, Error> {
+        Cluster::start(self)
+    }
+}
+
+/// A worker of the cluster, as its handshake described it.
+#[derive(Debug, Clone)]
+pub struct WorkerInfo {
+    /// Its id in this cluster.
+    pub id: WorkerId,
+    /// Where it is reached.
+    pub endpoint: String,
+    /// Its chip id.
+    pub chip: u32,
+    /// Its canonical device spec.
+    pub device: String,
+    /// Device memory, bytes.
+    pub memory: u64,
+    /// Kernel lanes.
+    pub lanes: u32,
+    /// Whether buffers reach it by fd (Unix socket) rather than staged bytes.
+    pub fd_passing: bool,
+    /// Its process id, when this cluster spawned it.
+    pub pid: Option<u32>,
+    /// `name@version` of every callable it offers.
+    pub callables: Vec<String>,
+}
+
+/// A scope: buffers registered in it are released once it has ended and
+/// no unfinished task uses them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Scope(ScopeId);
+
+/// A set of workers and the orchestrator driving them.
+pub struct Cluster {
+    runtime: Option<Runtime>,
+    cmds: mpsc::Sender<Cmd>,
+    endpoints: Vec<mpsc::Sender<EpCmd>>,
+    workers: Vec<WorkerInfo>,
+    /// Callable name → (version, handle), highest version last.
+    callables: BTreeMap<String, Vec<(u32, KernelHandle)>>,
+    mint: IdentityMint,
+    released: mpsc::UnboundedSender<Released>,
+    local: Option<LocalWorkers>,
+}
+
+impl std::fmt::Debug for Cluster {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Cluster")
+            .field("workers", &self.workers.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Cluster {
+    /// Settings for a new cluster.
+    pub fn builder() -> ClusterBuilder {
+        ClusterBuilder::default()
+    }
+
+    fn start(b: ClusterBuilder) -> Result<Cluster, Error> {
+        if b.local == 0 && b.remotes.is_empty() {
+            return Err(Error::Cluster(
+                "no workers: ask for local workers or connect to some".into(),
+            ));
+        }
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .thread_name("strata-orchestrator")
+            .enable_all()
+            .build()
+            .map_err(|e| Error::Cluster(format!("cannot start the runtime: {e}")))?;
+        // Every worker to connect to, with the pid of those spawned here.
+        let mut targets: Vec<(Remote, Option<u32>)> = Vec::new();
+        let local = if b.local > 0 {
+            let binary = b.binary.clone().or_else(default_worker_binary).ok_or_else(|| {
+                Error::Cluster(
+                    "cannot find the strata binary to spawn workers: set STRATA_BIN or use ClusterBuilder::worker_binary".into(),
+                )
+            })?;
+            let (lw, eps) = LocalWorkers::spawn(&binary, b.local, &b.device, b.ready_timeout)?;
+            for (ep, pid) in eps.into_iter().zip(lw.pids()) {
+                let r = Remote {
+                    endpoint: ep,
+                    token: None,
+                    tls: None,
+                };
+                targets.push((r, Some(pid)));
+            }
+            Some(lw)
+        } else {
+            None
+        };
+        for r in &b.remotes {
+            targets.push((r.clone(), None));
+        }
+
+        let interval_ms = u32::try_from(b.health_interval.as_millis().max(1)).unwrap_or(u32::MAX);
+        let connected = runtime.block_on(async {
+            let mut out = Vec::new();
+            for (i, (r, pid)) in targets.iter().enumerate() {
+                let ep = &r.endpoint;
+                let c = connect(ep, r.token.as_deref(), r.tls.as_ref(), interval_ms)
+                    .await
+                    .map_err(|why| {
+                        let log = match (&local, pid) {
+                            (Some(lw), Some(_)) => format!("; its log:\n{}", lw.log_tail(i)),
+                            _ => String::new(),
+                        };
+                        Error::Cluster(format!("worker {i} ({ep}): {why}{log}"))
+                    })?;
+                out.push(c);
+            }
+            Ok::<_, Error>(out)
+        })?;
+
+        // Endpoint actors spawn their reader and health tasks when built.
+        let guard = runtime.enter();
+        let (up_tx, up_rx) = mpsc::unbounded_channel();
+        let (released_tx, released_rx) = mpsc::unbounded_channel();
+        let mut workers = Vec::new();
+        let mut callables: BTreeMap<String, Vec<(u32, KernelHandle)>> = BTreeMap::new();
+        let mut ep_txs = Vec::new();
+        let mut ep_refs = Vec::new();
+        let mut actors = Vec::new();
+        for (i, ((r, pid), c)) in targets.iter().zip(connected).enumerate() {
+            let ep = &r.endpoint;
+            let id =
+                WorkerId(u32::try_from(i).map_err(|_| Error::Cluster("too many workers".into()))?);
+            let hs = c
+                .client
+                .handshake_info()
+                .cloned()
+                .ok_or_else(|| Error::Cluster(format!("worker {i}: no handshake")))?;
+            for cinfo in &hs.callables {
+                let v = callables.entry(cinfo.name.clone()).or_default();
+                if !v.iter().any(|(ver, _)| *ver == cinfo.version) {
+                    v.push((cinfo.version, cinfo.handle));
+                    v.sort_by_key(|(ver, _)| *ver);
+                }
+            }
+            workers.push(WorkerInfo {
+                id,
+                endpoint: ep.to_string(),
+                chip: hs.chip_id,
+                device: hs.device_spec.clone(),
+                memory: hs.device_memory,
+                lanes: hs.lanes,
+                fd_passing: c.fd.is_some(),
+                pid: *pid,
+                callables: hs
+                    .callables
+                    .iter()
+                    .map(|c| format!("{}@{}", c.name, c.version))
+                    .collect(),
+            });
+            let (tx, rx) = mpsc::channel(256);
+            ep_txs.push(tx.clone());
+            ep_refs.push(EndpointRef {
+                tx,
+                name: ep.to_string(),
+            });
+            let _ = up_tx.send(Notice::WorkerUp {
+                worker: id,
+                callables: hs
+                    .callables
+                    .iter()
+                    .map(|c| strata_core::CallableId(c.handle.0))
+                    .collect(),
+                window: b.window,
+            });
+            actors.push((
+                EndpointActor::new(
+                    id,
+                    ep.to_string(),
+                    c,
+                    up_tx.clone(),
+                    b.health_deadline,
+                    *pid,
+                ),
+                rx,
+            ));
+        }
+        drop(up_tx);
+        let (cmd_tx, cmd_rx) = mpsc::channel(1024);
+        for (actor, rx) in actors {
+            tokio::spawn(actor.run(rx));
+        }
+        tokio::spawn(DagActor::new(ep_refs).run(cmd_rx, up_rx));
+        tokio::spawn(buffers::run(released_rx, ep_txs.clone()));
+        drop(guard);
+        let owner: [u8; 8] = rand::random();
+        Ok(Cluster {
+            runtime: Some(runtime),
+            cmds: cmd_tx,
+            endpoints: ep_txs,
+            workers,
+            callables,
+            mint: IdentityMint::new(owner),
+            released: released_tx,
+            local,
+        })
+    }
+
+    /// The workers, by id.
+    pub fn workers(&self) -> &[WorkerInfo] {
+        &self.workers
+    }
+
+    fn ask<T>(&self, make: impl FnOnce(oneshot::Sender<T>) -> Cmd) -> Result<T, Error> {
+        let (tx, rx) = oneshot::channel();
+        self.cmds
+            .blocking_send(make(tx))
+            .map_err(|_| Error::Closed)?;
+        rx.blocking_recv().map_err(|_| Error::Closed)
+    }
+
+    fn ask_endpoint<T>(
+        &self,
+        worker: WorkerId,
+        make: impl FnOnce(oneshot::Sender<Result<T, String>>) -> EpCmd,
+    ) -> Result<T, Error> {
+        let ep = self
+            .endpoints
+            .get(worker.0 as usize)
+            .ok_or_else(|| Error::Submit(format!("there is no {worker}")))?;
+        let (tx, rx) = oneshot::channel();
+        ep.blocking_send(make(tx)).map_err(|_| Error::Closed)?;
+        rx.blocking_recv()
+            .map_err(|_| Error::Closed)?
+            .map_err(|reason| Error::Worker { worker, reason })
+    }
+
+    /// A zeroed host buffer of `nbytes`, readable and writable by tasks.
+    ///
+    /// # Errors
+    /// [`Error::Buffer`] when the memfd cannot be made.
+    pub fn buffer(&self, nbytes: u64) -> Result<Buffer, Error> {
+        self.buffer_with(nbytes, Access::ReadWrite)
+    }
+
+    /// A zeroed host buffer granting tasks `access` only.
+    ///
+    /// # Errors
+    /// As [`Cluster::buffer`].
+    pub fn buffer_with(&self, nbytes: u64, access: Access) -> Result<Buffer, Error> {
+        let identity = self.mint.mint().map_err(|e| Error::Buffer(e.to_string()))?;
+        Ok(Buffer::host(HostShared::create(
+            identity,
+            nbytes,
+            access,
+            self.released.clone(),
+        )?))
+    }
+
+    /// A host buffer holding a copy of `bytes`.
+    ///
+    /// # Errors
+    /// As [`Cluster::buffer`].
+    pub fn buffer_from_bytes(&self, bytes: &[u8]) -> Result<Buffer, Error> {
+        let b = self.buffer(bytes.len() as u64)?;
+        b.write_bytes(0, bytes)?;
+        Ok(b)
+    }
+
+    /// A host buffer holding a copy of `values`.
+    ///
+    /// # Errors
+    /// As [`Cluster::buffer`].
+    pub fn buffer_from_slice<T: strata_chip::kernel::Pod>(
+        &self,
+        values: &[T],
+    ) -> Result<Buffer, Error> {
+        self.buffer_from_bytes(crate::mapping::as_bytes(values))
+    }
+
+    /// A device buffer of `nbytes` in `worker`'s device memory (persistent
+    /// region). Tasks that use it run on that worker.
+    ///
+    /// # Errors
+    /// An unknown worker, or the worker's refusal (out of memory names the
+    /// region).
+    pub fn device_buffer(&self, worker: WorkerId, nbytes: u64) -> Result<Buffer, Error> {
+        let identity = self.mint.mint().map_err(|e| Error::Buffer(e.to_string()))?;
+        let addr = self.ask_endpoint(worker, |reply| EpCmd::DeviceAlloc {
+            identity,
+            nbytes,
+            reply,
+        })?;
+        let addr = std::num::NonZeroU64::new(addr).ok_or_else(|| Error::Worker {
+            worker,
+            reason: "device address 0".into(),
+        })?;
+        let desc = BufferDescriptor::new(
+            identity,
+            nbytes,
+            AddressSpace::Device,
+            Access::ReadWrite,
+            WireBacking::DeviceMalloc { addr },
+        )
+        .map_err(|e| Error::Buffer(e.to_string()))?;
+        Ok(Buffer::device(DeviceShared {
+            desc,
+            worker,
+            notify: self.released.clone(),
+        }))
+    }
+
+    fn device_of(buffer: &Buffer) -> Result<WorkerId, Error> {
+        buffer.device_worker().ok_or_else(|| {
+            Error::Buffer(format!(
+                "buffer {} is a host buffer: read and write it directly",
+                buffer.identity()
+            ))
+        })
+    }
+
+    /// Writes `data` at `offset` of a device buffer. Order it against
+    /// tasks yourself (write before submitting readers; wait for writers).
+    ///
+    /// # Errors
+    /// A host buffer, or the worker's refusal.
+    pub fn write_device(&self, buffer: &Buffer, offset: u64, data: &[u8]) -> Result<(), Error> {
+        let worker = Self::device_of(buffer)?;
+        let identity = buffer.identity();
+        let data = data.to_vec();
+        self.ask_endpoint(worker, |reply| EpCmd::CopyToDevice {
+            identity,
+            offset,
+            data,
+            reply,
+        })
+    }
+
+    /// Reads `len` bytes at `offset` of a device buffer.
+    ///
+    /// # Errors
+    /// A host buffer, or the worker's refusal.
+    pub fn read_device(&self, buffer: &Buffer, offset: u64, len: u64) -> Result<Vec<u8>, Error> {
+        let worker = Self::device_of(buffer)?;
+        let identity = buffer.identity();
+        self.ask_endpoint(worker, |reply| EpCmd::CopyFromDevice {
+            identity,
+            offset,
+            len,
+            reply,
+        })
+    }
+
+    /// A worker's counters (device statistics included).
+    ///
+    /// # Errors
+    /// An unknown or lost worker.
+    pub fn worker_stats(&self, worker: WorkerId) -> Result<WorkerStats, Error> {
+        self.ask_endpoint(worker, |reply| EpCmd::Stats { reply })
+    }
+
+    /// The handle of `name` or `name@version`, and its qualified name.
+    fn resolve(&self, callable: &str) -> Result<(KernelHandle, String), Error> {
+        let (name, version) = match callable.split_once('@') {
+            Some((n, v)) => (
+                n,
+                Some(v.parse::<u32>().map_err(|_| {
+                    Error::Submit(format!(
+                        "callable {callable:?}: the version is not a number"
+                    ))
+                })?),
+            ),
+            None => (callable, None),
+        };
+        let versions = self.callables.get(name).ok_or_else(|| {
+            Error::Submit(format!(
+                "unknown callable {name:?}; the workers offer {}",
+                self.callables
+                    .keys()
+                    .cloned()
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ))
+        })?;
+        let found = match version {
+            Some(v) => versions.iter().find(|(ver, _)| *ver == v),
+            None => versions.last(),
+        };
+        let (v, h) = found.ok_or_else(|| {
+            Error::Submit(format!(
+                "callable {name:?} has no version {}; the workers offer {}",
+                version.unwrap_or(0),
+                versions
+                    .iter()
+                    .map(|(v, _)| v.to_string())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ))
+        })?;
+        Ok((*h, format!("{name}@{v}")))
+    }
+
+    fn member(&self, task: Task) -> Result<(MemberSpec, Vec<TaskId>), Error> {
+        let (callable, name) = self.resolve(&task.callable)?;
+        let mut device_on: Option<(usize, WorkerId)> = None;
+        let mut device_buffers = Vec::new();
+        let mut args = Vec::with_capacity(task.args.len());
+        for (i, (view, tag)) in task.args.into_iter().enumerate() {
+            if let Backing::Device(d) = &view.buffer.backing {
+                device_buffers.push(*d.desc.identity());
+                match device_on {
+                    Some((j, w)) if w != d.worker => {
+                        return Err(Error::Submit(format!(
+                            "{name}: argument {j} lives on {w}'s device and argument {i} on {}'s: a task runs on one worker",
+                            d.worker
+                        )));
+                    }
+                    _ => device_on = Some((i, d.worker)),
+                }
+            }
+            args.push(ArgRef {
+                tensor: view.tensor,
+                tag,
+                backing: view.buffer.backing,
+            });
+        }
+        let placement = match (task.on, device_on) {
+            (Some(w), Some((i, d))) if w != d => {
+                return Err(Error::Submit(format!(
+                    "{name}: placed on {w}, but argument {i} lives on {d}'s device"
+                )));
+            }
+            (Some(w), _) | (None, Some((_, w))) => Placement::On(w),
+            (None, None) => Placement::Any,
+        };
+        Ok((
+            MemberSpec {
+                callable,
+                name,
+                args,
+                scalars: task.scalars,
+                placement,
+                device_buffers,
+            },
+            task.after,
+        ))
+    }
+
+    fn submit_spec(&self, spec: TaskSpec) -> Result<TaskHandle, Error> {
+        self.ask(|reply| Cmd::Submit { spec, reply })?
+            .map(TaskHandle)
+    }
+
+    /// Submits a task. Its dependencies on earlier tasks are inferred from
+    /// the bytes its arguments read and write (plus its `after` edges).
+    ///
+    /// # Errors
+    /// [`Error::Submit`] when it is refused (unknown callable, grant
+    /// mismatch, arguments of the task overlapping where one is written,
+    /// placement that cannot work); nothing is queued then.
+    pub fn submit(&self, task: Task) -> Result<TaskHandle, Error> {
+        let (member, after) = self.member(task)?;
+        self.submit_spec(TaskSpec {
+            members: vec![member],
+            after,
+        })
+    }
+
+    /// Submits a group: one member per worker, launched all-or-nothing
+    /// (for members that wait for each other). `after` edges of every
+    /// member apply to the group.
+    ///
+    /// # Errors
+    /// As [`Cluster::submit`].
+    pub fn submit_group(&self, members: Vec<Task>) -> Result<TaskHandle, Error> {
+        let mut specs = Vec::with_capacity(members.len());
+        let mut after = Vec::new();
+        for t in members {
+            let (m, a) = self.member(t)?;
+            specs.push(m);
+            after.extend(a);
+        }
+        after.sort_unstable();
+        after.dedup();
+        self.submit_spec(TaskSpec {
+            members: specs,
+            after,
+        })
+    }
+
+    /// Waits for one task.
+    ///
+    /// # Errors
+    /// [`Error::Run`] when it did not succeed (failed, skipped because a
+    /// producer failed, or cancelled), naming task, callable, worker and
+    /// cause.
+    pub fn wait(&self, task: TaskHandle) -> Result<(), Error> {
+        Ok(self.ask(|reply| Cmd::Wait {
+            task: task.0,
+            reply,
+        })??)
+    }
+
+    /// Waits until every submitted task is finished and returns the run's
+    /// figures; the next call starts a new run.
+    ///
+    /// # Errors
+    /// [`Error::Run`] with the first task failure of the run.
+    pub fn wait_all(&self) -> Result<RunSummary, Error> {
+        Ok(self.ask(|reply| Cmd::WaitAll { reply })??)
+    }
+
+    /// Cancels a task that has not started; its consumers are skipped.
+    ///
+    /// # Errors
+    /// When it is running, finished or unknown.
+    pub fn cancel(&self, task: TaskHandle) -> Result<(), Error> {
+        self.ask(|reply| Cmd::Cancel {
+            task: task.0,
+            reply,
+        })?
+    }
+
+    /// Figures since the cluster started.
+    ///
+    /// # Errors
+    /// [`Error::Closed`].
+    pub fn totals(&self) -> Result<RunSummary, Error> {
+        self.ask(|reply| Cmd::Totals { reply })
+    }
+
+    /// Opens a scope.
+    ///
+    /// # Errors
+    /// [`Error::Closed`].
+    pub fn open_scope(&self) -> Result<Scope, Error> {
+        self.ask(|reply| Cmd::OpenScope { reply }).map(Scope)
+    }
+
+    /// Registers `buffer` in `scope`: the scope holds it until the scope
+    /// has ended and no unfinished task uses it.
+    ///
+    /// # Errors
+    /// An unknown or ended scope.
+    pub fn scope_buffer(&self, scope: Scope, buffer: &Buffer) -> Result<(), Error> {
+        let buffer = buffer.clone();
+        self.ask(|reply| Cmd::ScopeBuffer {
+            scope: scope.0,
+            buffer,
+            reply,
+        })?
+    }
+
+    /// Ends `scope`.
+    ///
+    /// # Errors
+    /// An unknown or ended scope.
+    pub fn end_scope(&self, scope: Scope) -> Result<(), Error> {
+        self.ask(|reply| Cmd::EndScope {
+            scope: scope.0,
+            reply,
+        })?
+    }
+
+    /// Waits for every task, then stops the actors and the workers this
+    /// cluster spawned.
+    ///
+    /// # Errors
+    /// The run's first task failure (the cluster is stopped anyway).
+    pub fn shutdown(mut self) -> Result<RunSummary, Error> {
+        let r = self.wait_all();
+        self.stop();
+        r
+    }
+
+    /// Stops the actors (closing every session), the runtime, then the
+    /// spawned workers.
+    fn stop(&mut self) {
+        let Some(runtime) = self.runtime.take() else {
+            return;
+        };
+        let (tx, rx) = oneshot::channel();
+        let cmds = self.cmds.clone();
+        runtime.block_on(async move {
+            if cmds.send(Cmd::Shutdown { reply: tx }).await.is_ok() {
+                let _ = tokio::time::timeout(Duration::from_secs(3), rx).await;
+            }
+        });
+        runtime.shutdown_timeout(Duration::from_secs(1));
+        if let Some(mut lw) = self.local.take() {
+            lw.shutdown(Duration::from_secs(2));
+        }
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+async fn connect(
+    endpoint: &Endpoint,
+    token: Option<&str>,
+    tls: Option<&ClientTls>,
+    health_ms: u32,
+) -> Result<Connected, String> {
+    let mut client = WorkerClient::connect_with(endpoint, token, tls)
+        .await
+        .map_err(|e| e.to_string())?;
+    client
+        .handshake()
+        .await
+        .map_err(|e| format!("handshake: {e}"))?;
+    let fd = match endpoint {
+        Endpoint::Unix(_) => Some(
+            client
+                .fd_channel()
+                .await
+                .map_err(|e| format!("fd channel: {e}"))?,
+        ),
+        Endpoint::Tcp(_) => None,
+    };
+    let (sender, completions) = client
+        .open_tasks()
+        .await
+        .map_err(|e| format!("task stream: {e}"))?
+        .split();
+    let health = client
+        .health(health_ms)
+        .await
+        .map_err(|e| format!("health stream: {e}"))?;
+    Ok(Connected {
+        client,
+        sender,
+        completions,
+        fd,
+        health,
+    })
+}

@@ -1,0 +1,213 @@
+//! Local workers the cluster spawns itself: one `strata worker` process
+//! per chip, on private sockets in a temporary directory (mode 0700),
+//! logging to files there, killed and reaped when the cluster goes.
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+use strata_worker::Endpoint;
+use tempfile::TempDir;
+
+use crate::error::Error;
+
+/// The `strata` binary to run workers with: `$STRATA_BIN`, this program
+/// if it is `strata`, a `strata` next to this program or one folder up
+/// (cargo's `target/<profile>/` from an example or a test), or `strata` on
+/// the `PATH`.
+pub fn default_worker_binary() -> Option<PathBuf> {
+    if let Some(p) = std::env::var_os("STRATA_BIN") {
+        return Some(PathBuf::from(p));
+    }
+    if let Ok(exe) = std::env::current_exe() {
+        if exe.file_name().is_some_and(|n| n == "strata") {
+            return Some(exe);
+        }
+        let mut dir = exe.parent();
+        for _ in 0..2 {
+            let Some(d) = dir else { break };
+            let cand = d.join("strata");
+            if cand.is_file() {
+                return Some(cand);
+            }
+            dir = d.parent();
+        }
+    }
+    std::env::var_os("PATH").and_then(|paths| {
+        std::env::split_paths(&paths)
+            .map(|p| p.join("strata"))
+            .find(|p| p.is_file())
+    })
+}
+
+struct Spawned {
+    child: Child,
+    log: PathBuf,
+    drain: Option<JoinHandle<()>>,
+}
+
+/// Worker processes this cluster started.
+pub(crate) struct LocalWorkers {
+    spawned: Vec<Spawned>,
+    dir: Option<TempDir>,
+}
+
+impl std::fmt::Debug for LocalWorkers {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "LocalWorkers({:?})", self.pids())
+    }
+}
+
+impl LocalWorkers {
+    /// Starts `n` workers of `binary` with device `device` and waits for
+    /// each one's ready line (at most `timeout` overall).
+    pub(crate) fn spawn(
+        binary: &Path,
+        n: usize,
+        device: &str,
+        timeout: Duration,
+    ) -> Result<(Self, Vec<Endpoint>), Error> {
+        let dir = tempfile::Builder::new()
+            .prefix("strata-")
+            .tempdir()
+            .map_err(|e| Error::Cluster(format!("temporary directory: {e}")))?;
+        let mut me = LocalWorkers {
+            spawned: Vec::new(),
+            dir: None,
+        };
+        let mut ready = Vec::new();
+        for chip in 0..n {
+            let sock = dir.path().join(format!("chip{chip}.sock"));
+            let log = dir.path().join(format!("chip{chip}.log"));
+            let log_file = std::fs::File::create(&log)
+                .map_err(|e| Error::Cluster(format!("{}: {e}", log.display())))?;
+            let mut cmd = Command::new(binary);
+            cmd.arg("worker")
+                .arg("--chip")
+                .arg(chip.to_string())
+                .arg("--device")
+                .arg(device)
+                .arg("--listen")
+                .arg(format!("unix:{}", sock.display()))
+                .stdin(Stdio::null())
+                .stdout(Stdio::piped())
+                .stderr(log_file);
+            if std::env::var_os("RUST_LOG").is_none() {
+                cmd.env("RUST_LOG", "warn");
+            }
+            let mut child = cmd
+                .spawn()
+                .map_err(|e| Error::Cluster(format!("cannot start {}: {e}", binary.display())))?;
+            let stdout = child.stdout.take();
+            let (tx, rx) = mpsc::channel::<String>();
+            // Reads the ready line, then drains stdout until the worker
+            // exits, so the pipe never fills.
+            let drain = std::thread::spawn(move || {
+                let Some(out) = stdout else { return };
+                for line in BufReader::new(out).lines() {
+                    let Ok(line) = line else { return };
+                    let _ = tx.send(line);
+                }
+            });
+            me.spawned.push(Spawned {
+                child,
+                log,
+                drain: Some(drain),
+            });
+            ready.push(rx);
+        }
+        me.dir = Some(dir);
+        let deadline = Instant::now() + timeout;
+        let mut endpoints = Vec::new();
+        for (chip, rx) in ready.iter().enumerate() {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let line = rx.recv_timeout(left).map_err(|_| {
+                let s = &mut me.spawned[chip];
+                let status = s.child.try_wait().ok().flatten();
+                Error::Cluster(format!(
+                    "local worker {chip} ({}) {}; its log:\n{}",
+                    binary.display(),
+                    match status {
+                        Some(st) => format!("exited ({st}) before it was ready"),
+                        None => format!("was not ready within {timeout:?}"),
+                    },
+                    tail(&s.log)
+                ))
+            })?;
+            let endpoint = line
+                .split_whitespace()
+                .find_map(|w| w.strip_prefix("listen="))
+                .and_then(|e| e.parse().ok())
+                .ok_or_else(|| {
+                    Error::Cluster(format!(
+                        "local worker {chip}: unexpected ready line {line:?}"
+                    ))
+                })?;
+            endpoints.push(endpoint);
+        }
+        Ok((me, endpoints))
+    }
+
+    /// Process ids, in chip order.
+    pub(crate) fn pids(&self) -> Vec<u32> {
+        self.spawned.iter().map(|s| s.child.id()).collect()
+    }
+
+    /// The last lines of worker `i`'s log.
+    pub(crate) fn log_tail(&self, i: usize) -> String {
+        self.spawned
+            .get(i)
+            .map(|s| tail(&s.log))
+            .unwrap_or_default()
+    }
+
+    /// SIGTERM to every worker, up to `grace` for them to exit, then
+    /// SIGKILL; reaps them all and removes the temporary directory.
+    pub(crate) fn shutdown(&mut self, grace: Duration) {
+        for s in &mut self.spawned {
+            if let Ok(pid) = i32::try_from(s.child.id()) {
+                if s.child.try_wait().ok().flatten().is_none() {
+                    let _ = kill(Pid::from_raw(pid), Signal::SIGTERM);
+                }
+            }
+        }
+        let deadline = Instant::now() + grace;
+        for s in &mut self.spawned {
+            loop {
+                match s.child.try_wait() {
+                    Ok(Some(_)) | Err(_) => break,
+                    Ok(None) if Instant::now() >= deadline => {
+                        let _ = s.child.kill();
+                        let _ = s.child.wait();
+                        break;
+                    }
+                    Ok(None) => std::thread::sleep(Duration::from_millis(5)),
+                }
+            }
+            if let Some(d) = s.drain.take() {
+                let _ = d.join();
+            }
+        }
+        self.spawned.clear();
+        if let Some(dir) = self.dir.take() {
+            let _ = dir.close();
+        }
+    }
+}
+
+impl Drop for LocalWorkers {
+    fn drop(&mut self) {
+        self.shutdown(Duration::from_secs(2));
+    }
+}
+
+fn tail(path: &Path) -> String {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(20)..].join("\n")
+}

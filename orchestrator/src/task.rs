@@ -1,0 +1,131 @@
+//! Describing a task: a callable, tagged views, scalars, placement and
+//! explicit edges.
+
+use strata_core::{TaskId, WorkerId};
+use strata_wire::ArgTag;
+
+use crate::buffer::View;
+
+/// A submitted task.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct TaskHandle(pub(crate) TaskId);
+
+impl TaskHandle {
+    /// The task's id (submission order).
+    pub fn id(&self) -> TaskId {
+        self.0
+    }
+}
+
+/// A task (or one member of a group) to submit.
+///
+/// ```no_run
+/// # use strata_orchestrator::{Cluster, Task};
+/// # use strata_wire::DType;
+/// # fn main() -> Result<(), strata_orchestrator::Error> {
+/// let cluster = Cluster::builder().local(2).start()?;
+/// let a = cluster.buffer(64 * 64 * 4)?.tensor(&[64, 64], DType::F32)?;
+/// let b = cluster.buffer(64 * 64 * 4)?.tensor(&[64, 64], DType::F32)?;
+/// let c = cluster.buffer(64 * 64 * 4)?.tensor(&[64, 64], DType::F32)?;
+/// cluster.submit(Task::new("fill").output(&a).scalar_f64(1.0))?;
+/// cluster.submit(Task::new("fill").output(&b).scalar_f64(2.0))?;
+/// let t = cluster.submit(Task::new("matmul").input(&a).input(&b).output(&c))?;
+/// cluster.wait(t)?;
+/// assert_eq!(c.read::<f32>()?[0], 128.0);
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone)]
+pub struct Task {
+    pub(crate) callable: String,
+    pub(crate) args: Vec<(View, ArgTag)>,
+    pub(crate) scalars: Vec<u64>,
+    pub(crate) on: Option<WorkerId>,
+    pub(crate) after: Vec<TaskId>,
+}
+
+impl Task {
+    /// A task running `callable`: `name` (the highest version the workers
+    /// offer) or `name@version`.
+    pub fn new(callable: impl Into<String>) -> Self {
+        Task {
+            callable: callable.into(),
+            args: Vec::new(),
+            scalars: Vec::new(),
+            on: None,
+            after: Vec::new(),
+        }
+    }
+
+    /// Adds an argument with `tag`.
+    #[must_use]
+    pub fn arg(mut self, view: &View, tag: ArgTag) -> Self {
+        self.args.push((view.clone(), tag));
+        self
+    }
+
+    /// Adds an argument the task reads.
+    #[must_use]
+    pub fn input(self, view: &View) -> Self {
+        self.arg(view, ArgTag::Input)
+    }
+
+    /// Adds an argument the task writes whole (its old bytes do not matter:
+    /// a remote worker starts from zeros).
+    #[must_use]
+    pub fn output(self, view: &View) -> Self {
+        self.arg(view, ArgTag::Output)
+    }
+
+    /// Adds an argument the task writes, keeping the bytes it does not
+    /// write (a remote worker receives the old bytes).
+    #[must_use]
+    pub fn output_existing(self, view: &View) -> Self {
+        self.arg(view, ArgTag::OutputExisting)
+    }
+
+    /// Adds an argument the task reads and writes.
+    #[must_use]
+    pub fn inout(self, view: &View) -> Self {
+        self.arg(view, ArgTag::InOut)
+    }
+
+    /// Adds an argument outside dependency tracking (the caller orders it).
+    #[must_use]
+    pub fn no_dep(self, view: &View) -> Self {
+        self.arg(view, ArgTag::NoDep)
+    }
+
+    /// Adds a scalar as its 64 bits.
+    #[must_use]
+    pub fn scalar_u64(mut self, v: u64) -> Self {
+        self.scalars.push(v);
+        self
+    }
+
+    /// Adds a signed scalar (two's complement).
+    #[must_use]
+    pub fn scalar_i64(self, v: i64) -> Self {
+        self.scalar_u64(v as u64)
+    }
+
+    /// Adds a floating-point scalar (its f64 bits).
+    #[must_use]
+    pub fn scalar_f64(self, v: f64) -> Self {
+        self.scalar_u64(v.to_bits())
+    }
+
+    /// Runs it on `worker` (otherwise the scheduler places it; a task using
+    /// a device buffer runs where the buffer lives).
+    #[must_use]
+    pub fn on(mut self, worker: WorkerId) -> Self {
+        self.on = Some(worker);
+        self
+    }
+
+    /// Runs it after `task`, whatever their bytes.
+    #[must_use]
+    pub fn after(mut self, task: TaskHandle) -> Self {
+        self.after.push(task.0);
+        self
+    }
+}

@@ -1,0 +1,211 @@
+//! User kernels of `strata-test-worker`, built the way users build theirs.
+//!
+//! - `test.panic`: panics on purpose.
+//! - `test.sleep`: sleeps for its scalar's milliseconds.
+//! - `test.touch`: takes one view it reads and does nothing (the cost of
+//!   dispatching a view, whatever its size).
+//! - `test.hash.<p>` for every access pattern `p` of 1 to 4 arguments
+//!   (`r` read, `w` write, `x` read-write): the differential test's
+//!   callable, computing exactly what `strata_core::sim::compute` computes
+//!   (a hash of the task id in scalar 0 and of every element read, in
+//!   argument then row-major order, written to every element of every
+//!   written view), on real workers.
+
+use std::sync::Arc;
+
+use strata_chip::kernel::{ArgSpec, DTypes, KernelDescriptor, Rank, ScalarKind, ScalarSpec};
+use strata_chip::{Kernel, KernelContext, Registry};
+use strata_wire::{Access, ArgTag};
+
+struct Panic(KernelDescriptor);
+
+impl Kernel for Panic {
+    fn descriptor(&self) -> &KernelDescriptor {
+        &self.0
+    }
+    fn run(&self, _: &mut KernelContext<'_>) -> Result<(), String> {
+        panic!("test.panic was asked to panic");
+    }
+}
+
+struct Sleep(KernelDescriptor);
+
+impl Kernel for Sleep {
+    fn descriptor(&self) -> &KernelDescriptor {
+        &self.0
+    }
+    fn run(&self, ctx: &mut KernelContext<'_>) -> Result<(), String> {
+        std::thread::sleep(std::time::Duration::from_millis(ctx.scalar(0)?));
+        Ok(())
+    }
+}
+
+struct Touch(KernelDescriptor);
+
+impl Kernel for Touch {
+    fn descriptor(&self) -> &KernelDescriptor {
+        &self.0
+    }
+    fn run(&self, _: &mut KernelContext<'_>) -> Result<(), String> {
+        Ok(())
+    }
+}
+
+struct Hash {
+    desc: KernelDescriptor,
+    access: Vec<Access>,
+}
+
+fn fnv(h: &mut u64, bytes: &[u8]) {
+    for &b in bytes {
+        *h ^= u64::from(b);
+        *h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+}
+
+impl Hash {
+    /// Every element of argument `i` as its little-endian bytes, row-major.
+    fn elements(ctx: &KernelContext<'_>, i: usize) -> Result<Vec<Vec<u8>>, String> {
+        macro_rules! read {
+            ($t:ty) => {{
+                let v = ctx.input_raw::<$t>(i)?;
+                (0..v.geometry().len())
+                    .map(|e| v.at(e).to_le_bytes().to_vec())
+                    .collect()
+            }};
+        }
+        Ok(match ctx.arg(i)?.dtype().bits() {
+            8 => read!(u8),
+            16 => read!(u16),
+            32 => read!(u32),
+            64 => read!(u64),
+            b => return Err(format!("argument {i}: {b}-bit elements are not supported")),
+        })
+    }
+
+    fn write(ctx: &KernelContext<'_>, i: usize, h: u64) -> Result<(), String> {
+        macro_rules! write {
+            ($t:ty) => {{
+                let mut v = ctx.output_raw::<$t>(i)?;
+                let g = *v.geometry();
+                for k in 0..g.len() {
+                    let mut x = h;
+                    fnv(&mut x, &[i as u8]);
+                    fnv(&mut x, &(k as u64).to_le_bytes());
+                    let idx = g.unravel(k);
+                    v.set(&idx[..g.ndims()], x as $t);
+                }
+            }};
+        }
+        match ctx.arg(i)?.dtype().bits() {
+            8 => write!(u8),
+            16 => write!(u16),
+            32 => write!(u32),
+            64 => write!(u64),
+            b => return Err(format!("argument {i}: {b}-bit elements are not supported")),
+        }
+        Ok(())
+    }
+}
+
+impl Kernel for Hash {
+    fn descriptor(&self) -> &KernelDescriptor {
+        &self.desc
+    }
+    fn run(&self, ctx: &mut KernelContext<'_>) -> Result<(), String> {
+        let mut h = 0xcbf2_9ce4_8422_2325u64 ^ ctx.scalar(0)?;
+        for (i, a) in self.access.iter().enumerate() {
+            if a.allows_read() {
+                fnv(&mut h, &(i as u64).to_le_bytes());
+                for e in Self::elements(ctx, i)? {
+                    fnv(&mut h, &e);
+                }
+            }
+        }
+        for (i, a) in self.access.iter().enumerate() {
+            if a.allows_write() {
+                Self::write(ctx, i, h)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The `test.hash.<p>` name for arguments with these tags (INPUT and
+/// NO_DEP read, OUTPUT and OUTPUT_EXISTING write, INOUT both).
+pub fn hash_callable(tags: &[ArgTag]) -> String {
+    let p: String = tags
+        .iter()
+        .map(|t| match t {
+            ArgTag::Input | ArgTag::NoDep => 'r',
+            ArgTag::Output | ArgTag::OutputExisting => 'w',
+            ArgTag::InOut => 'x',
+        })
+        .collect();
+    format!("test.hash.{p}")
+}
+
+fn descriptor(name: &str, args: Vec<ArgSpec>, scalars: Vec<ScalarSpec>) -> KernelDescriptor {
+    KernelDescriptor {
+        name: name.into(),
+        version: 1,
+        args,
+        scalars,
+    }
+}
+
+fn u64_scalar(name: &str) -> ScalarSpec {
+    ScalarSpec {
+        name: name.into(),
+        kind: ScalarKind::U64,
+    }
+}
+
+/// The built-in kernels plus the test kernels.
+///
+/// # Errors
+/// A registration conflict (a bug).
+pub fn registry() -> Result<Registry, String> {
+    let mut kernels = Registry::with_builtins();
+    let mut add = |k: Arc<dyn Kernel>| kernels.register(k).map(|_| ()).map_err(|e| e.to_string());
+    add(Arc::new(Panic(descriptor("test.panic", vec![], vec![]))))?;
+    add(Arc::new(Sleep(descriptor(
+        "test.sleep",
+        vec![],
+        vec![u64_scalar("ms")],
+    ))))?;
+    add(Arc::new(Touch(descriptor(
+        "test.touch",
+        vec![ArgSpec::new("x", Access::Read, DTypes::Any, Rank::Any)],
+        vec![],
+    ))))?;
+    let mut patterns: Vec<String> = vec![String::new()];
+    let mut all = Vec::new();
+    for _ in 0..4 {
+        patterns = patterns
+            .iter()
+            .flat_map(|p| ['r', 'w', 'x'].map(|c| format!("{p}{c}")))
+            .collect();
+        all.extend(patterns.iter().cloned());
+    }
+    for name in all {
+        let access: Vec<Access> = name
+            .chars()
+            .map(|c| match c {
+                'r' => Access::Read,
+                'w' => Access::Write,
+                _ => Access::ReadWrite,
+            })
+            .collect();
+        let args = access
+            .iter()
+            .enumerate()
+            .map(|(i, a)| ArgSpec::new(&format!("a{i}"), *a, DTypes::Any, Rank::Any))
+            .collect();
+        add(Arc::new(Hash {
+            desc: descriptor(&format!("test.hash.{name}"), args, vec![u64_scalar("task")]),
+            access,
+        }))?;
+    }
+    Ok(kernels)
+}

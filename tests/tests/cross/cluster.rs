@@ -1,0 +1,589 @@
+//! The orchestrator end to end against real worker processes (issue 6's
+//! acceptance list): tiled matmul over local and TCP workers, the
+//! differential test through real workers, a worker killed mid-run,
+//! device-buffer pipelines and zero-copy hand-off.
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use strata_core::sim::{self, Program};
+use strata_orchestrator::{Buffer, Cluster, Error, Outcome, Task, WorkerId};
+use strata_tests::kernels::hash_callable;
+use strata_tests::{WorkerProcess, strata_bin};
+use strata_wire::check::Rng;
+use strata_wire::{Access, DType};
+
+fn test_worker_bin() -> &'static Path {
+    Path::new(env!("CARGO_BIN_EXE_strata-test-worker"))
+}
+
+fn local(n: usize, binary: &Path) -> Cluster {
+    Cluster::builder()
+        .local(n)
+        .worker_binary(binary)
+        .start()
+        .expect("cluster")
+}
+
+#[test]
+fn tiled_matmul_over_four_local_workers_matches_the_reference() {
+    let cluster = local(4, &strata_bin());
+    let r = strata_examples::jobs::tiled_matmul(&cluster, 512, 64, 1).expect("job");
+    assert_eq!(r.tasks, 512);
+    assert_eq!(r.summary.succeeded, 512);
+    assert!(r.ok(1e-3), "max |err| {}", r.max_abs_err);
+    assert_eq!(r.summary.sent_bytes, 0, "local workers get fds, not bytes");
+    assert!(r.summary.fd_bytes > 0);
+    // Every worker took part.
+    for w in cluster.workers() {
+        let s = cluster.worker_stats(w.id).expect("stats");
+        assert!(s.tasks_succeeded > 0, "{} ran nothing", w.id);
+    }
+    eprintln!(
+        "tiled matmul 512/64 over 4 local workers: {:.1} ms",
+        r.wall.as_secs_f64() * 1e3
+    );
+}
+
+#[test]
+fn tiled_matmul_over_two_tcp_workers_with_a_token_stages_bytes() {
+    let dir = tempfile::tempdir().unwrap();
+    let token = dir.path().join("token");
+    std::fs::write(&token, "s3cret-token\n").unwrap();
+    let token_arg = token.to_str().unwrap();
+    let w0 = WorkerProcess::spawn_tcp(&strata_bin(), &["worker"], &["--token-file", token_arg]);
+    let w1 = WorkerProcess::spawn_tcp(
+        &strata_bin(),
+        &["worker"],
+        &[
+            "--chip",
+            "1",
+            "--token-file",
+            token_arg,
+            "--device",
+            "sim:mode=staged",
+        ],
+    );
+    // A wrong token is refused at start, naming the worker.
+    let bad = Cluster::builder()
+        .connect(&w0.endpoint.to_string(), Some("wrong"))
+        .unwrap()
+        .start();
+    assert!(
+        matches!(&bad, Err(Error::Cluster(m)) if m.contains(&w0.endpoint.to_string())),
+        "{bad:?}"
+    );
+    let cluster = Cluster::builder()
+        .connect(&w0.endpoint.to_string(), Some("s3cret-token"))
+        .unwrap()
+        .connect(&w1.endpoint.to_string(), Some("s3cret-token"))
+        .unwrap()
+        .start()
+        .expect("cluster");
+    assert!(cluster.workers().iter().all(|w| !w.fd_passing));
+    let r = strata_examples::jobs::tiled_matmul(&cluster, 512, 64, 2).expect("job");
+    assert!(r.ok(1e-3), "max |err| {}", r.max_abs_err);
+    assert_eq!(r.summary.fd_bytes, 0);
+    // Each task sends its two input tiles (16 KiB each) and gets its
+    // output tile back.
+    assert_eq!(
+        r.summary.sent_bytes,
+        512 * 2 * 64 * 64 * 4 + 448 * 64 * 64 * 4
+    );
+    assert_eq!(r.summary.returned_bytes, 512 * 64 * 64 * 4);
+    eprintln!(
+        "tiled matmul 512/64 over 2 TCP workers: {:.1} ms",
+        r.wall.as_secs_f64() * 1e3
+    );
+}
+
+#[test]
+fn pipeline_keeps_intermediates_in_device_buffers() {
+    let cluster = Cluster::builder()
+        .local(2)
+        .worker_binary(strata_bin())
+        .device("sim:mode=staged")
+        .start()
+        .unwrap();
+    let r = strata_examples::jobs::pipeline(&cluster, 256, 128, 3).expect("job");
+    assert!(r.ok(1e-5), "max |err| {}", r.max_abs_err);
+    assert_eq!(r.summary.succeeded, 8);
+    // A device buffer on worker 0 cannot be used by a task placed on
+    // worker 1; the refusal names both.
+    let d = cluster.device_buffer(WorkerId(0), 64).unwrap();
+    let v = d.tensor(&[16], DType::F32).unwrap();
+    let e = cluster
+        .submit(Task::new("fill").output(&v).scalar_f64(1.0).on(WorkerId(1)))
+        .unwrap_err();
+    assert!(
+        e.to_string().contains("worker 0") && e.to_string().contains("worker 1"),
+        "{e}"
+    );
+    // Device buffers are written and read by the driver too.
+    cluster.write_device(&d, 0, &[7u8; 64]).unwrap();
+    assert_eq!(cluster.read_device(&d, 8, 4).unwrap(), vec![7u8; 4]);
+}
+
+/// Rebuilds a program's views over real buffers of the cluster.
+fn remap(program: &Program, cluster: &Cluster) -> (Vec<Buffer>, Vec<(u64, Vec<Task>)>) {
+    let buffers: Vec<Buffer> = program
+        .buffers
+        .iter()
+        .map(|d| {
+            let b = cluster.buffer_with(d.nbytes(), d.access()).unwrap();
+            b.write_bytes(0, &program.initial[d.identity()]).unwrap();
+            b
+        })
+        .collect();
+    let find = |id: &strata_wire::CanonicalIdentity| {
+        let i = program
+            .buffers
+            .iter()
+            .position(|d| d.identity() == id)
+            .unwrap();
+        &buffers[i]
+    };
+    let tasks = program
+        .tasks
+        .iter()
+        .map(|t| {
+            let members = t
+                .members
+                .iter()
+                .map(|args| {
+                    let tags: Vec<_> = args.iter().map(|a| a.tag).collect();
+                    let mut task = Task::new(hash_callable(&tags)).scalar_u64(t.id.0);
+                    for a in args {
+                        let v = find(a.tensor.identity())
+                            .view(
+                                a.tensor.byte_offset(),
+                                a.tensor.shape(),
+                                a.tensor.strides(),
+                                a.tensor.dtype(),
+                            )
+                            .unwrap();
+                        task = task.arg(&v, a.tag);
+                    }
+                    task
+                })
+                .collect();
+            (t.id.0, members)
+        })
+        .collect();
+    (buffers, tasks)
+}
+
+/// Drops FP4 views (the test kernel reads whole elements) and the explicit
+/// edges to dropped tasks.
+fn without_fp4(mut p: Program) -> Program {
+    p.tasks.retain(|t| {
+        t.members
+            .iter()
+            .flatten()
+            .all(|a| a.tensor.dtype() != DType::Fp4E2M1)
+    });
+    let kept: std::collections::HashSet<_> = p.tasks.iter().map(|t| t.id).collect();
+    for t in &mut p.tasks {
+        t.after.retain(|a| kept.contains(a));
+    }
+    p
+}
+
+#[test]
+fn differential_through_real_workers_matches_sequential_execution() {
+    let seeds: u64 = std::env::var("STRATA_CLUSTER_DIFF_SEEDS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(24);
+    // Two workers that pass fds (one unified, one staged) and one reached
+    // by TCP (bytes staged), small windows so orders vary.
+    let dir = tempfile::tempdir().unwrap();
+    let token = dir.path().join("token");
+    std::fs::write(&token, "diff").unwrap();
+    let tcp = WorkerProcess::spawn_tcp(
+        test_worker_bin(),
+        &[],
+        &["--token-file", token.to_str().unwrap()],
+    );
+    let staged =
+        WorkerProcess::spawn_unix(test_worker_bin(), &[], &["--device", "sim:mode=staged"]);
+    let cluster = Cluster::builder()
+        .local(1)
+        .worker_binary(test_worker_bin())
+        .device("sim:mode=unified")
+        .connect(&staged.endpoint.to_string(), None)
+        .unwrap()
+        .connect(&tcp.endpoint.to_string(), Some("diff"))
+        .unwrap()
+        .window(3)
+        .start()
+        .unwrap();
+    let mut total = 0usize;
+    for seed in 0..seeds {
+        let mut rng = Rng(0x5eed_0000 + seed);
+        let program = without_fp4(sim::random_program(&mut rng, 60));
+        let want = sim::run_sequential(&program);
+        let (buffers, tasks) = remap(&program, &cluster);
+        let mut ids = std::collections::HashMap::new();
+        for (i, (pid, members)) in tasks.into_iter().enumerate() {
+            let ptask = &program.tasks[i];
+            let members: Vec<Task> = members
+                .into_iter()
+                .map(|mut m| {
+                    for a in &ptask.after {
+                        m = m.after(ids[&a.0]);
+                    }
+                    m
+                })
+                .collect();
+            let h = if members.len() == 1 {
+                cluster.submit(members.into_iter().next().unwrap())
+            } else {
+                cluster.submit_group(members)
+            }
+            .unwrap_or_else(|e| panic!("seed {seed}: task {pid}: {e}"));
+            ids.insert(pid, h);
+        }
+        let summary = cluster
+            .wait_all()
+            .unwrap_or_else(|e| panic!("seed {seed}: {e}"));
+        assert_eq!(summary.succeeded as usize, program.tasks.len());
+        for (d, b) in program.buffers.iter().zip(&buffers) {
+            assert_eq!(
+                b.to_bytes().unwrap(),
+                want[d.identity()],
+                "seed {seed}: buffer {} differs from sequential execution",
+                d.identity()
+            );
+        }
+        total += program.tasks.len();
+    }
+    eprintln!("differential through 3 real workers: {seeds} seeds, {total} tasks, identical");
+}
+
+#[test]
+fn a_killed_worker_is_named_within_two_seconds_and_the_rest_goes_on() {
+    let cluster = local(3, test_worker_bin());
+    let victim = cluster.workers()[1].clone();
+    // Long tasks on every worker: the victim's will never finish.
+    let mut on = Vec::new();
+    for w in cluster.workers() {
+        for _ in 0..4 {
+            let h = cluster
+                .submit(Task::new("test.sleep").scalar_u64(150).on(w.id))
+                .unwrap();
+            on.push((w.id, h));
+        }
+    }
+    std::thread::sleep(Duration::from_millis(100));
+    let killed = Instant::now();
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(victim.pid.unwrap() as i32),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    // The first of the victim's tasks reports the loss.
+    let (_, first_victim_task) = on.iter().find(|(w, _)| *w == victim.id).unwrap();
+    let e = cluster.wait(*first_victim_task).unwrap_err();
+    let detected = killed.elapsed();
+    let Error::Run(run) = &e else { panic!("{e}") };
+    assert!(matches!(run.outcome, Outcome::EndpointFailure(_)), "{e}");
+    assert!(
+        run.worker
+            .as_deref()
+            .unwrap_or("")
+            .contains(&victim.endpoint),
+        "the error names the worker: {e}"
+    );
+    assert!(
+        detected < Duration::from_secs(2),
+        "detected after {detected:?}"
+    );
+    eprintln!(
+        "kill -9 detected after {:.1} ms: {e}",
+        detected.as_secs_f64() * 1e3
+    );
+    // The run's error is that worker's; the others finished their work.
+    let run_err = cluster.wait_all().unwrap_err();
+    assert!(run_err.to_string().contains(&victim.endpoint), "{run_err}");
+    for (w, h) in &on {
+        if *w != victim.id {
+            cluster.wait(*h).unwrap_or_else(|e| panic!("{w}: {e}"));
+        }
+    }
+    // A new job runs on the survivors.
+    let r = strata_examples::jobs::tiled_matmul(&cluster, 128, 32, 9).expect("new job");
+    assert!(r.ok(1e-3));
+    assert!(
+        cluster.worker_stats(victim.id).is_err(),
+        "the victim is lost"
+    );
+}
+
+#[test]
+fn failures_name_task_callable_worker_and_cause_and_skip_consumers() {
+    let cluster = local(2, test_worker_bin());
+    let b = cluster.buffer(1024).unwrap();
+    let v = b.tensor(&[256], DType::F32).unwrap();
+    let bad = cluster.submit(Task::new("test.panic")).unwrap();
+    let fill = cluster
+        .submit(Task::new("fill").output(&v).scalar_f64(1.0).after(bad))
+        .unwrap();
+    let e = cluster.wait(bad).unwrap_err().to_string();
+    assert!(
+        e.contains("test.panic@1") && e.contains("TASK_FAILURE") && e.contains("worker"),
+        "{e}"
+    );
+    let e = cluster.wait(fill).unwrap_err().to_string();
+    assert!(e.contains("SKIPPED"), "{e}");
+    let all = cluster.wait_all().unwrap_err().to_string();
+    assert!(all.contains("test.panic"), "{all}");
+    // Submit-time refusals: unknown callable, grant mismatch, overlapping
+    // written arguments.
+    let e = cluster.submit(Task::new("nope")).unwrap_err().to_string();
+    assert!(e.contains("unknown callable \"nope\""), "{e}");
+    let ro = cluster.buffer_with(64, Access::Read).unwrap();
+    let rv = ro.tensor(&[16], DType::F32).unwrap();
+    let e = cluster
+        .submit(Task::new("fill").output(&rv).scalar_f64(0.0))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("grants READ"), "{e}");
+    let e = cluster
+        .submit(Task::new("copy").input(&v).output(&v))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("share bytes"), "{e}");
+    // After all that, the cluster still works.
+    let t = cluster
+        .submit(Task::new("fill").output(&v).scalar_f64(2.5))
+        .unwrap();
+    cluster.wait(t).unwrap();
+    assert!(v.read::<f32>().unwrap().iter().all(|&x| x == 2.5));
+}
+
+#[test]
+fn zero_copy_a_gibibyte_buffer_costs_what_a_page_costs() {
+    let cluster = Cluster::builder()
+        .local(1)
+        .worker_binary(test_worker_bin())
+        .device("sim:mode=unified")
+        .start()
+        .unwrap();
+    let w = cluster.workers()[0].id;
+    let time = |nbytes: u64| {
+        let mut samples = Vec::new();
+        for _ in 0..5 {
+            let b = cluster.buffer(nbytes).unwrap();
+            let v = b.tensor(&[(nbytes / 4) as u32], DType::F32).unwrap();
+            let t0 = Instant::now();
+            let h = cluster.submit(Task::new("test.touch").input(&v)).unwrap();
+            cluster.wait(h).unwrap();
+            samples.push(t0.elapsed());
+        }
+        samples.sort();
+        samples[samples.len() / 2]
+    };
+    let small = time(4096);
+    let big = time(1 << 30);
+    let stats = cluster.worker_stats(w).unwrap();
+    assert_eq!(
+        stats.staged_to_device + stats.staged_to_host,
+        0,
+        "{stats:?}"
+    );
+    assert_eq!(
+        stats.copied_to_device + stats.copied_to_host,
+        0,
+        "{stats:?}"
+    );
+    let totals = cluster.totals().unwrap();
+    assert_eq!(
+        totals.sent_bytes + totals.returned_bytes + totals.staged_bytes,
+        0
+    );
+    assert!(totals.fd_bytes >= 5 << 30);
+    eprintln!(
+        "zero-copy: first use of a 4 KiB buffer {:.3} ms, of a 1 GiB buffer {:.3} ms (median of 5): +{:.3} ms",
+        small.as_secs_f64() * 1e3,
+        big.as_secs_f64() * 1e3,
+        (big.as_secs_f64() - small.as_secs_f64()) * 1e3
+    );
+}
+
+#[test]
+fn a_stopped_worker_is_lost_at_its_health_deadline() {
+    let cluster = local(2, test_worker_bin());
+    let victim = cluster.workers()[0].clone();
+    let pid = nix::unistd::Pid::from_raw(victim.pid.unwrap() as i32);
+    let h = cluster
+        .submit(Task::new("test.sleep").scalar_u64(5000).on(victim.id))
+        .unwrap();
+    let other = cluster
+        .submit(
+            Task::new("test.sleep")
+                .scalar_u64(300)
+                .on(cluster.workers()[1].id),
+        )
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(50));
+    let stopped = Instant::now();
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGSTOP).unwrap();
+    let e = cluster.wait(h).unwrap_err();
+    let detected = stopped.elapsed();
+    assert!(e.to_string().contains("no health beat"), "{e}");
+    assert!(
+        detected < Duration::from_millis(2500),
+        "detected after {detected:?}"
+    );
+    eprintln!(
+        "SIGSTOP detected after {:.0} ms: {e}",
+        detected.as_secs_f64() * 1e3
+    );
+    cluster.wait(other).unwrap();
+    // The cluster killed the hung worker it spawned, so it cannot wake up
+    // and write into buffers later.
+    std::thread::sleep(Duration::from_millis(100));
+    let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGCONT);
+}
+
+#[test]
+fn npy_files_round_trip_and_bad_ones_are_named() {
+    let cluster = local(1, &strata_bin());
+    let dir = tempfile::tempdir().unwrap();
+    // A version-1 .npy file written by hand: a 2×3 little-endian f4 array.
+    let header = "{'descr': '<f4', 'fortran_order': False, 'shape': (2, 3), }";
+    let mut h = header.to_string();
+    while (10 + h.len() + 1) % 64 != 0 {
+        h.push(' ');
+    }
+    h.push('\n');
+    let mut file = b"\x93NUMPY\x01\x00".to_vec();
+    file.extend_from_slice(&(h.len() as u16).to_le_bytes());
+    file.extend_from_slice(h.as_bytes());
+    for v in [1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0] {
+        file.extend_from_slice(&v.to_le_bytes());
+    }
+    let path = dir.path().join("a.npy");
+    std::fs::write(&path, &file).unwrap();
+    let a = cluster.buffer_from_npy(&path).unwrap();
+    assert_eq!(a.shape(), &[2, 3]);
+    assert_eq!(a.dtype(), DType::F32);
+    // Transpose on a worker, save, load again.
+    let t = cluster
+        .buffer(24)
+        .unwrap()
+        .tensor(&[3, 2], DType::F32)
+        .unwrap();
+    let h = cluster
+        .submit(Task::new("transpose").input(&a).output(&t))
+        .unwrap();
+    cluster.wait(h).unwrap();
+    let out = dir.path().join("t.npy");
+    t.save_npy(&out).unwrap();
+    let back = cluster.buffer_from_npy(&out).unwrap();
+    assert_eq!(back.shape(), &[3, 2]);
+    assert_eq!(
+        back.read::<f32>().unwrap(),
+        vec![1.0, 4.0, 2.0, 5.0, 3.0, 6.0]
+    );
+    // Bad files are refused naming the file and the problem.
+    let fortran = file_with(&file, "'fortran_order': False", "'fortran_order': True ");
+    let big = file_with(&file, "'<f4'", "'>f4'");
+    for (name, bytes, want) in [
+        ("f.npy", fortran, "Fortran"),
+        ("b.npy", big, ">f4"),
+        ("x.npy", b"not an npy file".to_vec(), "not a .npy file"),
+        (
+            "short.npy",
+            file[..file.len() - 3].to_vec(),
+            "expected 24 bytes",
+        ),
+    ] {
+        let p = dir.path().join(name);
+        std::fs::write(&p, bytes).unwrap();
+        let e = cluster.buffer_from_npy(&p).unwrap_err().to_string();
+        assert!(e.contains(name) && e.contains(want), "{name}: {e}");
+    }
+}
+
+fn file_with(bytes: &[u8], from: &str, to: &str) -> Vec<u8> {
+    assert_eq!(from.len(), to.len());
+    let at = bytes
+        .windows(from.len())
+        .position(|w| w == from.as_bytes())
+        .unwrap();
+    let mut out = bytes.to_vec();
+    out[at..at + to.len()].copy_from_slice(to.as_bytes());
+    out
+}
+
+/// Polls `f` for up to two seconds.
+fn eventually(mut f: impl FnMut() -> bool) -> bool {
+    for _ in 0..100 {
+        if f() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    false
+}
+
+#[test]
+fn releasing_a_buffer_in_use_is_deferred_then_workers_release_it() {
+    let cluster = local(1, test_worker_bin());
+    let w = cluster.workers()[0].id;
+    let imports = || cluster.worker_stats(w).unwrap().imports;
+    let kept = cluster.buffer(4096).unwrap();
+    let kept_v = kept.tensor(&[1024], DType::F32).unwrap();
+    let t = cluster
+        .submit(Task::new("test.touch").input(&kept_v))
+        .unwrap();
+    cluster.wait(t).unwrap();
+    assert_eq!(imports(), 1);
+    // A buffer whose only handle is dropped while a task that uses it
+    // waits behind a slow one.
+    let gate = cluster
+        .submit(Task::new("test.sleep").scalar_u64(300))
+        .unwrap();
+    let dropped = cluster.buffer_from_slice(&[3.0f32; 1024]).unwrap();
+    let dv = dropped.tensor(&[1024], DType::F32).unwrap();
+    let out = cluster
+        .buffer(4096)
+        .unwrap()
+        .tensor(&[1024], DType::F32)
+        .unwrap();
+    let copy = cluster
+        .submit(Task::new("copy").input(&dv).output(&out).after(gate))
+        .unwrap();
+    drop(dv);
+    drop(dropped);
+    cluster.wait(copy).unwrap();
+    assert!(
+        out.read::<f32>().unwrap().iter().all(|&x| x == 3.0),
+        "the copy read the dropped buffer's bytes"
+    );
+    // Now nothing uses it: the worker lets go of it (and of `out`, once
+    // dropped), but keeps the buffer we still hold.
+    drop(out);
+    assert!(eventually(|| imports() == 1), "imports: {}", imports());
+    drop(kept_v);
+    drop(kept);
+    assert!(eventually(|| imports() == 0), "imports: {}", imports());
+    // Scopes: a scoped buffer is released once the scope ends and its
+    // tasks are done, even while the driver holds no handle.
+    let scope = cluster.open_scope().unwrap();
+    let s = cluster.buffer(4096).unwrap();
+    cluster.scope_buffer(scope, &s).unwrap();
+    let sv = s.tensor(&[1024], DType::F32).unwrap();
+    let t = cluster
+        .submit(Task::new("fill").output(&sv).scalar_f64(1.0))
+        .unwrap();
+    drop(sv);
+    drop(s);
+    cluster.wait(t).unwrap();
+    assert_eq!(imports(), 1, "the scope holds it");
+    cluster.end_scope(scope).unwrap();
+    assert!(eventually(|| imports() == 0), "imports: {}", imports());
+    assert!(cluster.end_scope(scope).is_err(), "a scope ends once");
+}

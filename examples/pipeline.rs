@@ -22,7 +22,7 @@ fn main() -> ExitCode {
     let workers = args.get(2).copied().unwrap_or(4) as usize;
     let run = || -> Result<_, strata_orchestrator::Error> {
         let cluster = Cluster::builder().local(workers).start()?;
-        let report = strata_examples::jobs::pipeline(&cluster, rows, cols, 7)?;
+        let report = strata_orchestrator::demo::pipeline(&cluster, rows, cols, 7)?;
         cluster.shutdown()?;
         Ok(report)
     };

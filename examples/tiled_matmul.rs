@@ -22,7 +22,7 @@ fn main() -> ExitCode {
     let workers = args.get(2).copied().unwrap_or(4) as usize;
     let run = || -> Result<_, strata_orchestrator::Error> {
         let cluster = Cluster::builder().local(workers).start()?;
-        let report = strata_examples::jobs::tiled_matmul(&cluster, n, tile, 42)?;
+        let report = strata_orchestrator::demo::tiled_matmul(&cluster, n, tile, 42)?;
         cluster.shutdown()?;
         Ok(report)
     };

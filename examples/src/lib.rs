@@ -13,8 +13,6 @@
 
 #![forbid(unsafe_code)]
 
-pub mod jobs;
-
 use strata_wire::{
     Access, AddressSpace, Backing, BufferDescriptor, DType, Error, IdentityMint, TaskArgs, Tensor,
 };

@@ -20,7 +20,7 @@ use tokio::sync::{mpsc, oneshot};
 use crate::RunSummary;
 use crate::actors::dag::{DagActor, EndpointRef};
 use crate::actors::endpoint::{Connected, EndpointActor};
-use crate::actors::{ArgRef, Cmd, EpCmd, MemberSpec, TaskSpec, Notice, buffers};
+use crate::actors::{ArgRef, Cmd, EpCmd, MemberSpec, Notice, TaskSpec, buffers};
 use crate::buffer::{Backing, Buffer, DeviceShared, HostShared, Released};
 use crate::error::Error;
 use crate::local::{LocalWorkers, default_worker_binary};
@@ -352,6 +352,7 @@ impl Cluster {
     }
 
     fn ask<T>(&self, make: impl FnOnce(oneshot::Sender<T>) -> Cmd) -> Result<T, Error> {
+        not_async()?;
         let (tx, rx) = oneshot::channel();
         self.cmds
             .blocking_send(make(tx))
@@ -364,6 +365,7 @@ impl Cluster {
         worker: WorkerId,
         make: impl FnOnce(oneshot::Sender<Result<T, String>>) -> EpCmd,
     ) -> Result<T, Error> {
+        not_async()?;
         let ep = self
             .endpoints
             .get(worker.0 as usize)
@@ -719,17 +721,46 @@ impl Cluster {
         let Some(runtime) = self.runtime.take() else {
             return;
         };
-        let (tx, rx) = oneshot::channel();
-        let cmds = self.cmds.clone();
-        runtime.block_on(async move {
-            if cmds.send(Cmd::Shutdown { reply: tx }).await.is_ok() {
-                let _ = tokio::time::timeout(Duration::from_secs(3), rx).await;
-            }
-        });
-        runtime.shutdown_timeout(Duration::from_secs(1));
-        if let Some(mut lw) = self.local.take() {
-            lw.shutdown(Duration::from_secs(2));
+        if tokio::runtime::Handle::try_current().is_ok() {
+            // Dropped inside an async runtime, where blocking is not
+            // allowed: stop from a plain thread.
+            let local = self.local.take();
+            let cmds = self.cmds.clone();
+            std::thread::scope(|s| {
+                s.spawn(move || stop(runtime, &cmds, local));
+            });
+            return;
         }
+        stop(runtime, &self.cmds, self.local.take());
+    }
+}
+
+/// Refuses blocking calls made inside an async runtime (they would
+/// stall or panic it).
+fn not_async() -> Result<(), Error> {
+    if tokio::runtime::Handle::try_current().is_ok() {
+        return Err(Error::Cluster(
+            "Cluster calls block: call them from a plain thread (or tokio's spawn_blocking), not inside an async runtime".into(),
+        ));
+    }
+    Ok(())
+}
+
+/// The shutdown protocol: the DAG actor stops every endpoint (each closes
+/// its task stream and fd channel, ending its worker session), then the
+/// runtime stops, then spawned workers get SIGTERM (SIGKILL after 2 s) and
+/// are reaped.
+fn stop(runtime: Runtime, cmds: &mpsc::Sender<Cmd>, local: Option<LocalWorkers>) {
+    let (tx, rx) = oneshot::channel();
+    let cmds = cmds.clone();
+    runtime.block_on(async move {
+        if cmds.send(Cmd::Shutdown { reply: tx }).await.is_ok() {
+            let _ = tokio::time::timeout(Duration::from_secs(3), rx).await;
+        }
+    });
+    runtime.shutdown_timeout(Duration::from_secs(1));
+    if let Some(mut lw) = local {
+        lw.shutdown(Duration::from_secs(2));
     }
 }
 

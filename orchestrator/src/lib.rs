@@ -34,6 +34,7 @@ mod actors;
 mod buffer;
 pub mod cli;
 mod cluster;
+pub mod demo;
 mod error;
 mod local;
 mod mapping;

@@ -113,3 +113,27 @@ fn version_and_help() {
     let out = strata(&["frobnicate"]);
     assert_eq!(out.status.code(), Some(2));
 }
+
+#[test]
+fn demo_runs_end_to_end_and_checks_its_results() {
+    let out = strata(&["demo", "--workers", "2", "--size", "128", "--tile", "32"]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "demo failed:\n{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains("2 local workers"), "{stdout}");
+    assert!(
+        stdout.contains("64 tasks"),
+        "(128/32)^3 matmul tasks: {stdout}"
+    );
+    assert!(stdout.contains("result check: passed"), "{stdout}");
+}
+
+#[test]
+fn demo_refuses_a_tile_that_does_not_divide_the_size() {
+    let out = strata(&["demo", "--size", "100", "--tile", "64"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("does not divide"));
+}

@@ -54,9 +54,9 @@ fn dropping_the_cluster_leaves_no_fd_process_or_shm_behind() {
             .iter()
             .map(|w| w.pid.unwrap())
             .collect::<Vec<_>>();
-        let r = strata_examples::jobs::tiled_matmul(&cluster, 256, 64, 5).unwrap();
+        let r = strata_orchestrator::demo::tiled_matmul(&cluster, 256, 64, 5).unwrap();
         assert!(r.ok(1e-3));
-        let r = strata_examples::jobs::pipeline(&cluster, 64, 64, 5).unwrap();
+        let r = strata_orchestrator::demo::pipeline(&cluster, 64, 64, 5).unwrap();
         assert!(r.ok(1e-5));
         assert!(
             fds().len() > fds_before.len(),

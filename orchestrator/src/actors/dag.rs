@@ -11,7 +11,7 @@ use strata_wire::CanonicalIdentity;
 use tokio::sync::{mpsc, oneshot};
 use tracing::debug;
 
-use super::{Cmd, DispatchItem, EpCmd, TaskSpec, Notice};
+use super::{Cmd, DispatchItem, EpCmd, Notice, TaskSpec};
 use crate::RunSummary;
 use crate::buffer::Buffer;
 use crate::error::{Error, RunError};

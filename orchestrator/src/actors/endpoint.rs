@@ -29,7 +29,7 @@ use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tracing::{debug, warn};
 
-use super::{DispatchItem, EpCmd, Report, Notice};
+use super::{DispatchItem, EpCmd, Notice, Report};
 use crate::buffer::{Backing, HostShared};
 
 /// A connected worker, ready to become an actor.

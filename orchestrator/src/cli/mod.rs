@@ -5,6 +5,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
+pub mod demo;
 pub mod inspect;
 
 /// strata: an async, multi-process task dispatcher for accelerator chips.
@@ -36,6 +37,14 @@ pub enum Command {
         #[arg(long)]
         compact: bool,
     },
+    /// Start local simulated chips and run real work on them end to end,
+    /// checking every result.
+    ///
+    /// Runs a tiled matmul (hundreds of dependent tasks, buffers passed to
+    /// the workers by fd) and a two-stage pipeline whose intermediates
+    /// stay in device memory, each checked against a single-threaded
+    /// reference. Exits 0 when every result checks out.
+    Demo(demo::DemoArgs),
     /// Serve one chip: run tasks for an orchestrator over gRPC.
     ///
     /// Listens on a Unix socket (with a second socket for buffer fds) or on
@@ -49,6 +58,7 @@ pub enum Command {
 pub fn run(cli: Cli) -> ExitCode {
     match cli.command {
         Command::Inspect { file, compact } => inspect::run(&file, compact),
+        Command::Demo(args) => demo::run(&args),
         Command::Worker(args) => {
             strata_worker::cli::run(args, strata_chip::Registry::with_builtins())
         }

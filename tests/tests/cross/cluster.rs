@@ -28,7 +28,7 @@ fn local(n: usize, binary: &Path) -> Cluster {
 #[test]
 fn tiled_matmul_over_four_local_workers_matches_the_reference() {
     let cluster = local(4, &strata_bin());
-    let r = strata_examples::jobs::tiled_matmul(&cluster, 512, 64, 1).expect("job");
+    let r = strata_orchestrator::demo::tiled_matmul(&cluster, 512, 64, 1).expect("job");
     assert_eq!(r.tasks, 512);
     assert_eq!(r.summary.succeeded, 512);
     assert!(r.ok(1e-3), "max |err| {}", r.max_abs_err);
@@ -81,7 +81,7 @@ fn tiled_matmul_over_two_tcp_workers_with_a_token_stages_bytes() {
         .start()
         .expect("cluster");
     assert!(cluster.workers().iter().all(|w| !w.fd_passing));
-    let r = strata_examples::jobs::tiled_matmul(&cluster, 512, 64, 2).expect("job");
+    let r = strata_orchestrator::demo::tiled_matmul(&cluster, 512, 64, 2).expect("job");
     assert!(r.ok(1e-3), "max |err| {}", r.max_abs_err);
     assert_eq!(r.summary.fd_bytes, 0);
     // Each task sends its two input tiles (16 KiB each) and gets its
@@ -105,7 +105,7 @@ fn pipeline_keeps_intermediates_in_device_buffers() {
         .device("sim:mode=staged")
         .start()
         .unwrap();
-    let r = strata_examples::jobs::pipeline(&cluster, 256, 128, 3).expect("job");
+    let r = strata_orchestrator::demo::pipeline(&cluster, 256, 128, 3).expect("job");
     assert!(r.ok(1e-5), "max |err| {}", r.max_abs_err);
     assert_eq!(r.summary.succeeded, 8);
     // A device buffer on worker 0 cannot be used by a task placed on
@@ -312,7 +312,7 @@ fn a_killed_worker_is_named_within_two_seconds_and_the_rest_goes_on() {
         }
     }
     // A new job runs on the survivors.
-    let r = strata_examples::jobs::tiled_matmul(&cluster, 128, 32, 9).expect("new job");
+    let r = strata_orchestrator::demo::tiled_matmul(&cluster, 128, 32, 9).expect("new job");
     assert!(r.ok(1e-3));
     assert!(
         cluster.worker_stats(victim.id).is_err(),
@@ -586,4 +586,95 @@ fn releasing_a_buffer_in_use_is_deferred_then_workers_release_it() {
     cluster.end_scope(scope).unwrap();
     assert!(eventually(|| imports() == 0), "imports: {}", imports());
     assert!(cluster.end_scope(scope).is_err(), "a scope ends once");
+}
+
+#[test]
+fn a_cluster_reaches_tls_workers_with_client_certificates() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = super::worker::Pki::new("strata test CA");
+    let (cert, key) = ca.leaf("localhost");
+    let write = |name: &str, pem: &str| {
+        let p = dir.path().join(name);
+        std::fs::write(&p, pem).unwrap();
+        p.to_str().unwrap().to_owned()
+    };
+    let args = [
+        "--tls-cert".to_owned(),
+        write("w.pem", &cert),
+        "--tls-key".to_owned(),
+        write("w.key", &key),
+        "--tls-client-ca".to_owned(),
+        write("ca.pem", &ca.ca),
+    ];
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let w = WorkerProcess::spawn_tcp(&strata_bin(), &["worker"], &args);
+    let tls = |(cert, key): (String, String)| strata_orchestrator::ClientTls {
+        ca_pem: ca.ca.clone().into_bytes(),
+        cert_pem: cert.into_bytes(),
+        key_pem: key.into_bytes(),
+        domain: "localhost".into(),
+    };
+    let rogue = super::worker::Pki::new("another CA");
+    let refused = Cluster::builder()
+        .connect_tls(&w.endpoint.to_string(), None, tls(rogue.leaf("driver")))
+        .unwrap()
+        .start();
+    assert!(matches!(refused, Err(Error::Cluster(_))), "{refused:?}");
+    let cluster = Cluster::builder()
+        .connect_tls(&w.endpoint.to_string(), None, tls(ca.leaf("driver")))
+        .unwrap()
+        .start()
+        .unwrap();
+    let r = strata_orchestrator::demo::tiled_matmul(&cluster, 128, 32, 4).unwrap();
+    assert!(r.ok(1e-3));
+}
+
+#[test]
+fn cancelled_tasks_skip_their_consumers_and_release_nothing_early() {
+    let cluster = local(1, test_worker_bin());
+    let b = cluster.buffer(64).unwrap();
+    let v = b.tensor(&[16], DType::F32).unwrap();
+    let gate = cluster
+        .submit(Task::new("test.sleep").scalar_u64(200))
+        .unwrap();
+    let producer = cluster
+        .submit(Task::new("fill").output(&v).scalar_f64(1.0).after(gate))
+        .unwrap();
+    let consumer = cluster
+        .submit(
+            Task::new("reduce_sum")
+                .input(&v)
+                .output(&cluster.buffer(4).unwrap().tensor(&[1], DType::F32).unwrap()),
+        )
+        .unwrap();
+    cluster.cancel(producer).unwrap();
+    let e = cluster.wait(producer).unwrap_err().to_string();
+    assert!(e.contains("CANCELLED"), "{e}");
+    let e = cluster.wait(consumer).unwrap_err().to_string();
+    assert!(e.contains("SKIPPED"), "{e}");
+    cluster.wait(gate).unwrap();
+    assert!(
+        cluster.cancel(gate).is_err(),
+        "a finished task cannot be cancelled"
+    );
+    // Cancelling is not a failure of the run.
+    let s = cluster.wait_all().unwrap();
+    assert_eq!((s.cancelled, s.skipped, s.succeeded), (1, 1, 1));
+    assert_eq!(
+        v.read::<f32>().unwrap(),
+        vec![0.0; 16],
+        "the producer never ran"
+    );
+}
+
+#[test]
+fn blocking_calls_from_inside_an_async_runtime_are_refused_not_panicking() {
+    let cluster = local(1, &strata_bin());
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    let e = rt.block_on(async { cluster.wait_all() }).unwrap_err();
+    assert!(e.to_string().contains("async"), "{e}");
+    // Dropping it there is fine too.
+    rt.block_on(async move { drop(cluster) });
 }

@@ -579,13 +579,13 @@ async fn sigterm_finishes_in_flight_work_and_exits_zero() {
 }
 
 /// A CA and certificates signed by it, PEM.
-struct Pki {
-    ca: String,
+pub(crate) struct Pki {
+    pub(crate) ca: String,
     issuer: rcgen::Issuer<'static, rcgen::KeyPair>,
 }
 
 impl Pki {
-    fn new(name: &str) -> Pki {
+    pub(crate) fn new(name: &str) -> Pki {
         let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
         params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
         params
@@ -600,7 +600,7 @@ impl Pki {
     }
 
     /// (certificate, key) for `name`.
-    fn leaf(&self, name: &str) -> (String, String) {
+    pub(crate) fn leaf(&self, name: &str) -> (String, String) {
         let params = rcgen::CertificateParams::new(vec![name.to_owned()]).unwrap();
         let key = rcgen::KeyPair::generate().unwrap();
         (

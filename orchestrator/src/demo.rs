@@ -1,10 +1,10 @@
-//! Jobs shared by the examples and the cross-process tests: each builds
-//! its inputs, runs on a [`Cluster`], and checks the result against a
-//! single-threaded reference.
+//! The jobs `strata demo` runs, also used by the examples and the
+//! cross-process tests: each builds its inputs, runs on a [`Cluster`], and
+//! checks the result against a single-threaded reference.
 
 use std::time::{Duration, Instant};
 
-use strata_orchestrator::{Cluster, Error, RunSummary, Task, WorkerId};
+use crate::{Cluster, Error, RunSummary, Task, WorkerId};
 use strata_wire::DType;
 
 /// Deterministic pseudo-random values in [-1, 1) (splitmix64).
@@ -85,7 +85,7 @@ pub fn tiled_matmul(cluster: &Cluster, n: u32, tile: u32, seed: u64) -> Result<J
     let b = cluster.buffer_from_slice(&b_host)?;
     let c = cluster.buffer(nn as u64 * 4)?;
     let tiles = n / tile;
-    let view = |buf: &strata_orchestrator::Buffer, row: u32, col: u32| {
+    let view = |buf: &crate::Buffer, row: u32, col: u32| {
         let offset = (u64::from(row) * u64::from(tile) * u64::from(n)
             + u64::from(col) * u64::from(tile))
             * 4;

@@ -19,7 +19,7 @@ use tokio::sync::{mpsc, oneshot};
 
 use crate::RunSummary;
 use crate::actors::dag::{DagActor, EndpointRef};
-use crate::actors::endpoint::{Connected, EndpointActor};
+use crate::actors::endpoint::{Connected, EndpointActor, Spawned};
 use crate::actors::{ArgRef, Cmd, EpCmd, MemberSpec, Notice, TaskSpec, buffers};
 use crate::buffer::{Backing, Buffer, DeviceShared, HostShared, Released};
 use crate::error::Error;
@@ -215,7 +215,7 @@ impl Cluster {
             .build()
             .map_err(|e| Error::Cluster(format!("cannot start the runtime: {e}")))?;
         // Every worker to connect to, with the pid of those spawned here.
-        let mut targets: Vec<(Remote, Option<u32>)> = Vec::new();
+        let mut targets: Vec<(Remote, Option<Spawned>)> = Vec::new();
         let local = if b.local > 0 {
             let binary = b.binary.clone().or_else(default_worker_binary).ok_or_else(|| {
                 Error::Cluster(
@@ -223,13 +223,13 @@ impl Cluster {
                 )
             })?;
             let (lw, eps) = LocalWorkers::spawn(&binary, b.local, &b.device, b.ready_timeout)?;
-            for (ep, pid) in eps.into_iter().zip(lw.pids()) {
+            for ((ep, pid), log) in eps.into_iter().zip(lw.pids()).zip(lw.logs()) {
                 let r = Remote {
                     endpoint: ep,
                     token: None,
                     tls: None,
                 };
-                targets.push((r, Some(pid)));
+                targets.push((r, Some(Spawned { pid, log })));
             }
             Some(lw)
         } else {
@@ -291,7 +291,7 @@ impl Cluster {
                 memory: hs.device_memory,
                 lanes: hs.lanes,
                 fd_passing: c.fd.is_some(),
-                pid: *pid,
+                pid: pid.as_ref().map(|s| s.pid),
                 callables: hs
                     .callables
                     .iter()
@@ -320,7 +320,7 @@ impl Cluster {
                     c,
                     up_tx.clone(),
                     b.health_deadline,
-                    *pid,
+                    pid.clone(),
                 ),
                 rx,
             ));

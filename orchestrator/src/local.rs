@@ -47,6 +47,9 @@ pub fn default_worker_binary() -> Option<PathBuf> {
 
 struct Spawned {
     child: Child,
+    /// The worker's stdin: it exits when this closes, so it does not
+    /// outlive the driver even if the driver is killed.
+    stdin: Option<std::process::ChildStdin>,
     log: PathBuf,
     drain: Option<JoinHandle<()>>,
 }
@@ -94,7 +97,8 @@ impl LocalWorkers {
                 .arg(device)
                 .arg("--listen")
                 .arg(format!("unix:{}", sock.display()))
-                .stdin(Stdio::null())
+                .arg("--exit-with-stdin")
+                .stdin(Stdio::piped())
                 .stdout(Stdio::piped())
                 .stderr(log_file);
             if std::env::var_os("RUST_LOG").is_none() {
@@ -104,6 +108,7 @@ impl LocalWorkers {
                 .spawn()
                 .map_err(|e| Error::Cluster(format!("cannot start {}: {e}", binary.display())))?;
             let stdout = child.stdout.take();
+            let stdin = child.stdin.take();
             let (tx, rx) = mpsc::channel::<String>();
             // Reads the ready line, then drains stdout until the worker
             // exits, so the pipe never fills.
@@ -116,6 +121,7 @@ impl LocalWorkers {
             });
             me.spawned.push(Spawned {
                 child,
+                stdin,
                 log,
                 drain: Some(drain),
             });
@@ -158,6 +164,11 @@ impl LocalWorkers {
         self.spawned.iter().map(|s| s.child.id()).collect()
     }
 
+    /// Log files, in chip order.
+    pub(crate) fn logs(&self) -> Vec<PathBuf> {
+        self.spawned.iter().map(|s| s.log.clone()).collect()
+    }
+
     /// The last lines of worker `i`'s log.
     pub(crate) fn log_tail(&self, i: usize) -> String {
         self.spawned
@@ -166,10 +177,12 @@ impl LocalWorkers {
             .unwrap_or_default()
     }
 
-    /// SIGTERM to every worker, up to `grace` for them to exit, then
-    /// SIGKILL; reaps them all and removes the temporary directory.
+    /// Closes every worker's stdin and sends SIGTERM, waits up to `grace`
+    /// for them to exit, then SIGKILLs; reaps them all and removes the
+    /// temporary directory.
     pub(crate) fn shutdown(&mut self, grace: Duration) {
         for s in &mut self.spawned {
+            s.stdin = None;
             if let Ok(pid) = i32::try_from(s.child.id()) {
                 if s.child.try_wait().ok().flatten().is_none() {
                     let _ = kill(Pid::from_raw(pid), Signal::SIGTERM);
@@ -206,7 +219,7 @@ impl Drop for LocalWorkers {
     }
 }
 
-fn tail(path: &Path) -> String {
+pub(crate) fn tail(path: &Path) -> String {
     let text = std::fs::read_to_string(path).unwrap_or_default();
     let lines: Vec<&str> = text.lines().collect();
     lines[lines.len().saturating_sub(20)..].join("\n")

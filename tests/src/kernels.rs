@@ -2,6 +2,8 @@
 //!
 //! - `test.panic`: panics on purpose.
 //! - `test.sleep`: sleeps for its scalar's milliseconds.
+//! - `test.abort`: says so on stderr and aborts the whole worker process
+//!   (a crash, not a task failure).
 //! - `test.touch`: takes one view it reads and does nothing (the cost of
 //!   dispatching a view, whatever its size).
 //! - `test.hash.<p>` for every access pattern `p` of 1 to 4 arguments
@@ -37,6 +39,18 @@ impl Kernel for Sleep {
     fn run(&self, ctx: &mut KernelContext<'_>) -> Result<(), String> {
         std::thread::sleep(std::time::Duration::from_millis(ctx.scalar(0)?));
         Ok(())
+    }
+}
+
+struct Abort(KernelDescriptor);
+
+impl Kernel for Abort {
+    fn descriptor(&self) -> &KernelDescriptor {
+        &self.0
+    }
+    fn run(&self, _: &mut KernelContext<'_>) -> Result<(), String> {
+        eprintln!("test.abort: aborting the worker process");
+        std::process::abort();
     }
 }
 
@@ -174,6 +188,7 @@ pub fn registry() -> Result<Registry, String> {
         vec![],
         vec![u64_scalar("ms")],
     ))))?;
+    add(Arc::new(Abort(descriptor("test.abort", vec![], vec![]))))?;
     add(Arc::new(Touch(descriptor(
         "test.touch",
         vec![ArgSpec::new("x", Access::Read, DTypes::Any, Rank::Any)],

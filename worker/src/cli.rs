@@ -51,6 +51,11 @@ pub struct WorkerArgs {
     /// Also write the ready line, as JSON, to this file once serving.
     #[arg(long)]
     pub ready_file: Option<PathBuf>,
+    /// Exit (as on SIGTERM) when stdin reaches end of file: a driver that
+    /// spawns workers holds their stdin, so they go when it goes, even if
+    /// it is killed.
+    #[arg(long)]
+    pub exit_with_stdin: bool,
     /// Largest gRPC message accepted or sent, in bytes.
     #[arg(long, default_value_t = strata_proto::DEFAULT_MAX_MESSAGE_BYTES)]
     pub max_message_bytes: usize,
@@ -164,7 +169,31 @@ async fn serve(args: WorkerArgs, kernels: Registry) -> Result<(), WorkerError> {
         let _ = out.flush();
     }
     info!("{line}");
-    bound.serve(terminate()).await
+    let stdin_closed = args.exit_with_stdin;
+    bound
+        .serve(async move {
+            if stdin_closed {
+                tokio::select! {
+                    () = terminate() => {}
+                    () = stdin_eof() => info!("stdin closed: the driver is gone; shutting down"),
+                }
+            } else {
+                terminate().await;
+            }
+        })
+        .await
+}
+
+/// Resolves when stdin reaches end of file (or fails).
+async fn stdin_eof() {
+    use tokio::io::AsyncReadExt;
+    let mut stdin = tokio::io::stdin();
+    let mut buf = [0u8; 64];
+    while let Ok(n) = stdin.read(&mut buf).await {
+        if n == 0 {
+            break;
+        }
+    }
 }
 
 /// Resolves on SIGTERM or SIGINT.

@@ -56,6 +56,13 @@ struct InFlight {
     sent: u64,
 }
 
+/// A worker the cluster started: its pid and log file.
+#[derive(Debug, Clone)]
+pub(crate) struct Spawned {
+    pub(crate) pid: u32,
+    pub(crate) log: std::path::PathBuf,
+}
+
 pub(crate) struct EndpointActor {
     id: WorkerId,
     name: String,
@@ -68,7 +75,7 @@ pub(crate) struct EndpointActor {
     up: mpsc::UnboundedSender<Notice>,
     events: mpsc::UnboundedReceiver<Event>,
     tasks: Vec<JoinHandle<()>>,
-    kill_pid: Option<u32>,
+    spawned: Option<Spawned>,
     dead: bool,
 }
 
@@ -79,7 +86,7 @@ impl EndpointActor {
         c: Connected,
         up: mpsc::UnboundedSender<Notice>,
         health_deadline: Duration,
-        kill_pid: Option<u32>,
+        spawned: Option<Spawned>,
     ) -> Self {
         let (ev_tx, events) = mpsc::unbounded_channel();
         let reader = {
@@ -138,7 +145,7 @@ impl EndpointActor {
             up,
             events,
             tasks: vec![reader, health],
-            kill_pid,
+            spawned,
             dead: false,
         }
     }
@@ -190,14 +197,22 @@ impl EndpointActor {
         self.dead = true;
         self.close();
         self.in_flight.clear();
-        if let Some(pid) = self.kill_pid {
+        let mut cause = cause;
+        if let Some(s) = &self.spawned {
             // The cluster spawned it: make sure a hung process cannot wake
             // up and write into buffers later.
-            if let Ok(pid) = i32::try_from(pid) {
+            if let Ok(pid) = i32::try_from(s.pid) {
                 let _ = nix::sys::signal::kill(
                     nix::unistd::Pid::from_raw(pid),
                     nix::sys::signal::Signal::SIGKILL,
                 );
+            }
+            // A crashed worker's last words are the likeliest explanation.
+            let tail = crate::local::tail(&s.log);
+            let last: Vec<&str> = tail.lines().filter(|l| !l.trim().is_empty()).collect();
+            if !last.is_empty() {
+                let last = &last[last.len().saturating_sub(3)..];
+                cause = format!("{cause}; its log ends: {}", last.join(" | "));
             }
         }
         warn!("{} ({}) lost: {cause}", self.id, self.name);

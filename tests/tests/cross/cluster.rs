@@ -678,3 +678,74 @@ fn blocking_calls_from_inside_an_async_runtime_are_refused_not_panicking() {
     // Dropping it there is fine too.
     rt.block_on(async move { drop(cluster) });
 }
+
+#[test]
+fn a_crashed_workers_last_words_are_in_the_error() {
+    let cluster = local(2, test_worker_bin());
+    let w = cluster.workers()[0].id;
+    let h = cluster.submit(Task::new("test.abort").on(w)).unwrap();
+    let e = cluster.wait(h).unwrap_err().to_string();
+    assert!(
+        e.contains("ENDPOINT_FAILURE") && e.contains("test.abort: aborting"),
+        "{e}"
+    );
+    // Tasks placed freely go to the survivor; those named to the lost
+    // worker fail at once.
+    let t = cluster.submit(Task::new("noop")).unwrap();
+    cluster.wait(t).unwrap();
+    let t = cluster.submit(Task::new("noop").on(w)).unwrap();
+    let e = cluster.wait(t).unwrap_err().to_string();
+    assert!(e.contains("is down"), "{e}");
+}
+
+/// The pids of the live children of `parent`.
+fn children(parent: u32) -> Vec<u32> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+            continue;
+        };
+        // pid (comm) state ppid ...: comm may hold spaces, so split after ')'.
+        let rest = &stat[stat.rfind(')').unwrap_or(0) + 1..];
+        let mut f = rest.split_whitespace();
+        let state = f.next().unwrap_or("");
+        if f.next().and_then(|p| p.parse::<u32>().ok()) == Some(parent) && state != "Z" {
+            out.push(pid);
+        }
+    }
+    out
+}
+
+#[test]
+fn workers_spawned_by_a_killed_driver_exit_on_their_own() {
+    // `strata demo` is a driver that spawns its workers; kill it mid-run.
+    let mut driver = std::process::Command::new(strata_bin())
+        .args(["demo", "--workers", "2", "--size", "2048", "--tile", "64"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut workers = Vec::new();
+    assert!(
+        eventually(|| {
+            workers = children(driver.id());
+            workers.len() == 2
+        }),
+        "the demo started its workers"
+    );
+    driver.kill().unwrap();
+    driver.wait().unwrap();
+    // Orphans are re-parented; they see their stdin close and shut down.
+    let gone = |pid: &u32| {
+        std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .map(|s| s[s.rfind(')').unwrap() + 2..].starts_with('Z'))
+            .unwrap_or(true)
+    };
+    assert!(
+        eventually(|| workers.iter().all(gone)),
+        "workers {workers:?} outlived their driver"
+    );
+}

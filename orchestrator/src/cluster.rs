@@ -25,6 +25,7 @@ use crate::buffer::{Backing, Buffer, DeviceShared, HostShared, Released};
 use crate::error::Error;
 use crate::local::{LocalWorkers, default_worker_binary};
 use crate::task::{Task, TaskHandle};
+use crate::trace::Trace;
 
 /// How a remote worker is reached.
 #[derive(Debug, Clone)]
@@ -45,6 +46,7 @@ pub struct ClusterBuilder {
     health_interval: Duration,
     health_deadline: Duration,
     ready_timeout: Duration,
+    trace: bool,
 }
 
 impl Default for ClusterBuilder {
@@ -58,6 +60,7 @@ impl Default for ClusterBuilder {
             health_interval: Duration::from_millis(100),
             health_deadline: Duration::from_millis(1000),
             ready_timeout: Duration::from_secs(30),
+            trace: false,
         }
     }
 }
@@ -137,6 +140,14 @@ impl ClusterBuilder {
         self
     }
 
+    /// Records where and when every task ran, and its dependency edges,
+    /// for [`Cluster::take_trace`].
+    #[must_use]
+    pub fn trace(mut self, on: bool) -> Self {
+        self.trace = on;
+        self
+    }
+
     /// Starts the workers, connects to every one, and starts the actors.
     ///
     /// # Errors
@@ -181,8 +192,9 @@ pub struct Cluster {
     cmds: mpsc::Sender<Cmd>,
     endpoints: Vec<mpsc::Sender<EpCmd>>,
     workers: Vec<WorkerInfo>,
-    /// Callable name → (version, handle), highest version last.
-    callables: BTreeMap<String, Vec<(u32, KernelHandle)>>,
+    /// Callable name → (version, handle, canonical descriptor), highest
+    /// version last.
+    callables: BTreeMap<String, Vec<(u32, KernelHandle, String)>>,
     mint: IdentityMint,
     released: mpsc::UnboundedSender<Released>,
     local: Option<LocalWorkers>,
@@ -203,6 +215,7 @@ impl Cluster {
     }
 
     fn start(b: ClusterBuilder) -> Result<Cluster, Error> {
+        let origin = std::time::Instant::now();
         if b.local == 0 && b.remotes.is_empty() {
             return Err(Error::Cluster(
                 "no workers: ask for local workers or connect to some".into(),
@@ -263,7 +276,7 @@ impl Cluster {
         let (up_tx, up_rx) = mpsc::unbounded_channel();
         let (released_tx, released_rx) = mpsc::unbounded_channel();
         let mut workers = Vec::new();
-        let mut callables: BTreeMap<String, Vec<(u32, KernelHandle)>> = BTreeMap::new();
+        let mut callables: BTreeMap<String, Vec<(u32, KernelHandle, String)>> = BTreeMap::new();
         let mut ep_txs = Vec::new();
         let mut ep_refs = Vec::new();
         let mut actors = Vec::new();
@@ -278,9 +291,9 @@ impl Cluster {
                 .ok_or_else(|| Error::Cluster(format!("worker {i}: no handshake")))?;
             for cinfo in &hs.callables {
                 let v = callables.entry(cinfo.name.clone()).or_default();
-                if !v.iter().any(|(ver, _)| *ver == cinfo.version) {
-                    v.push((cinfo.version, cinfo.handle));
-                    v.sort_by_key(|(ver, _)| *ver);
+                if !v.iter().any(|(ver, _, _)| *ver == cinfo.version) {
+                    v.push((cinfo.version, cinfo.handle, cinfo.signature.clone()));
+                    v.sort_by_key(|(ver, _, _)| *ver);
                 }
             }
             workers.push(WorkerInfo {
@@ -330,7 +343,7 @@ impl Cluster {
         for (actor, rx) in actors {
             tokio::spawn(actor.run(rx));
         }
-        tokio::spawn(DagActor::new(ep_refs).run(cmd_rx, up_rx));
+        tokio::spawn(DagActor::new(ep_refs, b.trace, origin).run(cmd_rx, up_rx));
         tokio::spawn(buffers::run(released_rx, ep_txs.clone()));
         drop(guard);
         let owner: [u8; 8] = rand::random();
@@ -501,8 +514,21 @@ impl Cluster {
         self.ask_endpoint(worker, |reply| EpCmd::Stats { reply })
     }
 
+    /// The canonical descriptor of `name` or `name@version` as the workers
+    /// reported it (`name@version(arg:ACCESS:dtypes:rank,…;scalar:kind,…)`).
+    ///
+    /// # Errors
+    /// [`Error::Submit`] for an unknown callable or version.
+    pub fn callable_signature(&self, callable: &str) -> Result<String, Error> {
+        self.resolve_full(callable).map(|(_, _, sig)| sig)
+    }
+
     /// The handle of `name` or `name@version`, and its qualified name.
     fn resolve(&self, callable: &str) -> Result<(KernelHandle, String), Error> {
+        self.resolve_full(callable).map(|(h, q, _)| (h, q))
+    }
+
+    fn resolve_full(&self, callable: &str) -> Result<(KernelHandle, String, String), Error> {
         let (name, version) = match callable.split_once('@') {
             Some((n, v)) => (
                 n,
@@ -525,21 +551,21 @@ impl Cluster {
             ))
         })?;
         let found = match version {
-            Some(v) => versions.iter().find(|(ver, _)| *ver == v),
+            Some(v) => versions.iter().find(|(ver, _, _)| *ver == v),
             None => versions.last(),
         };
-        let (v, h) = found.ok_or_else(|| {
+        let (v, h, sig) = found.ok_or_else(|| {
             Error::Submit(format!(
                 "callable {name:?} has no version {}; the workers offer {}",
                 version.unwrap_or(0),
                 versions
                     .iter()
-                    .map(|(v, _)| v.to_string())
+                    .map(|(v, _, _)| v.to_string())
                     .collect::<Vec<_>>()
                     .join(", ")
             ))
         })?;
-        Ok((*h, format!("{name}@{v}")))
+        Ok((*h, format!("{name}@{v}"), sig.clone()))
     }
 
     fn member(&self, task: Task) -> Result<(MemberSpec, Vec<TaskId>), Error> {
@@ -669,6 +695,16 @@ impl Cluster {
     /// [`Error::Closed`].
     pub fn totals(&self) -> Result<RunSummary, Error> {
         self.ask(|reply| Cmd::Totals { reply })
+    }
+
+    /// The tasks finished since the last call (or since the start), with
+    /// where and when they ran; `None` unless the cluster was built with
+    /// [`ClusterBuilder::trace`].
+    ///
+    /// # Errors
+    /// [`Error::Closed`].
+    pub fn take_trace(&self) -> Result<Option<Trace>, Error> {
+        self.ask(|reply| Cmd::TakeTrace { reply })
     }
 
     /// Opens a scope.

@@ -25,16 +25,121 @@ pub fn random_values(seed: u64, n: usize) -> Vec<f32> {
 /// `a · b` for row-major `n × n` matrices, accumulated in f64.
 pub fn reference_matmul(a: &[f32], b: &[f32], n: usize) -> Vec<f32> {
     let mut c = vec![0f32; n * n];
+    let mut row = vec![0f64; n];
     for i in 0..n {
-        for j in 0..n {
-            let mut acc = 0f64;
-            for k in 0..n {
-                acc += f64::from(a[i * n + k]) * f64::from(b[k * n + j]);
+        row.iter_mut().for_each(|x| *x = 0.0);
+        for k in 0..n {
+            let aik = f64::from(a[i * n + k]);
+            for (x, &bkj) in row.iter_mut().zip(&b[k * n..(k + 1) * n]) {
+                *x += aik * f64::from(bkj);
             }
-            c[i * n + j] = acc as f32;
+        }
+        for (cij, x) in c[i * n..(i + 1) * n].iter_mut().zip(&row) {
+            *cij = *x as f32;
         }
     }
     c
+}
+
+/// Row softmax of a row-major matrix with rows of `cols`, in f64.
+pub fn reference_softmax(x: &[f32], cols: usize) -> Vec<f32> {
+    let mut out = Vec::with_capacity(x.len());
+    for r in x.chunks(cols) {
+        let m = r
+            .iter()
+            .map(|&v| f64::from(v))
+            .fold(f64::NEG_INFINITY, f64::max);
+        let e: Vec<f64> = r.iter().map(|&v| (f64::from(v) - m).exp()).collect();
+        let s: f64 = e.iter().sum();
+        out.extend(e.iter().map(|v| (v / s) as f32));
+    }
+    out
+}
+
+/// The demo's workload: `C = A · B` in `tile × tile` tiles, accumulated
+/// in device buffers (one block of `tile` rows of C per device, blocks
+/// dealt round-robin over the workers), then per block a row softmax of C
+/// into a second device buffer, copied back to the host, and the row sums
+/// of C reduced into a host vector: `(n/tile)³ + 3·n/tile` tasks.
+/// Checked against [`reference_matmul`] and [`reference_softmax`].
+///
+/// # Errors
+/// A refused submit or a failed task; `n` not a multiple of `tile`.
+pub fn matmul_softmax_reduce(
+    cluster: &Cluster,
+    n: u32,
+    tile: u32,
+    seed: u64,
+) -> Result<JobReport, Error> {
+    if tile == 0 || n % tile != 0 {
+        return Err(Error::Submit(format!(
+            "{n} is not a multiple of the tile {tile}"
+        )));
+    }
+    let workers: Vec<WorkerId> = cluster.workers().iter().map(|w| w.id).collect();
+    let nn = (n as usize) * (n as usize);
+    let a_host = random_values(seed, nn);
+    let b_host = random_values(seed ^ 0x5eed, nn);
+    let a = cluster.buffer_from_slice(&a_host)?;
+    let b = cluster.buffer_from_slice(&b_host)?;
+    let s_out = cluster.buffer(nn as u64 * 4)?;
+    let sums = cluster.buffer(u64::from(n) * 4)?;
+    let tiles = n / tile;
+    let (t64, n64) = (u64::from(tile), u64::from(n));
+    let tile_of = |buf: &crate::Buffer, row: u32, col: u32| {
+        buf.view(
+            (u64::from(row) * t64 * n64 + u64::from(col) * t64) * 4,
+            &[tile, tile],
+            &[n, 1],
+            DType::F32,
+        )
+    };
+    let start = Instant::now();
+    let mut tasks = 0u64;
+    let block_bytes = t64 * n64 * 4;
+    for i in 0..tiles {
+        let w = workers[i as usize % workers.len()];
+        let c = cluster.device_buffer(w, block_bytes)?;
+        let soft = cluster.device_buffer(w, block_bytes)?;
+        for j in 0..tiles {
+            let ct = c.view(u64::from(j) * t64 * 4, &[tile, tile], &[n, 1], DType::F32)?;
+            for k in 0..tiles {
+                let (at, bt) = (tile_of(&a, i, k)?, tile_of(&b, k, j)?);
+                let t = if k == 0 {
+                    Task::new("matmul").input(&at).input(&bt).output(&ct)
+                } else {
+                    Task::new("matmul_acc").input(&at).input(&bt).inout(&ct)
+                };
+                cluster.submit(t)?;
+                tasks += 1;
+            }
+        }
+        let cv = c.tensor(&[tile, n], DType::F32)?;
+        let sv = soft.tensor(&[tile, n], DType::F32)?;
+        let out_rows = s_out.tensor_at(u64::from(i) * block_bytes, &[tile, n], DType::F32)?;
+        let sum_rows = sums.tensor_at(u64::from(i) * t64 * 4, &[tile], DType::F32)?;
+        cluster.submit(Task::new("softmax").input(&cv).output(&sv))?;
+        cluster.submit(Task::new("copy").input(&sv).output(&out_rows))?;
+        cluster.submit(Task::new("reduce_sum").input(&cv).output(&sum_rows))?;
+        tasks += 3;
+    }
+    let summary = cluster.wait_all()?;
+    let wall = start.elapsed();
+    let c_ref = reference_matmul(&a_host, &b_host, n as usize);
+    let s_ref = reference_softmax(&c_ref, n as usize);
+    let sum_ref: Vec<f32> = c_ref
+        .chunks(n as usize)
+        .map(|r| r.iter().map(|&v| f64::from(v)).sum::<f64>() as f32)
+        .collect();
+    // Row sums add n products of sums of n terms: scale the error by n.
+    let err_sums = max_abs_diff(&sums.to_vec::<f32>()?, &sum_ref) / f64::from(n);
+    let err_soft = max_abs_diff(&s_out.to_vec::<f32>()?, &s_ref);
+    Ok(JobReport {
+        tasks,
+        wall,
+        max_abs_err: err_sums.max(err_soft),
+        summary,
+    })
 }
 
 /// What a job did.

@@ -37,6 +37,9 @@ pub enum Error {
         /// Why.
         reason: String,
     },
+    /// A trace could not be written.
+    #[error("trace: {0}")]
+    Trace(String),
     /// The cluster is shut down (or its actors stopped).
     #[error("the cluster is shut down")]
     Closed,

@@ -36,10 +36,12 @@ pub mod cli;
 mod cluster;
 pub mod demo;
 mod error;
+pub mod graph;
 mod local;
 mod mapping;
 mod npy;
 mod task;
+pub mod trace;
 
 pub use buffer::{Buffer, View};
 pub use cluster::{Cluster, ClusterBuilder, Scope, WorkerInfo};
@@ -48,6 +50,7 @@ pub use local::default_worker_binary;
 pub use strata_core::{Outcome, TaskId, WorkerId};
 pub use strata_worker::ClientTls;
 pub use task::{Task, TaskHandle};
+pub use trace::Trace;
 
 /// Figures of a run (since the previous `wait_all`) or of the cluster's
 /// life ([`Cluster::totals`]).

@@ -123,10 +123,15 @@ fn demo_runs_end_to_end_and_checks_its_results() {
         "demo failed:\n{stdout}\n{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    assert!(stdout.contains("2 local workers"), "{stdout}");
-    assert!(
-        stdout.contains("64 tasks"),
-        "(128/32)^3 matmul tasks: {stdout}"
+    assert!(stdout.contains("strata demo: 2 workers"), "{stdout}");
+    let tasks = stdout
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("tasks"))
+        .and_then(|rest| rest.split_whitespace().next())
+        .unwrap_or_default();
+    assert_eq!(
+        tasks, "76",
+        "(128/32)^3 matmul tasks and 3 per block: {stdout}"
     );
     assert!(stdout.contains("result check: passed"), "{stdout}");
 }

@@ -2,7 +2,8 @@
 //! handle, the context it runs in, and the registry of built-ins.
 //!
 //! A kernel's identity is its canonical descriptor string, for example
-//! `strata.add@1(a:R:F32|F16|...:rank=any,b:R:=a:rank==a,out:W:=a:rank==a;)`;
+//! `add@1(a:R:F32|F16|BF16|I8|I16|I32|I64|U8|U16|U32|U64:*,b:R:=0:=0,out:W:=0:=0;)`
+//! (argument `name:access:dtypes:rank`, then `;` and the scalars `name:kind`);
 //! its [`KernelHandle`] is the first 16 bytes of that string's SHA-256, so
 //! two processes that agree on the descriptor agree on the handle, and a
 //! change of signature is a change of handle.

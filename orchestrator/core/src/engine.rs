@@ -77,6 +77,10 @@ pub struct Submission {
     pub members: Vec<MemberInfo>,
 }
 
+/// A task's predecessors with the kinds of each edge (bits of
+/// [`crate::dag::edge`]).
+pub type Edges = Vec<(TaskId, u8)>;
+
 /// DAG + scheduler.
 #[derive(Debug, Default)]
 pub struct Engine {
@@ -151,6 +155,18 @@ impl Engine {
     /// worker, callable not registered there or anywhere, members that do
     /// not match).
     pub fn submit(&mut self, s: Submission) -> Result<Vec<Action>, SubmitError> {
+        self.submit_with_edges(s).map(|(actions, _)| actions)
+    }
+
+    /// Submits a task and also returns its edges: each live predecessor
+    /// with the kinds of the edge (bits of [`crate::dag::edge`]).
+    ///
+    /// # Errors
+    /// As [`Engine::submit`].
+    pub fn submit_with_edges(
+        &mut self,
+        s: Submission,
+    ) -> Result<(Vec<Action>, Edges), SubmitError> {
         let id = s.task.id;
         if s.members.len() != s.task.members.len() {
             return Err(SubmitError {
@@ -166,21 +182,22 @@ impl Engine {
             .check_placeable(&s.members)
             .map_err(|what| SubmitError { task: id, what })?;
         let inserted = self.dag.insert(s.task)?;
-        match inserted.born {
-            Born::Skipped { because } => Ok(vec![Action::Done {
+        let actions = match inserted.born {
+            Born::Skipped { because } => vec![Action::Done {
                 task: id,
                 outcome: Outcome::Skipped { because },
-            }]),
+            }],
             Born::Waiting => {
                 self.sched.submit(id, s.members);
-                Ok(Vec::new())
+                Vec::new()
             }
             Born::Ready => {
                 self.sched.submit(id, s.members);
                 let out = self.sched.ready(id);
-                Ok(self.after_sched(out))
+                self.after_sched(out)
             }
-        }
+        };
+        Ok((actions, inserted.edges))
     }
 
     /// A member reported its result.

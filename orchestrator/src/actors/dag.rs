@@ -3,6 +3,7 @@
 //! alive), and everyone waiting for results.
 
 use std::collections::{BTreeMap, HashMap};
+use std::time::Instant;
 
 use strata_core::dag::{Arg, NewTask};
 use strata_core::sched::MemberInfo;
@@ -11,10 +12,11 @@ use strata_wire::CanonicalIdentity;
 use tokio::sync::{mpsc, oneshot};
 use tracing::debug;
 
-use super::{Cmd, DispatchItem, EpCmd, Notice, TaskSpec};
+use super::{Cmd, DispatchItem, EpCmd, Notice, Report, TaskSpec};
 use crate::RunSummary;
 use crate::buffer::Buffer;
 use crate::error::{Error, RunError};
+use crate::trace::{MemberTrace, TaskTrace, Trace, micros};
 
 /// An endpoint as the DAG actor sees it.
 #[derive(Debug)]
@@ -27,6 +29,10 @@ struct Record {
     spec: TaskSpec,
     workers: Vec<Option<WorkerId>>,
     waiters: Vec<oneshot::Sender<Result<(), RunError>>>,
+    submitted: Instant,
+    edges: Vec<(TaskId, u8)>,
+    dispatched: Vec<Option<Instant>>,
+    reports: Vec<Option<Report>>,
 }
 
 pub(crate) struct DagActor {
@@ -44,10 +50,13 @@ pub(crate) struct DagActor {
     totals: RunSummary,
     /// Buffers held by open or ending scopes.
     scoped: HashMap<CanonicalIdentity, Buffer>,
+    /// Finished tasks, when tracing; times from `origin`.
+    trace: Option<Vec<TaskTrace>>,
+    origin: Instant,
 }
 
 impl DagActor {
-    pub(crate) fn new(endpoints: Vec<EndpointRef>) -> Self {
+    pub(crate) fn new(endpoints: Vec<EndpointRef>, tracing: bool, origin: Instant) -> Self {
         DagActor {
             engine: Engine::new(),
             endpoints,
@@ -59,6 +68,8 @@ impl DagActor {
             first_error: None,
             totals: RunSummary::default(),
             scoped: HashMap::new(),
+            trace: tracing.then(Vec::new),
+            origin,
         }
     }
 
@@ -123,6 +134,13 @@ impl DagActor {
                     s.returned_bytes += report.returned;
                     s.staged_bytes += report.staged;
                 }
+                if let Some(slot) = self
+                    .records
+                    .get_mut(&task)
+                    .and_then(|r| r.reports.get_mut(member))
+                {
+                    *slot = Some(report);
+                }
                 self.engine.finished(task, member, result)
             }
             Notice::Imported { bytes } => {
@@ -166,16 +184,15 @@ impl DagActor {
                         device_buffers: m.device_buffers.clone(),
                     })
                     .collect();
-                let edges_before = self.engine.dag().stats().edges;
-                match self.engine.submit(Submission { task, members }) {
+                let submitted = Instant::now();
+                match self.engine.submit_with_edges(Submission { task, members }) {
                     Err(e) => {
                         let _ = reply.send(Err(Error::Submit(e.what)));
                     }
-                    Ok(actions) => {
-                        let edges = self.engine.dag().stats().edges - edges_before;
+                    Ok((actions, edges)) => {
                         for s in [&mut self.run, &mut self.totals] {
                             s.submitted += 1;
-                            s.edges += edges;
+                            s.edges += edges.len() as u64;
                         }
                         let n = spec.members.len();
                         self.records.insert(
@@ -184,6 +201,10 @@ impl DagActor {
                                 spec,
                                 workers: vec![None; n],
                                 waiters: Vec::new(),
+                                submitted,
+                                edges,
+                                dispatched: vec![None; n],
+                                reports: vec![None; n],
                             },
                         );
                         let _ = reply.send(Ok(id));
@@ -250,6 +271,10 @@ impl DagActor {
             Cmd::Totals { reply } => {
                 let _ = reply.send(self.totals.clone());
             }
+            Cmd::TakeTrace { reply } => {
+                let tasks = self.trace.as_mut().map(std::mem::take);
+                let _ = reply.send(tasks.map(|tasks| Trace { tasks }));
+            }
             Cmd::Shutdown { .. } => unreachable!("handled by run"),
         }
     }
@@ -270,6 +295,7 @@ impl DagActor {
                         continue;
                     };
                     r.workers[member] = Some(worker);
+                    r.dispatched[member] = Some(Instant::now());
                     let m = &r.spec.members[member];
                     batches.entry(worker).or_default().push(DispatchItem {
                         task,
@@ -299,6 +325,7 @@ impl DagActor {
     }
 
     fn done(&mut self, task: TaskId, outcome: Outcome) {
+        let finished = Instant::now();
         let Some(record) = self.records.remove(&task) else {
             return;
         };
@@ -338,6 +365,15 @@ impl DagActor {
             self.failed.insert(task, err.clone());
             Err(err)
         };
+        if let Some(trace) = &mut self.trace {
+            trace.push(task_trace(
+                self.origin,
+                task,
+                &record,
+                outcome.clone(),
+                finished,
+            ));
+        }
         for w in record.waiters {
             let _ = w.send(result.clone());
         }
@@ -358,5 +394,53 @@ impl DagActor {
             let _ = w.send(result.clone());
         }
         self.run = RunSummary::default();
+    }
+}
+
+/// The trace of a finished task.
+fn task_trace(
+    origin: Instant,
+    id: TaskId,
+    r: &Record,
+    outcome: Outcome,
+    finished: Instant,
+) -> TaskTrace {
+    let members = r
+        .workers
+        .iter()
+        .zip(&r.dispatched)
+        .zip(&r.reports)
+        .filter_map(|((w, d), rep)| {
+            let (worker, dispatched, rep) = ((*w)?, (*d)?, (*rep)?);
+            let received = rep.received?;
+            let end = micros(origin, received);
+            let dispatched_us = micros(origin, dispatched);
+            let busy = rep.busy_ns as f64 / 1e3;
+            Some(MemberTrace {
+                worker,
+                lane: rep.lane,
+                dispatched_us,
+                start_us: (end - busy).max(dispatched_us),
+                end_us: end,
+                queued_us: rep.queued_ns as f64 / 1e3,
+                staged_bytes: rep.staged,
+                sent_bytes: rep.sent,
+                returned_bytes: rep.returned,
+            })
+        })
+        .collect();
+    TaskTrace {
+        id,
+        callable: r
+            .spec
+            .members
+            .first()
+            .map(|m| m.name.clone())
+            .unwrap_or_default(),
+        outcome,
+        submitted_us: micros(origin, r.submitted),
+        finished_us: micros(origin, finished),
+        edges: r.edges.clone(),
+        members,
     }
 }

@@ -464,11 +464,16 @@ impl EndpointActor {
                 sent: f.sent,
                 returned: 0,
                 staged: c.staged_in + c.staged_out,
+                lane: c.lane,
+                queued_ns: c.queued_ns,
+                busy_ns: c.busy_ns,
+                received: None,
             };
             let result = match c.outcome {
                 TaskOutcome::Failure(cause) => Err(cause),
                 TaskOutcome::Success => land(&f, &c.outputs, &mut report.returned),
             };
+            report.received = Some(std::time::Instant::now());
             let _ = self.up.send(Notice::Finished {
                 task: f.task,
                 member: f.member,

@@ -91,6 +91,9 @@ pub(crate) enum Cmd {
     Totals {
         reply: oneshot::Sender<RunSummary>,
     },
+    TakeTrace {
+        reply: oneshot::Sender<Option<crate::trace::Trace>>,
+    },
     Shutdown {
         reply: oneshot::Sender<()>,
     },
@@ -105,6 +108,14 @@ pub(crate) struct Report {
     pub(crate) returned: u64,
     /// Bytes the worker staged between host and device memory.
     pub(crate) staged: u64,
+    /// The worker's lane.
+    pub(crate) lane: u32,
+    /// Nanoseconds the member waited for a lane on the worker.
+    pub(crate) queued_ns: u64,
+    /// Nanoseconds staging and running on the worker.
+    pub(crate) busy_ns: u64,
+    /// When the endpoint had the completion (and had landed its bytes).
+    pub(crate) received: Option<std::time::Instant>,
 }
 
 /// Endpoints (and the cluster's start) → DAG actor.

@@ -1,47 +1,79 @@
-//! `strata demo`: local simulated chips running real multi-chip work end
-//! to end, with a check of every result.
+//! `strata demo`: simulated chips running real multi-chip work end to
+//! end, with a check of every result.
 
+use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::Args;
 
-use crate::Cluster;
-use crate::demo::{JobReport, pipeline, tiled_matmul};
+use crate::demo::{JobReport, matmul_softmax_reduce};
+use crate::{Cluster, ClusterBuilder};
 
 /// Options of `strata demo`.
 #[derive(Debug, Clone, Args)]
 #[command(after_help = "Examples:
-  strata demo
-  strata demo --workers 2 --size 1024 --tile 128
-  strata demo --device sim:mode=unified")]
+  strata demo                                   # 4 local chips, 1024x1024 in 64x64 tiles (4,144 tasks)
+  strata demo --workers 2 --size 512 --tile 32
+  strata demo --trace run.json                  # then open run.json in https://ui.perfetto.dev
+  strata demo --workers unix:/run/strata/chip0.sock,tcp:10.0.0.2:7420 --token-file token")]
 pub struct DemoArgs {
-    /// Local workers (simulated chips) to start.
-    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=64))]
-    pub workers: u32,
-    /// Side of the square matrices of the tiled matmul.
-    #[arg(long, default_value_t = 512)]
+    /// How many local workers to start, or a comma-separated list of
+    /// running workers to use instead (unix:PATH or tcp:HOST:PORT).
+    #[arg(long, default_value = "4")]
+    pub workers: String,
+    /// Bearer token for the running TCP workers given to --workers.
+    #[arg(long)]
+    pub token_file: Option<PathBuf>,
+    /// Side of the square matrices.
+    #[arg(long, default_value_t = 1024)]
     pub size: u32,
     /// Side of a tile (must divide --size).
     #[arg(long, default_value_t = 64)]
     pub tile: u32,
-    /// Device spec of every worker.
+    /// Device spec of the local workers.
     #[arg(long, default_value = "sim")]
     pub device: String,
+    /// Write a Chrome trace-event JSON of the run (open it in Perfetto).
+    #[arg(long)]
+    pub trace: Option<PathBuf>,
+    /// No progress bar.
+    #[arg(long, short)]
+    pub quiet: bool,
 }
 
-fn line(name: &str, r: &JobReport, ok: bool) {
-    let secs = r.wall.as_secs_f64();
-    println!(
-        "  {name:<28} {:>6} tasks {:>9.1} ms {:>10.0} tasks/s   max |err| {:.1e}  {}",
-        r.tasks,
-        secs * 1e3,
-        r.tasks as f64 / secs.max(1e-9),
-        r.max_abs_err,
-        if ok { "ok" } else { "WRONG" }
-    );
+/// Where the workers come from, from `--workers` (and a token file).
+pub(crate) fn builder(
+    workers: &str,
+    token_file: Option<&PathBuf>,
+    device: &str,
+) -> Result<ClusterBuilder, String> {
+    let b = Cluster::builder().device(device);
+    if let Ok(n) = workers.parse::<usize>() {
+        if !(1..=64).contains(&n) {
+            return Err(format!("--workers {n}: between 1 and 64 local workers"));
+        }
+        return Ok(b.local(n));
+    }
+    let token = match token_file {
+        Some(p) => Some(
+            std::fs::read_to_string(p)
+                .map_err(|e| format!("--token-file {}: {e}", p.display()))?
+                .trim()
+                .to_owned(),
+        ),
+        None => None,
+    };
+    let mut b = b;
+    for addr in workers.split(',').map(str::trim).filter(|a| !a.is_empty()) {
+        b = b
+            .connect(addr, token.as_deref())
+            .map_err(|e| format!("--workers: {e}"))?;
+    }
+    Ok(b)
 }
 
-/// Runs the demo; exit 0 when every result checks out.
+/// Runs the demo; exit 0 when every result checks out, 1 when one does
+/// not or the run failed, 2 for bad options.
 pub fn run(args: &DemoArgs) -> ExitCode {
     if args.tile == 0 || args.size % args.tile != 0 {
         eprintln!(
@@ -50,48 +82,68 @@ pub fn run(args: &DemoArgs) -> ExitCode {
         );
         return ExitCode::from(2);
     }
-    let result = (|| -> Result<bool, crate::Error> {
-        let cluster = Cluster::builder()
-            .local(args.workers as usize)
-            .device(&args.device)
-            .start()?;
+    let builder = match builder(&args.workers, args.token_file.as_ref(), &args.device) {
+        Ok(b) => b.trace(args.trace.is_some()),
+        Err(e) => {
+            eprintln!("strata demo: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let result = (|| -> Result<(JobReport, bool), crate::Error> {
+        let cluster = builder.start()?;
+        let w = cluster.workers();
         println!(
-            "strata demo: {} local workers ({})",
-            cluster.workers().len(),
-            cluster
-                .workers()
-                .first()
-                .map(|w| w.device.as_str())
-                .unwrap_or("?")
+            "strata demo: {} workers ({}), C = A·B for {n}x{n} F32 in {t}x{t} tiles, then row softmax and row sums",
+            w.len(),
+            w.first().map(|w| w.device.as_str()).unwrap_or("?"),
+            n = args.size,
+            t = args.tile,
         );
-        let mm = tiled_matmul(&cluster, args.size, args.tile, 42)?;
-        let mm_ok = mm.ok(1e-3);
-        line(
-            &format!("matmul {0}x{0} / {1}x{1} tiles", args.size, args.tile),
-            &mm,
-            mm_ok,
-        );
-        let rows = args.size.max(args.workers);
-        let pl = pipeline(&cluster, rows, 256, 7)?;
-        let pl_ok = pl.ok(1e-5);
-        line(&format!("pipeline {rows}x256 (device)"), &pl, pl_ok);
-        let t = cluster.totals()?;
+        let report =
+            super::progress::around(&cluster, super::progress::wanted(args.quiet), || {
+                matmul_softmax_reduce(&cluster, args.size, args.tile, 42)
+            })?;
+        let ok = report.ok(1e-3);
+        let s = &report.summary;
+        let secs = report.wall.as_secs_f64();
         println!(
-            "  buffers passed by fd: {} bytes; bytes copied over the wire: {}; staged on devices: {}; dependency edges: {}",
-            t.fd_bytes,
-            t.sent_bytes + t.returned_bytes,
-            t.staged_bytes,
-            t.edges
+            "  tasks {:>8}   workers {}   wall {:.1} ms   {:.0} tasks/s",
+            report.tasks,
+            w.len(),
+            secs * 1e3,
+            report.tasks as f64 / secs.max(1e-9)
         );
+        println!(
+            "  bytes passed by fd {:>12}   bytes copied {:>12} (sent {}, returned {}, staged on devices {})",
+            s.fd_bytes,
+            s.sent_bytes + s.returned_bytes + s.staged_bytes,
+            s.sent_bytes,
+            s.returned_bytes,
+            s.staged_bytes
+        );
+        println!(
+            "  dependency edges inferred {}   max |error| vs reference {:.2e}",
+            s.edges, report.max_abs_err
+        );
+        if let Some(path) = &args.trace {
+            if let Some(trace) = cluster.take_trace()? {
+                trace.write_chrome(path, cluster.workers())?;
+                println!(
+                    "  trace: {} ({} tasks; open in https://ui.perfetto.dev)",
+                    path.display(),
+                    trace.tasks.len()
+                );
+            }
+        }
         cluster.shutdown()?;
-        Ok(mm_ok && pl_ok)
+        Ok((report, ok))
     })();
     match result {
-        Ok(true) => {
+        Ok((_, true)) => {
             println!("result check: passed");
             ExitCode::SUCCESS
         }
-        Ok(false) => {
+        Ok((_, false)) => {
             println!("result check: FAILED");
             ExitCode::FAILURE
         }

@@ -7,6 +7,8 @@ use clap::{Parser, Subcommand};
 
 pub mod demo;
 pub mod inspect;
+mod progress;
+pub mod run;
 
 /// strata: an async, multi-process task dispatcher for accelerator chips.
 #[derive(Debug, Parser)]
@@ -45,6 +47,14 @@ pub enum Command {
     /// stay in device memory, each checked against a single-threaded
     /// reference. Exits 0 when every result checks out.
     Demo(demo::DemoArgs),
+    /// Run a job described by a graph file (JSON): buffers, views, tasks,
+    /// outputs written as .npy.
+    ///
+    /// The whole file is checked before anything starts; a problem is
+    /// reported with its JSON path (such as `tasks[3].args[1].view:
+    /// unknown view "c0"`) and exit status 2. The format is documented in
+    /// docs/graph-format.md.
+    Run(run::RunArgs),
     /// Serve one chip: run tasks for an orchestrator over gRPC.
     ///
     /// Listens on a Unix socket (with a second socket for buffer fds) or on
@@ -58,9 +68,27 @@ pub enum Command {
 pub fn run(cli: Cli) -> ExitCode {
     match cli.command {
         Command::Inspect { file, compact } => inspect::run(&file, compact),
-        Command::Demo(args) => demo::run(&args),
+        Command::Demo(args) => {
+            init_logging();
+            demo::run(&args)
+        }
+        Command::Run(args) => {
+            init_logging();
+            run::run(&args)
+        }
         Command::Worker(args) => {
             strata_worker::cli::run(args, strata_chip::Registry::with_builtins())
         }
     }
+}
+
+/// `RUST_LOG`-style logging to stderr (default: warnings and errors).
+fn init_logging() {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
+        )
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .try_init();
 }

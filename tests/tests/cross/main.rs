@@ -2,4 +2,5 @@
 //! a user-style worker binary) on private sockets.
 
 mod cluster;
+mod graphs;
 mod worker;

@@ -1,0 +1,186 @@
+//! `strata run GRAPH.json`: a job from a graph file (docs/graph-format.md).
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::Args;
+
+use crate::graph::{Graph, Signature};
+use crate::{Cluster, Error, RunSummary};
+
+/// Options of `strata run`.
+#[derive(Debug, Clone, Args)]
+#[command(after_help = "Examples:
+  strata run examples/graphs/tiled_matmul.json
+  strata run job.json --local 2 --trace job-trace.json
+  strata run job.json --workers tcp:10.0.0.2:7420,tcp:10.0.0.3:7420 --token-file token
+
+Exit status: 0 when every task succeeded and every output matched its
+expectation; 1 when a task failed or an output did not match; 2 when the
+graph file is malformed (the message names the JSON path) or an option is
+wrong; nothing is started then.")]
+pub struct RunArgs {
+    /// The graph file (JSON).
+    pub graph: PathBuf,
+    /// Local workers (simulated chips) to start.
+    #[arg(long, default_value_t = 4, conflicts_with = "workers",
+          value_parser = clap::value_parser!(u32).range(1..=64))]
+    pub local: u32,
+    /// Running workers to use instead, comma-separated (unix:PATH or tcp:HOST:PORT).
+    #[arg(long)]
+    pub workers: Option<String>,
+    /// Bearer token for the running TCP workers.
+    #[arg(long, requires = "workers")]
+    pub token_file: Option<PathBuf>,
+    /// Device spec of local workers.
+    #[arg(long, default_value = "sim")]
+    pub device: String,
+    /// Write a Chrome trace-event JSON of the run (open it in Perfetto).
+    #[arg(long)]
+    pub trace: Option<PathBuf>,
+    /// Write outputs with relative paths under this folder instead of the
+    /// graph file's.
+    #[arg(long)]
+    pub out_dir: Option<PathBuf>,
+    /// No progress bar, no summary: only errors.
+    #[arg(long, short)]
+    pub quiet: bool,
+}
+
+/// The local workers' callables: this binary's built-in kernels.
+fn builtin_signature(name: &str) -> Result<Signature, String> {
+    let registry = strata_chip::Registry::with_builtins();
+    let (base, version) = match name.split_once('@') {
+        Some((n, v)) => (
+            n,
+            Some(
+                v.parse::<u32>()
+                    .map_err(|_| format!("{name:?}: the version is not a number"))?,
+            ),
+        ),
+        None => (name, None),
+    };
+    let mut found: Vec<_> = registry
+        .descriptors()
+        .filter(|d| d.name == base && version.is_none_or(|v| d.version == v))
+        .collect();
+    found.sort_by_key(|d| d.version);
+    match found.last() {
+        Some(d) => Ok(Signature::of(d)),
+        None => {
+            let mut names: Vec<String> =
+                registry.descriptors().map(|d| d.qualified_name()).collect();
+            names.sort();
+            Err(format!(
+                "unknown callable {name:?}; the workers offer {}",
+                names.join(", ")
+            ))
+        }
+    }
+}
+
+/// Runs a graph file.
+pub fn run(args: &RunArgs) -> ExitCode {
+    let shown = args.graph.display().to_string();
+    let graph = match Graph::load_with(&args.graph, args.out_dir.as_deref()) {
+        Ok(g) => g,
+        Err(e) => {
+            eprintln!("strata run: {shown}: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let builder = match &args.workers {
+        None => {
+            if let Err(e) = graph.check_callables(args.local as usize, &builtin_signature) {
+                eprintln!("strata run: {shown}: {e}");
+                return ExitCode::from(2);
+            }
+            Cluster::builder()
+                .local(args.local as usize)
+                .device(&args.device)
+        }
+        Some(list) => match super::demo::builder(list, args.token_file.as_ref(), &args.device) {
+            Ok(b) => b,
+            Err(e) => {
+                eprintln!("strata run: {e}");
+                return ExitCode::from(2);
+            }
+        },
+    };
+    let cluster = match builder.trace(args.trace.is_some()).start() {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("strata run: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    if args.workers.is_some() {
+        let lookup = |name: &str| -> Result<Signature, String> {
+            let sig = cluster.callable_signature(name).map_err(|e| match e {
+                Error::Submit(m) => m,
+                other => other.to_string(),
+            })?;
+            Signature::parse(&sig)
+        };
+        if let Err(e) = graph.check_callables(cluster.workers().len(), &lookup) {
+            eprintln!("strata run: {shown}: {e}");
+            return ExitCode::from(2);
+        }
+    }
+    let progress = super::progress::wanted(args.quiet);
+    let started = std::time::Instant::now();
+    let around = |job: &mut dyn FnMut() -> Result<RunSummary, Error>| {
+        super::progress::around(&cluster, progress, job)
+    };
+    let result = graph.run(&cluster, &around);
+    let wall = started.elapsed();
+    let code = match &result {
+        Ok(r) => {
+            if !args.quiet {
+                let s = &r.summary;
+                println!(
+                    "strata run: {shown}: {} tasks on {} workers in {:.1} ms ({:.0} tasks/s); {} edges inferred; {} bytes passed by fd, {} copied",
+                    s.submitted,
+                    cluster.workers().len(),
+                    wall.as_secs_f64() * 1e3,
+                    s.submitted as f64 / wall.as_secs_f64().max(1e-9),
+                    s.edges,
+                    s.fd_bytes,
+                    s.sent_bytes + s.returned_bytes + s.staged_bytes
+                );
+                for o in &r.outputs {
+                    println!("  wrote {}", o.display());
+                }
+            }
+            for m in &r.mismatches {
+                eprintln!("strata run: {shown}: {m}");
+            }
+            if r.mismatches.is_empty() {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
+            }
+        }
+        Err(Error::Submit(m)) => {
+            eprintln!("strata run: {shown}: {m}");
+            ExitCode::from(2)
+        }
+        Err(e) => {
+            eprintln!("strata run: {shown}: {e}");
+            ExitCode::FAILURE
+        }
+    };
+    if let Some(path) = &args.trace {
+        match cluster.take_trace() {
+            Ok(Some(t)) => {
+                if let Err(e) = t.write_chrome(path, cluster.workers()) {
+                    eprintln!("strata run: {e}");
+                    return ExitCode::FAILURE;
+                }
+            }
+            Ok(None) => {}
+            Err(e) => eprintln!("strata run: {e}"),
+        }
+    }
+    code
+}

@@ -1,0 +1,254 @@
+//! `strata run` on graph files and `strata demo --trace`, through the real
+//! binary (issue 7's acceptance list).
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use strata_tests::strata_bin;
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+/// Runs `strata` with `TMPDIR` set to `tmp` (so any worker it spawns has
+/// its sockets there, and can be found afterwards).
+fn strata(args: &[&str], tmp: &Path) -> Output {
+    Command::new(strata_bin())
+        .args(args)
+        .env("TMPDIR", tmp)
+        .output()
+        .expect("run strata")
+}
+
+/// Processes whose command line mentions `needle`.
+fn processes_mentioning(needle: &str) -> Vec<u32> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        if let Ok(cmd) = std::fs::read(format!("/proc/{pid}/cmdline")) {
+            if String::from_utf8_lossy(&cmd).contains(needle) {
+                out.push(pid);
+            }
+        }
+    }
+    out
+}
+
+fn npy_f64(path: &Path) -> (Vec<u64>, Vec<f64>) {
+    let bytes = std::fs::read(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let npy = npyz::NpyFile::new(&bytes[..]).unwrap();
+    let shape = npy.shape().to_vec();
+    let values = match npy.dtype() {
+        npyz::DType::Plain(t) if t.to_string() == "<f4" => npy
+            .into_vec::<f32>()
+            .unwrap()
+            .into_iter()
+            .map(f64::from)
+            .collect(),
+        npyz::DType::Plain(t) if t.to_string() == "<i4" => npy
+            .into_vec::<i32>()
+            .unwrap()
+            .into_iter()
+            .map(f64::from)
+            .collect(),
+        other => panic!("{}: unexpected dtype {other:?}", path.display()),
+    };
+    (shape, values)
+}
+
+#[test]
+fn every_example_graph_runs_and_its_outputs_check_out() {
+    let dir = repo().join("examples/graphs");
+    let mut graphs: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "json"))
+        .collect();
+    graphs.sort();
+    assert!(graphs.len() >= 5, "{graphs:?}");
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("out");
+    for g in &graphs {
+        let o = strata(
+            &[
+                "run",
+                g.to_str().unwrap(),
+                "--local",
+                "2",
+                "--out-dir",
+                out.to_str().unwrap(),
+            ],
+            tmp.path(),
+        );
+        assert!(
+            o.status.success(),
+            "{}: {}\n{}",
+            g.display(),
+            String::from_utf8_lossy(&o.stdout),
+            String::from_utf8_lossy(&o.stderr)
+        );
+    }
+    // The outputs, checked here too (not only by the graphs' expectations).
+    let (shape, z) = npy_f64(&out.join("out/elementwise_z.npy"));
+    assert_eq!(shape, [4, 256]);
+    assert!(z.iter().all(|&v| v == 49.0));
+    let (shape, c) = npy_f64(&out.join("out/tiled_matmul_c.npy"));
+    assert_eq!(shape, [128, 128]);
+    assert!(c.iter().all(|&v| v == 16.0));
+    let (_, s) = npy_f64(&out.join("out/device_pipeline_s.npy"));
+    assert!(s.iter().all(|&v| (v - 1.0).abs() < 1e-5), "{s:?}");
+    let (shape, t) = npy_f64(&out.join("out/transpose_t.npy"));
+    assert_eq!(shape, [4, 3]);
+    assert_eq!(t, [0., 4., 8., 1., 5., 9., 2., 6., 10., 3., 7., 11.]);
+    let (_, v) = npy_f64(&out.join("out/strided_v.npy"));
+    assert_eq!(v, [1., 3.].repeat(8));
+    assert!(processes_mentioning(tmp.path().to_str().unwrap()).is_empty());
+}
+
+#[test]
+fn an_output_that_misses_its_expectation_fails_the_run() {
+    let tmp = tempfile::tempdir().unwrap();
+    let text = std::fs::read_to_string(repo().join("examples/graphs/elementwise.json")).unwrap();
+    let wrong = text.replace("\"const\": 49.0", "\"const\": 50.0");
+    assert_ne!(text, wrong);
+    let g = tmp.path().join("wrong.json");
+    std::fs::write(&g, wrong).unwrap();
+    let o = strata(
+        &["run", g.to_str().unwrap(), "--local", "1", "-q"],
+        tmp.path(),
+    );
+    assert_eq!(o.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("outputs[0]: element 0 is 49, expected 50"),
+        "{err}"
+    );
+}
+
+#[test]
+fn malformed_graphs_name_the_json_path_exit_2_and_leave_no_worker() {
+    let cases = [
+        (
+            "after_unknown.json",
+            "tasks[0].after[0]: no earlier task is named \"later\"",
+        ),
+        ("bad_dtype.json", "buffers.a.dtype: unknown dtype \"f33\""),
+        (
+            "bad_tag.json",
+            "tasks[0].args[0].tag: unknown tag \"inptu\"",
+        ),
+        (
+            "device_output.json",
+            "outputs[0].view: \"d\" is in worker 0's device memory",
+        ),
+        (
+            "grant.json",
+            "tasks[0]: member 0 argument 0: tagged OUTPUT but the buffer grants READ",
+        ),
+        ("missing_npy.json", "buffers.x.init.npy: "),
+        ("not_json.json", "$: "),
+        (
+            "overlapping_writes.json",
+            "tasks[0]: member 0: arguments 0 (INPUT) and 1 (OUTPUT) share bytes",
+        ),
+        ("scalar_type.json", "tasks[0].scalars[0]: expected a number"),
+        (
+            "strides_rank.json",
+            "views.v.strides: 1 strides for 2 dimensions",
+        ),
+        (
+            "unknown_callable.json",
+            "tasks[0].callable: unknown callable \"matmull\"",
+        ),
+        ("unknown_field.json", "tasks[0].calable: unknown field"),
+        (
+            "unknown_view.json",
+            "tasks[1].args[1].view: unknown view \"c0\"",
+        ),
+        ("view_out_of_bounds.json", "views.tail: view out of bounds"),
+        (
+            "worker_index.json",
+            "tasks[0].worker: worker 9 does not exist; there are 4",
+        ),
+        (
+            "wrong_arg_count.json",
+            "tasks[0].args: matmul takes 3 tensor arguments, got 2",
+        ),
+    ];
+    let dir = repo().join("tests/graphs/malformed");
+    let files = std::fs::read_dir(&dir).unwrap().count();
+    assert_eq!(files, cases.len(), "every malformed file has a case");
+    let tmp = tempfile::tempdir().unwrap();
+    for (file, want) in cases {
+        let path = dir.join(file);
+        let o = strata(&["run", path.to_str().unwrap()], tmp.path());
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(2), "{file}: {err}");
+        assert!(err.contains(&format!("{file}: {want}")), "{file}: {err}");
+        assert!(o.stdout.is_empty(), "{file}: nothing ran");
+    }
+    assert!(
+        processes_mentioning(tmp.path().to_str().unwrap()).is_empty(),
+        "a worker was left behind"
+    );
+}
+
+#[test]
+fn demo_trace_has_one_slice_per_task_within_the_run() {
+    let tmp = tempfile::tempdir().unwrap();
+    let trace = tmp.path().join("trace.json");
+    let o = strata(
+        &[
+            "demo",
+            "--workers",
+            "2",
+            "--size",
+            "256",
+            "--tile",
+            "32",
+            "--quiet",
+            "--trace",
+            trace.to_str().unwrap(),
+        ],
+        tmp.path(),
+    );
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        o.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert!(stdout.contains("result check: passed"), "{stdout}");
+    let json: serde_json::Value = serde_json::from_slice(&std::fs::read(&trace).unwrap()).unwrap();
+    let events = json["traceEvents"].as_array().unwrap();
+    let start = json["otherData"]["run_start_us"].as_f64().unwrap();
+    let end = json["otherData"]["run_end_us"].as_f64().unwrap();
+    let slices: Vec<&serde_json::Value> = events.iter().filter(|e| e["ph"] == "X").collect();
+    // (256/32)³ matmul tasks and 3 per block of rows.
+    let tasks = 8 * 8 * 8 + 3 * 8;
+    assert_eq!(slices.len(), tasks);
+    let mut ids: Vec<u64> = slices
+        .iter()
+        .map(|s| s["args"]["task"].as_u64().unwrap())
+        .collect();
+    ids.sort_unstable();
+    ids.dedup();
+    assert_eq!(ids.len(), tasks, "one slice per task");
+    for s in &slices {
+        let ts = s["ts"].as_f64().unwrap();
+        let dur = s["dur"].as_f64().unwrap();
+        assert!(dur >= 0.0);
+        assert!(
+            ts >= start && ts + dur <= end,
+            "slice {s} outside [{start}, {end}]"
+        );
+    }
+    // Tracks are named, and dependency arrows pair up.
+    assert!(events.iter().any(|e| e["name"] == "thread_name"));
+    let starts = events.iter().filter(|e| e["ph"] == "s").count();
+    let finishes = events.iter().filter(|e| e["ph"] == "f").count();
+    assert_eq!(starts, finishes);
+    assert!(starts > 0, "the matmul chains have edges");
+}

@@ -346,6 +346,21 @@ impl Cluster {
         tokio::spawn(DagActor::new(ep_refs, b.trace, origin).run(cmd_rx, up_rx));
         tokio::spawn(buffers::run(released_rx, ep_txs.clone()));
         drop(guard);
+        for w in &workers {
+            tracing::info!(
+                "{} up: {} chip {} device {} ({} callables, {})",
+                w.id,
+                w.endpoint,
+                w.chip,
+                w.device,
+                w.callables.len(),
+                if w.fd_passing {
+                    "buffers by fd"
+                } else {
+                    "bytes staged"
+                }
+            );
+        }
         let owner: [u8; 8] = rand::random();
         Ok(Cluster {
             runtime: Some(runtime),
@@ -787,6 +802,7 @@ fn not_async() -> Result<(), Error> {
 /// runtime stops, then spawned workers get SIGTERM (SIGKILL after 2 s) and
 /// are reaped.
 fn stop(runtime: Runtime, cmds: &mpsc::Sender<Cmd>, local: Option<LocalWorkers>) {
+    tracing::info!("cluster stopping");
     let (tx, rx) = oneshot::channel();
     let cmds = cmds.clone();
     runtime.block_on(async move {

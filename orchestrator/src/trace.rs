@@ -107,7 +107,11 @@ impl Trace {
         for w in workers {
             events.push(json!({
                 "ph": "M", "name": "process_name", "pid": pid(w.id),
-                "args": {"name": format!("{} ({})", w.id, w.endpoint)},
+                "args": {"name": format!("{} (chip {})", w.id, w.chip)},
+            }));
+            events.push(json!({
+                "ph": "M", "name": "process_labels", "pid": pid(w.id),
+                "args": {"labels": w.endpoint},
             }));
             events.push(json!({
                 "ph": "M", "name": "process_sort_index", "pid": pid(w.id),

@@ -315,6 +315,7 @@ impl DagActor {
             let Some(ep) = self.endpoints.get(worker.0 as usize) else {
                 continue;
             };
+            debug!("dispatching {} members to {worker}", items.len());
             // An endpoint that stopped has reported (or will report) its
             // worker down, which fails these members in the engine.
             if ep.tx.send(EpCmd::Dispatch(items)).await.is_err() {

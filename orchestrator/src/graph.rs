@@ -280,6 +280,15 @@ fn npy_layout(file: &Path, path: &str) -> Result<(Vec<u32>, DType), GraphError> 
         },
         Ok,
     )?;
+    if npy.order() != npyz::Order::C {
+        return err(
+            path,
+            format!(
+                "{}: Fortran-order arrays are not supported; save with C order",
+                file.display()
+            ),
+        );
+    }
     let shape: Vec<u32> = match npy.shape() {
         [] => vec![1],
         s => s
@@ -341,6 +350,9 @@ impl Graph {
             None => return err("buffers", "missing: a graph needs at least one buffer"),
         };
         let _ = &empty;
+        if buffers.is_empty() {
+            return err("buffers", "empty: a graph needs at least one buffer");
+        }
         for (name, b) in buffers {
             let path = format!("buffers.{name}");
             let def = buffer_def(name, b, &path, dir)?;
@@ -426,6 +438,15 @@ impl Graph {
                     }
                     (Some(e), None) => {
                         let e = u64_of(e, &join(&path, "offset"))?;
+                        if dtype.bits() == 4 && e % 2 == 1 {
+                            return err(
+                                join(&path, "offset"),
+                                format!(
+                                    "{} packs two elements per byte: a view starts on an even element",
+                                    dtype.name()
+                                ),
+                            );
+                        }
                         dtype
                             .bytes_for(e)
                             .map_or_else(|| err(join(&path, "offset"), "overflows"), Ok)?
@@ -448,7 +469,13 @@ impl Graph {
         let probe = Probe::new(&g);
         for (vi, v) in g.views.iter().enumerate() {
             probe.tensor(&g, vi).map_err(|what| GraphError {
-                path: if vi < g.buffers.len() && g.buffers.iter().any(|b| b.name == v.name) {
+                path: if g
+                    .buffers
+                    .get(v.buffer)
+                    .is_some_and(|b| b.name == v.name && b.layout.is_some())
+                    && v.byte_offset == 0
+                    && Some(&v.shape) == g.buffers[v.buffer].layout.as_ref().map(|l| &l.0)
+                {
                     format!("buffers.{}", v.name)
                 } else {
                     format!("views.{}", v.name)
@@ -705,6 +732,30 @@ impl Graph {
                         })
                 })
                 .collect::<Result<Vec<_>, _>>()?;
+            let mut device: Option<(usize, u32)> = None;
+            for (ai, &(v, _)) in t.args.iter().enumerate() {
+                if let Some(w) = self.buffers[self.views[v].buffer].device {
+                    match (device, t.worker) {
+                        (Some((aj, d)), _) if d != w => {
+                            return err(
+                                format!("{}.args[{ai}].view", t.path),
+                                format!(
+                                    "in worker {w}'s device memory, but argument {aj} is in worker {d}'s: a task runs on one worker"
+                                ),
+                            );
+                        }
+                        (_, Some(p)) if p != w => {
+                            return err(
+                                format!("{}.worker", t.path),
+                                format!(
+                                    "worker {p}, but argument {ai} is in worker {w}'s device memory"
+                                ),
+                            );
+                        }
+                        _ => device = Some((ai, w)),
+                    }
+                }
+            }
             let task = NewTask {
                 id: TaskId(i as u64 + 1),
                 members: vec![args],
@@ -730,6 +781,7 @@ impl Graph {
         workers: usize,
         lookup: &dyn Fn(&str) -> Result<Signature, String>,
     ) -> Result<(), GraphError> {
+        let probe = Probe::new(self);
         for b in &self.buffers {
             if let Some(w) = b.device {
                 if w as usize >= workers {
@@ -764,6 +816,35 @@ impl Graph {
                     ),
                 );
             }
+            for (ai, (&(_, tag), access)) in t.args.iter().zip(&sig.args).enumerate() {
+                let fits = match access {
+                    Access::Read => matches!(tag, ArgTag::Input | ArgTag::NoDep),
+                    Access::Write => {
+                        matches!(tag, ArgTag::Output | ArgTag::OutputExisting | ArgTag::NoDep)
+                    }
+                    Access::ReadWrite => matches!(tag, ArgTag::InOut | ArgTag::NoDep),
+                };
+                if !fits {
+                    let want = match access {
+                        Access::Read => "input",
+                        Access::Write => "output or output_existing",
+                        Access::ReadWrite => "inout",
+                    };
+                    return err(
+                        format!("{}.args[{ai}].tag", t.path),
+                        format!(
+                            "{} {} this argument: tag it {want}, not {}",
+                            t.callable,
+                            match access {
+                                Access::Read => "reads",
+                                Access::Write => "writes",
+                                Access::ReadWrite => "reads and writes",
+                            },
+                            tag.name().to_ascii_lowercase()
+                        ),
+                    );
+                }
+            }
             if sig.scalars.len() != t.scalars.len() {
                 return err(
                     join(&t.path, "scalars"),
@@ -775,10 +856,28 @@ impl Graph {
                     ),
                 );
             }
+            let mut bits = Vec::with_capacity(t.scalars.len());
             for (si, (s, k)) in t.scalars.iter().zip(&sig.scalars).enumerate() {
-                self.encode_scalar(t, s, *k).map_err(|what| GraphError {
+                bits.push(self.encode_scalar(t, s, *k).map_err(|what| GraphError {
                     path: format!("{}.scalars[{si}]", t.path),
                     what,
+                })?);
+            }
+            if let Some(kernel) = &sig.kernel {
+                let args = t
+                    .args
+                    .iter()
+                    .map(|&(v, tag)| probe.tensor(self, v).map(|tensor| (tensor, tag)))
+                    .collect::<Result<Vec<_>, _>>()
+                    .map_err(|what| GraphError {
+                        path: join(&t.path, "args"),
+                        what,
+                    })?;
+                strata_chip::kernel::check_launch(kernel.as_ref(), &args, &bits).map_err(|e| {
+                    GraphError {
+                        path: t.path.clone(),
+                        what: e.to_string(),
+                    }
                 })?;
             }
         }
@@ -827,12 +926,32 @@ impl Graph {
 }
 
 /// What a task must match of its callable.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Clone)]
 pub struct Signature {
     /// Per tensor argument, how the kernel uses it.
     pub args: Vec<Access>,
     /// Per scalar, its kind.
     pub scalars: Vec<ScalarKind>,
+    /// The kernel itself, when it is known here (the built-ins of local
+    /// workers): then every launch is checked before anything starts,
+    /// shapes included.
+    pub kernel: Option<std::sync::Arc<dyn strata_chip::Kernel>>,
+}
+
+impl std::fmt::Debug for Signature {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Signature")
+            .field("args", &self.args)
+            .field("scalars", &self.scalars)
+            .field(
+                "kernel",
+                &self
+                    .kernel
+                    .as_ref()
+                    .map(|k| k.descriptor().qualified_name()),
+            )
+            .finish()
+    }
 }
 
 impl Signature {
@@ -841,6 +960,15 @@ impl Signature {
         Signature {
             args: d.args.iter().map(|a| a.access).collect(),
             scalars: d.scalars.iter().map(|s| s.kind).collect(),
+            kernel: None,
+        }
+    }
+
+    /// From a kernel, whose launches can then be checked here.
+    pub fn of_kernel(k: std::sync::Arc<dyn strata_chip::Kernel>) -> Self {
+        Signature {
+            kernel: Some(std::sync::Arc::clone(&k)),
+            ..Signature::of(k.descriptor())
         }
     }
 
@@ -879,7 +1007,11 @@ impl Signature {
                 None => Err(bad()),
             })
             .collect::<Result<_, _>>()?;
-        Ok(Signature { args, scalars })
+        Ok(Signature {
+            args,
+            scalars,
+            kernel: None,
+        })
     }
 }
 
@@ -926,6 +1058,14 @@ fn buffer_def(name: &str, b: &Value, path: &str, dir: &Path) -> Result<BufferDef
     let init = match o.get("init") {
         None => Init::Zeros,
         Some(Value::String(s)) if s == "zeros" => Init::Zeros,
+        Some(Value::String(s)) => {
+            return err(
+                join(path, "init"),
+                format!(
+                    "unknown init {s:?}: \"zeros\", or an object with exactly one of const, random, npy"
+                ),
+            );
+        }
         Some(i) => {
             let ip = join(path, "init");
             let io = object(i, &ip, &["const", "random", "npy"])?;
@@ -1160,7 +1300,8 @@ fn encode(dtype: DType, values: impl Iterator<Item = f64>, integral: bool) -> Ve
             DType::I16 => out.extend_from_slice(&(v as i16).to_le_bytes()),
             DType::I32 => out.extend_from_slice(&(v as i32).to_le_bytes()),
             DType::I64 => out.extend_from_slice(&(v as i64).to_le_bytes()),
-            DType::U8 | DType::Bool => out.push(v as u8),
+            DType::U8 => out.push(v as u8),
+            DType::Bool => out.push(u8::from(v != 0.0)),
             DType::U16 => out.extend_from_slice(&(v as u16).to_le_bytes()),
             DType::U32 => out.extend_from_slice(&(v as u32).to_le_bytes()),
             DType::U64 => out.extend_from_slice(&(v as u64).to_le_bytes()),
@@ -1253,8 +1394,10 @@ impl Graph {
                 Ok((t.callable.as_str(), sig))
             })
             .collect::<Result<_, Error>>()?;
+        let handles: std::cell::RefCell<Vec<TaskHandle>> =
+            std::cell::RefCell::new(Vec::with_capacity(self.tasks.len()));
         let mut submit_all = || -> Result<RunSummary, Error> {
-            let mut handles: Vec<TaskHandle> = Vec::with_capacity(self.tasks.len());
+            let mut handles = handles.borrow_mut();
             for t in &self.tasks {
                 let mut task = Task::new(t.callable.clone());
                 for &(v, tag) in &t.args {
@@ -1281,7 +1424,16 @@ impl Graph {
             }
             cluster.wait_all()
         };
-        let summary = around(&mut submit_all)?;
+        let summary = around(&mut submit_all).map_err(|e| match e {
+            // Name the failed task by its place in the file too.
+            Error::Run(mut r) => {
+                if let Some(i) = handles.borrow().iter().position(|h| h.id() == r.task) {
+                    r.callable = format!("{}, tasks[{i}]", r.callable);
+                }
+                Error::Run(r)
+            }
+            other => other,
+        })?;
         let mut outputs = Vec::new();
         let mut mismatches = Vec::new();
         for o in &self.outputs {
@@ -1306,22 +1458,38 @@ impl Graph {
                         decode(e.dtype(), &e.read_elements()?)
                     }
                 };
+                let bad = |g: f64, w: f64| {
+                    let d = (g - w).abs();
+                    !(g == w || d <= *tol)
+                };
+                // The first NaN mismatch, else the largest difference.
                 let worst = got
                     .iter()
                     .zip(&want)
                     .enumerate()
-                    .map(|(i, (g, w))| (i, (g - w).abs(), *g, *w))
-                    .fold(None::<(usize, f64, f64, f64)>, |acc, x| match acc {
-                        Some(a) if a.1 >= x.1 || x.1.is_nan() && a.1.is_nan() => Some(a),
-                        _ => Some(x),
+                    .filter(|(_, (g, w))| bad(**g, **w))
+                    .max_by(|a, b| {
+                        let da = (a.1.0 - a.1.1).abs();
+                        let db = (b.1.0 - b.1.1).abs();
+                        match (da.is_nan(), db.is_nan()) {
+                            (true, true) => b.0.cmp(&a.0),
+                            (true, false) => std::cmp::Ordering::Greater,
+                            (false, true) => std::cmp::Ordering::Less,
+                            (false, false) => da.total_cmp(&db).then(b.0.cmp(&a.0)),
+                        }
                     });
-                if let Some((i, d, g, w)) = worst {
-                    if d.is_nan() || d > *tol || got.len() != want.len() {
-                        mismatches.push(format!(
-                            "{}: element {i} is {g}, expected {w} (tolerance {tol})",
-                            o.path
-                        ));
-                    }
+                if got.len() != want.len() {
+                    mismatches.push(format!(
+                        "{}: {} elements, expected {}",
+                        o.path,
+                        got.len(),
+                        want.len()
+                    ));
+                } else if let Some((i, (g, w))) = worst {
+                    mismatches.push(format!(
+                        "{}: element {i} is {g}, expected {w} (tolerance {tol})",
+                        o.path
+                    ));
                 }
             }
         }

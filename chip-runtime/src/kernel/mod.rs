@@ -26,6 +26,22 @@ pub use context::{KernelContext, Materialized};
 pub use element::{Element, Pod};
 pub use registry::Registry;
 pub(crate) use validate::validate_launch;
+
+/// Checks a launch of `kernel` on these arguments and scalars exactly as a
+/// device does before running it (argument count, dtypes, ranks, tags,
+/// grants, scalar count, the kernel's own shape rules, written arguments
+/// sharing bytes), without running anything: for tools that check a job
+/// before starting it.
+///
+/// # Errors
+/// The device's refusal, naming the argument.
+pub fn check_launch(
+    kernel: &dyn Kernel,
+    args: &[(strata_wire::Tensor, strata_wire::ArgTag)],
+    scalars: &[u64],
+) -> Result<(), crate::Error> {
+    validate_launch(kernel, args, scalars)
+}
 pub use view::{Geometry, Scratch, View, ViewMut};
 
 /// Which dtypes an argument accepts.

@@ -66,7 +66,10 @@ fn builtin_signature(name: &str) -> Result<Signature, String> {
         .collect();
     found.sort_by_key(|d| d.version);
     match found.last() {
-        Some(d) => Ok(Signature::of(d)),
+        Some(d) => Ok(match registry.get(d.handle()) {
+            Ok(k) => Signature::of_kernel(k),
+            Err(_) => Signature::of(d),
+        }),
         None => {
             let mut names: Vec<String> =
                 registry.descriptors().map(|d| d.qualified_name()).collect();

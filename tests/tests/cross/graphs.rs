@@ -176,6 +176,23 @@ fn malformed_graphs_name_the_json_path_exit_2_and_leave_no_worker() {
             "wrong_arg_count.json",
             "tasks[0].args: matmul takes 3 tensor arguments, got 2",
         ),
+        (
+            "tag_for_kernel.json",
+            "tasks[0].args[0].tag: fill writes this argument: tag it output or output_existing, not input",
+        ),
+        (
+            "device_placement.json",
+            "tasks[0].worker: worker 0, but argument 0 is in worker 1's device memory",
+        ),
+        (
+            "empty_buffers.json",
+            "buffers: empty: a graph needs at least one buffer",
+        ),
+        ("unknown_init.json", "buffers.a.init: unknown init \"ones\""),
+        (
+            "kernel_shapes.json",
+            "tasks[1]: kernel matmul@1: argument 1 (b): shape [4, 8] does not chain",
+        ),
     ];
     let dir = repo().join("tests/graphs/malformed");
     let files = std::fs::read_dir(&dir).unwrap().count();

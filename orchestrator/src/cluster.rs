@@ -198,6 +198,11 @@ pub struct Cluster {
     mint: IdentityMint,
     released: mpsc::UnboundedSender<Released>,
     local: Option<LocalWorkers>,
+    /// Per worker, the callables it offers.
+    offers: Vec<std::collections::HashSet<KernelHandle>>,
+    /// The next task id; held while a submit is handed to the DAG actor,
+    /// so that ids reach it in increasing order.
+    next_id: std::sync::Mutex<u64>,
 }
 
 impl std::fmt::Debug for Cluster {
@@ -279,6 +284,7 @@ impl Cluster {
         let mut callables: BTreeMap<String, Vec<(u32, KernelHandle, String)>> = BTreeMap::new();
         let mut ep_txs = Vec::new();
         let mut ep_refs = Vec::new();
+        let mut connected_offers = Vec::new();
         let mut actors = Vec::new();
         for (i, ((r, pid), c)) in targets.iter().zip(connected).enumerate() {
             let ep = &r.endpoint;
@@ -289,6 +295,7 @@ impl Cluster {
                 .handshake_info()
                 .cloned()
                 .ok_or_else(|| Error::Cluster(format!("worker {i}: no handshake")))?;
+            connected_offers.push(hs.callables.iter().map(|c| c.handle).collect());
             for cinfo in &hs.callables {
                 let v = callables.entry(cinfo.name.clone()).or_default();
                 if !v.iter().any(|(ver, _, _)| *ver == cinfo.version) {
@@ -362,7 +369,10 @@ impl Cluster {
             );
         }
         let owner: [u8; 8] = rand::random();
+        let offers = connected_offers;
         Ok(Cluster {
+            offers,
+            next_id: std::sync::Mutex::new(1),
             runtime: Some(runtime),
             cmds: cmd_tx,
             endpoints: ep_txs,
@@ -629,9 +639,84 @@ impl Cluster {
         ))
     }
 
+    /// Checks a task where it is submitted — the DAG's submit-time rules
+    /// and its placement against the workers' callables — numbers it and
+    /// hands it to the DAG actor without waiting for an answer.
     fn submit_spec(&self, spec: TaskSpec) -> Result<TaskHandle, Error> {
-        self.ask(|reply| Cmd::Submit { spec, reply })?
-            .map(TaskHandle)
+        not_async()?;
+        self.check_placement(&spec)?;
+        let mut next = self.next_id.lock().unwrap_or_else(|e| e.into_inner());
+        let id = TaskId(*next);
+        let probe = strata_core::dag::NewTask {
+            id,
+            members: spec
+                .members
+                .iter()
+                .map(|m| {
+                    m.args
+                        .iter()
+                        .map(|a| strata_core::dag::Arg {
+                            tensor: a.tensor,
+                            tag: a.tag,
+                        })
+                        .collect()
+                })
+                .collect(),
+            scalars: spec.members.iter().map(|m| m.scalars.len()).collect(),
+            after: spec.after.clone(),
+        };
+        strata_core::Dag::check(&probe).map_err(|e| Error::Submit(e.what))?;
+        self.cmds
+            .blocking_send(Cmd::Submit { id, spec })
+            .map_err(|_| Error::Closed)?;
+        *next += 1;
+        Ok(TaskHandle(id))
+    }
+
+    /// The scheduler's placement rules, checked against the callables each
+    /// worker reported at the start.
+    fn check_placement(&self, spec: &TaskSpec) -> Result<(), Error> {
+        let mut named = std::collections::HashSet::new();
+        for (m, member) in spec.members.iter().enumerate() {
+            match member.placement {
+                Placement::On(w) => {
+                    let offers = self.offers.get(w.0 as usize).ok_or_else(|| {
+                        Error::Submit(format!(
+                            "{}: member {m}: there is no {w} (the cluster has {})",
+                            member.name,
+                            self.offers.len()
+                        ))
+                    })?;
+                    if !offers.contains(&member.callable) {
+                        return Err(Error::Submit(format!(
+                            "member {m}: {} is not registered on {w}",
+                            member.name
+                        )));
+                    }
+                    if !named.insert(w) {
+                        return Err(Error::Submit(format!(
+                            "member {m}: {w} already runs another member of this group"
+                        )));
+                    }
+                }
+                Placement::Any => {
+                    if !self.offers.iter().any(|o| o.contains(&member.callable)) {
+                        return Err(Error::Submit(format!(
+                            "member {m}: no worker offers {}",
+                            member.name
+                        )));
+                    }
+                }
+            }
+        }
+        if spec.members.len() > self.offers.len() {
+            return Err(Error::Submit(format!(
+                "a group of {} members needs as many workers; there are {}",
+                spec.members.len(),
+                self.offers.len()
+            )));
+        }
+        Ok(())
     }
 
     /// Submits a task. Its dependencies on earlier tasks are inferred from

@@ -154,9 +154,8 @@ impl DagActor {
 
     async fn on_cmd(&mut self, cmd: Cmd) {
         match cmd {
-            Cmd::Submit { spec, reply } => {
-                let id = TaskId(self.next_id);
-                self.next_id += 1;
+            Cmd::Submit { id, spec } => {
+                self.next_id = self.next_id.max(id.0 + 1);
                 let task = NewTask {
                     id,
                     members: spec
@@ -187,7 +186,26 @@ impl DagActor {
                 let submitted = Instant::now();
                 match self.engine.submit_with_edges(Submission { task, members }) {
                     Err(e) => {
-                        let _ = reply.send(Err(Error::Submit(e.what)));
+                        // The driver checked the task; what is left to
+                        // refuse here depends on the run (no worker up
+                        // offering the callable): it fails the task.
+                        let err = RunError {
+                            task: id,
+                            callable: spec
+                                .members
+                                .first()
+                                .map(|m| m.name.clone())
+                                .unwrap_or_default(),
+                            worker: None,
+                            outcome: Outcome::TaskFailure(format!("refused: {}", e.what)),
+                        };
+                        for s in [&mut self.run, &mut self.totals] {
+                            s.submitted += 1;
+                            s.failed += 1;
+                        }
+                        self.first_error.get_or_insert_with(|| err.clone());
+                        self.failed.insert(id, err);
+                        self.settle();
                     }
                     Ok((actions, edges)) => {
                         for s in [&mut self.run, &mut self.totals] {
@@ -207,7 +225,6 @@ impl DagActor {
                                 reports: vec![None; n],
                             },
                         );
-                        let _ = reply.send(Ok(id));
                         self.act(actions).await;
                     }
                 }

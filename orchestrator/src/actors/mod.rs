@@ -61,9 +61,11 @@ pub(crate) struct TaskSpec {
 /// Driver → DAG actor.
 #[derive(Debug)]
 pub(crate) enum Cmd {
+    /// A task the driver checked and numbered; refusals here (which the
+    /// driver's checks make rare) become the task's failure.
     Submit {
+        id: TaskId,
         spec: TaskSpec,
-        reply: oneshot::Sender<Result<TaskId, Error>>,
     },
     Wait {
         task: TaskId,

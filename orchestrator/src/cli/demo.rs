@@ -92,7 +92,7 @@ pub fn run(args: &DemoArgs) -> ExitCode {
     let result = (|| -> Result<(JobReport, bool), crate::Error> {
         let cluster = builder.start()?;
         let w = cluster.workers();
-        println!(
+        say!(
             "strata demo: {} workers ({}), C = A·B for {n}x{n} F32 in {t}x{t} tiles, then row softmax and row sums",
             w.len(),
             w.first().map(|w| w.device.as_str()).unwrap_or("?"),
@@ -106,14 +106,14 @@ pub fn run(args: &DemoArgs) -> ExitCode {
         let ok = report.ok(1e-3);
         let s = &report.summary;
         let secs = report.wall.as_secs_f64();
-        println!(
+        say!(
             "  tasks {:>8}   workers {}   wall {:.1} ms   {:.0} tasks/s",
             report.tasks,
             w.len(),
             secs * 1e3,
             report.tasks as f64 / secs.max(1e-9)
         );
-        println!(
+        say!(
             "  bytes passed by fd {:>12}   bytes copied {:>12} (sent {}, returned {}, staged on devices {})",
             s.fd_bytes,
             s.sent_bytes + s.returned_bytes + s.staged_bytes,
@@ -121,14 +121,15 @@ pub fn run(args: &DemoArgs) -> ExitCode {
             s.returned_bytes,
             s.staged_bytes
         );
-        println!(
+        say!(
             "  dependency edges inferred {}   max |error| vs reference {:.2e}",
-            s.edges, report.max_abs_err
+            s.edges,
+            report.max_abs_err
         );
         if let Some(path) = &args.trace {
             if let Some(trace) = cluster.take_trace()? {
                 trace.write_chrome(path, cluster.workers())?;
-                println!(
+                say!(
                     "  trace: {} ({} tasks; open in https://ui.perfetto.dev)",
                     path.display(),
                     trace.tasks.len()
@@ -140,11 +141,11 @@ pub fn run(args: &DemoArgs) -> ExitCode {
     })();
     match result {
         Ok((_, true)) => {
-            println!("result check: passed");
+            say!("result check: passed");
             ExitCode::SUCCESS
         }
         Ok((_, false)) => {
-            println!("result check: FAILED");
+            say!("result check: FAILED");
             ExitCode::FAILURE
         }
         Err(e) => {

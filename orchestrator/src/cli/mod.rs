@@ -5,6 +5,15 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
+/// `println!` that ignores a closed stdout (`strata demo | head` must not
+/// panic): the work goes on, its report is simply not read.
+macro_rules! say {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stdout(), $($arg)*);
+    }};
+}
+
 pub mod demo;
 pub mod inspect;
 mod progress;

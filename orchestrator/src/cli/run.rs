@@ -141,7 +141,7 @@ pub fn run(args: &RunArgs) -> ExitCode {
         Ok(r) => {
             if !args.quiet {
                 let s = &r.summary;
-                println!(
+                say!(
                     "strata run: {shown}: {} tasks on {} workers in {:.1} ms ({:.0} tasks/s); {} edges inferred; {} bytes passed by fd, {} copied",
                     s.submitted,
                     cluster.workers().len(),
@@ -152,7 +152,7 @@ pub fn run(args: &RunArgs) -> ExitCode {
                     s.sent_bytes + s.returned_bytes + s.staged_bytes
                 );
                 for o in &r.outputs {
-                    println!("  wrote {}", o.display());
+                    say!("  wrote {}", o.display());
                 }
             }
             for m in &r.mismatches {

@@ -224,6 +224,22 @@ impl Dag {
     /// [`SubmitError`] naming the member, argument and rule; nothing is
     /// recorded then.
     pub fn insert(&mut self, task: NewTask) -> Result<Inserted, SubmitError> {
+        self.insert_checked(task)
+    }
+
+    /// The submit-time checks of `task` that depend on nothing but the
+    /// task itself (all but the increasing-id rule): what
+    /// [`Dag::insert`] would refuse it for, without a DAG. A driver runs
+    /// them where the task is submitted, so that it can hand the task on
+    /// without waiting for the DAG's answer.
+    ///
+    /// # Errors
+    /// As [`Dag::insert`].
+    pub fn check(task: &NewTask) -> Result<(), SubmitError> {
+        submit::check(task, None)
+    }
+
+    fn insert_checked(&mut self, task: NewTask) -> Result<Inserted, SubmitError> {
         submit::check(&task, self.last)?;
         let id = task.id;
         self.last = Some(id);

@@ -198,9 +198,9 @@ pub fn tiled_matmul(cluster: &Cluster, n: u32, tile: u32, seed: u64) -> Result<J
     };
     let start = Instant::now();
     let mut tasks = 0u64;
-    for k in 0..tiles {
-        for i in 0..tiles {
-            for j in 0..tiles {
+    for i in 0..tiles {
+        for j in 0..tiles {
+            for k in 0..tiles {
                 let (ta, tb, tc) = (view(&a, i, k)?, view(&b, k, j)?, view(&c, i, j)?);
                 let t = if k == 0 {
                     Task::new("matmul").input(&ta).input(&tb).output(&tc)

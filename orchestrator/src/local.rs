@@ -77,6 +77,7 @@ impl LocalWorkers {
     ) -> Result<(Self, Vec<Endpoint>), Error> {
         let dir = tempfile::Builder::new()
             .prefix("strata-")
+            .permissions(std::os::unix::fs::PermissionsExt::from_mode(0o700))
             .tempdir()
             .map_err(|e| Error::Cluster(format!("temporary directory: {e}")))?;
         let mut me = LocalWorkers {

@@ -28,10 +28,18 @@ impl FromStr for Endpoint {
             return Ok(Endpoint::Unix(PathBuf::from(path)));
         }
         if let Some(addr) = s.strip_prefix("tcp:") {
-            return addr
-                .parse()
-                .map(Endpoint::Tcp)
-                .map_err(|e| format!("{s:?}: tcp: needs HOST:PORT with a numeric host ({e})"));
+            if let Ok(a) = addr.parse() {
+                return Ok(Endpoint::Tcp(a));
+            }
+            // A host name: resolved now, first address.
+            use std::net::ToSocketAddrs;
+            return match addr.to_socket_addrs() {
+                Ok(mut found) => found
+                    .next()
+                    .map(Endpoint::Tcp)
+                    .ok_or_else(|| format!("{s:?}: tcp: {addr} resolves to no address")),
+                Err(e) => Err(format!("{s:?}: tcp: needs HOST:PORT ({e})")),
+            };
         }
         Err(format!("{s:?} is neither unix:PATH nor tcp:HOST:PORT"))
     }

@@ -88,25 +88,63 @@ impl Drop for SessionGuard {
 #[derive(Debug)]
 pub(crate) struct Completions {
     rx: mpsc::UnboundedReceiver<TaskCompletion>,
+    /// Received and not yet sent (a batch stops at the message limit).
+    pending: std::collections::VecDeque<TaskCompletion>,
+    /// Largest batch, in bytes: the message limit less headroom.
+    limit: usize,
     _guard: SessionGuard,
 }
 
 /// Most completions in one batch.
 const MAX_BATCH: usize = 4096;
 
+/// About how many bytes a completion takes in a message.
+fn completion_size(c: &TaskCompletion) -> usize {
+    let cause = match &c.outcome {
+        strata_proto::convert::TaskOutcome::Success => 0,
+        strata_proto::convert::TaskOutcome::Failure(s) => s.len(),
+    };
+    64 + cause + c.outputs.iter().map(|(_, d)| d.len() + 16).sum::<usize>()
+}
+
 impl Stream for Completions {
     type Item = Result<pb::CompletionBatch, Status>;
 
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
-        let mut ready = Vec::new();
-        match self.rx.poll_recv_many(cx, &mut ready, MAX_BATCH) {
-            Poll::Ready(0) => Poll::Ready(None),
-            Poll::Ready(_) => {
-                let completions = ready.into_iter().map(pb::Completion::from).collect();
-                Poll::Ready(Some(Ok(pb::CompletionBatch { completions })))
+        if self.pending.is_empty() {
+            let mut ready = Vec::new();
+            match self.rx.poll_recv_many(cx, &mut ready, MAX_BATCH) {
+                Poll::Ready(0) => return Poll::Ready(None),
+                Poll::Ready(_) => self.pending.extend(ready),
+                Poll::Pending => return Poll::Pending,
             }
-            Poll::Pending => Poll::Pending,
         }
+        // As many as fit one message; a completion too big for any
+        // message becomes its task's failure instead of breaking the
+        // stream for every task.
+        let limit = self.limit;
+        let mut batch = Vec::new();
+        let mut size = 0usize;
+        while let Some(c) = self.pending.front() {
+            let sz = completion_size(c);
+            if !batch.is_empty() && size + sz > limit {
+                break;
+            }
+            let Some(mut c) = self.pending.pop_front() else {
+                break;
+            };
+            if sz > limit {
+                c = crate::exec::failure(
+                    c.id,
+                    format!(
+                        "the written views take {sz} bytes, more than a message may hold ({limit}); raise --max-message-bytes or split the views"
+                    ),
+                );
+            }
+            size += completion_size(&c);
+            batch.push(pb::Completion::from(c));
+        }
+        Poll::Ready(Some(Ok(pb::CompletionBatch { completions: batch })))
     }
 }
 
@@ -216,6 +254,8 @@ impl pb::worker_server::Worker for WorkerService {
         });
         Ok(Response::new(Completions {
             rx,
+            pending: std::collections::VecDeque::new(),
+            limit: self.node.max_message_bytes.saturating_sub(64 * 1024),
             _guard: SessionGuard {
                 node: Arc::clone(&self.node),
                 id,

@@ -25,7 +25,7 @@ use strata_wire::{ArgTag, CanonicalIdentity, TaskArgs, Tensor};
 use strata_worker::client::{Completions, TaskSender};
 use strata_worker::fdchan::FdChannel;
 use strata_worker::{HealthWatch, WorkerClient};
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::JoinHandle;
 use tracing::{debug, warn};
 
@@ -70,6 +70,8 @@ pub(crate) struct EndpointActor {
     sender: Option<TaskSender>,
     fd: Option<FdChannel>,
     remote: bool,
+    /// The largest gRPC message both sides accept.
+    max_message: usize,
     imported: HashSet<CanonicalIdentity>,
     in_flight: HashMap<u64, InFlight>,
     up: mpsc::UnboundedSender<Notice>,
@@ -77,6 +79,9 @@ pub(crate) struct EndpointActor {
     tasks: Vec<JoinHandle<()>>,
     spawned: Option<Spawned>,
     dead: bool,
+    /// Turns true when the worker is lost: control calls in flight give up.
+    lost_tx: watch::Sender<bool>,
+    lost_rx: watch::Receiver<bool>,
 }
 
 impl EndpointActor {
@@ -133,13 +138,24 @@ impl EndpointActor {
             })
         };
         let remote = c.fd.is_none();
+        let max_message = c
+            .client
+            .handshake_info()
+            .map_or(strata_proto::DEFAULT_MAX_MESSAGE_BYTES, |h| {
+                usize::try_from(h.max_message_bytes).unwrap_or(usize::MAX)
+            })
+            .min(strata_proto::DEFAULT_MAX_MESSAGE_BYTES);
+        let (lost_tx, lost_rx) = watch::channel(false);
         EndpointActor {
+            lost_tx,
+            lost_rx,
             id,
             name,
             client: c.client,
             sender: Some(c.sender),
             fd: c.fd,
             remote,
+            max_message,
             imported: HashSet::new(),
             in_flight: HashMap::new(),
             up,
@@ -195,6 +211,7 @@ impl EndpointActor {
             return;
         }
         self.dead = true;
+        let _ = self.lost_tx.send(true);
         self.close();
         self.in_flight.clear();
         let mut cause = cause;
@@ -222,86 +239,112 @@ impl EndpointActor {
         });
     }
 
-    async fn command(&mut self, cmd: EpCmd) {
-        let gone = || format!("{} ({}) is lost", self.id, self.name);
-        match cmd {
-            EpCmd::Dispatch(items) => {
-                if !self.dead {
-                    self.dispatch(items).await;
-                }
+    /// Runs one control call off the actor's loop (so health and
+    /// completions keep being handled while it waits), answering `reply`
+    /// with its result, or with the loss of the worker if that comes
+    /// first.
+    fn control<T, F>(&self, reply: oneshot::Sender<Result<T, String>>, call: F)
+    where
+        T: Send + 'static,
+        F: std::future::Future<Output = Result<T, String>> + Send + 'static,
+    {
+        let mut lost = self.lost_rx.clone();
+        let gone = format!("lost ({})", self.name);
+        tokio::spawn(async move {
+            let r = tokio::select! {
+                r = call => r,
+                _ = lost.wait_for(|l| *l) => Err(gone),
+            };
+            let _ = reply.send(r);
+        });
+    }
+
+    /// Runs a call whose result nobody waits for, off the actor's loop.
+    fn detached<F>(&self, what: String, call: F)
+    where
+        F: std::future::Future<Output = Result<(), String>> + Send + 'static,
+    {
+        let mut lost = self.lost_rx.clone();
+        tokio::spawn(async move {
+            tokio::select! {
+                r = call => if let Err(e) = r { debug!("{what}: {e}") },
+                _ = lost.wait_for(|l| *l) => {}
             }
+        });
+    }
+
+    async fn command(&mut self, cmd: EpCmd) {
+        if self.dead {
+            let gone = format!("lost ({})", self.name);
+            match cmd {
+                EpCmd::DeviceAlloc { reply, .. } => drop(reply.send(Err(gone))),
+                EpCmd::CopyToDevice { reply, .. } => drop(reply.send(Err(gone))),
+                EpCmd::CopyFromDevice { reply, .. } => drop(reply.send(Err(gone))),
+                EpCmd::Stats { reply } => drop(reply.send(Err(gone))),
+                _ => {}
+            }
+            return;
+        }
+        let mut client = self.client.clone();
+        match cmd {
+            EpCmd::Dispatch(items) => self.dispatch(items).await,
             EpCmd::Release(ids) => {
                 for i in &ids {
                     self.imported.remove(i);
                 }
-                if !self.dead {
-                    if let Err(e) = self.client.release_imports(&ids).await {
-                        debug!("{}: release of {} imports: {e}", self.id, ids.len());
-                    }
-                }
+                let what = format!("{}: release of {} imports", self.id, ids.len());
+                self.detached(what, async move {
+                    client
+                        .release_imports(&ids)
+                        .await
+                        .map(drop)
+                        .map_err(|e| e.to_string())
+                });
             }
             EpCmd::DeviceAlloc {
                 identity,
                 nbytes,
                 reply,
-            } => {
-                let r = if self.dead {
-                    Err(gone())
-                } else {
-                    self.client
-                        .device_alloc(&identity, nbytes, strata_chip::Region::Persistent)
+            } => self.control(reply, async move {
+                client
+                    .device_alloc(&identity, nbytes, strata_chip::Region::Persistent)
+                    .await
+                    .map_err(|e| e.to_string())
+            }),
+            EpCmd::DeviceFree(identity) => {
+                let what = format!("{}: device free of {identity}", self.id);
+                self.detached(what, async move {
+                    client
+                        .device_free(&identity)
                         .await
                         .map_err(|e| e.to_string())
-                };
-                let _ = reply.send(r);
-            }
-            EpCmd::DeviceFree(identity) => {
-                if !self.dead {
-                    if let Err(e) = self.client.device_free(&identity).await {
-                        debug!("{}: device free of {identity}: {e}", self.id);
-                    }
-                }
+                });
             }
             EpCmd::CopyToDevice {
                 identity,
                 offset,
                 data,
                 reply,
-            } => {
-                let r = if self.dead {
-                    Err(gone())
-                } else {
-                    self.client
-                        .copy_to_device(&identity, offset, data)
-                        .await
-                        .map_err(|e| e.to_string())
-                };
-                let _ = reply.send(r);
-            }
+            } => self.control(reply, async move {
+                client
+                    .copy_to_device(&identity, offset, data)
+                    .await
+                    .map_err(|e| e.to_string())
+            }),
             EpCmd::CopyFromDevice {
                 identity,
                 offset,
                 len,
                 reply,
-            } => {
-                let r = if self.dead {
-                    Err(gone())
-                } else {
-                    self.client
-                        .copy_from_device(&identity, offset, len)
-                        .await
-                        .map_err(|e| e.to_string())
-                };
-                let _ = reply.send(r);
-            }
-            EpCmd::Stats { reply } => {
-                let r = if self.dead {
-                    Err(gone())
-                } else {
-                    self.client.stats().await.map_err(|e| e.to_string())
-                };
-                let _ = reply.send(r);
-            }
+            } => self.control(reply, async move {
+                client
+                    .copy_from_device(&identity, offset, len)
+                    .await
+                    .map_err(|e| e.to_string())
+            }),
+            EpCmd::Stats { reply } => self.control(reply, async move {
+                client.stats().await.map_err(|e| e.to_string())
+            }),
             EpCmd::Shutdown { .. } => unreachable!("handled by run"),
         }
     }
@@ -320,22 +363,50 @@ impl EndpointActor {
             Ok(r) => r,
             Err(cause) => return self.lost(cause),
         };
-        let mut batch = Vec::with_capacity(items.len());
+        // Batches stay under the message limit; one task over it fails
+        // alone (its bytes could never travel) instead of breaking the
+        // connection for everyone.
+        let room = self.max_message.saturating_sub(64 * 1024);
+        let mut batches: Vec<Vec<TaskRequest>> = vec![Vec::new()];
+        let mut size = 0usize;
         for item in &items {
-            match self.request(item, &refused) {
-                Ok((req, f)) => {
-                    self.in_flight.insert(item.task.0, f);
-                    batch.push(req);
+            let (req, f) = match self.request(item, &refused) {
+                Ok(r) => r,
+                Err(cause) => {
+                    self.finish(item, Err(cause));
+                    continue;
                 }
-                Err(cause) => self.finish(item, Err(cause)),
+            };
+            let back: u64 = f
+                .staged
+                .iter()
+                .filter(|(_, _, _, writes)| *writes)
+                .map(|(_, view, _, _)| strata_chip::staging::packed_len(view))
+                .sum();
+            let bytes = wire_size(&req).max(usize::try_from(back).unwrap_or(usize::MAX));
+            if bytes > room {
+                self.finish(
+                    item,
+                    Err(format!(
+                        "the task's arguments take {bytes} bytes on the wire, more than the {} a message to {} may hold: split the views, or use a worker on this host (buffers by fd)",
+                        room, self.name
+                    )),
+                );
+                continue;
             }
+            if size + bytes > room {
+                batches.push(Vec::new());
+                size = 0;
+            }
+            size += bytes;
+            self.in_flight.insert(item.task.0, f);
+            batches.last_mut().expect("a batch").push(req);
         }
-        if batch.is_empty() {
-            return;
-        }
-        let Some(sender) = &self.sender else { return };
-        if let Err(e) = sender.send(&batch).await {
-            self.lost(format!("sending tasks: {e}"));
+        for batch in batches.into_iter().filter(|b| !b.is_empty()) {
+            let Some(sender) = &self.sender else { return };
+            if let Err(e) = sender.send(&batch).await {
+                return self.lost(format!("sending tasks: {e}"));
+            }
         }
     }
 
@@ -504,4 +575,10 @@ fn land(f: &InFlight, outputs: &[(u32, Vec<u8>)], returned: &mut u64) -> Result<
         }
     }
     Ok(())
+}
+
+/// About how many bytes a task takes in a message.
+fn wire_size(req: &TaskRequest) -> usize {
+    let inline: usize = req.inline.iter().flatten().map(|d| d.len() + 16).sum();
+    req.args.encoded_len() + req.tags.len() + inline + 64
 }

@@ -21,9 +21,9 @@ pub struct DemoArgs {
     /// running workers to use instead (unix:PATH or tcp:HOST:PORT).
     #[arg(long, default_value = "4")]
     pub workers: String,
-    /// Bearer token for the running TCP workers given to --workers.
-    #[arg(long)]
-    pub token_file: Option<PathBuf>,
+    /// How to authenticate to running TCP workers.
+    #[command(flatten)]
+    pub auth: RemoteAuth,
     /// Side of the square matrices.
     #[arg(long, default_value_t = 1024)]
     pub size: u32,
@@ -41,12 +41,56 @@ pub struct DemoArgs {
     pub quiet: bool,
 }
 
-/// Where the workers come from, from `--workers` (and a token file).
+/// Credentials for running TCP workers: a bearer token and/or TLS with a
+/// client certificate.
+#[derive(Debug, Clone, Default, Args)]
+pub struct RemoteAuth {
+    /// File holding the bearer token the TCP workers require.
+    #[arg(long)]
+    pub token_file: Option<PathBuf>,
+    /// CA certificate (PEM) the workers' certificates chain to: speak TLS.
+    #[arg(long, requires_all = ["tls_cert", "tls_key", "tls_domain"])]
+    pub tls_ca: Option<PathBuf>,
+    /// This driver's client certificate (PEM).
+    #[arg(long, requires = "tls_ca")]
+    pub tls_cert: Option<PathBuf>,
+    /// This driver's private key (PEM).
+    #[arg(long, requires = "tls_ca")]
+    pub tls_key: Option<PathBuf>,
+    /// The DNS name in the workers' certificates.
+    #[arg(long, requires = "tls_ca")]
+    pub tls_domain: Option<String>,
+}
+
+impl RemoteAuth {
+    fn tls(&self) -> Result<Option<crate::ClientTls>, String> {
+        let (Some(ca), Some(cert), Some(key), Some(domain)) = (
+            &self.tls_ca,
+            &self.tls_cert,
+            &self.tls_key,
+            &self.tls_domain,
+        ) else {
+            return Ok(None);
+        };
+        let read = |p: &PathBuf, what: &str| {
+            std::fs::read(p).map_err(|e| format!("--{what} {}: {e}", p.display()))
+        };
+        Ok(Some(crate::ClientTls {
+            ca_pem: read(ca, "tls-ca")?,
+            cert_pem: read(cert, "tls-cert")?,
+            key_pem: read(key, "tls-key")?,
+            domain: domain.clone(),
+        }))
+    }
+}
+
+/// Where the workers come from, from `--workers` (and credentials).
 pub(crate) fn builder(
     workers: &str,
-    token_file: Option<&PathBuf>,
+    auth: &RemoteAuth,
     device: &str,
 ) -> Result<ClusterBuilder, String> {
+    let token_file = auth.token_file.as_ref();
     let b = Cluster::builder().device(device);
     if let Ok(n) = workers.parse::<usize>() {
         if !(1..=64).contains(&n) {
@@ -63,11 +107,14 @@ pub(crate) fn builder(
         ),
         None => None,
     };
+    let tls = auth.tls()?;
     let mut b = b;
     for addr in workers.split(',').map(str::trim).filter(|a| !a.is_empty()) {
-        b = b
-            .connect(addr, token.as_deref())
-            .map_err(|e| format!("--workers: {e}"))?;
+        b = match &tls {
+            Some(t) if addr.starts_with("tcp:") => b.connect_tls(addr, token.as_deref(), t.clone()),
+            _ => b.connect(addr, token.as_deref()),
+        }
+        .map_err(|e| format!("--workers: {e}"))?;
     }
     Ok(b)
 }
@@ -82,7 +129,7 @@ pub fn run(args: &DemoArgs) -> ExitCode {
         );
         return ExitCode::from(2);
     }
-    let builder = match builder(&args.workers, args.token_file.as_ref(), &args.device) {
+    let builder = match builder(&args.workers, &args.auth, &args.device) {
         Ok(b) => b.trace(args.trace.is_some()),
         Err(e) => {
             eprintln!("strata demo: {e}");
@@ -93,8 +140,9 @@ pub fn run(args: &DemoArgs) -> ExitCode {
         let cluster = builder.start()?;
         let w = cluster.workers();
         say!(
-            "strata demo: {} workers ({}), C = A·B for {n}x{n} F32 in {t}x{t} tiles, then row softmax and row sums",
+            "strata demo: {} worker{} ({}), C = A·B for {n}x{n} F32 in {t}x{t} tiles, then row softmax and row sums",
             w.len(),
+            if w.len() == 1 { "" } else { "s" },
             w.first().map(|w| w.device.as_str()).unwrap_or("?"),
             n = args.size,
             t = args.tile,

@@ -29,9 +29,9 @@ pub struct RunArgs {
     /// Running workers to use instead, comma-separated (unix:PATH or tcp:HOST:PORT).
     #[arg(long)]
     pub workers: Option<String>,
-    /// Bearer token for the running TCP workers.
-    #[arg(long, requires = "workers")]
-    pub token_file: Option<PathBuf>,
+    /// How to authenticate to running TCP workers.
+    #[command(flatten)]
+    pub auth: super::demo::RemoteAuth,
     /// Device spec of local workers.
     #[arg(long, default_value = "sim")]
     pub device: String,
@@ -102,7 +102,7 @@ pub fn run(args: &RunArgs) -> ExitCode {
                 .local(args.local as usize)
                 .device(&args.device)
         }
-        Some(list) => match super::demo::builder(list, args.token_file.as_ref(), &args.device) {
+        Some(list) => match super::demo::builder(list, &args.auth, &args.device) {
             Ok(b) => b,
             Err(e) => {
                 eprintln!("strata run: {e}");

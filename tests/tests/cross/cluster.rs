@@ -749,3 +749,101 @@ fn workers_spawned_by_a_killed_driver_exit_on_their_own() {
         "workers {workers:?} outlived their driver"
     );
 }
+
+#[test]
+fn a_control_call_to_a_hung_worker_returns_at_the_health_deadline() {
+    // Not spawned by the cluster, so not killed when lost: the call must
+    // give up by itself.
+    let w = WorkerProcess::spawn_unix(test_worker_bin(), &[], &[]);
+    let cluster = Cluster::builder()
+        .connect(&w.endpoint.to_string(), None)
+        .unwrap()
+        .start()
+        .unwrap();
+    let pid = nix::unistd::Pid::from_raw(w.pid() as i32);
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGSTOP).unwrap();
+    let stopped = || {
+        std::fs::read_to_string(format!("/proc/{}/stat", w.pid()))
+            .map(|s| s[s.rfind(')').unwrap() + 2..].starts_with('T'))
+            .unwrap_or(false)
+    };
+    assert!(eventually(stopped), "the worker stopped");
+    let t0 = Instant::now();
+    // On its own thread, so that a hang fails the test instead of
+    // hanging it (SIGCONT then lets the call finish).
+    let (tx, rx) = std::sync::mpsc::channel();
+    let got = std::thread::scope(|s| {
+        s.spawn(|| tx.send(cluster.device_buffer(WorkerId(0), 4096).map(drop)));
+        let got = rx.recv_timeout(Duration::from_secs(5));
+        nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGCONT).unwrap();
+        got
+    });
+    let waited = t0.elapsed();
+    let e = got
+        .expect("the call returned within 5 s")
+        .expect_err("a stopped worker cannot allocate");
+    assert!(e.to_string().contains("lost"), "{e}");
+    assert!(waited < Duration::from_millis(2500), "waited {waited:?}");
+    // Once lost, calls fail at once.
+    assert!(cluster.worker_stats(WorkerId(0)).is_err());
+}
+
+#[test]
+fn a_task_too_big_for_a_message_fails_alone() {
+    let dir = tempfile::tempdir().unwrap();
+    let token = dir.path().join("token");
+    std::fs::write(&token, "big").unwrap();
+    let w = WorkerProcess::spawn_tcp(
+        &strata_bin(),
+        &["worker"],
+        &["--token-file", token.to_str().unwrap()],
+    );
+    let cluster = Cluster::builder()
+        .connect(&w.endpoint.to_string(), Some("big"))
+        .unwrap()
+        .start()
+        .unwrap();
+    let n = 20u32 << 20; // 80 MiB of F32 each way
+    let src = cluster
+        .buffer(u64::from(n) * 4)
+        .unwrap()
+        .tensor(&[n], DType::F32)
+        .unwrap();
+    let dst = cluster
+        .buffer(u64::from(n) * 4)
+        .unwrap()
+        .tensor(&[n], DType::F32)
+        .unwrap();
+    let big = cluster
+        .submit(Task::new("copy").input(&src).output(&dst))
+        .unwrap();
+    let e = cluster.wait(big).unwrap_err().to_string();
+    assert!(
+        e.contains("TASK_FAILURE") && e.contains("more than the"),
+        "{e}"
+    );
+    // The connection is fine: small tasks still run there.
+    let s = cluster
+        .buffer(64)
+        .unwrap()
+        .tensor(&[16], DType::F32)
+        .unwrap();
+    let t = cluster
+        .submit(Task::new("fill").output(&s).scalar_f64(1.0))
+        .unwrap();
+    cluster.wait(t).unwrap();
+    assert_eq!(s.read::<f32>().unwrap(), vec![1.0; 16]);
+}
+
+#[test]
+fn spawned_workers_live_in_a_private_directory() {
+    use std::os::unix::fs::PermissionsExt;
+    let cluster = local(1, &strata_bin());
+    let ep = &cluster.workers()[0].endpoint;
+    let sock = std::path::Path::new(ep.strip_prefix("unix:").unwrap());
+    let mode = std::fs::metadata(sock.parent().unwrap())
+        .unwrap()
+        .permissions()
+        .mode();
+    assert_eq!(mode & 0o777, 0o700);
+}

@@ -723,3 +723,45 @@ async fn health_beats() {
     assert_eq!(seqs, vec![1, 2, 3]);
     assert_eq!(client.ping(b"hi".to_vec()).await.unwrap(), b"hi");
 }
+
+/// Written views too big for one message fail their task; the stream (and
+/// the tasks after) go on.
+#[tokio::test(flavor = "multi_thread")]
+async fn completions_stay_under_the_message_limit() {
+    let w = WorkerProcess::spawn_tcp(
+        &strata_bin(),
+        &["worker"],
+        &["--insecure", "--max-message-bytes", "1048576"],
+    );
+    let (mut client, hs) = session(&w).await;
+    let fill = hs.callable("fill", 1).unwrap();
+    let mut stream = client.open_tasks().await.unwrap();
+    let mint = mint();
+    let big = SharedBuffer::new(&mint, 2 << 20, Access::ReadWrite);
+    let small = SharedBuffer::new(&mint, 4096, Access::ReadWrite);
+    let view =
+        |b: &SharedBuffer, n: u32| Tensor::new(b.descriptor(), 0, &[n], &[1], DType::F32).unwrap();
+    let mut tasks = vec![
+        task(
+            1,
+            fill,
+            vec![view(&big, 512 * 1024)],
+            vec![ArgTag::Output],
+            vec![0],
+        ),
+        task(
+            2,
+            fill,
+            vec![view(&small, 1024)],
+            vec![ArgTag::Output],
+            vec![1.5f64.to_bits()],
+        ),
+    ];
+    for t in &mut tasks {
+        t.inline = vec![Some(Vec::new())];
+    }
+    let done = run_all(&mut stream, &tasks).await;
+    assert_failed(&done[&1], "more than a message may hold");
+    assert_eq!(done[&2].outcome, TaskOutcome::Success);
+    assert_eq!(f32s(&done[&2].outputs[0].1), vec![1.5; 1024]);
+}

@@ -172,6 +172,8 @@ impl WorkerClient {
                 let path = path.clone();
                 tonic::transport::Endpoint::try_from("http://strata-worker.invalid")
                     .map_err(|e| fail(e.to_string()))?
+                    .initial_stream_window_size(crate::server::STREAM_WINDOW)
+                    .initial_connection_window_size(crate::server::CONNECTION_WINDOW)
                     .connect_with_connector(tower::service_fn(move |_: Uri| {
                         let path = path.clone();
                         async move {
@@ -185,7 +187,9 @@ impl WorkerClient {
                 let scheme = if tls.is_some() { "https" } else { "http" };
                 let mut ep = tonic::transport::Endpoint::try_from(format!("{scheme}://{addr}"))
                     .map_err(|e| fail(e.to_string()))?
-                    .tcp_nodelay(true);
+                    .tcp_nodelay(true)
+                    .initial_stream_window_size(crate::server::STREAM_WINDOW)
+                    .initial_connection_window_size(crate::server::CONNECTION_WINDOW);
                 if let Some(t) = tls {
                     let cfg = tonic::transport::ClientTlsConfig::new()
                         .ca_certificate(tonic::transport::Certificate::from_pem(&t.ca_pem))

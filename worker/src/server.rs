@@ -195,7 +195,13 @@ impl BoundWorker {
             .as_deref()
             .filter(|_| matches!(self.endpoint, Endpoint::Tcp(_)));
         let svc = InterceptedService::new(svc, TokenCheck::new(token));
-        let mut builder = Server::builder();
+        // Large HTTP/2 windows: staged view bytes are megabytes, and the
+        // 64 KiB default window stalls them on every round trip.
+        let mut builder = Server::builder()
+            .initial_stream_window_size(Some(STREAM_WINDOW))
+            .initial_connection_window_size(Some(CONNECTION_WINDOW))
+            .max_frame_size(Some(1 << 20))
+            .tcp_nodelay(true);
         if let (Endpoint::Tcp(_), Some(tls)) = (&self.endpoint, &self.config.auth.tls) {
             let read = |p: &PathBuf| {
                 std::fs::read(p).map_err(|e| WorkerError::Config(format!("{}: {e}", p.display())))
@@ -256,3 +262,8 @@ impl BoundWorker {
         result.map_err(|e| WorkerError::Serve(e.to_string()))
     }
 }
+
+/// HTTP/2 flow-control window of one stream, bytes.
+pub(crate) const STREAM_WINDOW: u32 = 16 << 20;
+/// HTTP/2 flow-control window of a connection, bytes.
+pub(crate) const CONNECTION_WINDOW: u32 = 32 << 20;

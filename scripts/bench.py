@@ -1,0 +1,282 @@
+#!/usr/bin/env python3
+"""strata side by side with Ray and StarPU on this machine (docs/benchmarks.md).
+
+    python3 scripts/bench.py [--quick] [--strata-only] [--check] [--out DIR]
+
+Builds and runs `strata-bench` (tests/src/bin/strata_bench.rs), installs the
+peers into private places under `.bench/` (Ray from PyPI into a venv,
+StarPU from Debian's `libstarpu-dev` with apt) and runs their programs
+(bench/ray/, bench/starpu/), all in one run, then writes DIR/results.json,
+DIR/results.md and, when matplotlib is available, DIR/results.png.
+A peer that cannot be installed is reported as such; strata's figures stand
+alone then. `--quick` runs small sizes (under two minutes); `--check` exits 1
+unless every strata scenario ran and checked its result (what CI runs, with
+`--strata-only`).
+"""
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SCENARIOS = ["throughput", "latency", "stencil", "handoff", "remote"]
+
+
+def log(msg):
+    print(f"bench: {msg}", file=sys.stderr, flush=True)
+
+
+def run_lines(cmd, timeout, env=None):
+    """Runs cmd, returns (JSON objects printed on stdout, error or None)."""
+    try:
+        p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True,
+                           timeout=timeout, env=env)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return [], f"{cmd[0]}: {e}"
+    rows = []
+    for line in p.stdout.splitlines():
+        line = line.strip()
+        if line.startswith("{"):
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError:
+                pass
+    err = None if p.returncode == 0 else f"exit {p.returncode}: {p.stderr.strip()[-400:]}"
+    return rows, err
+
+
+def strata(quick):
+    log("building strata-bench (release)")
+    b = subprocess.run(["cargo", "build", "--release", "--locked", "-p", "strata-tests", "--bins"],
+                       cwd=ROOT, capture_output=True, text=True)
+    if b.returncode != 0:
+        return [], "cargo build failed: " + b.stderr[-800:]
+    exe = os.path.join(ROOT, "target", "release", "strata-bench")
+    log("running strata")
+    return run_lines([exe] + (["--quick"] if quick else []), timeout=900)
+
+
+def ray(quick):
+    venv = os.path.join(ROOT, ".bench", "ray-venv")
+    log("installing Ray (private venv .bench/ray-venv)")
+    i = subprocess.run(["bash", "bench/ray/install.sh", venv], cwd=ROOT,
+                       capture_output=True, text=True)
+    if i.returncode != 0:
+        return [], "Ray could not be installed: " + (i.stderr or i.stdout).strip()[-400:]
+    log("running Ray")
+    return run_lines([os.path.join(venv, "bin", "python"), "bench/ray/ray_bench.py"]
+                     + (["--quick"] if quick else []), timeout=1800)
+
+
+def starpu(quick):
+    log("installing StarPU (apt: libstarpu-dev)")
+    i = subprocess.run(["bash", "bench/starpu/install.sh"], cwd=ROOT, capture_output=True, text=True)
+    if i.returncode != 0:
+        return [], "StarPU could not be installed: " + (i.stderr or i.stdout).strip()[-400:]
+    out = os.path.join(ROOT, ".bench", "starpu")
+    b = subprocess.run(["bash", "bench/starpu/build.sh", out], cwd=ROOT, capture_output=True, text=True)
+    if b.returncode != 0:
+        return [], "StarPU benchmark did not build: " + (b.stderr or b.stdout).strip()[-400:]
+    log("running StarPU")
+    return run_lines([os.path.join(out, "starpu_bench")] + (["--quick"] if quick else []), timeout=900)
+
+
+def pick(rows, system, scenario, variant=None):
+    for r in rows:
+        if r.get("system") == system and r.get("scenario") == scenario and \
+                (variant is None or r.get("variant") == variant):
+            return r
+    return None
+
+
+def ratio(a, b):
+    return a / b if a and b else None
+
+
+def fmt(v, digits=3):
+    if v is None:
+        return "—"
+    if abs(v) >= 1000:
+        return f"{v:,.0f}"
+    return f"{v:.{digits}g}"
+
+
+def compare(rows):
+    """The comparisons and targets of issue 8, from one run's rows."""
+    out = []
+
+    def target(name, value, ok, note):
+        out.append({"target": name, "value": value, "met": ok, "note": note})
+
+    st = pick(rows, "strata", "throughput")
+    rt, ra = pick(rows, "ray", "throughput", "tasks"), pick(rows, "ray", "throughput", "actor_calls")
+    sp = pick(rows, "starpu", "throughput")
+    if st:
+        v = st["value"]
+        r = ratio(v, rt and rt["value"])
+        target("throughput ≥ 200,000 no-op tasks/s", v, v >= 200_000, f"{fmt(v)} tasks/s")
+        target("throughput ≥ 50× Ray (tasks)", r, None if r is None else r >= 50,
+               f"{fmt(r)}× Ray tasks, {fmt(ratio(v, ra and ra['value']))}× Ray actor calls, "
+               f"{fmt(ratio(v, sp and sp['value']))}× StarPU (in-process)")
+    sl = pick(rows, "strata", "latency")
+    rl = pick(rows, "ray", "latency", "tasks") or pick(rows, "ray", "latency")
+    rla = pick(rows, "ray", "latency", "actors")
+    spl = pick(rows, "starpu", "latency")
+    if sl:
+        v = sl["value"]
+        r = ratio(rl and rl["value"], v)
+        target("chain latency ≤ 100 µs per hop", v, v <= 100, f"{fmt(v)} µs/hop")
+        target("chain latency ≥ 10× lower than Ray", r, None if r is None else r >= 10,
+               f"Ray tasks {fmt(rl and rl['value'])} µs/hop, Ray actors {fmt(rla and rla['value'])}, "
+               f"StarPU {fmt(spl and spl['value'])}")
+    ks = [r for r in rows if r.get("system") == "strata" and r.get("scenario") == "stencil"]
+    if ks:
+        worst = None
+        for r in ks:
+            p = pick(rows, "starpu", "stencil", r["variant"])
+            q = ratio(r["value"], p and p["value"])
+            worst = q if q is not None and (worst is None or q > worst) else worst
+        vals = [r["value"] for r in ks]
+        flat = max(vals) / min(vals)
+        target("stencil within 3× of StarPU per task", worst, None if worst is None else worst <= 3,
+               "worst k: " + fmt(worst) + "× StarPU")
+        target("stencil flat in k (max/min ≤ 2)", flat, flat <= 2, f"max/min over k = {fmt(flat)}")
+    h1, hg = pick(rows, "strata", "handoff", "1MiB"), pick(rows, "strata", "handoff", "1GiB")
+    if h1 and hg:
+        r = ratio(hg["value"], h1["value"])
+        target("zero-copy: 1 GiB within 2× of 1 MiB", r, r is not None and r <= 2,
+               f"1 MiB {fmt(h1['value'])} ms, 1 GiB {fmt(hg['value'])} ms")
+    return out
+
+
+def markdown(rows, targets, peers, meta):
+    lines = [f"Run: `{meta['command']}` on {meta['machine']}, {meta['date']}.", ""]
+    for name, err in peers.items():
+        if err:
+            lines.append(f"- **{name}**: {err}")
+    lines += ["", "| scenario | variant | strata | Ray | StarPU | unit |", "|---|---|---|---|---|---|"]
+    keys = []
+    for r in rows:
+        k = (r.get("scenario"), r.get("variant"))
+        if k not in keys:
+            keys.append(k)
+    for sc, var in keys:
+        def val(system):
+            r = pick(rows, system, sc, var)
+            if not r:
+                return "—"
+            return fmt(r["value"]) + ("" if r.get("ok") else " (wrong!)")
+        unit = next(r["unit"] for r in rows if (r.get("scenario"), r.get("variant")) == (sc, var))
+        lines.append(f"| {sc} | {var} | {val('strata')} | {val('ray')} | {val('starpu')} | {unit} |")
+    lines += ["", "| target | met | figure |", "|---|---|---|"]
+    for t in targets:
+        met = "n/a (peer not run)" if t["met"] is None else ("yes" if t["met"] else "**no**")
+        lines.append(f"| {t['target']} | {met} | {t['note']} |")
+    return "\n".join(lines) + "\n"
+
+
+PLOT = r'''
+import json, sys
+import matplotlib
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+rows = json.load(open(sys.argv[1]))["rows"]
+def get(system, scenario):
+    return [(r["variant"], r["value"]) for r in rows if r["system"] == system and r["scenario"] == scenario]
+fig, ax = plt.subplots(1, 4, figsize=(16, 3.8))
+colors = {"strata": "#1f77b4", "ray": "#ff7f0e", "starpu": "#2ca02c"}
+for i, (sc, unit, log) in enumerate([("throughput", "tasks/s", True), ("latency", "µs per hop", True),
+                                     ("stencil", "µs per task", False), ("handoff", "ms", True)]):
+    a = ax[i]
+    if sc == "stencil":
+        for s in ("strata", "starpu"):
+            pts = [(int(v.split("=")[1]), x) for v, x in get(s, sc)]
+            if pts:
+                a.plot(*zip(*sorted(pts)), marker="o", label=s, color=colors[s])
+        a.set_xscale("log", base=2); a.set_xlabel("tiles k")
+    else:
+        labels, vals, cols = [], [], []
+        for s in ("strata", "ray", "starpu"):
+            for v, x in get(s, sc):
+                labels.append(f"{s}\n{v}"); vals.append(x); cols.append(colors[s])
+        a.bar(range(len(vals)), vals, color=cols)
+        a.set_xticks(range(len(vals))); a.set_xticklabels(labels, fontsize=7)
+        if log and vals: a.set_yscale("log")
+    a.set_title(sc); a.set_ylabel(unit)
+    if sc == "stencil": a.legend(fontsize=8)
+fig.tight_layout()
+fig.savefig(sys.argv[2], dpi=110)
+'''
+
+
+def plot(results_json, png):
+    candidates = [sys.executable, os.path.join(ROOT, ".bench", "ray-venv", "bin", "python"),
+                  os.path.join(ROOT, ".venv", "bin", "python")]
+    for py in candidates:
+        if not os.path.exists(py):
+            continue
+        if subprocess.run([py, "-c", "import matplotlib"], capture_output=True).returncode == 0:
+            p = subprocess.run([py, "-c", PLOT, results_json, png], capture_output=True, text=True)
+            if p.returncode == 0:
+                return None
+            return "plot failed: " + p.stderr[-300:]
+    return "no python with matplotlib (pip install -r scripts/requirements.txt): no plot"
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="small sizes, under two minutes")
+    ap.add_argument("--strata-only", action="store_true", help="do not install or run the peers")
+    ap.add_argument("--check", action="store_true", help="exit 1 unless every strata scenario ran and was right")
+    ap.add_argument("--out", default=os.path.join(ROOT, "target", "bench"), help="where results go")
+    a = ap.parse_args()
+    os.makedirs(a.out, exist_ok=True)
+    started = time.time()
+    rows, peers = [], {}
+    got, err = strata(a.quick)
+    rows += got
+    peers["strata"] = err
+    if not a.strata_only:
+        for name, fn in (("Ray", ray), ("StarPU", starpu)):
+            got, err = fn(a.quick)
+            rows += got
+            peers[name] = err
+            if err:
+                log(f"{name}: {err}")
+    targets = compare(rows)
+    cmd = "python3 scripts/bench.py" + (" --quick" if a.quick else "") + (" --strata-only" if a.strata_only else "")
+    meta = {
+        "command": cmd,
+        "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.platform()}",
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "seconds": round(time.time() - started, 1),
+    }
+    res = os.path.join(a.out, "results.json")
+    with open(res, "w") as f:
+        json.dump({"meta": meta, "peers": peers, "rows": rows, "targets": targets}, f, indent=1)
+    md = markdown(rows, targets, peers, meta)
+    with open(os.path.join(a.out, "results.md"), "w") as f:
+        f.write(md)
+    perr = plot(res, os.path.join(a.out, "results.png"))
+    if perr:
+        log(perr)
+    print(md)
+    log(f"done in {meta['seconds']} s; results in {a.out}")
+    if a.check:
+        missing = [s for s in SCENARIOS if not pick(rows, "strata", s)]
+        wrong = [f"{r['scenario']}/{r['variant']}: {r.get('detail')}" for r in rows
+                 if r.get("system") == "strata" and not r.get("ok")]
+        if missing or wrong or peers.get("strata"):
+            log(f"check failed: missing {missing}, wrong {wrong}, strata error {peers.get('strata')}")
+            return 1
+        log("check: every strata scenario ran and checked its result")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,417 @@
+//! `strata-bench`: strata's side of the benchmarks against Ray and StarPU
+//! (docs/benchmarks.md; `scripts/bench.py` runs everything).
+//!
+//! Prints one JSON object per measurement on stdout:
+//! `{"system": "strata", "scenario", "variant", "params", "value", "unit",
+//! "ok", "detail"}`. Every scenario checks its result: a wrong result is
+//! `"ok": false`, and the exit status is 1.
+//!
+//! ```text
+//! strata-bench [--quick] [--scenario throughput|latency|stencil|handoff|remote]...
+//! ```
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use serde_json::json;
+use strata_orchestrator::{Cluster, Task, WorkerId};
+use strata_wire::DType;
+
+struct Opts {
+    quick: bool,
+    scenarios: Vec<String>,
+}
+
+fn parse() -> Result<Opts, String> {
+    let mut o = Opts {
+        quick: false,
+        scenarios: Vec::new(),
+    };
+    let mut args = std::env::args().skip(1);
+    while let Some(a) = args.next() {
+        match a.as_str() {
+            "--quick" => o.quick = true,
+            "--scenario" => o
+                .scenarios
+                .push(args.next().ok_or("--scenario needs a name")?),
+            "-h" | "--help" => {
+                println!(
+                    "strata-bench [--quick] [--scenario throughput|latency|stencil|handoff|remote]..."
+                );
+                std::process::exit(0);
+            }
+            other => return Err(format!("unknown option {other:?}")),
+        }
+    }
+    const ALL: [&str; 5] = ["throughput", "latency", "stencil", "handoff", "remote"];
+    for s in &o.scenarios {
+        if !ALL.contains(&s.as_str()) {
+            return Err(format!("unknown scenario {s:?}; one of {}", ALL.join(", ")));
+        }
+    }
+    if o.scenarios.is_empty() {
+        o.scenarios = ALL.iter().map(|s| (*s).to_owned()).collect();
+    }
+    Ok(o)
+}
+
+/// The test worker binary next to this one (it has `test.touch` and the
+/// `test.hash.*` kernels).
+fn worker_binary() -> PathBuf {
+    let exe = std::env::current_exe().expect("current exe");
+    exe.with_file_name("strata-test-worker")
+}
+
+fn emit(
+    scenario: &str,
+    variant: &str,
+    params: serde_json::Value,
+    value: f64,
+    unit: &str,
+    ok: bool,
+    detail: &str,
+) -> bool {
+    println!(
+        "{}",
+        json!({
+            "system": "strata", "scenario": scenario, "variant": variant,
+            "params": params, "value": value, "unit": unit, "ok": ok, "detail": detail,
+        })
+    );
+    ok
+}
+
+fn local(n: usize, device: &str) -> Result<Cluster, String> {
+    Cluster::builder()
+        .local(n)
+        .worker_binary(worker_binary())
+        .device(device)
+        .window(256)
+        .start()
+        .map_err(|e| e.to_string())
+}
+
+fn throughput(quick: bool) -> Result<bool, String> {
+    let n: u64 = if quick { 10_000 } else { 100_000 };
+    let cluster = local(2, "sim:mode=unified")?;
+    for _ in 0..1000 {
+        cluster
+            .submit(Task::new("noop"))
+            .map_err(|e| e.to_string())?;
+    }
+    cluster.wait_all().map_err(|e| e.to_string())?;
+    let t0 = Instant::now();
+    for _ in 0..n {
+        cluster
+            .submit(Task::new("noop"))
+            .map_err(|e| e.to_string())?;
+    }
+    let submitted = t0.elapsed();
+    let s = cluster.wait_all().map_err(|e| e.to_string())?;
+    let wall = t0.elapsed();
+    Ok(emit(
+        "throughput",
+        "tasks",
+        json!({"tasks": n, "workers": 2}),
+        n as f64 / wall.as_secs_f64(),
+        "tasks/s",
+        s.succeeded == n,
+        &format!(
+            "submit {:.2} us/task; {} succeeded",
+            submitted.as_secs_f64() * 1e6 / n as f64,
+            s.succeeded
+        ),
+    ))
+}
+
+fn fnv(h: &mut u64, bytes: &[u8]) {
+    for &b in bytes {
+        *h ^= u64::from(b);
+        *h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+}
+
+/// What `test.hash.<pattern>` computes (see strata_tests::kernels) for
+/// task scalar `task` over u64 arguments: the new contents of each
+/// written argument.
+fn hash_kernel(task: u64, args: &[(&[u64], bool, bool)]) -> Vec<Vec<u64>> {
+    let mut h = 0xcbf2_9ce4_8422_2325u64 ^ task;
+    for (i, (data, reads, _)) in args.iter().enumerate() {
+        if *reads {
+            fnv(&mut h, &(i as u64).to_le_bytes());
+            for v in *data {
+                fnv(&mut h, &v.to_le_bytes());
+            }
+        }
+    }
+    args.iter()
+        .enumerate()
+        .filter(|(_, (_, _, writes))| *writes)
+        .map(|(i, (data, _, _))| {
+            (0..data.len())
+                .map(|k| {
+                    let mut x = h;
+                    fnv(&mut x, &[i as u8]);
+                    fnv(&mut x, &(k as u64).to_le_bytes());
+                    x
+                })
+                .collect()
+        })
+        .collect()
+}
+
+fn latency(quick: bool) -> Result<bool, String> {
+    let n: u64 = if quick { 1_000 } else { 10_000 };
+    let cluster = local(2, "sim:mode=unified")?;
+    let cell = cluster.buffer(8).map_err(|e| e.to_string())?;
+    let v = cell.tensor(&[1], DType::U64).map_err(|e| e.to_string())?;
+    let run = |count: u64, base: u64| -> Result<Duration, String> {
+        let t0 = Instant::now();
+        for i in 0..count {
+            cluster
+                .submit(
+                    Task::new("test.hash.x")
+                        .inout(&v)
+                        .scalar_u64(base + i)
+                        .on(WorkerId((i % 2) as u32)),
+                )
+                .map_err(|e| e.to_string())?;
+        }
+        cluster.wait_all().map_err(|e| e.to_string())?;
+        Ok(t0.elapsed())
+    };
+    run(100, 0)?;
+    let mut want = cell.to_vec::<u64>().map_err(|e| e.to_string())?;
+    let wall = run(n, 1_000_000)?;
+    for i in 0..n {
+        want = hash_kernel(1_000_000 + i, &[(&want, true, true)]).remove(0);
+    }
+    let got = cell.to_vec::<u64>().map_err(|e| e.to_string())?;
+    Ok(emit(
+        "latency",
+        "data",
+        json!({"tasks": n, "workers": 2}),
+        wall.as_secs_f64() * 1e6 / n as f64,
+        "us/hop",
+        got == want,
+        "each task reads and writes one 8-byte cell (INOUT) on the other worker",
+    ))
+}
+
+fn stencil(quick: bool) -> Result<bool, String> {
+    let ks: &[u32] = if quick {
+        &[16, 256]
+    } else {
+        &[16, 64, 256, 1024, 4096]
+    };
+    let cluster = local(2, "sim:mode=unified")?;
+    let tile = 64u32;
+    let mut all_ok = true;
+    for &k in ks {
+        let target = if quick { 5_000 } else { 50_000 };
+        let steps = (target / k as usize).max(2);
+        let buf = cluster
+            .buffer(u64::from(k) * u64::from(tile) * 8)
+            .map_err(|e| e.to_string())?;
+        let init: Vec<u64> = (0..u64::from(k * tile)).collect();
+        buf.write_slice(0, &init).map_err(|e| e.to_string())?;
+        let views: Vec<_> = (0..k)
+            .map(|i| buf.tensor_at(u64::from(i * tile) * 8, &[tile], DType::U64))
+            .collect::<Result<_, _>>()
+            .map_err(|e| e.to_string())?;
+        let t0 = Instant::now();
+        let mut id = 0u64;
+        for _ in 0..steps {
+            for i in 0..k as usize {
+                let mut t = Task::new(match (i > 0, i + 1 < k as usize) {
+                    (true, true) => "test.hash.rrx",
+                    _ => "test.hash.rx",
+                })
+                .scalar_u64(id);
+                if i > 0 {
+                    t = t.input(&views[i - 1]);
+                }
+                if i + 1 < k as usize {
+                    t = t.input(&views[i + 1]);
+                }
+                cluster
+                    .submit(t.inout(&views[i]))
+                    .map_err(|e| e.to_string())?;
+                id += 1;
+            }
+        }
+        let s = cluster.wait_all().map_err(|e| e.to_string())?;
+        let wall = t0.elapsed();
+        // The sequential oracle: the same tasks one by one.
+        let mut mem: Vec<Vec<u64>> = init.chunks(tile as usize).map(<[u64]>::to_vec).collect();
+        let mut id = 0u64;
+        for _ in 0..steps {
+            for i in 0..k as usize {
+                let mut args: Vec<(&[u64], bool, bool)> = Vec::new();
+                if i > 0 {
+                    args.push((&mem[i - 1], true, false));
+                }
+                if i + 1 < k as usize {
+                    args.push((&mem[i + 1], true, false));
+                }
+                args.push((&mem[i], true, true));
+                let out = hash_kernel(id, &args).remove(0);
+                mem[i] = out;
+                id += 1;
+            }
+        }
+        let got = buf.to_vec::<u64>().map_err(|e| e.to_string())?;
+        let ok = got == mem.concat() && s.succeeded == id;
+        all_ok &= emit(
+            "stencil",
+            &format!("k={k}"),
+            json!({"tiles": k, "steps": steps, "tasks": id, "tile_bytes": tile * 8, "workers": 2}),
+            wall.as_secs_f64() * 1e6 / id as f64,
+            "us/task",
+            ok,
+            &format!("{} edges inferred", s.edges),
+        );
+    }
+    Ok(all_ok)
+}
+
+fn median(mut v: Vec<Duration>) -> Duration {
+    v.sort();
+    v[v.len() / 2]
+}
+
+fn sizes(quick: bool, full: &[(u64, &'static str)]) -> Vec<(u64, &'static str)> {
+    if quick {
+        full[..2].to_vec()
+    } else {
+        full.to_vec()
+    }
+}
+
+fn handoff(quick: bool) -> Result<bool, String> {
+    let cluster = local(1, "sim:mode=unified")?;
+    let w = cluster.workers()[0].id;
+    let mut all_ok = true;
+    for (bytes, label) in sizes(
+        quick,
+        &[(1 << 20, "1MiB"), (64 << 20, "64MiB"), (1 << 30, "1GiB")],
+    ) {
+        let reps = if bytes >= 1 << 30 { 3 } else { 5 };
+        let mut samples = Vec::new();
+        for _ in 0..reps {
+            // Prepared by the driver before the clock starts.
+            let b = cluster.buffer(bytes).map_err(|e| e.to_string())?;
+            b.write_bytes(bytes - 8, &7u64.to_le_bytes())
+                .map_err(|e| e.to_string())?;
+            let v = b
+                .tensor(&[(bytes / 8) as u32], DType::U64)
+                .map_err(|e| e.to_string())?;
+            let t0 = Instant::now();
+            let h = cluster
+                .submit(Task::new("test.touch").input(&v))
+                .map_err(|e| e.to_string())?;
+            cluster.wait(h).map_err(|e| e.to_string())?;
+            samples.push(t0.elapsed());
+        }
+        let st = cluster.worker_stats(w).map_err(|e| e.to_string())?;
+        let copied =
+            st.staged_to_device + st.staged_to_host + st.copied_to_device + st.copied_to_host;
+        all_ok &= emit(
+            "handoff",
+            label,
+            json!({"bytes": bytes, "repetitions": reps}),
+            median(samples).as_secs_f64() * 1e3,
+            "ms",
+            copied == 0,
+            &format!("local worker, fd passed, unified device; {copied} bytes copied"),
+        );
+    }
+    Ok(all_ok)
+}
+
+fn remote(quick: bool) -> Result<bool, String> {
+    let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
+    let token = dir.path().join("token");
+    std::fs::write(&token, "bench").map_err(|e| e.to_string())?;
+    let w = strata_tests::WorkerProcess::spawn_tcp(
+        &worker_binary(),
+        &[],
+        &[
+            "--token-file",
+            token.to_str().unwrap_or_default(),
+            "--device",
+            "sim:mode=unified",
+        ],
+    );
+    let cluster = Cluster::builder()
+        .connect(&w.endpoint.to_string(), Some("bench"))
+        .map_err(|e| e.to_string())?
+        .start()
+        .map_err(|e| e.to_string())?;
+    let mut all_ok = true;
+    // The 64 MiB message limit caps one task's bytes.
+    for (bytes, label) in sizes(
+        quick,
+        &[(1 << 20, "1MiB"), (16 << 20, "16MiB"), (48 << 20, "48MiB")],
+    ) {
+        let mut samples = Vec::new();
+        let mut ok = true;
+        for _ in 0..5 {
+            let b = cluster.buffer(bytes).map_err(|e| e.to_string())?;
+            let v = b
+                .tensor(&[(bytes / 8) as u32], DType::U64)
+                .map_err(|e| e.to_string())?;
+            let before = cluster.totals().map_err(|e| e.to_string())?.sent_bytes;
+            let t0 = Instant::now();
+            let h = cluster
+                .submit(Task::new("test.touch").input(&v))
+                .map_err(|e| e.to_string())?;
+            cluster.wait(h).map_err(|e| e.to_string())?;
+            samples.push(t0.elapsed());
+            let sent = cluster.totals().map_err(|e| e.to_string())?.sent_bytes - before;
+            ok &= sent == bytes;
+        }
+        let m = median(samples);
+        all_ok &= emit(
+            "remote",
+            label,
+            json!({"bytes": bytes, "repetitions": 5}),
+            bytes as f64 / m.as_secs_f64() / 1e9,
+            "GB/s",
+            ok,
+            &format!(
+                "TCP loopback with a token; median {:.2} ms submit to completion",
+                m.as_secs_f64() * 1e3
+            ),
+        );
+    }
+    Ok(all_ok)
+}
+
+fn main() {
+    let opts = match parse() {
+        Ok(o) => o,
+        Err(e) => {
+            eprintln!("strata-bench: {e}");
+            std::process::exit(2);
+        }
+    };
+    let mut ok = true;
+    for s in &opts.scenarios {
+        let r = match s.as_str() {
+            "throughput" => throughput(opts.quick),
+            "latency" => latency(opts.quick),
+            "stencil" => stencil(opts.quick),
+            "handoff" => handoff(opts.quick),
+            _ => remote(opts.quick),
+        };
+        match r {
+            Ok(good) => ok &= good,
+            Err(e) => {
+                ok = false;
+                emit(s, "error", json!({}), 0.0, "", false, &e);
+            }
+        }
+    }
+    std::process::exit(i32::from(!ok));
+}

@@ -630,8 +630,8 @@ impl Cluster {
             MemberSpec {
                 callable,
                 name,
-                args,
-                scalars: task.scalars,
+                args: args.into(),
+                scalars: task.scalars.into(),
                 placement,
                 device_buffers,
             },

@@ -318,8 +318,8 @@ impl DagActor {
                         task,
                         member,
                         callable: m.callable,
-                        args: m.args.clone(),
-                        scalars: m.scalars.clone(),
+                        args: std::sync::Arc::clone(&m.args),
+                        scalars: std::sync::Arc::clone(&m.scalars),
                     });
                 }
                 Action::Done { task, outcome } => self.done(task, outcome),

@@ -424,7 +424,7 @@ impl EndpointActor {
         let mut new: Vec<Arc<HostShared>> = Vec::new();
         let mut seen = HashSet::new();
         for item in items {
-            for a in &item.args {
+            for a in item.args.iter() {
                 if let Backing::Host(h) = &a.backing {
                     let id = *h.descriptor().identity();
                     if !self.imported.contains(&id) && seen.insert(id) {
@@ -504,7 +504,7 @@ impl EndpointActor {
                 Backing::Device(_) => inline.push(None),
             }
         }
-        let args = TaskArgs::new(tensors, item.scalars.clone()).map_err(|e| e.to_string())?;
+        let args = TaskArgs::new(tensors, item.scalars.to_vec()).map_err(|e| e.to_string())?;
         Ok((
             TaskRequest {
                 id: WireTaskId(item.task.0),

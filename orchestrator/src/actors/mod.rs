@@ -45,8 +45,9 @@ pub(crate) struct ArgRef {
 pub(crate) struct MemberSpec {
     pub(crate) callable: KernelHandle,
     pub(crate) name: String,
-    pub(crate) args: Vec<ArgRef>,
-    pub(crate) scalars: Vec<u64>,
+    /// Shared with the dispatches of this member (no copy per dispatch).
+    pub(crate) args: std::sync::Arc<[ArgRef]>,
+    pub(crate) scalars: std::sync::Arc<[u64]>,
     pub(crate) placement: Placement,
     pub(crate) device_buffers: Vec<CanonicalIdentity>,
 }
@@ -150,8 +151,8 @@ pub(crate) struct DispatchItem {
     pub(crate) task: TaskId,
     pub(crate) member: usize,
     pub(crate) callable: KernelHandle,
-    pub(crate) args: Vec<ArgRef>,
-    pub(crate) scalars: Vec<u64>,
+    pub(crate) args: std::sync::Arc<[ArgRef]>,
+    pub(crate) scalars: std::sync::Arc<[u64]>,
 }
 
 /// DAG actor, buffer manager and driver → one endpoint.

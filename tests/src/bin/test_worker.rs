@@ -7,6 +7,9 @@ use std::process::ExitCode;
 
 use clap::Parser;
 
+#[global_allocator]
+static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[derive(Parser)]
 struct Args {
     #[command(flatten)]

@@ -165,6 +165,8 @@ def markdown(rows, targets, peers, meta):
         k = (r.get("scenario"), r.get("variant"))
         if k not in keys:
             keys.append(k)
+    order = {s: i for i, s in enumerate(SCENARIOS)}
+    keys.sort(key=lambda k: order.get(k[0], len(order)))
     for sc, var in keys:
         def val(system):
             r = pick(rows, system, sc, var)
@@ -203,7 +205,7 @@ for i, (sc, unit, log) in enumerate([("throughput", "tasks/s", True), ("latency"
         labels, vals, cols = [], [], []
         for s in ("strata", "ray", "starpu"):
             for v, x in get(s, sc):
-                labels.append(f"{s}\n{v}"); vals.append(x); cols.append(colors[s])
+                labels.append(f"{s}\n{v[:14]}"); vals.append(x); cols.append(colors[s])
         a.bar(range(len(vals)), vals, color=cols)
         a.set_xticks(range(len(vals))); a.set_xticklabels(labels, fontsize=7)
         if log and vals: a.set_yscale("log")

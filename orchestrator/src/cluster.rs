@@ -12,7 +12,9 @@ use std::time::Duration;
 use strata_chip::KernelHandle;
 use strata_core::{Placement, ScopeId, TaskId, WorkerId};
 use strata_proto::convert::WorkerStats;
-use strata_wire::{Access, AddressSpace, Backing as WireBacking, BufferDescriptor, IdentityMint};
+use strata_wire::{
+    Access, AddressSpace, ArgTag, Backing as WireBacking, BufferDescriptor, IdentityMint,
+};
 use strata_worker::{ClientTls, Endpoint, WorkerClient};
 use tokio::runtime::Runtime;
 use tokio::sync::{mpsc, oneshot};
@@ -47,6 +49,7 @@ pub struct ClusterBuilder {
     health_deadline: Duration,
     ready_timeout: Duration,
     trace: bool,
+    retries: u32,
 }
 
 impl Default for ClusterBuilder {
@@ -61,6 +64,7 @@ impl Default for ClusterBuilder {
             health_deadline: Duration::from_millis(1000),
             ready_timeout: Duration::from_secs(30),
             trace: false,
+            retries: 0,
         }
     }
 }
@@ -148,6 +152,20 @@ impl ClusterBuilder {
         self
     }
 
+    /// The retry policy (off by default): a task whose worker is lost
+    /// while it runs is run again on another worker, up to `retries`
+    /// times, when a rerun is safe — it is a plain task placed by the
+    /// scheduler, every argument it writes is OUTPUT or OUTPUT_EXISTING
+    /// (never INOUT, whose inputs may be half overwritten; no NO_DEP, no
+    /// device buffers), and the lost worker can no longer touch memory
+    /// (the cluster killed it and saw it gone, or it is a TCP worker that
+    /// only held copies). Everything else fails with ENDPOINT_FAILURE.
+    #[must_use]
+    pub fn retry(mut self, retries: u32) -> Self {
+        self.retries = retries;
+        self
+    }
+
     /// Starts the workers, connects to every one, and starts the actors.
     ///
     /// # Errors
@@ -200,6 +218,8 @@ pub struct Cluster {
     local: Option<LocalWorkers>,
     /// Per worker, the callables it offers.
     offers: Vec<std::collections::HashSet<KernelHandle>>,
+    /// The retry policy ([`ClusterBuilder::retry`]).
+    retries: u32,
     /// The next task id; held while a submit is handed to the DAG actor,
     /// so that ids reach it in increasing order.
     next_id: std::sync::Mutex<u64>,
@@ -372,6 +392,7 @@ impl Cluster {
         let offers = connected_offers;
         Ok(Cluster {
             offers,
+            retries: b.retries,
             next_id: std::sync::Mutex::new(1),
             runtime: Some(runtime),
             cmds: cmd_tx,
@@ -728,9 +749,18 @@ impl Cluster {
     /// placement that cannot work); nothing is queued then.
     pub fn submit(&self, task: Task) -> Result<TaskHandle, Error> {
         let (member, after) = self.member(task)?;
+        let rerunnable = member.placement == Placement::Any
+            && member.device_buffers.is_empty()
+            && member.args.iter().all(|a| {
+                matches!(
+                    a.tag,
+                    ArgTag::Input | ArgTag::Output | ArgTag::OutputExisting
+                )
+            });
         self.submit_spec(TaskSpec {
             members: vec![member],
             after,
+            retries: if rerunnable { self.retries } else { 0 },
         })
     }
 
@@ -753,6 +783,7 @@ impl Cluster {
         self.submit_spec(TaskSpec {
             members: specs,
             after,
+            retries: 0,
         })
     }
 

@@ -4,6 +4,9 @@
 //! - `test.sleep`: sleeps for its scalar's milliseconds.
 //! - `test.abort`: says so on stderr and aborts the whole worker process
 //!   (a crash, not a task failure).
+//! - `test.slow`: sleeps for its scalar's milliseconds with one view it
+//!   writes (OUTPUT), `test.slow.x` the same with a view it reads and
+//!   writes (INOUT): long tasks for the retry policy's tests.
 //! - `test.touch`: takes one view it reads and does nothing (the cost of
 //!   dispatching a view, whatever its size).
 //! - `test.hash.<p>` for every access pattern `p` of 1 to 4 arguments
@@ -189,6 +192,16 @@ pub fn registry() -> Result<Registry, String> {
         vec![u64_scalar("ms")],
     ))))?;
     add(Arc::new(Abort(descriptor("test.abort", vec![], vec![]))))?;
+    for (name, access) in [
+        ("test.slow", Access::Write),
+        ("test.slow.x", Access::ReadWrite),
+    ] {
+        add(Arc::new(Sleep(descriptor(
+            name,
+            vec![ArgSpec::new("x", access, DTypes::Any, Rank::Any)],
+            vec![u64_scalar("ms")],
+        ))))?;
+    }
     add(Arc::new(Touch(descriptor(
         "test.touch",
         vec![ArgSpec::new("x", Access::Read, DTypes::Any, Rank::Any)],

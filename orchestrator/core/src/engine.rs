@@ -143,6 +143,20 @@ impl Engine {
         self.after_sched(out)
     }
 
+    /// A worker was lost; `fenced` when it can no longer touch task
+    /// memory, so that tasks allowed to retry are placed again.
+    pub fn worker_lost(&mut self, worker: WorkerId, cause: &str, fenced: bool) -> Vec<Action> {
+        let out = self.sched.worker_lost(worker, cause, fenced);
+        self.after_sched(out)
+    }
+
+    /// Lets a submitted task be run again elsewhere, up to `retries`
+    /// times, if its worker is lost while it runs (see
+    /// [`Scheduler::allow_retries`]).
+    pub fn allow_retries(&mut self, task: TaskId, retries: u32) {
+        self.sched.allow_retries(task, retries);
+    }
+
     /// Records where a DEVICE buffer lives (placement hint).
     pub fn device_buffer(&mut self, worker: WorkerId, identity: CanonicalIdentity, present: bool) {
         self.sched.device_buffer(worker, identity, present);

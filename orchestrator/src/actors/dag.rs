@@ -122,7 +122,11 @@ impl DagActor {
                 callables,
                 window,
             } => self.engine.worker_up(worker, callables, window),
-            Notice::WorkerDown { worker, cause } => self.engine.worker_down(worker, &cause),
+            Notice::WorkerDown {
+                worker,
+                cause,
+                fenced,
+            } => self.engine.worker_lost(worker, &cause, fenced),
             Notice::Finished {
                 task,
                 member,
@@ -208,6 +212,9 @@ impl DagActor {
                         self.settle();
                     }
                     Ok((actions, edges)) => {
+                        if spec.retries > 0 {
+                            self.engine.allow_retries(id, spec.retries);
+                        }
                         for s in [&mut self.run, &mut self.totals] {
                             s.submitted += 1;
                             s.edges += edges.len() as u64;

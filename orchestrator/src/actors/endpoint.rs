@@ -215,14 +215,19 @@ impl EndpointActor {
         self.close();
         self.in_flight.clear();
         let mut cause = cause;
+        // A remote worker only ever held copies of task bytes, and their
+        // completions are dropped from here on: it cannot touch memory.
+        let mut fenced = self.remote;
         if let Some(s) = &self.spawned {
             // The cluster spawned it: make sure a hung process cannot wake
-            // up and write into buffers later.
+            // up and write into buffers later, and wait (briefly) until it
+            // is gone, which is what makes a rerun elsewhere safe.
             if let Ok(pid) = i32::try_from(s.pid) {
                 let _ = nix::sys::signal::kill(
                     nix::unistd::Pid::from_raw(pid),
                     nix::sys::signal::Signal::SIGKILL,
                 );
+                fenced |= wait_gone(s.pid, Duration::from_secs(1));
             }
             // A crashed worker's last words are the likeliest explanation.
             let tail = crate::local::tail(&s.log);
@@ -236,6 +241,7 @@ impl EndpointActor {
         let _ = self.up.send(Notice::WorkerDown {
             worker: self.id,
             cause,
+            fenced,
         });
     }
 
@@ -581,4 +587,26 @@ fn land(f: &InFlight, outputs: &[(u32, Vec<u8>)], returned: &mut u64) -> Result<
 fn wire_size(req: &TaskRequest) -> usize {
     let inline: usize = req.inline.iter().flatten().map(|d| d.len() + 16).sum();
     req.args.encoded_len() + req.tags.len() + inline + 64
+}
+
+/// Waits up to `limit` for process `pid` to be dead (a zombie or gone).
+fn wait_gone(pid: u32, limit: Duration) -> bool {
+    let deadline = std::time::Instant::now() + limit;
+    loop {
+        let dead = match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+            // The state follows the parenthesised command name.
+            Ok(stat) => stat
+                .rfind(')')
+                .and_then(|i| stat.get(i + 2..))
+                .is_some_and(|rest| rest.starts_with('Z') || rest.starts_with('X')),
+            Err(_) => true,
+        };
+        if dead {
+            return true;
+        }
+        if std::time::Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
 }

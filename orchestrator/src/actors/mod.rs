@@ -57,6 +57,9 @@ pub(crate) struct MemberSpec {
 pub(crate) struct TaskSpec {
     pub(crate) members: Vec<MemberSpec>,
     pub(crate) after: Vec<TaskId>,
+    /// Times it may run again elsewhere if its worker is lost (0 unless
+    /// the retry policy is on and the task qualifies).
+    pub(crate) retries: u32,
 }
 
 /// Driver → DAG actor.
@@ -132,6 +135,9 @@ pub(crate) enum Notice {
     WorkerDown {
         worker: WorkerId,
         cause: String,
+        /// It can no longer touch task memory (killed and gone, or its
+        /// tasks' bytes were staged copies).
+        fenced: bool,
     },
     Finished {
         task: TaskId,
@@ -140,9 +146,7 @@ pub(crate) enum Notice {
         report: Report,
     },
     /// Bytes of buffers passed to a worker by fd.
-    Imported {
-        bytes: u64,
-    },
+    Imported { bytes: u64 },
 }
 
 /// One member to run on a worker.

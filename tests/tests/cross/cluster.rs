@@ -847,3 +847,76 @@ fn spawned_workers_live_in_a_private_directory() {
         .mode();
     assert_eq!(mode & 0o777, 0o700);
 }
+
+/// The worker (by index) with a task in flight, waiting for one to start.
+fn busy_worker(cluster: &Cluster) -> WorkerId {
+    for _ in 0..200 {
+        for w in cluster.workers() {
+            if cluster
+                .worker_stats(w.id)
+                .is_ok_and(|s| s.tasks_in_flight > 0)
+            {
+                return w.id;
+            }
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    panic!("no task started");
+}
+
+fn kill_worker(cluster: &Cluster, w: WorkerId) {
+    let pid = cluster.workers()[w.0 as usize].pid.unwrap();
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid as i32),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+}
+
+#[test]
+fn with_the_retry_policy_output_tasks_rerun_elsewhere_and_inout_tasks_never() {
+    let cluster = Cluster::builder()
+        .local(3)
+        .worker_binary(test_worker_bin())
+        .retry(1)
+        .start()
+        .unwrap();
+    let cell = cluster
+        .buffer(64)
+        .unwrap()
+        .tensor(&[16], DType::F32)
+        .unwrap();
+    // An OUTPUT task whose worker is killed under it runs again elsewhere.
+    let out = cluster
+        .submit(Task::new("test.slow").output(&cell).scalar_u64(400))
+        .unwrap();
+    let first = busy_worker(&cluster);
+    kill_worker(&cluster, first);
+    cluster.wait(out).unwrap_or_else(|e| panic!("retried: {e}"));
+    let s = cluster.wait_all().unwrap();
+    assert_eq!((s.succeeded, s.failed), (1, 0));
+    let ran_on: Vec<u64> = cluster
+        .workers()
+        .iter()
+        .filter(|w| w.id != first)
+        .map(|w| cluster.worker_stats(w.id).unwrap().tasks_succeeded)
+        .collect();
+    assert_eq!(ran_on.iter().sum::<u64>(), 1, "it ran once on a survivor");
+    // An INOUT task is never rerun: its input may be half overwritten.
+    let inout = cluster
+        .submit(Task::new("test.slow.x").inout(&cell).scalar_u64(400))
+        .unwrap();
+    let second = busy_worker(&cluster);
+    kill_worker(&cluster, second);
+    let e = cluster.wait(inout).unwrap_err().to_string();
+    assert!(e.contains("ENDPOINT_FAILURE"), "{e}");
+    // Without the policy nothing is rerun either.
+    let plain = local(2, test_worker_bin());
+    let c2 = plain.buffer(64).unwrap().tensor(&[16], DType::F32).unwrap();
+    let t = plain
+        .submit(Task::new("test.slow").output(&c2).scalar_u64(400))
+        .unwrap();
+    let w = busy_worker(&plain);
+    kill_worker(&plain, w);
+    assert!(plain.wait(t).is_err());
+}

@@ -143,6 +143,8 @@ enum State {
 struct Task {
     members: Vec<MemberInfo>,
     state: State,
+    /// Times it may still be run again elsewhere after its worker is lost.
+    retries: u32,
 }
 
 /// The scheduler.
@@ -252,8 +254,21 @@ impl Scheduler {
             Task {
                 members,
                 state: State::Waiting,
+                retries: 0,
             },
         );
+    }
+
+    /// Lets `task` be run again on another worker, up to `retries` times,
+    /// when the worker running it is lost and known not to touch memory
+    /// any more ([`Scheduler::worker_lost`] with `fenced`). Only a plain
+    /// task placed by the scheduler qualifies; the caller decides that
+    /// its writes make a rerun safe (every write OUTPUT, none INOUT).
+    pub fn allow_retries(&mut self, task: TaskId, retries: u32) {
+        if let Some(t) = self.tasks.get_mut(&task) {
+            let plain = t.members.len() == 1 && t.members[0].placement == Placement::Any;
+            t.retries = if plain { retries } else { 0 };
+        }
     }
 
     /// The task became ready: place and, room allowing, dispatch it.
@@ -308,8 +323,16 @@ impl Scheduler {
         out
     }
 
-    /// A worker was lost.
+    /// A worker was lost (nothing is retried: see
+    /// [`Scheduler::worker_lost`]).
     pub fn worker_down(&mut self, worker: WorkerId, cause: &str) -> Vec<Action> {
+        self.worker_lost(worker, cause, false)
+    }
+
+    /// A worker was lost. `fenced`: it can no longer touch task memory
+    /// (it is dead, or its tasks' bytes were staged copies), so a task
+    /// with retries left is placed again instead of failing.
+    pub fn worker_lost(&mut self, worker: WorkerId, cause: &str, fenced: bool) -> Vec<Action> {
         let mut out = Vec::new();
         let Some(w) = self.workers.get_mut(&worker) else {
             return out;
@@ -326,6 +349,16 @@ impl Scheduler {
             .map(|(id, _)| *id)
             .collect();
         for id in running {
+            if fenced {
+                if let Some(t) = self.tasks.get_mut(&id) {
+                    if t.retries > 0 && t.members.len() == 1 {
+                        t.retries -= 1;
+                        t.state = State::Waiting;
+                        self.enqueue(id, &mut out);
+                        continue;
+                    }
+                }
+            }
             let mut all_reported = false;
             if let Some(State::Running {
                 workers,

@@ -619,3 +619,86 @@ fn kernel_failure_is_the_first_error_and_cancel_works_through_the_engine() {
         (TaskId(1), K, Some(WorkerId(0)))
     );
 }
+
+#[test]
+fn a_task_allowed_to_retry_runs_again_elsewhere_only_when_fenced() {
+    let b = buffer(1, Access::ReadWrite);
+    let mut e = Engine::new();
+    e.worker_up(WorkerId(0), [K], 1);
+    e.worker_up(WorkerId(1), [K], 1);
+    // Task 1 goes to worker 0, task 2 to worker 1; both may retry once.
+    let mut out = e
+        .submit(submission(
+            1,
+            &[(row(b, 0), ArgTag::Output)],
+            Placement::Any,
+        ))
+        .unwrap();
+    out.extend(
+        e.submit(submission(
+            2,
+            &[(row(b, 1), ArgTag::Output)],
+            Placement::Any,
+        ))
+        .unwrap(),
+    );
+    e.allow_retries(TaskId(1), 1);
+    e.allow_retries(TaskId(2), 1);
+    assert_eq!(dispatched(&out), vec![(1, 0), (2, 1)]);
+    // Worker 0 is lost and known dead: task 1 is queued on worker 1,
+    // behind task 2 (window 1), and nothing fails.
+    let lost = e.worker_lost(WorkerId(0), "killed", true);
+    assert!(
+        lost.iter().all(|a| !matches!(a, Action::Done { .. })),
+        "{lost:?}"
+    );
+    e.scheduler().check_invariants().unwrap();
+    let out = e.finished(TaskId(2), 0, Ok(()));
+    assert_eq!(
+        dispatched(&out),
+        vec![(1, 1)],
+        "task 1 runs again on worker 1"
+    );
+    let out = e.finished(TaskId(1), 0, Ok(()));
+    assert!(out.contains(&Action::Done {
+        task: TaskId(1),
+        outcome: Outcome::Success
+    }));
+    assert!(e.first_error().is_none());
+    // Its one retry is spent... and a loss that is not fenced (a hung
+    // worker that may still write) never reruns anything.
+    e.worker_up(WorkerId(0), [K], 1);
+    let out = e
+        .submit(submission(
+            3,
+            &[(row(b, 2), ArgTag::Output)],
+            Placement::Any,
+        ))
+        .unwrap();
+    e.allow_retries(TaskId(3), 5);
+    let w = dispatched(&out)[0].1;
+    let lost = e.worker_lost(WorkerId(w), "no health beat", false);
+    assert!(lost.contains(&Action::Done {
+        task: TaskId(3),
+        outcome: Outcome::EndpointFailure(format!("worker {w} lost: no health beat"))
+    }));
+    // A task named to a worker is never moved.
+    let out = e
+        .submit(submission(
+            4,
+            &[(row(b, 3), ArgTag::Output)],
+            Placement::On(WorkerId(1 - w)),
+        ))
+        .unwrap();
+    e.allow_retries(TaskId(4), 5);
+    assert_eq!(dispatched(&out), vec![(4, 1 - w)]);
+    e.worker_up(WorkerId(w), [K], 1);
+    let lost = e.worker_lost(WorkerId(1 - w), "killed", true);
+    assert!(lost.iter().any(|a| matches!(
+        a,
+        Action::Done {
+            task: TaskId(4),
+            outcome: Outcome::EndpointFailure(_)
+        }
+    )));
+}

@@ -82,6 +82,17 @@ pub fn packed_len(view: &Tensor) -> u64 {
     n
 }
 
+/// [`packed_len`] for a view from an untrusted peer: `None` without
+/// walking it when it has more than `max_elements` elements (a view with
+/// overlapping strides can have 2^64 of them over a few bytes, and the
+/// walk visits every one).
+pub fn packed_len_bounded(view: &Tensor, max_elements: u64) -> Option<u64> {
+    if view.element_count() > max_elements {
+        return None;
+    }
+    Some(packed_len(view))
+}
+
 /// Copies the view's bytes out of `extent` (the view's bytes from its first
 /// byte, laid out as in the buffer) into a packed string, run after run.
 ///

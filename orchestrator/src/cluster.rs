@@ -50,6 +50,7 @@ pub struct ClusterBuilder {
     ready_timeout: Duration,
     trace: bool,
     retries: u32,
+    max_unfinished: usize,
 }
 
 impl Default for ClusterBuilder {
@@ -65,6 +66,7 @@ impl Default for ClusterBuilder {
             ready_timeout: Duration::from_secs(30),
             trace: false,
             retries: 0,
+            max_unfinished: 65_536,
         }
     }
 }
@@ -166,6 +168,15 @@ impl ClusterBuilder {
         self
     }
 
+    /// The most tasks submitted and not yet finished (default 65,536):
+    /// past it, `submit` waits for tasks to finish, so a driver that
+    /// submits faster than the workers run keeps bounded memory.
+    #[must_use]
+    pub fn max_unfinished(mut self, n: usize) -> Self {
+        self.max_unfinished = n.max(1);
+        self
+    }
+
     /// Starts the workers, connects to every one, and starts the actors.
     ///
     /// # Errors
@@ -220,6 +231,8 @@ pub struct Cluster {
     offers: Vec<std::collections::HashSet<KernelHandle>>,
     /// The retry policy ([`ClusterBuilder::retry`]).
     retries: u32,
+    /// Bounds the tasks submitted and not finished.
+    gate: std::sync::Arc<strata_core::Gate>,
     /// The next task id; held while a submit is handed to the DAG actor,
     /// so that ids reach it in increasing order.
     next_id: std::sync::Mutex<u64>,
@@ -370,7 +383,11 @@ impl Cluster {
         for (actor, rx) in actors {
             tokio::spawn(actor.run(rx));
         }
-        tokio::spawn(DagActor::new(ep_refs, b.trace, origin).run(cmd_rx, up_rx));
+        let gate = std::sync::Arc::new(strata_core::Gate::new(b.max_unfinished));
+        tokio::spawn(
+            DagActor::new(ep_refs, b.trace, origin, std::sync::Arc::clone(&gate))
+                .run(cmd_rx, up_rx),
+        );
         tokio::spawn(buffers::run(released_rx, ep_txs.clone()));
         drop(guard);
         for w in &workers {
@@ -393,6 +410,7 @@ impl Cluster {
         Ok(Cluster {
             offers,
             retries: b.retries,
+            gate,
             next_id: std::sync::Mutex::new(1),
             runtime: Some(runtime),
             cmds: cmd_tx,
@@ -666,6 +684,16 @@ impl Cluster {
     fn submit_spec(&self, spec: TaskSpec) -> Result<TaskHandle, Error> {
         not_async()?;
         self.check_placement(&spec)?;
+        self.gate.enter().map_err(|_| Error::Closed)?;
+        let r = self.submit_entered(spec);
+        if r.is_err() {
+            self.gate.leave(1);
+        }
+        r
+    }
+
+    /// [`Cluster::submit_spec`] once the task holds its place in the gate.
+    fn submit_entered(&self, spec: TaskSpec) -> Result<TaskHandle, Error> {
         let mut next = self.next_id.lock().unwrap_or_else(|e| e.into_inner());
         let id = TaskId(*next);
         let probe = strata_core::dag::NewTask {
@@ -885,6 +913,7 @@ impl Cluster {
     /// Stops the actors (closing every session), the runtime, then the
     /// spawned workers.
     fn stop(&mut self) {
+        self.gate.close();
         let Some(runtime) = self.runtime.take() else {
             return;
         };

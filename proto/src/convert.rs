@@ -148,7 +148,34 @@ impl TryFrom<pb::Task> for TaskRequest {
                 ));
             }
             let view = &args.tensors()[i];
-            let want = strata_chip::staging::packed_len(view);
+            if view.extent_bytes() > crate::MAX_INLINE_EXTENT {
+                return Err(ConvertError::new(
+                    field,
+                    format!(
+                        "argument {i}'s view spans {} bytes; at most {} travel inline",
+                        view.extent_bytes(),
+                        crate::MAX_INLINE_EXTENT
+                    ),
+                ));
+            }
+            // Every element is at least half a byte of the packed string:
+            // a view with more elements than that cannot match the bytes
+            // (and walking it could take forever).
+            let cap = if item.data.is_empty() {
+                crate::MAX_INLINE_EXTENT * 2
+            } else {
+                item.data.len() as u64 * 2
+            };
+            let Some(want) = strata_chip::staging::packed_len_bounded(view, cap) else {
+                return Err(ConvertError::new(
+                    field,
+                    format!(
+                        "argument {i}'s view has {} elements, more than {} bytes can hold",
+                        view.element_count(),
+                        item.data.len()
+                    ),
+                ));
+            };
             // An OUTPUT view is written whole: its old bytes need not travel.
             let write_only = tags[i] == ArgTag::Output && item.data.is_empty();
             if item.data.len() as u64 != want && !write_only {

@@ -26,6 +26,7 @@
 //! assert_eq!(TaskRequest::try_from(bad).unwrap_err().field, "tags[0]");
 //! ```
 
+pub mod check;
 pub mod convert;
 
 /// The generated messages and service stubs.
@@ -51,3 +52,8 @@ pub const MAX_FD_FRAME_BYTES: usize = 64 * 1024;
 
 /// Most fds one side-channel message may carry.
 pub const MAX_FDS_PER_MESSAGE: usize = 64;
+
+/// Largest extent of a view whose bytes travel with a task (and largest
+/// span of the inline views of one buffer in one task): the worker makes a
+/// private copy of it.
+pub const MAX_INLINE_EXTENT: u64 = 256 << 20;

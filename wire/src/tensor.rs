@@ -149,7 +149,11 @@ impl Tensor {
     }
     /// Number of elements in the view.
     pub fn element_count(&self) -> u64 {
-        self.shape().iter().map(|&s| u64::from(s)).product()
+        // Five 32-bit extents can exceed 64 bits (views with overlapping
+        // strides): saturate rather than wrap or panic.
+        self.shape()
+            .iter()
+            .fold(1u64, |n, &s| n.saturating_mul(u64::from(s)))
     }
     /// Whether the view is row-major contiguous: it touches every element
     /// between its first and last one, in order.

@@ -237,6 +237,13 @@ fn unpack_inline(
             .map(|&j| tensors[j].end_byte())
             .max()
             .unwrap_or(0);
+        if hi - lo > strata_proto::MAX_INLINE_EXTENT {
+            return Err(format!(
+                "argument {i}: the inline views of buffer {identity} span {} bytes; at most {} (stage smaller views, or use a worker on the driver's host)",
+                hi - lo,
+                strata_proto::MAX_INLINE_EXTENT
+            ));
+        }
         let len = usize::try_from(hi - lo)
             .map_err(|_| format!("argument {i}: inline views span {} bytes", hi - lo))?;
         let d = tensors[i].buffer();

@@ -33,6 +33,7 @@
 
 pub mod dag;
 pub mod engine;
+pub mod gate;
 pub mod holders;
 mod ids;
 pub mod sched;
@@ -41,6 +42,7 @@ mod sync;
 
 pub use dag::{Dag, SubmitError};
 pub use engine::{Action, Engine, Event, Submission};
+pub use gate::Gate;
 pub use holders::Holders;
 pub use ids::{CallableId, ScopeId, TaskId, WorkerId};
 pub use sched::{Outcome, Placement, Scheduler};

@@ -2,9 +2,9 @@
 //! crate take their primitives from here.
 
 #[cfg(loom)]
-pub(crate) use loom::sync::Mutex;
+pub(crate) use loom::sync::{Condvar, Mutex};
 #[cfg(not(loom))]
-pub(crate) use std::sync::Mutex;
+pub(crate) use std::sync::{Condvar, Mutex};
 
 #[cfg(all(loom, test))]
 pub(crate) use loom::sync::Arc;

@@ -53,10 +53,17 @@ pub(crate) struct DagActor {
     /// Finished tasks, when tracing; times from `origin`.
     trace: Option<Vec<TaskTrace>>,
     origin: Instant,
+    /// Bounds the tasks submitted and not finished; left once per task.
+    gate: std::sync::Arc<strata_core::Gate>,
 }
 
 impl DagActor {
-    pub(crate) fn new(endpoints: Vec<EndpointRef>, tracing: bool, origin: Instant) -> Self {
+    pub(crate) fn new(
+        endpoints: Vec<EndpointRef>,
+        tracing: bool,
+        origin: Instant,
+        gate: std::sync::Arc<strata_core::Gate>,
+    ) -> Self {
         DagActor {
             engine: Engine::new(),
             endpoints,
@@ -70,6 +77,7 @@ impl DagActor {
             scoped: HashMap::new(),
             trace: tracing.then(Vec::new),
             origin,
+            gate,
         }
     }
 
@@ -104,6 +112,7 @@ impl DagActor {
     /// Stops every endpoint (each closes its task stream and fd channel)
     /// and lets go of every record: waiters see the cluster closed.
     async fn shutdown(&mut self) {
+        self.gate.close();
         for ep in &self.endpoints {
             let (tx, rx) = oneshot::channel();
             if ep.tx.send(EpCmd::Shutdown { reply: tx }).await.is_ok() {
@@ -209,6 +218,7 @@ impl DagActor {
                         }
                         self.first_error.get_or_insert_with(|| err.clone());
                         self.failed.insert(id, err);
+                        self.gate.leave(1);
                         self.settle();
                     }
                     Ok((actions, edges)) => {
@@ -354,6 +364,7 @@ impl DagActor {
         let Some(record) = self.records.remove(&task) else {
             return;
         };
+        self.gate.leave(1);
         for s in [&mut self.run, &mut self.totals] {
             match &outcome {
                 Outcome::Success => s.succeeded += 1,

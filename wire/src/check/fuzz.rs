@@ -10,6 +10,17 @@ pub fn reference_tensor_valid(bytes: &[u8]) -> bool {
     if bytes.len() != TENSOR_SIZE {
         return false;
     }
+    if !reference_descriptor_valid(&bytes[..crate::DESCRIPTOR_SIZE]) {
+        return false;
+    }
+    reference_view_valid(bytes)
+}
+
+/// An independent reading of the buffer-descriptor rules of DESIGN §3.
+pub fn reference_descriptor_valid(bytes: &[u8]) -> bool {
+    if bytes.len() != crate::DESCRIPTOR_SIZE {
+        return false;
+    }
     let le = |at: usize, n: usize| {
         bytes[at..at + n]
             .iter()
@@ -51,9 +62,20 @@ pub fn reference_tensor_valid(bytes: &[u8]) -> bool {
             _ => space == 0,
         }
         && (kind != 5 || access == 0);
-    if !descriptor_ok {
-        return false;
-    }
+    let _ = nbytes;
+    descriptor_ok
+}
+
+/// The view part of the tensor rules (bytes 88.. of a record whose
+/// descriptor is valid).
+fn reference_view_valid(bytes: &[u8]) -> bool {
+    let le = |at: usize, n: usize| {
+        bytes[at..at + n]
+            .iter()
+            .rev()
+            .fold(0u128, |acc, &b| (acc << 8) | u128::from(b))
+    };
+    let nbytes = le(40, 8);
     let byte_offset = le(88, 8);
     let ndims = le(96, 4);
     let dtype = le(140, 1);
@@ -112,6 +134,24 @@ pub fn check_tensor_bytes(data: &[u8]) {
             .expect("descriptor of a valid tensor");
         assert_eq!(&d, t.buffer());
         assert!(t.end_byte() <= t.buffer().nbytes());
+    }
+}
+
+/// Fuzz oracle for one buffer descriptor: decoding never panics, agrees
+/// with the reference reading of the rules, and a decoded descriptor
+/// re-encodes to its bytes (identity padding zeroed) and decodes to itself.
+pub fn check_descriptor_bytes(data: &[u8]) {
+    let decoded = BufferDescriptor::decode(data);
+    assert_eq!(
+        decoded.is_ok(),
+        reference_descriptor_valid(data),
+        "validator and reference disagree on {data:02x?}: {decoded:?}"
+    );
+    if let Ok(d) = decoded {
+        let mut expect = data.to_vec();
+        expect[IDENTITY_PAD_IN_TENSOR].fill(0);
+        assert_eq!(d.encode().as_slice(), expect.as_slice());
+        assert_eq!(BufferDescriptor::decode(&d.encode()), Ok(d));
     }
 }
 

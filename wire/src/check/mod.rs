@@ -26,8 +26,8 @@ mod oracle;
 mod views;
 
 pub use fuzz::{
-    HOSTILE_WORDS, check_overlap_seed, check_task_args_bytes, check_tensor_bytes, hostile_variants,
-    reference_tensor_valid,
+    HOSTILE_WORDS, check_descriptor_bytes, check_overlap_seed, check_task_args_bytes,
+    check_tensor_bytes, hostile_variants, reference_descriptor_valid, reference_tensor_valid,
 };
 pub use oracle::{ORACLE_MAX_ELEMENTS, byte_set, check_answer, overlap_by_bytes};
 pub use views::{Rng, ViewClass, random_factorization, row_major_strides, test_buffer, view_pair};

@@ -4,7 +4,9 @@
 
 use std::path::Path;
 
-use strata_wire::check::{check_overlap_seed, check_task_args_bytes, check_tensor_bytes};
+use strata_wire::check::{
+    check_descriptor_bytes, check_overlap_seed, check_task_args_bytes, check_tensor_bytes,
+};
 
 fn replay(target: &str, check: fn(&[u8])) -> usize {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -36,4 +38,9 @@ fn task_args_corpus() {
 #[test]
 fn overlap_corpus() {
     replay("overlap", check_overlap_seed);
+}
+
+#[test]
+fn descriptor_corpus() {
+    replay("descriptor", check_descriptor_bytes);
 }

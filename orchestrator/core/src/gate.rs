@@ -1,0 +1,141 @@
+//! A counting gate: at most `limit` holders at once; `enter` blocks until
+//! there is room, `leave` makes room, `close` releases every waiter with an
+//! error. The driver enters once per submitted task and the DAG actor
+//! leaves when the task is finished, so a driver that submits faster than
+//! the workers run cannot pile up unbounded task records.
+
+use crate::sync::{Condvar, Mutex};
+
+#[derive(Debug)]
+struct State {
+    used: usize,
+    open: bool,
+}
+
+/// The gate.
+#[derive(Debug)]
+pub struct Gate {
+    state: Mutex<State>,
+    room: Condvar,
+    limit: usize,
+}
+
+/// The gate was closed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Closed;
+
+impl Gate {
+    /// A gate letting `limit` holders in at once (at least 1).
+    pub fn new(limit: usize) -> Self {
+        Gate {
+            state: Mutex::new(State {
+                used: 0,
+                open: true,
+            }),
+            room: Condvar::new(),
+            limit: limit.max(1),
+        }
+    }
+
+    /// Waits for room, then holds one place.
+    ///
+    /// # Errors
+    /// [`Closed`] when the gate is (or gets) closed.
+    pub fn enter(&self) -> Result<(), Closed> {
+        let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        while s.open && s.used >= self.limit {
+            s = self.room.wait(s).unwrap_or_else(|e| e.into_inner());
+        }
+        if !s.open {
+            return Err(Closed);
+        }
+        s.used += 1;
+        Ok(())
+    }
+
+    /// Gives back `n` places.
+    pub fn leave(&self, n: usize) {
+        let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        s.used = s.used.saturating_sub(n);
+        drop(s);
+        self.room.notify_all();
+    }
+
+    /// Closes the gate: waiters and later callers get [`Closed`].
+    pub fn close(&self) {
+        self.state.lock().unwrap_or_else(|e| e.into_inner()).open = false;
+        self.room.notify_all();
+    }
+
+    /// Places held now.
+    pub fn used(&self) -> usize {
+        self.state.lock().unwrap_or_else(|e| e.into_inner()).used
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn enter_blocks_at_the_limit_and_close_releases() {
+        let g = std::sync::Arc::new(Gate::new(2));
+        g.enter().unwrap();
+        g.enter().unwrap();
+        assert_eq!(g.used(), 2);
+        let g2 = std::sync::Arc::clone(&g);
+        let t = std::thread::spawn(move || g2.enter());
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        assert!(!t.is_finished(), "a third holder waits");
+        g.leave(1);
+        assert_eq!(t.join().unwrap(), Ok(()));
+        g.close();
+        assert_eq!(g.enter(), Err(Closed));
+    }
+}
+
+#[cfg(all(loom, test))]
+mod loom_models {
+    use super::*;
+    use crate::sync::Arc;
+    use loom::sync::atomic::{AtomicUsize, Ordering};
+    use loom::thread;
+
+    /// Two submitters through a gate of one place, the actor leaving after
+    /// each: never two inside at once, and nobody stays blocked.
+    #[test]
+    fn at_most_limit_inside_and_no_one_stuck() {
+        loom::model(|| {
+            let g = Arc::new(Gate::new(1));
+            let inside = Arc::new(AtomicUsize::new(0));
+            let ts: Vec<_> = (0..2)
+                .map(|_| {
+                    let (g, inside) = (Arc::clone(&g), Arc::clone(&inside));
+                    thread::spawn(move || {
+                        g.enter().unwrap();
+                        assert_eq!(inside.fetch_add(1, Ordering::SeqCst), 0);
+                        inside.fetch_sub(1, Ordering::SeqCst);
+                        g.leave(1);
+                    })
+                })
+                .collect();
+            for t in ts {
+                t.join().unwrap();
+            }
+            assert_eq!(g.used(), 0);
+        });
+    }
+
+    /// A submitter blocked on a full gate is released by close.
+    #[test]
+    fn close_releases_a_blocked_enter() {
+        loom::model(|| {
+            let g = Arc::new(Gate::new(1));
+            g.enter().unwrap();
+            let g2 = Arc::clone(&g);
+            let t = thread::spawn(move || g2.enter());
+            g.close();
+            assert_eq!(t.join().unwrap(), Err(Closed));
+        });
+    }
+}

@@ -920,3 +920,54 @@ fn with_the_retry_policy_output_tasks_rerun_elsewhere_and_inout_tasks_never() {
     kill_worker(&plain, w);
     assert!(plain.wait(t).is_err());
 }
+
+#[test]
+fn a_killed_driver_leaves_nothing_held_on_its_workers() {
+    let w = WorkerProcess::spawn_unix(&strata_bin(), &["worker"], &[]);
+    let stats = || {
+        let rt = tokio::runtime::Runtime::new().unwrap();
+        rt.block_on(async {
+            let mut c = strata_worker::WorkerClient::connect(&w.endpoint, None)
+                .await
+                .unwrap();
+            c.handshake().await.unwrap();
+            c.stats().await.unwrap()
+        })
+    };
+    let idle = stats();
+    // A driver that imports buffers and allocates device memory there,
+    // killed in the middle of its job.
+    let mut driver = std::process::Command::new(strata_bin())
+        .args(["demo", "--workers", &w.endpoint.to_string(), "--size", "2048", "--tile", "64", "-q"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    assert!(
+        eventually(|| {
+            let s = stats();
+            s.imports > 0 && s.persistent.in_use > idle.persistent.in_use
+        }),
+        "the driver got going"
+    );
+    driver.kill().unwrap();
+    driver.wait().unwrap();
+    let t0 = Instant::now();
+    assert!(
+        eventually(|| {
+            let s = stats();
+            s.imports == 0 && s.persistent.in_use == idle.persistent.in_use && s.tasks_in_flight == 0
+        }),
+        "the worker let go of the dead driver's imports and device buffers: {:?}",
+        stats()
+    );
+    eprintln!("a killed driver's session was released within {:?}", t0.elapsed());
+    // And it serves the next driver.
+    let cluster = Cluster::builder()
+        .connect(&w.endpoint.to_string(), None)
+        .unwrap()
+        .start()
+        .unwrap();
+    let r = strata_orchestrator::demo::tiled_matmul(&cluster, 128, 32, 3).unwrap();
+    assert!(r.ok(1e-3));
+}

@@ -95,6 +95,12 @@ fn reference_view_valid(bytes: &[u8]) -> bool {
             return false;
         }
     }
+    // DESIGN §3 computes the extent "with checked arithmetic": the span in
+    // elements must fit 64 bits even where, for FP4 (half a byte each), the
+    // extent in bytes would still fit.
+    if span > u128::from(u64::MAX) {
+        return false;
+    }
     let bits = DType::from_code(dtype as u8).unwrap().bits() as u128;
     let align = (bits / 8).max(1);
     let extent = (span * bits).div_ceil(8);

@@ -938,7 +938,16 @@ fn a_killed_driver_leaves_nothing_held_on_its_workers() {
     // A driver that imports buffers and allocates device memory there,
     // killed in the middle of its job.
     let mut driver = std::process::Command::new(strata_bin())
-        .args(["demo", "--workers", &w.endpoint.to_string(), "--size", "2048", "--tile", "64", "-q"])
+        .args([
+            "demo",
+            "--workers",
+            &w.endpoint.to_string(),
+            "--size",
+            "2048",
+            "--tile",
+            "64",
+            "-q",
+        ])
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())
         .spawn()
@@ -956,12 +965,17 @@ fn a_killed_driver_leaves_nothing_held_on_its_workers() {
     assert!(
         eventually(|| {
             let s = stats();
-            s.imports == 0 && s.persistent.in_use == idle.persistent.in_use && s.tasks_in_flight == 0
+            s.imports == 0
+                && s.persistent.in_use == idle.persistent.in_use
+                && s.tasks_in_flight == 0
         }),
         "the worker let go of the dead driver's imports and device buffers: {:?}",
         stats()
     );
-    eprintln!("a killed driver's session was released within {:?}", t0.elapsed());
+    eprintln!(
+        "a killed driver's session was released within {:?}",
+        t0.elapsed()
+    );
     // And it serves the next driver.
     let cluster = Cluster::builder()
         .connect(&w.endpoint.to_string(), None)

@@ -9,16 +9,9 @@ use strata_wire::DType;
 
 /// Deterministic pseudo-random values in [-1, 1) (splitmix64).
 pub fn random_values(seed: u64, n: usize) -> Vec<f32> {
-    let mut s = seed;
+    let mut rng = strata_wire::check::Rng(seed);
     (0..n)
-        .map(|_| {
-            s = s.wrapping_add(0x9e37_79b9_7f4a_7c15);
-            let mut z = s;
-            z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-            z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-            z ^= z >> 31;
-            ((z >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-        })
+        .map(|_| ((rng.next_u64() >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0)
         .collect()
 }
 

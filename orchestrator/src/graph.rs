@@ -1270,15 +1270,8 @@ pub struct GraphRun {
 
 /// Deterministic uniform values in `[low, high)` (splitmix64).
 fn uniform(seed: u64, n: usize, low: f64, high: f64) -> impl Iterator<Item = f64> {
-    let mut s = seed;
-    (0..n).map(move |_| {
-        s = s.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = s;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^= z >> 31;
-        low + (z >> 11) as f64 / (1u64 << 53) as f64 * (high - low)
-    })
+    let mut rng = strata_wire::check::Rng(seed);
+    (0..n).map(move |_| low + (rng.next_u64() >> 11) as f64 / (1u64 << 53) as f64 * (high - low))
 }
 
 /// `values` encoded as little-endian elements of `dtype` (whole-byte,

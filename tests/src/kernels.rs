@@ -73,7 +73,9 @@ struct Hash {
     access: Vec<Access>,
 }
 
-fn fnv(h: &mut u64, bytes: &[u8]) {
+/// FNV-1a step, as `strata_core::sim` hashes (shared with `strata-bench`'s
+/// oracle).
+pub fn fnv(h: &mut u64, bytes: &[u8]) {
     for &b in bytes {
         *h ^= u64::from(b);
         *h = h.wrapping_mul(0x0100_0000_01b3);

@@ -21,6 +21,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::json;
 use strata_orchestrator::{Cluster, Task, WorkerId};
+use strata_tests::kernels::fnv;
 use strata_wire::DType;
 
 struct Opts {
@@ -128,13 +129,6 @@ fn throughput(quick: bool) -> Result<bool, String> {
             s.succeeded
         ),
     ))
-}
-
-fn fnv(h: &mut u64, bytes: &[u8]) {
-    for &b in bytes {
-        *h ^= u64::from(b);
-        *h = h.wrapping_mul(0x0100_0000_01b3);
-    }
 }
 
 /// What `test.hash.<pattern>` computes (see strata_tests::kernels) for

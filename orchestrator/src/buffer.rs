@@ -208,6 +208,9 @@ impl Drop for HostShared {
 pub(crate) struct DeviceShared {
     pub(crate) desc: BufferDescriptor,
     pub(crate) worker: WorkerId,
+    /// The worker's incarnation when it was allocated (see
+    /// [`crate::Cluster::is_up`]).
+    pub(crate) incarnation: u64,
     pub(crate) notify: mpsc::UnboundedSender<Released>,
 }
 

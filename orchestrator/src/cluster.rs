@@ -15,13 +15,13 @@ use strata_proto::convert::WorkerStats;
 use strata_wire::{
     Access, AddressSpace, ArgTag, Backing as WireBacking, BufferDescriptor, IdentityMint,
 };
-use strata_worker::{ClientTls, Endpoint, WorkerClient};
+use strata_worker::{ClientTls, Endpoint};
 use tokio::runtime::Runtime;
 use tokio::sync::{mpsc, oneshot};
 
 use crate::RunSummary;
 use crate::actors::dag::{DagActor, EndpointRef};
-use crate::actors::endpoint::{Connected, EndpointActor, Spawned};
+use crate::actors::endpoint::{EndpointActor, Life, Rejoin, Spawned, connect};
 use crate::actors::{ArgRef, Cmd, EpCmd, MemberSpec, Notice, TaskSpec, buffers};
 use crate::buffer::{Backing, Buffer, DeviceShared, HostShared, Released};
 use crate::error::Error;
@@ -229,6 +229,8 @@ pub struct Cluster {
     local: Option<LocalWorkers>,
     /// Per worker, the callables it offers.
     offers: Vec<std::collections::HashSet<KernelHandle>>,
+    /// Per worker, whether it is up and how many times it was lost.
+    lives: Vec<std::sync::Arc<Life>>,
     /// The retry policy ([`ClusterBuilder::retry`]).
     retries: u32,
     /// Bounds the tasks submitted and not finished.
@@ -319,6 +321,7 @@ impl Cluster {
         let mut ep_refs = Vec::new();
         let mut connected_offers = Vec::new();
         let mut actors = Vec::new();
+        let mut lives = Vec::new();
         for (i, ((r, pid), c)) in targets.iter().zip(connected).enumerate() {
             let ep = &r.endpoint;
             let id =
@@ -356,6 +359,7 @@ impl Cluster {
             ep_refs.push(EndpointRef {
                 tx,
                 name: ep.to_string(),
+                rejoins: 0,
             });
             let _ = up_tx.send(Notice::WorkerUp {
                 worker: id,
@@ -366,6 +370,17 @@ impl Cluster {
                     .collect(),
                 window: b.window,
             });
+            // A worker spawned here is killed when lost; one the cluster
+            // connected to is dialed again and may rejoin.
+            let rejoin = pid.is_none().then(|| Rejoin {
+                endpoint: ep.clone(),
+                token: r.token.clone(),
+                tls: r.tls.clone(),
+                health_ms: interval_ms,
+                window: b.window,
+            });
+            let life = std::sync::Arc::new(Life::new());
+            lives.push(std::sync::Arc::clone(&life));
             actors.push((
                 EndpointActor::new(
                     id,
@@ -374,6 +389,8 @@ impl Cluster {
                     up_tx.clone(),
                     b.health_deadline,
                     pid.clone(),
+                    life,
+                    rejoin,
                 ),
                 rx,
             ));
@@ -408,6 +425,7 @@ impl Cluster {
         let owner: [u8; 8] = rand::random();
         let offers = connected_offers;
         Ok(Cluster {
+            lives,
             offers,
             retries: b.retries,
             gate,
@@ -426,6 +444,35 @@ impl Cluster {
     /// The workers, by id.
     pub fn workers(&self) -> &[WorkerInfo] {
         &self.workers
+    }
+
+    /// Whether `worker` is up: connected and taking tasks. A lost worker
+    /// the cluster connected to (not one it spawned) is dialed again and
+    /// is up once more when it answers: a restarted process on the same
+    /// address, or the same one after a cut connection heals.
+    pub fn is_up(&self, worker: WorkerId) -> bool {
+        self.lives.get(worker.0 as usize).is_some_and(|l| l.is_up())
+    }
+
+    /// Waits up to `limit` for `worker` to be up.
+    ///
+    /// # Errors
+    /// [`Error::Worker`] when it is not up in time, or there is no such
+    /// worker.
+    pub fn wait_up(&self, worker: WorkerId, limit: Duration) -> Result<(), Error> {
+        let deadline = std::time::Instant::now() + limit;
+        loop {
+            if self.is_up(worker) {
+                return Ok(());
+            }
+            if std::time::Instant::now() >= deadline {
+                return Err(Error::Worker {
+                    worker,
+                    reason: format!("not up within {limit:?}"),
+                });
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
     }
 
     fn ask<T>(&self, make: impl FnOnce(oneshot::Sender<T>) -> Cmd) -> Result<T, Error> {
@@ -504,6 +551,11 @@ impl Cluster {
     /// An unknown worker, or the worker's refusal (out of memory names the
     /// region).
     pub fn device_buffer(&self, worker: WorkerId, nbytes: u64) -> Result<Buffer, Error> {
+        let incarnation = self
+            .lives
+            .get(worker.0 as usize)
+            .ok_or_else(|| Error::Submit(format!("there is no {worker}")))?
+            .incarnation();
         let identity = self.mint.mint().map_err(|e| Error::Buffer(e.to_string()))?;
         let addr = self.ask_endpoint(worker, |reply| EpCmd::DeviceAlloc {
             identity,
@@ -525,17 +577,40 @@ impl Cluster {
         Ok(Buffer::device(DeviceShared {
             desc,
             worker,
+            incarnation,
             notify: self.released.clone(),
         }))
     }
 
-    fn device_of(buffer: &Buffer) -> Result<WorkerId, Error> {
-        buffer.device_worker().ok_or_else(|| {
-            Error::Buffer(format!(
+    fn device_of(&self, buffer: &Buffer) -> Result<WorkerId, Error> {
+        match &buffer.backing {
+            Backing::Device(d) => {
+                self.check_alive(d)?;
+                Ok(d.worker)
+            }
+            Backing::Host(_) => Err(Error::Buffer(format!(
                 "buffer {} is a host buffer: read and write it directly",
                 buffer.identity()
-            ))
-        })
+            ))),
+        }
+    }
+
+    /// Refuses a device buffer whose worker was lost since it was
+    /// allocated: its contents went with the worker.
+    fn check_alive(&self, d: &DeviceShared) -> Result<(), Error> {
+        let now = self
+            .lives
+            .get(d.worker.0 as usize)
+            .map_or(u64::MAX, |l| l.incarnation());
+        if now == d.incarnation {
+            Ok(())
+        } else {
+            Err(Error::Buffer(format!(
+                "device buffer {} was on {}, which was lost since it was allocated: its contents are gone (allocate it again)",
+                d.desc.identity(),
+                d.worker
+            )))
+        }
     }
 
     /// Writes `data` at `offset` of a device buffer. Order it against
@@ -544,7 +619,7 @@ impl Cluster {
     /// # Errors
     /// A host buffer, or the worker's refusal.
     pub fn write_device(&self, buffer: &Buffer, offset: u64, data: &[u8]) -> Result<(), Error> {
-        let worker = Self::device_of(buffer)?;
+        let worker = self.device_of(buffer)?;
         let identity = buffer.identity();
         let data = data.to_vec();
         self.ask_endpoint(worker, |reply| EpCmd::CopyToDevice {
@@ -560,7 +635,7 @@ impl Cluster {
     /// # Errors
     /// A host buffer, or the worker's refusal.
     pub fn read_device(&self, buffer: &Buffer, offset: u64, len: u64) -> Result<Vec<u8>, Error> {
-        let worker = Self::device_of(buffer)?;
+        let worker = self.device_of(buffer)?;
         let identity = buffer.identity();
         self.ask_endpoint(worker, |reply| EpCmd::CopyFromDevice {
             identity,
@@ -639,6 +714,8 @@ impl Cluster {
         let mut args = Vec::with_capacity(task.args.len());
         for (i, (view, tag)) in task.args.into_iter().enumerate() {
             if let Backing::Device(d) = &view.buffer.backing {
+                self.check_alive(d)
+                    .map_err(|e| Error::Submit(format!("{name}: argument {i}: {e}")))?;
                 device_buffers.push(*d.desc.identity());
                 match device_on {
                     Some((j, w)) if w != d.worker => {
@@ -965,44 +1042,4 @@ impl Drop for Cluster {
     fn drop(&mut self) {
         self.stop();
     }
-}
-
-async fn connect(
-    endpoint: &Endpoint,
-    token: Option<&str>,
-    tls: Option<&ClientTls>,
-    health_ms: u32,
-) -> Result<Connected, String> {
-    let mut client = WorkerClient::connect_with(endpoint, token, tls)
-        .await
-        .map_err(|e| e.to_string())?;
-    client
-        .handshake()
-        .await
-        .map_err(|e| format!("handshake: {e}"))?;
-    let fd = match endpoint {
-        Endpoint::Unix(_) => Some(
-            client
-                .fd_channel()
-                .await
-                .map_err(|e| format!("fd channel: {e}"))?,
-        ),
-        Endpoint::Tcp(_) => None,
-    };
-    let (sender, completions) = client
-        .open_tasks()
-        .await
-        .map_err(|e| format!("task stream: {e}"))?
-        .split();
-    let health = client
-        .health(health_ms)
-        .await
-        .map_err(|e| format!("health stream: {e}"))?;
-    Ok(Connected {
-        client,
-        sender,
-        completions,
-        fd,
-        health,
-    })
 }

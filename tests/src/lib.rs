@@ -85,6 +85,23 @@ impl WorkerProcess {
         Self::spawn(binary, prefix, &["--listen", "tcp:127.0.0.1:0"], extra, dir)
     }
 
+    /// Starts `binary` listening on `listen` (`unix:PATH` or
+    /// `tcp:HOST:PORT`): a worker restarted on the address of one that
+    /// died.
+    ///
+    /// # Panics
+    /// When it does not become ready within 20 s.
+    pub fn spawn_listening(binary: &Path, prefix: &[&str], listen: &str, extra: &[&str]) -> Self {
+        let dir = tempfile::tempdir().expect("tempdir");
+        Self::spawn(binary, prefix, &["--listen", listen], extra, dir)
+    }
+
+    /// Sends SIGKILL and reaps it.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
     fn spawn(
         binary: &Path,
         prefix: &[&str],
@@ -253,4 +270,106 @@ fn map_shared(file: &std::fs::File) -> MmapMut {
     // SAFETY: the file is a memfd this process created; other processes
     // that map it write only while we wait for their completions.
     unsafe { MmapMut::map_mut(file).expect("mmap") }
+}
+
+/// A TCP forwarder on loopback between a driver and a worker, whose
+/// connections can be cut mid-stream (both directions shut down at once,
+/// as when a link or a middlebox dies) and which refuses new ones until
+/// healed.
+pub struct TcpProxy {
+    addr: std::net::SocketAddr,
+    open: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    conns: std::sync::Arc<std::sync::Mutex<Vec<std::net::TcpStream>>>,
+}
+
+impl std::fmt::Debug for TcpProxy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "TcpProxy({})", self.addr)
+    }
+}
+
+impl TcpProxy {
+    /// Forwards a fresh loopback port to `target`.
+    ///
+    /// # Panics
+    /// When no port can be bound.
+    pub fn start(target: std::net::SocketAddr) -> Self {
+        use std::sync::atomic::Ordering;
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("proxy port");
+        let addr = listener.local_addr().expect("proxy address");
+        let open = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let conns = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let (o, st, cs) = (open.clone(), stop.clone(), conns.clone());
+        std::thread::spawn(move || {
+            for down in listener.incoming() {
+                if st.load(Ordering::SeqCst) {
+                    return;
+                }
+                let Ok(down) = down else { continue };
+                if !o.load(Ordering::SeqCst) {
+                    let _ = down.shutdown(std::net::Shutdown::Both);
+                    continue;
+                }
+                let Ok(up) = std::net::TcpStream::connect(target) else {
+                    continue;
+                };
+                let _ = down.set_nodelay(true);
+                let _ = up.set_nodelay(true);
+                let mut keep = cs.lock().unwrap_or_else(|e| e.into_inner());
+                for (from, to) in [(&down, &up), (&up, &down)] {
+                    let (Ok(mut from), Ok(mut to)) = (from.try_clone(), to.try_clone()) else {
+                        continue;
+                    };
+                    std::thread::spawn(move || {
+                        let _ = std::io::copy(&mut from, &mut to);
+                        let _ = to.shutdown(std::net::Shutdown::Both);
+                        let _ = from.shutdown(std::net::Shutdown::Both);
+                    });
+                }
+                keep.push(down);
+                keep.push(up);
+            }
+        });
+        TcpProxy {
+            addr,
+            open,
+            stop,
+            conns,
+        }
+    }
+
+    /// Its endpoint, `tcp:127.0.0.1:PORT`.
+    pub fn endpoint(&self) -> String {
+        format!("tcp:{}", self.addr)
+    }
+
+    /// Cuts every connection through it and refuses new ones.
+    pub fn cut(&self) {
+        self.open.store(false, std::sync::atomic::Ordering::SeqCst);
+        let conns: Vec<_> = self
+            .conns
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .drain(..)
+            .collect();
+        for c in conns {
+            let _ = c.shutdown(std::net::Shutdown::Both);
+        }
+    }
+
+    /// Lets new connections through again.
+    pub fn heal(&self) {
+        self.open.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+impl Drop for TcpProxy {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        self.cut();
+        // Wakes the accept loop so that it sees `stop`.
+        let _ = std::net::TcpStream::connect(self.addr);
+    }
 }

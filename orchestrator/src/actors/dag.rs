@@ -23,6 +23,8 @@ use crate::trace::{MemberTrace, TaskTrace, Trace, micros};
 pub(crate) struct EndpointRef {
     pub(crate) tx: mpsc::Sender<EpCmd>,
     pub(crate) name: String,
+    /// Times the worker came back after a loss, as this actor has heard.
+    pub(crate) rejoins: u64,
 }
 
 struct Record {
@@ -130,7 +132,14 @@ impl DagActor {
                 worker,
                 callables,
                 window,
-            } => self.engine.worker_up(worker, callables, window),
+            } => {
+                if let Some(ep) = self.endpoints.get_mut(worker.0 as usize) {
+                    if self.engine.scheduler().knows(worker) {
+                        ep.rejoins += 1;
+                    }
+                }
+                self.engine.worker_up(worker, callables, window)
+            }
             Notice::WorkerDown {
                 worker,
                 cause,
@@ -352,7 +361,11 @@ impl DagActor {
             debug!("dispatching {} members to {worker}", items.len());
             // An endpoint that stopped has reported (or will report) its
             // worker down, which fails these members in the engine.
-            if ep.tx.send(EpCmd::Dispatch(items)).await.is_err() {
+            let dispatch = EpCmd::Dispatch {
+                items,
+                rejoins: ep.rejoins,
+            };
+            if ep.tx.send(dispatch).await.is_err() {
                 debug!("{worker} is gone; its dispatches fail with it");
             }
         }

@@ -11,12 +11,22 @@
 //! A worker is lost when its task stream breaks or ends unasked, its fd
 //! channel fails, or no health beat arrives within the deadline. The
 //! endpoint then reports it down once (the engine fails what ran there
-//! with ENDPOINT_FAILURE), kills it if the cluster spawned it (so a hung
-//! process cannot write into buffers later), and ignores it from then on.
+//! with ENDPOINT_FAILURE) and kills it if the cluster spawned it (so a hung
+//! process cannot write into buffers later).
+//!
+//! A worker the cluster connected to (not spawned) may come back: a
+//! restarted process on the same address, or the same process once a cut
+//! connection heals. The endpoint keeps dialing it (50 ms, doubling to
+//! 1 s, each attempt bounded by [`DIAL_LIMIT`]); when the handshake
+//! succeeds and the worker still offers every callable it offered at the
+//! start, the endpoint starts afresh (nothing imported, nothing in flight)
+//! and reports it up again. Its incarnation number, bumped at each loss,
+//! tells device buffers allocated before the loss from those after.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
-use std::time::Duration;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
 
 use strata_core::WorkerId;
 use strata_proto::TaskId as WireTaskId;
@@ -24,10 +34,10 @@ use strata_proto::convert::{TaskCompletion, TaskOutcome, TaskRequest};
 use strata_wire::{ArgTag, CanonicalIdentity, TaskArgs, Tensor};
 use strata_worker::client::{Completions, TaskSender};
 use strata_worker::fdchan::FdChannel;
-use strata_worker::{HealthWatch, WorkerClient};
+use strata_worker::{ClientTls, Endpoint, HealthWatch, WorkerClient};
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::JoinHandle;
-use tracing::{debug, warn};
+use tracing::{debug, info, warn};
 
 use super::{DispatchItem, EpCmd, Notice, Report};
 use crate::buffer::{Backing, HostShared};
@@ -41,10 +51,104 @@ pub(crate) struct Connected {
     pub(crate) health: HealthWatch,
 }
 
+/// Longest a connection attempt may take, handshake and streams included.
+pub(crate) const DIAL_LIMIT: Duration = Duration::from_secs(5);
+
+/// Connects to a worker: handshake, fd channel (Unix sockets), task stream
+/// and health stream with beats every `health_ms`.
+pub(crate) async fn connect(
+    endpoint: &Endpoint,
+    token: Option<&str>,
+    tls: Option<&ClientTls>,
+    health_ms: u32,
+) -> Result<Connected, String> {
+    let mut client = WorkerClient::connect_with(endpoint, token, tls)
+        .await
+        .map_err(|e| e.to_string())?;
+    client
+        .handshake()
+        .await
+        .map_err(|e| format!("handshake: {e}"))?;
+    let fd = match endpoint {
+        Endpoint::Unix(_) => Some(
+            client
+                .fd_channel()
+                .await
+                .map_err(|e| format!("fd channel: {e}"))?,
+        ),
+        Endpoint::Tcp(_) => None,
+    };
+    let (sender, completions) = client
+        .open_tasks()
+        .await
+        .map_err(|e| format!("task stream: {e}"))?
+        .split();
+    let health = client
+        .health(health_ms)
+        .await
+        .map_err(|e| format!("health stream: {e}"))?;
+    Ok(Connected {
+        client,
+        sender,
+        completions,
+        fd,
+        health,
+    })
+}
+
+/// Whether a worker is up, and how many times it was lost; shared by its
+/// endpoint (which writes) and the cluster's handles (which read).
+#[derive(Debug, Default)]
+pub(crate) struct Life {
+    up: AtomicBool,
+    incarnation: AtomicU64,
+}
+
+impl Life {
+    pub(crate) fn new() -> Self {
+        Life {
+            up: AtomicBool::new(true),
+            incarnation: AtomicU64::new(0),
+        }
+    }
+
+    pub(crate) fn is_up(&self) -> bool {
+        self.up.load(Ordering::Acquire)
+    }
+
+    /// Bumped each time the worker is lost: what it held is gone.
+    pub(crate) fn incarnation(&self) -> u64 {
+        self.incarnation.load(Ordering::Acquire)
+    }
+
+    fn lost(&self) {
+        self.incarnation.fetch_add(1, Ordering::AcqRel);
+        self.up.store(false, Ordering::Release);
+    }
+
+    fn back(&self) {
+        self.up.store(true, Ordering::Release);
+    }
+}
+
+/// How to reach a worker the cluster connected to, to rejoin it after a
+/// loss.
+#[derive(Debug, Clone)]
+pub(crate) struct Rejoin {
+    pub(crate) endpoint: Endpoint,
+    pub(crate) token: Option<String>,
+    pub(crate) tls: Option<ClientTls>,
+    pub(crate) health_ms: u32,
+    /// The scheduler's in-flight window for it.
+    pub(crate) window: usize,
+}
+
 enum Event {
     Completions(Vec<TaskCompletion>),
     StreamEnded(Option<String>),
     HealthLost(String),
+    /// A fresh connection to the lost worker.
+    Redialed(Box<Connected>),
 }
 
 struct InFlight {
@@ -67,6 +171,18 @@ pub(crate) struct EndpointActor {
     id: WorkerId,
     name: String,
     client: WorkerClient,
+    /// The callables it offered at the start; a worker that comes back
+    /// must still offer them all.
+    offers: HashSet<strata_chip::KernelHandle>,
+    events_tx: mpsc::UnboundedSender<Event>,
+    health_deadline: Duration,
+    life: Arc<Life>,
+    rejoin: Option<Rejoin>,
+    /// The task dialing the lost worker.
+    dialer: Option<JoinHandle<()>>,
+    lost_at: Option<Instant>,
+    /// Times it came back after a loss.
+    rejoins: u64,
     sender: Option<TaskSender>,
     fd: Option<FdChannel>,
     remote: bool,
@@ -85,6 +201,7 @@ pub(crate) struct EndpointActor {
 }
 
 impl EndpointActor {
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn new(
         id: WorkerId,
         name: String,
@@ -92,10 +209,51 @@ impl EndpointActor {
         up: mpsc::UnboundedSender<Notice>,
         health_deadline: Duration,
         spawned: Option<Spawned>,
+        life: Arc<Life>,
+        rejoin: Option<Rejoin>,
     ) -> Self {
-        let (ev_tx, events) = mpsc::unbounded_channel();
+        let (events_tx, events) = mpsc::unbounded_channel();
+        let offers = c
+            .client
+            .handshake_info()
+            .map(|h| h.callables.iter().map(|c| c.handle).collect())
+            .unwrap_or_default();
+        let (lost_tx, lost_rx) = watch::channel(false);
+        let mut actor = EndpointActor {
+            lost_tx,
+            lost_rx,
+            id,
+            name,
+            client: c.client.clone(),
+            offers,
+            events_tx,
+            health_deadline,
+            life,
+            rejoin,
+            dialer: None,
+            lost_at: None,
+            rejoins: 0,
+            sender: None,
+            fd: None,
+            remote: false,
+            max_message: strata_proto::DEFAULT_MAX_MESSAGE_BYTES,
+            imported: HashSet::new(),
+            in_flight: HashMap::new(),
+            up,
+            events,
+            tasks: Vec::new(),
+            spawned,
+            dead: false,
+        };
+        actor.attach(c);
+        actor
+    }
+
+    /// Takes a connection: starts its completion reader and health watch.
+    fn attach(&mut self, c: Connected) {
+        let health_deadline = self.health_deadline;
         let reader = {
-            let tx = ev_tx.clone();
+            let tx = self.events_tx.clone();
             let mut completions = c.completions;
             tokio::spawn(async move {
                 loop {
@@ -118,7 +276,7 @@ impl EndpointActor {
             })
         };
         let health = {
-            let tx = ev_tx;
+            let tx = self.events_tx.clone();
             let mut watch = c.health;
             tokio::spawn(async move {
                 let cause = loop {
@@ -137,33 +295,20 @@ impl EndpointActor {
                 let _ = tx.send(Event::HealthLost(cause));
             })
         };
-        let remote = c.fd.is_none();
-        let max_message = c
+        self.remote = c.fd.is_none();
+        self.max_message = c
             .client
             .handshake_info()
             .map_or(strata_proto::DEFAULT_MAX_MESSAGE_BYTES, |h| {
                 usize::try_from(h.max_message_bytes).unwrap_or(usize::MAX)
             })
             .min(strata_proto::DEFAULT_MAX_MESSAGE_BYTES);
-        let (lost_tx, lost_rx) = watch::channel(false);
-        EndpointActor {
-            lost_tx,
-            lost_rx,
-            id,
-            name,
-            client: c.client,
-            sender: Some(c.sender),
-            fd: c.fd,
-            remote,
-            max_message,
-            imported: HashSet::new(),
-            in_flight: HashMap::new(),
-            up,
-            events,
-            tasks: vec![reader, health],
-            spawned,
-            dead: false,
-        }
+        self.client = c.client;
+        self.sender = Some(c.sender);
+        self.fd = c.fd;
+        self.imported.clear();
+        self.in_flight.clear();
+        self.tasks = vec![reader, health];
     }
 
     pub(crate) async fn run(mut self, mut cmds: mpsc::Receiver<EpCmd>) {
@@ -180,12 +325,16 @@ impl EndpointActor {
                         self.lost(format!("task stream broke: {e}"));
                     }
                     Some(Event::HealthLost(cause)) => self.lost(cause),
+                    Some(Event::Redialed(c)) => self.redialed(*c),
                     None => events_open = false,
                 },
                 cmd = cmds.recv() => match cmd {
                     None => break,
                     Some(EpCmd::Shutdown { reply }) => {
                         self.close();
+                        if let Some(d) = self.dialer.take() {
+                            d.abort();
+                        }
                         let _ = reply.send(());
                         return;
                     }
@@ -194,6 +343,9 @@ impl EndpointActor {
             }
         }
         self.close();
+        if let Some(d) = self.dialer.take() {
+            d.abort();
+        }
     }
 
     /// Closes the task stream and the fd channel: the worker ends the
@@ -211,9 +363,12 @@ impl EndpointActor {
             return;
         }
         self.dead = true;
+        self.life.lost();
+        self.lost_at = Some(Instant::now());
         let _ = self.lost_tx.send(true);
         self.close();
         self.in_flight.clear();
+        self.imported.clear();
         let mut cause = cause;
         // A remote worker only ever held copies of task bytes, and their
         // completions are dropped from here on: it cannot touch memory.
@@ -242,6 +397,80 @@ impl EndpointActor {
             worker: self.id,
             cause,
             fenced,
+        });
+        self.redial();
+    }
+
+    /// Starts dialing a lost worker the cluster connected to.
+    fn redial(&mut self) {
+        let Some(r) = self.rejoin.clone() else {
+            return;
+        };
+        let tx = self.events_tx.clone();
+        let (id, name) = (self.id, self.name.clone());
+        self.dialer = Some(tokio::spawn(async move {
+            let mut pause = Duration::from_millis(50);
+            loop {
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(Duration::from_secs(1));
+                let dial = connect(&r.endpoint, r.token.as_deref(), r.tls.as_ref(), r.health_ms);
+                match tokio::time::timeout(DIAL_LIMIT, dial).await {
+                    Ok(Ok(c)) => {
+                        let _ = tx.send(Event::Redialed(Box::new(c)));
+                        return;
+                    }
+                    Ok(Err(e)) => debug!("{id} ({name}): not back yet: {e}"),
+                    Err(_) => {
+                        debug!("{id} ({name}): not back yet: no answer within {DIAL_LIMIT:?}")
+                    }
+                }
+            }
+        }));
+    }
+
+    /// A lost worker answered again: it rejoins if it still offers what it
+    /// offered at the start.
+    fn redialed(&mut self, c: Connected) {
+        self.dialer = None;
+        if !self.dead {
+            return;
+        }
+        let offered: HashSet<_> = c
+            .client
+            .handshake_info()
+            .map(|h| h.callables.iter().map(|c| c.handle).collect())
+            .unwrap_or_default();
+        let missing = self.offers.difference(&offered).count();
+        if missing > 0 {
+            warn!(
+                "{} ({}) is back but lacks {missing} of the callables it offered at the start; not rejoining it (dialing again)",
+                self.id, self.name
+            );
+            drop(c);
+            return self.redial();
+        }
+        let callables = self
+            .offers
+            .iter()
+            .map(|h| strata_core::CallableId(h.0))
+            .collect();
+        self.attach(c);
+        self.rejoins += 1;
+        self.dead = false;
+        let _ = self.lost_tx.send(false);
+        self.life.back();
+        let away = self.lost_at.take().map(|t| t.elapsed()).unwrap_or_default();
+        info!(
+            "{} ({}) rejoined after {:.1} ms away",
+            self.id,
+            self.name,
+            away.as_secs_f64() * 1e3
+        );
+        let window = self.rejoin.as_ref().map_or(1, |r| r.window);
+        let _ = self.up.send(Notice::WorkerUp {
+            worker: self.id,
+            callables,
+            window,
         });
     }
 
@@ -293,7 +522,17 @@ impl EndpointActor {
         }
         let mut client = self.client.clone();
         match cmd {
-            EpCmd::Dispatch(items) => self.dispatch(items).await,
+            EpCmd::Dispatch { items, rejoins } => {
+                if rejoins == self.rejoins {
+                    self.dispatch(items).await;
+                } else {
+                    debug!(
+                        "{}: dropping {} members placed before it was lost",
+                        self.id,
+                        items.len()
+                    );
+                }
+            }
             EpCmd::Release(ids) => {
                 for i in &ids {
                     self.imported.remove(i);

@@ -162,7 +162,13 @@ pub(crate) struct DispatchItem {
 /// DAG actor, buffer manager and driver → one endpoint.
 #[derive(Debug)]
 pub(crate) enum EpCmd {
-    Dispatch(Vec<DispatchItem>),
+    /// Members to run, placed while the worker was in the incarnation
+    /// that followed its `rejoins`-th return: an endpoint in another
+    /// drops them (the engine failed them when the worker was lost).
+    Dispatch {
+        items: Vec<DispatchItem>,
+        rejoins: u64,
+    },
     Release(Vec<CanonicalIdentity>),
     DeviceAlloc {
         identity: CanonicalIdentity,

@@ -2,5 +2,6 @@
 //! a user-style worker binary) on private sockets.
 
 mod cluster;
+mod faults;
 mod graphs;
 mod worker;

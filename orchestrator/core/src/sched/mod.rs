@@ -186,6 +186,11 @@ impl Scheduler {
         out
     }
 
+    /// Whether `worker` ever came up (it may be down now).
+    pub fn knows(&self, worker: WorkerId) -> bool {
+        self.workers.contains_key(&worker)
+    }
+
     /// Records that a DEVICE buffer lives on `worker` (or no longer does).
     pub fn device_buffer(&mut self, worker: WorkerId, identity: CanonicalIdentity, present: bool) {
         if let Some(w) = self.workers.get_mut(&worker) {
@@ -339,6 +344,8 @@ impl Scheduler {
         };
         w.up = false;
         w.in_flight = 0;
+        // Its device memory went with it.
+        w.device_buffers.clear();
         let queued: Vec<TaskId> = w.queue.drain(..).collect();
         let why = format!("{worker} lost: {cause}");
         // In flight on it: failed.

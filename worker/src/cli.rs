@@ -59,6 +59,14 @@ pub struct WorkerArgs {
     /// Largest gRPC message accepted or sent, in bytes.
     #[arg(long, default_value_t = strata_proto::DEFAULT_MAX_MESSAGE_BYTES)]
     pub max_message_bytes: usize,
+    /// End a session whose client opened no task stream this many
+    /// milliseconds after its handshake.
+    #[arg(long, default_value_t = 30_000, value_parser = clap::value_parser!(u64).range(1..))]
+    pub session_grace_ms: u64,
+    /// Close a connection whose peer has not answered a ping for this many
+    /// milliseconds (pinged every half of it), ending its sessions.
+    #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(2..))]
+    pub peer_timeout_ms: u64,
 }
 
 impl WorkerArgs {
@@ -100,6 +108,8 @@ impl WorkerArgs {
             insecure: self.insecure,
         };
         c.max_message_bytes = self.max_message_bytes;
+        c.session_grace = std::time::Duration::from_millis(self.session_grace_ms);
+        c.peer_timeout = std::time::Duration::from_millis(self.peer_timeout_ms);
         Ok(c)
     }
 }

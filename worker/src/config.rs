@@ -96,6 +96,14 @@ pub struct WorkerConfig {
     /// Most tasks one session may have in flight; further tasks wait (the
     /// stream is not read) until some complete.
     pub max_in_flight: usize,
+    /// A session that has not opened its task stream this long after its
+    /// handshake is ended (a client that handshakes and goes away must not
+    /// hold a session for ever).
+    pub session_grace: std::time::Duration,
+    /// A connection whose peer has not answered an HTTP/2 ping for this
+    /// long is closed, ending its sessions (a driver cut off by the
+    /// network, not just killed). Pings go every half of it.
+    pub peer_timeout: std::time::Duration,
 }
 
 impl WorkerConfig {
@@ -109,6 +117,8 @@ impl WorkerConfig {
             auth: Auth::default(),
             max_message_bytes: DEFAULT_MAX_MESSAGE_BYTES,
             max_in_flight: 65_536,
+            session_grace: std::time::Duration::from_secs(30),
+            peer_timeout: std::time::Duration::from_secs(10),
         }
     }
 

@@ -82,6 +82,8 @@ pub(crate) struct Node {
     pub(crate) fd_socket: Option<std::path::PathBuf>,
     pub(crate) max_message_bytes: usize,
     pub(crate) max_in_flight: usize,
+    /// How long a session may go without opening its task stream.
+    pub(crate) session_grace: std::time::Duration,
 }
 
 impl std::fmt::Debug for Node {
@@ -101,6 +103,7 @@ impl Node {
         fd_socket: Option<std::path::PathBuf>,
         max_message_bytes: usize,
         max_in_flight: usize,
+        session_grace: std::time::Duration,
     ) -> Self {
         Node {
             chip_id,
@@ -113,6 +116,7 @@ impl Node {
             fd_socket,
             max_message_bytes,
             max_in_flight,
+            session_grace,
         }
     }
 

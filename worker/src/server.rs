@@ -147,6 +147,7 @@ impl Worker {
             fd_listener.as_ref().map(|(_, p)| p.clone()),
             config.max_message_bytes,
             config.max_in_flight,
+            config.session_grace,
         ));
         Ok(BoundWorker {
             node,
@@ -201,6 +202,8 @@ impl BoundWorker {
             .initial_stream_window_size(Some(STREAM_WINDOW))
             .initial_connection_window_size(Some(CONNECTION_WINDOW))
             .max_frame_size(Some(1 << 20))
+            .http2_keepalive_interval(Some(self.config.peer_timeout / 2))
+            .http2_keepalive_timeout(Some(self.config.peer_timeout / 2))
             .tcp_nodelay(true);
         if let (Endpoint::Tcp(_), Some(tls)) = (&self.endpoint, &self.config.auth.tls) {
             let read = |p: &PathBuf| {

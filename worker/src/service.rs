@@ -164,6 +164,18 @@ impl pb::worker_server::Worker for WorkerService {
             )));
         }
         let session = self.node.open_session();
+        // A client that handshakes and never opens its task stream must
+        // not hold the session (and what it may allocate) for ever.
+        let node = Arc::clone(&self.node);
+        tokio::spawn(async move {
+            tokio::time::sleep(node.session_grace).await;
+            let idle = node
+                .session(session)
+                .is_some_and(|s| !s.streaming.load(Ordering::SeqCst));
+            if idle {
+                node.end_session(session, "no task stream opened within the grace period");
+            }
+        });
         let info = self.node.device.info();
         let mut callables: Vec<pb::Callable> = self
             .node

@@ -544,6 +544,40 @@ async fn a_dropped_session_is_cleaned_up() {
     );
 }
 
+/// A client that handshakes, allocates and never opens its task stream
+/// loses the session after the grace period: nothing is held for ever by
+/// peers that go quiet before they start.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_session_without_a_task_stream_is_ended_after_the_grace_period() {
+    let w = WorkerProcess::spawn_unix(
+        &strata_bin(),
+        &["worker"],
+        &["--device", "sim:mem=64MiB", "--session-grace-ms", "300"],
+    );
+    let mint = mint();
+    let (mut idle, _) = session(&w).await;
+    let dev = mint.mint().unwrap();
+    idle.device_alloc(&dev, 1 << 20, strata_chip::Region::Persistent)
+        .await
+        .unwrap();
+    // A session with a task stream stays.
+    let (mut busy, _) = session(&w).await;
+    let _stream = busy.open_tasks().await.unwrap();
+    let s = busy.stats().await.unwrap();
+    assert_eq!((s.sessions, s.persistent.in_use), (2, 1 << 20));
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    let s = busy.stats().await.unwrap();
+    assert_eq!(
+        (s.sessions, s.persistent.in_use),
+        (1, 0),
+        "the idle session and its device buffer are gone: {}",
+        w.log()
+    );
+    let e = idle.stats().await.unwrap_err().to_string();
+    assert!(e.contains("unknown or has ended"), "{e}");
+    assert!(w.log().contains("no task stream opened within the grace period"));
+}
+
 /// SIGTERM: in-flight tasks finish, the worker exits 0 and removes its
 /// sockets.
 #[tokio::test(flavor = "multi_thread")]

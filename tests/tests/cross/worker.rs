@@ -575,7 +575,10 @@ async fn a_session_without_a_task_stream_is_ended_after_the_grace_period() {
     );
     let e = idle.stats().await.unwrap_err().to_string();
     assert!(e.contains("unknown or has ended"), "{e}");
-    assert!(w.log().contains("no task stream opened within the grace period"));
+    assert!(
+        w.log()
+            .contains("no task stream opened within the grace period")
+    );
 }
 
 /// SIGTERM: in-flight tasks finish, the worker exits 0 and removes its

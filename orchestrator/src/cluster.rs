@@ -21,7 +21,7 @@ use tokio::sync::{mpsc, oneshot};
 
 use crate::RunSummary;
 use crate::actors::dag::{DagActor, EndpointRef};
-use crate::actors::endpoint::{EndpointActor, Life, Rejoin, Spawned, connect};
+use crate::actors::endpoint::{DIAL_LIMIT, EndpointActor, Life, Rejoin, Spawned, connect};
 use crate::actors::{ArgRef, Cmd, EpCmd, MemberSpec, Notice, TaskSpec, buffers};
 use crate::buffer::{Backing, Buffer, DeviceShared, HostShared, Released};
 use crate::error::Error;
@@ -297,8 +297,14 @@ impl Cluster {
             let mut out = Vec::new();
             for (i, (r, pid)) in targets.iter().enumerate() {
                 let ep = &r.endpoint;
-                let c = connect(ep, r.token.as_deref(), r.tls.as_ref(), interval_ms)
+                let dial = connect(ep, r.token.as_deref(), r.tls.as_ref(), interval_ms);
+                let c = tokio::time::timeout(DIAL_LIMIT, dial)
                     .await
+                    .unwrap_or_else(|_| {
+                        Err(format!(
+                            "no answer within {DIAL_LIMIT:?} (connection, handshake and streams)"
+                        ))
+                    })
                     .map_err(|why| {
                         let log = match (&local, pid) {
                             (Some(lw), Some(_)) => format!("; its log:\n{}", lw.log_tail(i)),

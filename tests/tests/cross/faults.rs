@@ -233,6 +233,66 @@ fn a_worker_restarted_on_its_tcp_port_rejoins() {
     restart_and_rejoin(true);
 }
 
+/// A worker the cluster connected to that hangs (SIGSTOP) is lost at the
+/// health deadline; when it wakes up (SIGCONT) it ends the old session,
+/// answers the endpoint's dialing and rejoins.
+#[test]
+fn a_hung_worker_that_wakes_up_rejoins() {
+    let stay = WorkerProcess::spawn_unix(test_worker_bin(), &[], &[]);
+    let w = WorkerProcess::spawn_unix(test_worker_bin(), &[], &[]);
+    let cluster = Cluster::builder()
+        .connect(&stay.endpoint.to_string(), None)
+        .unwrap()
+        .connect(&w.endpoint.to_string(), None)
+        .unwrap()
+        .start()
+        .unwrap();
+    let b = WorkerId(1);
+    let pid = nix::unistd::Pid::from_raw(i32::try_from(w.pid()).unwrap());
+    let busy = cluster
+        .submit(Task::new("test.sleep").scalar_u64(200).on(b))
+        .unwrap();
+    within(Duration::from_secs(5), || {
+        cluster.worker_stats(b).is_ok_and(|s| s.tasks_in_flight > 0)
+    })
+    .expect("task started");
+    let stopped = Instant::now();
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGSTOP).unwrap();
+    let e = cluster.wait(busy).unwrap_err().to_string();
+    let detected = stopped.elapsed();
+    assert!(e.contains("no health beat"), "{e}");
+    assert!(!cluster.is_up(b));
+    assert!(cluster.wait_all().is_err());
+    // Still hung: the endpoint's dials go unanswered, it stays down, and
+    // the job runs on the other worker.
+    let want = reference(32, 3);
+    let job = submit_hash_job(&cluster, 32, 0, 3);
+    cluster.wait_all().expect("the job runs without it");
+    assert_eq!(job.out.read_elements().unwrap(), want);
+    assert!(!cluster.is_up(b));
+    let woke = Instant::now();
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGCONT).unwrap();
+    cluster
+        .wait_up(b, Duration::from_secs(15))
+        .unwrap_or_else(|e| panic!("{e}; its log:\n{}", w.log()));
+    let rejoined = woke.elapsed();
+    // Only the new session is left on it (and the probe's own).
+    let mut probe = Probe::new(&w.endpoint.to_string(), None);
+    within(Duration::from_secs(5), || probe.stats().sessions == 2)
+        .unwrap_or_else(|| panic!("sessions: {}", probe.stats().sessions));
+    let before = probe.stats().tasks_succeeded;
+    let job = submit_hash_job(&cluster, 64, 2, 3);
+    let want = reference(64, 3);
+    cluster.wait_all().expect("the job after it woke up");
+    assert_eq!(job.out.read_elements().unwrap(), want);
+    assert!(probe.stats().tasks_succeeded > before, "it ran tasks again");
+    eprintln!(
+        "SIGSTOP detected in {:.1} ms; rejoined {:.1} ms after SIGCONT",
+        ms(detected),
+        ms(rejoined)
+    );
+}
+
 #[test]
 fn a_connection_cut_mid_stream_is_detected_and_the_work_finishes_elsewhere() {
     let dir = tempfile::tempdir().unwrap();
@@ -495,5 +555,31 @@ fn hosts_in_network_namespaces_survive_a_link_going_down() {
         ms(since_down),
         ms(released),
         ms(rejoined)
+    );
+}
+
+/// An address that accepts connections and never answers (a wedged
+/// process, a black-holing middlebox) fails the cluster's start within the
+/// dial limit, naming the worker, instead of hanging the driver.
+#[test]
+fn a_worker_that_never_answers_fails_the_start_instead_of_hanging() {
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let address = format!("tcp:{}", silent.local_addr().unwrap());
+    let t0 = Instant::now();
+    let e = Cluster::builder()
+        .connect(&address, Some(TOKEN))
+        .unwrap()
+        .start()
+        .unwrap_err()
+        .to_string();
+    let took = t0.elapsed();
+    assert!(
+        e.contains(&address) && e.contains("no answer within"),
+        "{e}"
+    );
+    assert!(took < Duration::from_secs(15), "{took:?}");
+    eprintln!(
+        "a silent worker failed the start after {:.0} ms: {e}",
+        ms(took)
     );
 }

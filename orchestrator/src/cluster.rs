@@ -7,6 +7,7 @@
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use strata_chip::KernelHandle;
@@ -21,7 +22,7 @@ use tokio::sync::{mpsc, oneshot};
 
 use crate::RunSummary;
 use crate::actors::dag::{DagActor, EndpointRef};
-use crate::actors::endpoint::{DIAL_LIMIT, EndpointActor, Life, Rejoin, Spawned, connect};
+use crate::actors::endpoint::{DIAL_LIMIT, EndpointActor, Life, Rejoin, Respawn, Spawned, connect};
 use crate::actors::{ArgRef, Cmd, EpCmd, MemberSpec, Notice, TaskSpec, buffers};
 use crate::buffer::{Backing, Buffer, DeviceShared, HostShared, Released};
 use crate::error::Error;
@@ -50,6 +51,7 @@ pub struct ClusterBuilder {
     ready_timeout: Duration,
     trace: bool,
     retries: u32,
+    respawns: u32,
     max_unfinished: usize,
 }
 
@@ -66,6 +68,7 @@ impl Default for ClusterBuilder {
             ready_timeout: Duration::from_secs(30),
             trace: false,
             retries: 0,
+            respawns: 0,
             max_unfinished: 65_536,
         }
     }
@@ -168,6 +171,18 @@ impl ClusterBuilder {
         self
     }
 
+    /// Restarts a worker this cluster spawned when it is lost (crashed,
+    /// killed, hung), up to `n` times per worker (default 0: a lost
+    /// spawned worker stays gone). The new process starts on the same
+    /// socket, with nothing of the old one's, and rejoins; tasks are
+    /// placed there again. Its tasks at the time of the loss fail (or
+    /// rerun elsewhere under [`ClusterBuilder::retry`]).
+    #[must_use]
+    pub fn respawn(mut self, n: u32) -> Self {
+        self.respawns = n;
+        self
+    }
+
     /// The most tasks submitted and not yet finished (default 65,536):
     /// past it, `submit` waits for tasks to finish, so a driver that
     /// submits faster than the workers run keeps bounded memory.
@@ -204,7 +219,8 @@ pub struct WorkerInfo {
     pub lanes: u32,
     /// Whether buffers reach it by fd (Unix socket) rather than staged bytes.
     pub fd_passing: bool,
-    /// Its process id, when this cluster spawned it.
+    /// Its process id, when this cluster spawned it (the first one: a
+    /// respawned worker's is [`Cluster::worker_pid`]).
     pub pid: Option<u32>,
     /// `name@version` of every callable it offers.
     pub callables: Vec<String>,
@@ -226,7 +242,7 @@ pub struct Cluster {
     callables: BTreeMap<String, Vec<(u32, KernelHandle, String)>>,
     mint: IdentityMint,
     released: mpsc::UnboundedSender<Released>,
-    local: Option<LocalWorkers>,
+    local: Option<Arc<Mutex<LocalWorkers>>>,
     /// Per worker, the callables it offers.
     offers: Vec<std::collections::HashSet<KernelHandle>>,
     /// Per worker, whether it is up and how many times it was lost.
@@ -284,7 +300,7 @@ impl Cluster {
                 };
                 targets.push((r, Some(Spawned { pid, log })));
             }
-            Some(lw)
+            Some(Arc::new(Mutex::new(lw)))
         } else {
             None
         };
@@ -307,7 +323,10 @@ impl Cluster {
                     })
                     .map_err(|why| {
                         let log = match (&local, pid) {
-                            (Some(lw), Some(_)) => format!("; its log:\n{}", lw.log_tail(i)),
+                            (Some(lw), Some(_)) => {
+                                let lw = lw.lock().unwrap_or_else(|e| e.into_inner());
+                                format!("; its log:\n{}", lw.log_tail(i))
+                            }
                             _ => String::new(),
                         };
                         Error::Cluster(format!("worker {i} ({ep}): {why}{log}"))
@@ -376,16 +395,25 @@ impl Cluster {
                     .collect(),
                 window: b.window,
             });
-            // A worker spawned here is killed when lost; one the cluster
+            // A worker spawned here is killed when lost, and restarted on
+            // its socket while the respawn budget lasts; one the cluster
             // connected to is dialed again and may rejoin.
-            let rejoin = pid.is_none().then(|| Rejoin {
+            let rejoin = Some(Rejoin {
                 endpoint: ep.clone(),
                 token: r.token.clone(),
                 tls: r.tls.clone(),
                 health_ms: interval_ms,
                 window: b.window,
             });
-            let life = std::sync::Arc::new(Life::new());
+            let respawn = match (&local, pid) {
+                (Some(lw), Some(_)) if b.respawns > 0 => Some(Respawn {
+                    local: Arc::clone(lw),
+                    chip: i,
+                    left: b.respawns,
+                }),
+                _ => None,
+            };
+            let life = std::sync::Arc::new(Life::new(pid.as_ref().map(|s| s.pid)));
             lives.push(std::sync::Arc::clone(&life));
             actors.push((
                 EndpointActor::new(
@@ -397,6 +425,7 @@ impl Cluster {
                     pid.clone(),
                     life,
                     rejoin,
+                    respawn,
                 ),
                 rx,
             ));
@@ -450,6 +479,12 @@ impl Cluster {
     /// The workers, by id.
     pub fn workers(&self) -> &[WorkerInfo] {
         &self.workers
+    }
+
+    /// The process id of `worker` now, when this cluster spawned it (a
+    /// respawned worker has a new one; [`WorkerInfo::pid`] is the first).
+    pub fn worker_pid(&self, worker: WorkerId) -> Option<u32> {
+        self.lives.get(worker.0 as usize).and_then(|l| l.pid())
     }
 
     /// Whether `worker` is up: connected and taking tasks. A lost worker
@@ -1029,7 +1064,7 @@ fn not_async() -> Result<(), Error> {
 /// its task stream and fd channel, ending its worker session), then the
 /// runtime stops, then spawned workers get SIGTERM (SIGKILL after 2 s) and
 /// are reaped.
-fn stop(runtime: Runtime, cmds: &mpsc::Sender<Cmd>, local: Option<LocalWorkers>) {
+fn stop(runtime: Runtime, cmds: &mpsc::Sender<Cmd>, local: Option<Arc<Mutex<LocalWorkers>>>) {
     tracing::info!("cluster stopping");
     let (tx, rx) = oneshot::channel();
     let cmds = cmds.clone();
@@ -1039,8 +1074,10 @@ fn stop(runtime: Runtime, cmds: &mpsc::Sender<Cmd>, local: Option<LocalWorkers>)
         }
     });
     runtime.shutdown_timeout(Duration::from_secs(1));
-    if let Some(mut lw) = local {
-        lw.shutdown(Duration::from_secs(2));
+    if let Some(lw) = local {
+        lw.lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .shutdown(Duration::from_secs(2));
     }
 }
 

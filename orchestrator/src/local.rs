@@ -58,11 +58,27 @@ struct Spawned {
 pub(crate) struct LocalWorkers {
     spawned: Vec<Spawned>,
     dir: Option<TempDir>,
+    binary: PathBuf,
+    device: String,
+    ready_timeout: Duration,
 }
 
 impl std::fmt::Debug for LocalWorkers {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "LocalWorkers({:?})", self.pids())
+    }
+}
+
+/// A worker just started: its ready line arrives on `ready`.
+pub(crate) struct Starting {
+    pub(crate) chip: usize,
+    ready: mpsc::Receiver<String>,
+}
+
+impl Starting {
+    /// Waits up to `timeout` for the ready line (no lock held meanwhile).
+    pub(crate) fn wait(&self, timeout: Duration) -> Option<String> {
+        self.ready.recv_timeout(timeout).ok()
     }
 }
 
@@ -82,82 +98,136 @@ impl LocalWorkers {
             .map_err(|e| Error::Cluster(format!("temporary directory: {e}")))?;
         let mut me = LocalWorkers {
             spawned: Vec::new(),
-            dir: None,
+            dir: Some(dir),
+            binary: binary.to_path_buf(),
+            device: device.to_owned(),
+            ready_timeout: timeout,
         };
-        let mut ready = Vec::new();
+        let mut starting = Vec::new();
         for chip in 0..n {
-            let sock = dir.path().join(format!("chip{chip}.sock"));
-            let log = dir.path().join(format!("chip{chip}.log"));
-            let log_file = std::fs::File::create(&log)
-                .map_err(|e| Error::Cluster(format!("{}: {e}", log.display())))?;
-            let mut cmd = Command::new(binary);
-            cmd.arg("worker")
-                .arg("--chip")
-                .arg(chip.to_string())
-                .arg("--device")
-                .arg(device)
-                .arg("--listen")
-                .arg(format!("unix:{}", sock.display()))
-                .arg("--exit-with-stdin")
-                .stdin(Stdio::piped())
-                .stdout(Stdio::piped())
-                .stderr(log_file);
-            if std::env::var_os("RUST_LOG").is_none() {
-                cmd.env("RUST_LOG", "warn");
-            }
-            let mut child = cmd
-                .spawn()
-                .map_err(|e| Error::Cluster(format!("cannot start {}: {e}", binary.display())))?;
-            let stdout = child.stdout.take();
-            let stdin = child.stdin.take();
-            let (tx, rx) = mpsc::channel::<String>();
-            // Reads the ready line, then drains stdout until the worker
-            // exits, so the pipe never fills.
-            let drain = std::thread::spawn(move || {
-                let Some(out) = stdout else { return };
-                for line in BufReader::new(out).lines() {
-                    let Ok(line) = line else { return };
-                    let _ = tx.send(line);
-                }
-            });
-            me.spawned.push(Spawned {
-                child,
-                stdin,
-                log,
-                drain: Some(drain),
-            });
-            ready.push(rx);
+            starting.push(me.start(chip)?);
         }
-        me.dir = Some(dir);
         let deadline = Instant::now() + timeout;
         let mut endpoints = Vec::new();
-        for (chip, rx) in ready.iter().enumerate() {
+        for s in starting {
             let left = deadline.saturating_duration_since(Instant::now());
-            let line = rx.recv_timeout(left).map_err(|_| {
-                let s = &mut me.spawned[chip];
-                let status = s.child.try_wait().ok().flatten();
-                Error::Cluster(format!(
-                    "local worker {chip} ({}) {}; its log:\n{}",
-                    binary.display(),
-                    match status {
-                        Some(st) => format!("exited ({st}) before it was ready"),
-                        None => format!("was not ready within {timeout:?}"),
-                    },
-                    tail(&s.log)
-                ))
-            })?;
-            let endpoint = line
-                .split_whitespace()
-                .find_map(|w| w.strip_prefix("listen="))
-                .and_then(|e| e.parse().ok())
-                .ok_or_else(|| {
-                    Error::Cluster(format!(
-                        "local worker {chip}: unexpected ready line {line:?}"
-                    ))
-                })?;
-            endpoints.push(endpoint);
+            let line = s.wait(left);
+            endpoints.push(me.endpoint_of(s.chip, line, left)?);
         }
         Ok((me, endpoints))
+    }
+
+    /// Starts (or, after it was lost, restarts) the worker of `chip` on its
+    /// socket; [`Starting::wait`] then waits for it.
+    pub(crate) fn start(&mut self, chip: usize) -> Result<Starting, Error> {
+        let Some(dir) = &self.dir else {
+            return Err(Error::Cluster(
+                "the cluster's workers were shut down".into(),
+            ));
+        };
+        let sock = dir.path().join(format!("chip{chip}.sock"));
+        let log = dir.path().join(format!("chip{chip}.log"));
+        // A restarted worker appends to the log of the one before.
+        let log_file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&log)
+            .map_err(|e| Error::Cluster(format!("{}: {e}", log.display())))?;
+        let mut cmd = Command::new(&self.binary);
+        cmd.arg("worker")
+            .arg("--chip")
+            .arg(chip.to_string())
+            .arg("--device")
+            .arg(&self.device)
+            .arg("--listen")
+            .arg(format!("unix:{}", sock.display()))
+            .arg("--exit-with-stdin")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(log_file);
+        if std::env::var_os("RUST_LOG").is_none() {
+            cmd.env("RUST_LOG", "warn");
+        }
+        let mut child = cmd
+            .spawn()
+            .map_err(|e| Error::Cluster(format!("cannot start {}: {e}", self.binary.display())))?;
+        let stdout = child.stdout.take();
+        let stdin = child.stdin.take();
+        let (tx, ready) = mpsc::channel::<String>();
+        // Reads the ready line, then drains stdout until the worker
+        // exits, so the pipe never fills.
+        let drain = std::thread::spawn(move || {
+            let Some(out) = stdout else { return };
+            for line in BufReader::new(out).lines() {
+                let Ok(line) = line else { return };
+                let _ = tx.send(line);
+            }
+        });
+        let fresh = Spawned {
+            child,
+            stdin,
+            log,
+            drain: Some(drain),
+        };
+        if let Some(old) = self.spawned.get_mut(chip) {
+            let mut old = std::mem::replace(old, fresh);
+            old.stdin = None;
+            let _ = old.child.kill();
+            let _ = old.child.wait();
+            if let Some(d) = old.drain.take() {
+                let _ = d.join();
+            }
+        } else {
+            self.spawned.push(fresh);
+        }
+        Ok(Starting { chip, ready })
+    }
+
+    /// The endpoint a started worker's ready line names, or why there is
+    /// none (`line` is `None` when it did not come within `timeout`).
+    pub(crate) fn endpoint_of(
+        &mut self,
+        chip: usize,
+        line: Option<String>,
+        timeout: Duration,
+    ) -> Result<Endpoint, Error> {
+        let line = line.ok_or_else(|| {
+            let (status, log) = match self.spawned.get_mut(chip) {
+                Some(w) => (w.child.try_wait().ok().flatten(), tail(&w.log)),
+                None => (None, String::new()),
+            };
+            Error::Cluster(format!(
+                "local worker {chip} ({}) {}; its log:\n{log}",
+                self.binary.display(),
+                match status {
+                    Some(st) => format!("exited ({st}) before it was ready"),
+                    None => format!("was not ready within {timeout:?}"),
+                },
+            ))
+        })?;
+        line.split_whitespace()
+            .find_map(|w| w.strip_prefix("listen="))
+            .and_then(|e| e.parse().ok())
+            .ok_or_else(|| {
+                Error::Cluster(format!(
+                    "local worker {chip}: unexpected ready line {line:?}"
+                ))
+            })
+    }
+
+    /// How long a worker may take to be ready.
+    pub(crate) fn ready_timeout(&self) -> Duration {
+        self.ready_timeout
+    }
+
+    /// The log file of `chip`'s worker.
+    pub(crate) fn log_path(&self, chip: usize) -> Option<PathBuf> {
+        self.spawned.get(chip).map(|s| s.log.clone())
+    }
+
+    /// The pid of `chip`'s worker now.
+    pub(crate) fn pid(&self, chip: usize) -> Option<u32> {
+        self.spawned.get(chip).map(|s| s.child.id())
     }
 
     /// Process ids, in chip order.

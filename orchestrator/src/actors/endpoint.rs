@@ -102,14 +102,22 @@ pub(crate) async fn connect(
 pub(crate) struct Life {
     up: AtomicBool,
     incarnation: AtomicU64,
+    /// The process id of a worker the cluster spawned (0: not spawned).
+    pid: std::sync::atomic::AtomicU32,
 }
 
 impl Life {
-    pub(crate) fn new() -> Self {
+    pub(crate) fn new(pid: Option<u32>) -> Self {
         Life {
             up: AtomicBool::new(true),
             incarnation: AtomicU64::new(0),
+            pid: std::sync::atomic::AtomicU32::new(pid.unwrap_or(0)),
         }
+    }
+
+    /// The process id of a worker the cluster spawned, as it is now.
+    pub(crate) fn pid(&self) -> Option<u32> {
+        Some(self.pid.load(Ordering::Acquire)).filter(|p| *p != 0)
     }
 
     pub(crate) fn is_up(&self) -> bool {
@@ -119,6 +127,10 @@ impl Life {
     /// Bumped each time the worker is lost: what it held is gone.
     pub(crate) fn incarnation(&self) -> u64 {
         self.incarnation.load(Ordering::Acquire)
+    }
+
+    fn set_pid(&self, pid: u32) {
+        self.pid.store(pid, Ordering::Release);
     }
 
     fn lost(&self) {
@@ -131,8 +143,17 @@ impl Life {
     }
 }
 
-/// How to reach a worker the cluster connected to, to rejoin it after a
-/// loss.
+/// How a spawned worker is restarted after a loss: by the cluster's
+/// [`LocalWorkers`](crate::local::LocalWorkers), up to `left` more times.
+#[derive(Clone)]
+pub(crate) struct Respawn {
+    pub(crate) local: Arc<std::sync::Mutex<crate::local::LocalWorkers>>,
+    pub(crate) chip: usize,
+    pub(crate) left: u32,
+}
+
+/// How to reach a worker after a loss, to rejoin it: the one the cluster
+/// connected to at the same address, or one it spawned once restarted.
 #[derive(Debug, Clone)]
 pub(crate) struct Rejoin {
     pub(crate) endpoint: Endpoint,
@@ -147,8 +168,9 @@ enum Event {
     Completions(Vec<TaskCompletion>),
     StreamEnded(Option<String>),
     HealthLost(String),
-    /// A fresh connection to the lost worker.
-    Redialed(Box<Connected>),
+    /// A fresh connection to the lost worker (and the new process, when
+    /// the cluster restarted it).
+    Redialed(Box<Connected>, Option<Spawned>),
 }
 
 struct InFlight {
@@ -178,6 +200,7 @@ pub(crate) struct EndpointActor {
     health_deadline: Duration,
     life: Arc<Life>,
     rejoin: Option<Rejoin>,
+    respawn: Option<Respawn>,
     /// The task dialing the lost worker.
     dialer: Option<JoinHandle<()>>,
     lost_at: Option<Instant>,
@@ -211,6 +234,7 @@ impl EndpointActor {
         spawned: Option<Spawned>,
         life: Arc<Life>,
         rejoin: Option<Rejoin>,
+        respawn: Option<Respawn>,
     ) -> Self {
         let (events_tx, events) = mpsc::unbounded_channel();
         let offers = c
@@ -230,6 +254,7 @@ impl EndpointActor {
             health_deadline,
             life,
             rejoin,
+            respawn,
             dialer: None,
             lost_at: None,
             rejoins: 0,
@@ -325,7 +350,7 @@ impl EndpointActor {
                         self.lost(format!("task stream broke: {e}"));
                     }
                     Some(Event::HealthLost(cause)) => self.lost(cause),
-                    Some(Event::Redialed(c)) => self.redialed(*c),
+                    Some(Event::Redialed(c, spawned)) => self.redialed(*c, spawned),
                     None => events_open = false,
                 },
                 cmd = cmds.recv() => match cmd {
@@ -401,13 +426,30 @@ impl EndpointActor {
         self.redial();
     }
 
-    /// Starts dialing a lost worker the cluster connected to.
+    /// Starts dialing a lost worker the cluster connected to, or
+    /// restarting one it spawned (while the respawn budget lasts).
     fn redial(&mut self) {
         let Some(r) = self.rejoin.clone() else {
             return;
         };
         let tx = self.events_tx.clone();
         let (id, name) = (self.id, self.name.clone());
+        if self.spawned.is_some() {
+            let Some(respawn) = self.respawn.as_mut().filter(|s| s.left > 0) else {
+                return;
+            };
+            respawn.left -= 1;
+            let respawn = respawn.clone();
+            self.dialer = Some(tokio::spawn(async move {
+                match restart(&respawn, &r).await {
+                    Ok((c, spawned)) => {
+                        let _ = tx.send(Event::Redialed(Box::new(c), Some(spawned)));
+                    }
+                    Err(e) => warn!("{id} ({name}) could not be restarted: {e}"),
+                }
+            }));
+            return;
+        }
         self.dialer = Some(tokio::spawn(async move {
             let mut pause = Duration::from_millis(50);
             loop {
@@ -416,7 +458,7 @@ impl EndpointActor {
                 let dial = connect(&r.endpoint, r.token.as_deref(), r.tls.as_ref(), r.health_ms);
                 match tokio::time::timeout(DIAL_LIMIT, dial).await {
                     Ok(Ok(c)) => {
-                        let _ = tx.send(Event::Redialed(Box::new(c)));
+                        let _ = tx.send(Event::Redialed(Box::new(c), None));
                         return;
                     }
                     Ok(Err(e)) => debug!("{id} ({name}): not back yet: {e}"),
@@ -430,10 +472,14 @@ impl EndpointActor {
 
     /// A lost worker answered again: it rejoins if it still offers what it
     /// offered at the start.
-    fn redialed(&mut self, c: Connected) {
+    fn redialed(&mut self, c: Connected, spawned: Option<Spawned>) {
         self.dialer = None;
         if !self.dead {
             return;
+        }
+        if let Some(s) = spawned {
+            self.life.set_pid(s.pid);
+            self.spawned = Some(s);
         }
         let offered: HashSet<_> = c
             .client
@@ -798,6 +844,35 @@ impl EndpointActor {
             });
         }
     }
+}
+
+/// Restarts a spawned worker on its socket and connects to it.
+async fn restart(respawn: &Respawn, r: &Rejoin) -> Result<(Connected, Spawned), String> {
+    let (local, chip) = (Arc::clone(&respawn.local), respawn.chip);
+    let (endpoint, spawned) = tokio::task::spawn_blocking(move || {
+        let lock = || local.lock().unwrap_or_else(|e| e.into_inner());
+        let (starting, timeout) = {
+            let mut lw = lock();
+            (lw.start(chip)?, lw.ready_timeout())
+        };
+        // No lock held while it starts: the cluster may be stopping.
+        let line = starting.wait(timeout);
+        let mut lw = lock();
+        let endpoint = lw.endpoint_of(chip, line, timeout)?;
+        let pid = lw
+            .pid(chip)
+            .ok_or_else(|| crate::error::Error::Cluster("no process".into()))?;
+        let log = lw.log_path(chip).unwrap_or_default();
+        Ok::<_, crate::error::Error>((endpoint, Spawned { pid, log }))
+    })
+    .await
+    .map_err(|e| e.to_string())?
+    .map_err(|e| e.to_string())?;
+    let dial = connect(&endpoint, None, None, r.health_ms);
+    let c = tokio::time::timeout(DIAL_LIMIT, dial)
+        .await
+        .map_err(|_| format!("no answer within {DIAL_LIMIT:?}"))??;
+    Ok((c, spawned))
 }
 
 /// Writes the bytes a remote worker sent back into the host buffers; every

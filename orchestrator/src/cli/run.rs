@@ -42,6 +42,15 @@ pub struct RunArgs {
     /// graph file's.
     #[arg(long)]
     pub out_dir: Option<PathBuf>,
+    /// Run a task again on another worker, up to N times, when its worker
+    /// is lost while it runs and a rerun is safe (no INOUT argument, no
+    /// device buffer, not pinned to a worker).
+    #[arg(long, default_value_t = 0)]
+    pub retry: u32,
+    /// Restart a local worker that is lost (crashed, killed, hung), up to N
+    /// times each; it rejoins on the same socket.
+    #[arg(long, default_value_t = 0)]
+    pub respawn: u32,
     /// No progress bar, no summary: only errors.
     #[arg(long, short)]
     pub quiet: bool,
@@ -110,7 +119,11 @@ pub fn run(args: &RunArgs) -> ExitCode {
             }
         },
     };
-    let cluster = match builder.trace(args.trace.is_some()).start() {
+    let builder = builder
+        .trace(args.trace.is_some())
+        .retry(args.retry)
+        .respawn(args.respawn);
+    let cluster = match builder.start() {
         Ok(c) => c,
         Err(e) => {
             eprintln!("strata run: {e}");

@@ -293,6 +293,56 @@ fn a_hung_worker_that_wakes_up_rejoins() {
     );
 }
 
+/// With `respawn(1)`, a spawned worker that crashes is restarted on its
+/// socket and rejoins; the second crash exhausts the budget and it stays
+/// down.
+#[test]
+fn a_crashed_spawned_worker_is_restarted_once_and_rejoins() {
+    let cluster = Cluster::builder()
+        .local(2)
+        .worker_binary(test_worker_bin())
+        .respawn(1)
+        .start()
+        .unwrap();
+    let w = WorkerId(0);
+    let first = cluster.worker_pid(w).unwrap();
+    assert_eq!(cluster.workers()[0].pid, Some(first));
+    let crashed = Instant::now();
+    let h = cluster.submit(Task::new("test.abort").on(w)).unwrap();
+    let e = cluster.wait(h).unwrap_err().to_string();
+    assert!(e.contains("test.abort: aborting"), "{e}");
+    cluster
+        .wait_up(w, Duration::from_secs(20))
+        .expect("restarted and rejoined");
+    let back = crashed.elapsed();
+    let second = cluster.worker_pid(w).unwrap();
+    assert_ne!(first, second, "a new process");
+    assert!(cluster.wait_all().is_err(), "the run reports the crash");
+    let want = reference(64, 9);
+    let job = submit_hash_job(&cluster, 64, 2, 9);
+    cluster.wait_all().expect("the job after the restart");
+    assert_eq!(job.out.read_elements().unwrap(), want);
+    assert!(
+        cluster.worker_stats(w).unwrap().tasks_succeeded > 0,
+        "the restarted worker ran tasks"
+    );
+    // The budget is spent: the next crash leaves it down.
+    let h = cluster.submit(Task::new("test.abort").on(w)).unwrap();
+    assert!(cluster.wait(h).is_err());
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(!cluster.is_up(w));
+    // The run's error is the second crash; the job went to the survivor.
+    let job = submit_hash_job(&cluster, 16, 0, 9);
+    let e = cluster.wait_all().unwrap_err().to_string();
+    assert!(e.contains("test.abort"), "{e}");
+    assert!(job.tasks.iter().all(|t| cluster.wait(*t).is_ok()));
+    assert_eq!(job.out.read_elements().unwrap(), reference(16, 9));
+    eprintln!(
+        "a crashed spawned worker was back {:.1} ms after the crashing task was submitted",
+        ms(back)
+    );
+}
+
 #[test]
 fn a_connection_cut_mid_stream_is_detected_and_the_work_finishes_elsewhere() {
     let dir = tempfile::tempdir().unwrap();

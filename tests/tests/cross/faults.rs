@@ -293,6 +293,42 @@ fn a_hung_worker_that_wakes_up_rejoins() {
     );
 }
 
+/// A worker that comes back on the address of a lost one but offers fewer
+/// callables (another binary) is not taken back: the cluster says why in
+/// its log and keeps dialing; the right worker on that address rejoins.
+#[test]
+fn a_worker_that_comes_back_with_fewer_callables_is_not_taken_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let listen = format!("unix:{}", dir.path().join("w.sock").display());
+    let stay = WorkerProcess::spawn_unix(test_worker_bin(), &[], &[]);
+    let mut w = WorkerProcess::spawn_listening(test_worker_bin(), &[], &listen, &[]);
+    let cluster = Cluster::builder()
+        .connect(&stay.endpoint.to_string(), None)
+        .unwrap()
+        .connect(&listen, None)
+        .unwrap()
+        .start()
+        .unwrap();
+    let b = WorkerId(1);
+    w.kill();
+    within(Duration::from_secs(5), || !cluster.is_up(b)).expect("lost");
+    // `strata worker` has the built-in kernels only, not the test ones.
+    let mut other =
+        WorkerProcess::spawn_listening(&strata_tests::strata_bin(), &["worker"], &listen, &[]);
+    // Several dials find it and turn it away.
+    std::thread::sleep(Duration::from_millis(1500));
+    assert!(!cluster.is_up(b), "a worker lacking callables rejoined");
+    other.kill();
+    let _w = WorkerProcess::spawn_listening(test_worker_bin(), &[], &listen, &[]);
+    cluster
+        .wait_up(b, Duration::from_secs(10))
+        .expect("the right worker rejoins");
+    let h = cluster
+        .submit(Task::new("test.sleep").scalar_u64(1).on(b))
+        .unwrap();
+    cluster.wait(h).expect("runs there");
+}
+
 /// With `respawn(1)`, a spawned worker that crashes is restarted on its
 /// socket and rejoins; the second crash exhausts the budget and it stays
 /// down.

@@ -33,6 +33,7 @@ tests=(
   faults::a_connection_cut_mid_stream_is_detected_and_the_work_finishes_elsewhere
   faults::a_hung_worker_that_wakes_up_rejoins
   faults::a_crashed_spawned_worker_is_restarted_once_and_rejoins
+  faults::a_worker_that_comes_back_with_fewer_callables_is_not_taken_back
   faults::hosts_in_network_namespaces_survive_a_link_going_down
   faults::a_worker_that_never_answers_fails_the_start_instead_of_hanging
   worker::a_dropped_session_is_cleaned_up

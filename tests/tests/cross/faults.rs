@@ -117,6 +117,16 @@ impl Probe {
     }
 }
 
+/// A cluster of workers it connects to (not spawns), in order, each
+/// address with its token, with the retry policy `retry`.
+fn connected(workers: &[(&str, Option<&str>)], retry: u32) -> Cluster {
+    let mut b = Cluster::builder().retry(retry);
+    for (address, token) in workers {
+        b = b.connect(address, *token).unwrap();
+    }
+    b.start().unwrap()
+}
+
 /// Polls `f` every 5 ms for up to `limit`; how long it took.
 fn within(limit: Duration, mut f: impl FnMut() -> bool) -> Option<Duration> {
     let t0 = Instant::now();
@@ -153,13 +163,7 @@ fn restart_and_rejoin(tcp: bool) {
     // A TCP worker restarts on the port it got the first time.
     let address = w.endpoint.to_string();
     let tok = tcp.then_some(TOKEN);
-    let cluster = Cluster::builder()
-        .connect(&stay.endpoint.to_string(), None)
-        .unwrap()
-        .connect(&address, tok)
-        .unwrap()
-        .start()
-        .unwrap();
+    let cluster = connected(&[(&stay.endpoint.to_string(), None), (&address, tok)], 0);
     let b = WorkerId(1);
     let held = cluster.device_buffer(b, 4096).unwrap();
     let busy: Vec<TaskHandle> = (0..2)
@@ -240,13 +244,13 @@ fn a_worker_restarted_on_its_tcp_port_rejoins() {
 fn a_hung_worker_that_wakes_up_rejoins() {
     let stay = WorkerProcess::spawn_unix(test_worker_bin(), &[], &[]);
     let w = WorkerProcess::spawn_unix(test_worker_bin(), &[], &[]);
-    let cluster = Cluster::builder()
-        .connect(&stay.endpoint.to_string(), None)
-        .unwrap()
-        .connect(&w.endpoint.to_string(), None)
-        .unwrap()
-        .start()
-        .unwrap();
+    let cluster = connected(
+        &[
+            (&stay.endpoint.to_string(), None),
+            (&w.endpoint.to_string(), None),
+        ],
+        0,
+    );
     let b = WorkerId(1);
     let pid = nix::unistd::Pid::from_raw(i32::try_from(w.pid()).unwrap());
     let busy = cluster
@@ -302,13 +306,7 @@ fn a_worker_that_comes_back_with_fewer_callables_is_not_taken_back() {
     let listen = format!("unix:{}", dir.path().join("w.sock").display());
     let stay = WorkerProcess::spawn_unix(test_worker_bin(), &[], &[]);
     let mut w = WorkerProcess::spawn_listening(test_worker_bin(), &[], &listen, &[]);
-    let cluster = Cluster::builder()
-        .connect(&stay.endpoint.to_string(), None)
-        .unwrap()
-        .connect(&listen, None)
-        .unwrap()
-        .start()
-        .unwrap();
+    let cluster = connected(&[(&stay.endpoint.to_string(), None), (&listen, None)], 0);
     let b = WorkerId(1);
     w.kill();
     within(Duration::from_secs(5), || !cluster.is_up(b)).expect("lost");
@@ -391,14 +389,13 @@ fn a_connection_cut_mid_stream_is_detected_and_the_work_finishes_elsewhere() {
         e => panic!("{e}"),
     };
     let proxy = TcpProxy::start(target);
-    let cluster = Cluster::builder()
-        .connect(&w0.endpoint.to_string(), Some(TOKEN))
-        .unwrap()
-        .connect(&proxy.endpoint(), Some(TOKEN))
-        .unwrap()
-        .retry(3)
-        .start()
-        .unwrap();
+    let cluster = connected(
+        &[
+            (&w0.endpoint.to_string(), Some(TOKEN)),
+            (&proxy.endpoint(), Some(TOKEN)),
+        ],
+        3,
+    );
     let far = WorkerId(1);
     let rows = 96;
     let want = reference(rows, 11);
@@ -585,14 +582,7 @@ fn hosts_in_network_namespaces_survive_a_link_going_down() {
     let (a_ep, b_ep) = (wa.endpoint.to_string(), wb.endpoint.to_string());
     // The driver, in host d.
     let (cluster, job) = hosts.on(DRIVER, move || {
-        let cluster = Cluster::builder()
-            .connect(&a_ep, Some(TOKEN))
-            .unwrap()
-            .connect(&b_ep, Some(TOKEN))
-            .unwrap()
-            .retry(3)
-            .start()
-            .unwrap();
+        let cluster = connected(&[(&a_ep, Some(TOKEN)), (&b_ep, Some(TOKEN))], 3);
         // Every task needs the network: host d cannot reach the workers'
         // loopback, so the cluster's links are the veth pairs.
         let job = submit_hash_job(&cluster, rows, 10, 5);

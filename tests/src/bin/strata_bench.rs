@@ -20,7 +20,7 @@ static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
 use std::time::{Duration, Instant};
 
 use serde_json::json;
-use strata_orchestrator::{Cluster, Task, WorkerId};
+use strata_orchestrator::{Buffer, Cluster, Task, View, WorkerId};
 use strata_tests::kernels::fnv;
 use strata_wire::DType;
 
@@ -280,6 +280,25 @@ fn median(mut v: Vec<Duration>) -> Duration {
     v[v.len() / 2]
 }
 
+/// How long `test.touch` takes on `v`, from submit to completion.
+fn time_touch(cluster: &Cluster, v: &View) -> Result<Duration, String> {
+    let t0 = Instant::now();
+    let h = cluster
+        .submit(Task::new("test.touch").input(v))
+        .map_err(|e| e.to_string())?;
+    cluster.wait(h).map_err(|e| e.to_string())?;
+    Ok(t0.elapsed())
+}
+
+/// A fresh buffer of `bytes` (a multiple of 8) as one U64 view.
+fn fresh_view(cluster: &Cluster, bytes: u64) -> Result<(Buffer, View), String> {
+    let b = cluster.buffer(bytes).map_err(|e| e.to_string())?;
+    let v = b
+        .tensor(&[(bytes / 8) as u32], DType::U64)
+        .map_err(|e| e.to_string())?;
+    Ok((b, v))
+}
+
 fn sizes(quick: bool, full: &[(u64, &'static str)]) -> Vec<(u64, &'static str)> {
     if quick {
         full[..2].to_vec()
@@ -300,18 +319,10 @@ fn handoff(quick: bool) -> Result<bool, String> {
         let mut samples = Vec::new();
         for _ in 0..reps {
             // Prepared by the driver before the clock starts.
-            let b = cluster.buffer(bytes).map_err(|e| e.to_string())?;
+            let (b, v) = fresh_view(&cluster, bytes)?;
             b.write_bytes(bytes - 8, &7u64.to_le_bytes())
                 .map_err(|e| e.to_string())?;
-            let v = b
-                .tensor(&[(bytes / 8) as u32], DType::U64)
-                .map_err(|e| e.to_string())?;
-            let t0 = Instant::now();
-            let h = cluster
-                .submit(Task::new("test.touch").input(&v))
-                .map_err(|e| e.to_string())?;
-            cluster.wait(h).map_err(|e| e.to_string())?;
-            samples.push(t0.elapsed());
+            samples.push(time_touch(&cluster, &v)?);
         }
         let st = cluster.worker_stats(w).map_err(|e| e.to_string())?;
         let copied =
@@ -357,17 +368,9 @@ fn remote(quick: bool) -> Result<bool, String> {
         let mut samples = Vec::new();
         let mut ok = true;
         for _ in 0..5 {
-            let b = cluster.buffer(bytes).map_err(|e| e.to_string())?;
-            let v = b
-                .tensor(&[(bytes / 8) as u32], DType::U64)
-                .map_err(|e| e.to_string())?;
+            let (_b, v) = fresh_view(&cluster, bytes)?;
             let before = cluster.totals().map_err(|e| e.to_string())?.sent_bytes;
-            let t0 = Instant::now();
-            let h = cluster
-                .submit(Task::new("test.touch").input(&v))
-                .map_err(|e| e.to_string())?;
-            cluster.wait(h).map_err(|e| e.to_string())?;
-            samples.push(t0.elapsed());
+            samples.push(time_touch(&cluster, &v)?);
             let sent = cluster.totals().map_err(|e| e.to_string())?.sent_bytes - before;
             ok &= sent == bytes;
         }

@@ -7,6 +7,23 @@
 //! `finished` (one call per member) ends a task in the scheduler, then in
 //! the DAG (complete or fail), whose transitions make more tasks ready or
 //! skip them. Losing a worker fails what ran there.
+//!
+//! Quarantine (DESIGN §7). A loss is *fenced* when the worker can no
+//! longer touch task memory (the caller saw it dead, or its bytes were
+//! staged copies); otherwise the tasks it was running may still write.
+//! Each such task is reported [`Action::Quarantined`] — the driver then
+//! refuses its own reads and writes of the task's written bytes — and,
+//! once it finishes, is *lost* in the DAG rather than failed: writers of
+//! its bytes wait ([`crate::dag::Dag::lose`]). A task allowed to retry
+//! instead waits in the scheduler, still running as far as the DAG
+//! knows. Each loss is numbered per worker (its *epoch*, 1 for the first);
+//! [`Engine::fence`] with that number lifts the quarantine of the loss's
+//! tasks ([`Action::Lifted`]; waiting writers go on, retries are placed),
+//! and [`Engine::abandon`] gives up on the fence: what waits fails with a
+//! cause naming the quarantine, the lost worker and the lost task, and
+//! later writers of those bytes are refused until a late fence.
+
+use std::collections::HashMap;
 
 use strata_wire::CanonicalIdentity;
 
@@ -35,6 +52,31 @@ pub enum Action {
     },
     /// A scoped buffer is no longer used: release it.
     Release(CanonicalIdentity),
+    /// The task was running on a worker lost without a fence: the bytes it
+    /// writes are quarantined until [`Action::Lifted`]. Comes before the
+    /// task's `Done` (if it is done now; a task allowed to retry waits).
+    Quarantined {
+        /// The task.
+        task: TaskId,
+        /// The loss.
+        loss: Loss,
+    },
+    /// The loss that quarantined the task's bytes is fenced: the task can
+    /// no longer write them.
+    Lifted {
+        /// The task.
+        task: TaskId,
+    },
+}
+
+/// One loss of a worker: the worker and how many times it had been lost
+/// by then (1 for the first loss).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Loss {
+    /// The worker.
+    pub worker: WorkerId,
+    /// Its loss count at this loss.
+    pub epoch: u64,
 }
 
 /// Something that happened, for [`Engine::on_event`].
@@ -86,6 +128,14 @@ pub type Edges = Vec<(TaskId, u8)>;
 pub struct Engine {
     dag: Dag,
     sched: Scheduler,
+    /// Losses so far, per worker.
+    losses: HashMap<WorkerId, u64>,
+    /// Tasks touched by a loss without a fence, until every such loss is
+    /// fenced: lost in the DAG, waiting in the scheduler, or (a group) still
+    /// finishing on other workers.
+    unfenced: HashMap<TaskId, Vec<Loss>>,
+    /// Losses whose fence was given up on, with the reason.
+    abandoned: HashMap<Loss, String>,
 }
 
 impl Engine {
@@ -144,10 +194,132 @@ impl Engine {
     }
 
     /// A worker was lost; `fenced` when it can no longer touch task
-    /// memory, so that tasks allowed to retry are placed again.
+    /// memory, so that tasks allowed to retry are placed again. Otherwise
+    /// what it was running is quarantined (module docs) under this loss,
+    /// numbered [`Engine::losses`] after the call.
     pub fn worker_lost(&mut self, worker: WorkerId, cause: &str, fenced: bool) -> Vec<Action> {
-        let out = self.sched.worker_lost(worker, cause, fenced);
-        self.after_sched(out)
+        let epoch = {
+            let e = self.losses.entry(worker).or_insert(0);
+            *e += 1;
+            *e
+        };
+        let mut out = Vec::new();
+        if !fenced {
+            let loss = Loss { worker, epoch };
+            let mut running = self.sched.running_on(worker);
+            running.sort_unstable();
+            for task in running {
+                self.unfenced.entry(task).or_default().push(loss);
+                out.push(Action::Quarantined { task, loss });
+            }
+        }
+        let sched = self.sched.worker_lost(worker, cause, fenced);
+        out.extend(self.after_sched(sched));
+        out
+    }
+
+    /// How many times `worker` was lost.
+    pub fn losses(&self, worker: WorkerId) -> u64 {
+        self.losses.get(&worker).copied().unwrap_or(0)
+    }
+
+    /// Tasks whose bytes are quarantined by a loss not fenced yet.
+    pub fn quarantined(&self) -> usize {
+        self.unfenced.len()
+    }
+
+    fn tasks_of(&self, loss: Loss) -> Vec<TaskId> {
+        let mut tasks: Vec<TaskId> = self
+            .unfenced
+            .iter()
+            .filter(|(_, ls)| ls.contains(&loss))
+            .map(|(t, _)| *t)
+            .collect();
+        tasks.sort_unstable();
+        tasks
+    }
+
+    /// Loss `epoch` of `worker` is fenced: its tasks can no longer write.
+    /// Their quarantine lifts (once every loss that touched them is
+    /// fenced): writers that waited go on, tasks allowed to retry are
+    /// placed again. Unknown or repeated fences do nothing.
+    pub fn fence(&mut self, worker: WorkerId, epoch: u64) -> Vec<Action> {
+        let loss = Loss { worker, epoch };
+        self.abandoned.remove(&loss);
+        let mut out = Vec::new();
+        let mut retry = Vec::new();
+        let mut transitions = Vec::new();
+        for task in self.tasks_of(loss) {
+            let Some(ls) = self.unfenced.get_mut(&task) else {
+                continue;
+            };
+            ls.retain(|l| *l != loss);
+            if !ls.is_empty() {
+                continue;
+            }
+            self.unfenced.remove(&task);
+            out.push(Action::Lifted { task });
+            if self.dag.is_lost(task) {
+                transitions.extend(self.dag.lift(task).unwrap_or_default());
+            } else if self.sched.is_fencing(task) {
+                retry.push(task);
+            }
+        }
+        let placed = self.sched.fence(&retry);
+        out.extend(self.after_sched(placed));
+        out.extend(self.transitions(transitions));
+        out
+    }
+
+    /// Gives up on the fence of loss `epoch` of `worker` (`why` says why,
+    /// e.g. the deadline that passed). Its tasks waiting to retry fail;
+    /// writers waiting on its quarantined bytes fail, and later ones are
+    /// refused, with a cause naming the quarantine, the worker and the lost
+    /// task. A later [`Engine::fence`] still lifts it.
+    pub fn abandon(&mut self, worker: WorkerId, epoch: u64, why: &str) -> Vec<Action> {
+        let loss = Loss { worker, epoch };
+        let tasks = self.tasks_of(loss);
+        if tasks.is_empty() {
+            return Vec::new();
+        }
+        self.abandoned.insert(loss, why.to_string());
+        let fencing: Vec<TaskId> = tasks
+            .iter()
+            .copied()
+            .filter(|t| self.sched.is_fencing(*t))
+            .collect();
+        let cause = format!(
+            "{worker} was lost while running the task and never proved it ended, so it \
+             was not retried: {why}"
+        );
+        let failed = self.sched.abandon(&fencing, &cause);
+        let mut out = self.after_sched(failed);
+        let mut transitions = Vec::new();
+        for task in tasks {
+            if self.dag.is_lost(task) {
+                transitions.extend(self.dag.abandon(task).unwrap_or_default());
+            }
+        }
+        out.extend(self.transitions(transitions));
+        out
+    }
+
+    /// Why a task that writes bytes quarantined by `lost` fails.
+    fn quarantine_cause(&self, lost: TaskId) -> String {
+        let loss = self.unfenced.get(&lost).and_then(|ls| {
+            ls.iter()
+                .find(|l| self.abandoned.contains_key(l))
+                .or(ls.first())
+        });
+        match loss {
+            Some(l) => format!(
+                "writes bytes quarantined by {lost}, which was lost on {} without a fence \
+                 and may still write them; gave up waiting: {}",
+                l.worker,
+                self.abandoned.get(l).map_or("no fence", String::as_str)
+            ),
+            None => format!("writes bytes quarantined by {lost}, lost without a fence"),
+        }
     }
 
     /// Lets a submitted task be run again elsewhere, up to `retries`
@@ -200,6 +372,10 @@ impl Engine {
             Born::Skipped { because } => vec![Action::Done {
                 task: id,
                 outcome: Outcome::Skipped { because },
+            }],
+            Born::Quarantined { lost } => vec![Action::Done {
+                task: id,
+                outcome: Outcome::EndpointFailure(self.quarantine_cause(lost)),
             }],
             Born::Waiting => {
                 self.sched.submit(id, s.members);
@@ -291,6 +467,8 @@ impl Engine {
                             self.dag.complete(task)
                         } else if outcome == Outcome::Cancelled {
                             Ok(Vec::new())
+                        } else if self.unfenced.contains_key(&task) {
+                            self.dag.lose(task)
                         } else {
                             self.dag.fail(task)
                         };
@@ -327,6 +505,13 @@ impl Engine {
                     });
                 }
                 Transition::Release(b) => out.push(Action::Release(b)),
+                Transition::Quarantined { task, lost } => {
+                    self.sched.forget(task);
+                    out.push(Action::Done {
+                        task,
+                        outcome: Outcome::EndpointFailure(self.quarantine_cause(lost)),
+                    });
+                }
             }
         }
         sched_actions

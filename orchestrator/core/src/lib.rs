@@ -41,7 +41,7 @@ pub mod sim;
 mod sync;
 
 pub use dag::{Dag, SubmitError};
-pub use engine::{Action, Engine, Event, Submission};
+pub use engine::{Action, Engine, Event, Loss, Submission};
 pub use gate::Gate;
 pub use holders::Holders;
 pub use ids::{CallableId, ScopeId, TaskId, WorkerId};

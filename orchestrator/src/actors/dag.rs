@@ -57,6 +57,10 @@ pub(crate) struct DagActor {
     origin: Instant,
     /// Bounds the tasks submitted and not finished; left once per task.
     gate: std::sync::Arc<strata_core::Gate>,
+    /// The arguments (and so the buffers) of tasks lost without a fence,
+    /// held until the quarantine lifts: a task's bytes stay reserved until
+    /// it has definitively ended on its worker.
+    quarantined: HashMap<TaskId, Vec<std::sync::Arc<[super::ArgRef]>>>,
 }
 
 impl DagActor {
@@ -80,6 +84,7 @@ impl DagActor {
             trace: tracing.then(Vec::new),
             origin,
             gate,
+            quarantined: HashMap::new(),
         }
     }
 
@@ -144,7 +149,26 @@ impl DagActor {
                 worker,
                 cause,
                 fenced,
-            } => self.engine.worker_lost(worker, &cause, fenced),
+            } => {
+                let mut actions = self.engine.worker_lost(worker, &cause, fenced);
+                if !fenced {
+                    // No fence protocol reaches the driver yet: fail at once
+                    // what waits on the quarantined bytes (and refuse later
+                    // writers of them) rather than wait for a fence that
+                    // nothing would deliver.
+                    let name = self.endpoints.get(worker.0 as usize).map_or_else(
+                        || worker.to_string(),
+                        |ep| format!("{worker} ({})", ep.name),
+                    );
+                    let epoch = self.engine.losses(worker);
+                    actions.extend(self.engine.abandon(
+                        worker,
+                        epoch,
+                        &format!("{name} cannot be fenced by this driver (not spawned by it, or not seen dead)"),
+                    ));
+                }
+                actions
+            }
             Notice::Finished {
                 task,
                 member,
@@ -351,6 +375,20 @@ impl DagActor {
                 Action::Done { task, outcome } => self.done(task, outcome),
                 Action::Release(identity) => {
                     self.scoped.remove(&identity);
+                }
+                Action::Quarantined { task, .. } => {
+                    if let Some(r) = self.records.get(&task) {
+                        let args = r
+                            .spec
+                            .members
+                            .iter()
+                            .map(|m| std::sync::Arc::clone(&m.args))
+                            .collect();
+                        self.quarantined.insert(task, args);
+                    }
+                }
+                Action::Lifted { task } => {
+                    self.quarantined.remove(&task);
                 }
             }
         }

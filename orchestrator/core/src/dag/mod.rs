@@ -25,8 +25,22 @@
 //! skipped at once; a later write covering them cleans them.
 //!
 //! Groups: the members of a task (one per worker) are inferred together as
-//! one node: no edge within the node; members may read each other's
-//! outputs (they rendezvous) but never write the same bytes.
+//! one node: no edge within the node, and members are not compared with
+//! each other — they may read each other's outputs (they rendezvous), and
+//! several may write the same bytes: one buffer named as every member's
+//! output is the group's single completion token for downstream tasks.
+//!
+//! Quarantine (DESIGN §7): a running task whose worker was lost without a
+//! fence may still be writing. [`Dag::lose`] ends it like a failure for its
+//! readers (they are skipped) and releases tasks that only read-ordered
+//! after it (WAR: overwriting what it reads can only change its own,
+//! discarded, result), but keeps the node *lost*: its writes stay in the
+//! index as quarantined entries, and every task that writes those bytes —
+//! already waiting, or submitted later — keeps an edge to it. The node goes
+//! only when the caller has proof the task can no longer write
+//! ([`Dag::lift`]), which releases those writers; or, when that proof is
+//! given up on ([`Dag::abandon`]), the waiting writers fail and later ones
+//! are refused at insert ([`Born::Quarantined`]) until a late lift.
 //!
 //! Scopes: buffers registered in a scope are released (a [`Transition::Release`])
 //! once the scope has ended and no live task uses them.
@@ -35,9 +49,14 @@
 //! in debug builds and by the property tests:
 //! - DAG-1: a node's `unmet` count equals its live predecessors;
 //! - DAG-2: edges go from lower to higher task ids (acyclic);
-//! - DAG-3: a node is Ready or Running iff its `unmet` is 0;
+//! - DAG-3: a node is Ready or Running iff its `unmet` is 0 (a dead one,
+//!   skipped while predecessors were live, waits for them like a waiting
+//!   one, holding no entries or buffers);
 //! - DAG-4: every live index entry belongs to a live node, and every
-//!   poisoned one to a failed task;
+//!   poisoned one to a failed task; a lost node's entries are all poisoned
+//!   writes, every other node's are live;
+//! - DAG-7: a lost node's successors are all write-after-write, and an
+//!   abandoned one has none;
 //! - DAG-5: each index's R-tree holds exactly its entries' rectangles;
 //! - DAG-6: a buffer's user count equals the live nodes that touch it.
 
@@ -113,6 +132,12 @@ pub enum Born {
         /// The task that failed.
         because: TaskId,
     },
+    /// It writes bytes quarantined by a lost task whose fence was given
+    /// up on ([`Dag::abandon`]): refused at once, never run.
+    Quarantined {
+        /// The lost task.
+        lost: TaskId,
+    },
 }
 
 /// The result of [`Dag::insert`].
@@ -138,6 +163,14 @@ pub enum Transition {
     },
     /// A scoped buffer is no longer used and may be released.
     Release(CanonicalIdentity),
+    /// The task waited on bytes quarantined by `lost`, whose fence was
+    /// given up on: it fails without running.
+    Quarantined {
+        /// The failed task.
+        task: TaskId,
+        /// The lost task that holds the bytes.
+        lost: TaskId,
+    },
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -145,6 +178,14 @@ enum State {
     Waiting,
     Ready,
     Running,
+    /// Lost without a fence: its writes are quarantined.
+    Lost {
+        abandoned: bool,
+    },
+    /// Skipped or cancelled while predecessors were still live: it will
+    /// not run, but what ordered after it (WAW, WAR) still waits for
+    /// those predecessors, as it would have.
+    Dead,
 }
 
 #[derive(Debug)]
@@ -154,6 +195,10 @@ struct Node {
     succs: Vec<(TaskId, u8)>,
     entries: Vec<(CanonicalIdentity, u64)>,
     buffers: Vec<CanonicalIdentity>,
+    /// Its arguments, kept (moved, not copied) for the rare loss: to
+    /// quarantine its writes whole (later writes may have retired some of
+    /// its entries) and to find the later tasks that touch them.
+    members: Vec<Vec<Arg>>,
 }
 
 #[derive(Debug, Default)]
@@ -248,7 +293,12 @@ impl Dag {
         // 1. Edges, against the index as it was before this task.
         let mut preds: Vec<(TaskId, u8)> = Vec::new();
         let mut skipped_by: Option<TaskId> = None;
-        let mut accesses: Vec<(CanonicalIdentity, Footprint, ArgTag)> = Vec::new();
+        let mut quarantined_by: Option<TaskId> = None;
+        // (identity, footprint, tag, whether a write sets every bit of the
+        // bytes it covers: a sub-byte view leaves the other nibble, so it
+        // retires nothing — a lost task's late nibble would otherwise hide
+        // behind it).
+        let mut accesses: Vec<(CanonicalIdentity, Footprint, ArgTag, bool)> = Vec::new();
         for arg in task
             .members
             .iter()
@@ -265,6 +315,21 @@ impl Dag {
                         if arg.tag.reads() && e.kind == Kind::Write {
                             skipped_by
                                 .get_or_insert(self.failed.get(&e.task).copied().unwrap_or(e.task));
+                        } else if arg.tag.writes() {
+                            // A dead task's writes stand for the writes
+                            // they retired: a writer orders after it. For
+                            // quarantined bytes, a writer waits for the
+                            // lost task's fence (or is refused once the
+                            // fence was given up on).
+                            match self.nodes.get(&e.task).map(|n| n.state) {
+                                Some(State::Lost { abandoned: false } | State::Dead) => {
+                                    add_edge(&mut preds, e.task, edge::WAW);
+                                }
+                                Some(State::Lost { abandoned: true }) => {
+                                    quarantined_by.get_or_insert(e.task);
+                                }
+                                _ => {}
+                            }
                         }
                         continue;
                     }
@@ -280,20 +345,30 @@ impl Dag {
                     }
                 }
             }
-            accesses.push((identity, fp, arg.tag));
+            accesses.push((identity, fp, arg.tag, arg.tensor.dtype().bits() >= 8));
         }
         for &a in &task.after {
-            if self.nodes.contains_key(&a) {
+            let lost = matches!(
+                self.nodes.get(&a).map(|n| n.state),
+                Some(State::Lost { .. } | State::Dead)
+            );
+            if self.nodes.contains_key(&a) && !lost {
                 add_edge(&mut preds, a, edge::EXPLICIT);
             } else if let Some(&root) = self.failed.get(&a) {
                 skipped_by.get_or_insert(root);
             }
         }
 
-        // 2. A task born skipped never runs: record its writes as poisoned
-        //    (without retiring anything: it orders after nothing).
-        if let Some(because) = skipped_by {
-            for (identity, fp, tag) in accesses {
+        // 2. A task born skipped (or refused by a quarantine) never runs:
+        //    record its writes as poisoned (without retiring anything: it
+        //    orders after nothing).
+        let refused = match (skipped_by, quarantined_by) {
+            (Some(because), _) => Some((because, Born::Skipped { because })),
+            (None, Some(lost)) => Some((id, Born::Quarantined { lost })),
+            (None, None) => None,
+        };
+        if let Some((root, born)) = refused {
+            for (identity, fp, tag, _) in accesses {
                 if tag.writes() {
                     let entry = self.new_entry();
                     let idx = self.index.entry(identity).or_default();
@@ -303,11 +378,11 @@ impl Dag {
                     }
                 }
             }
-            self.failed.insert(id, because);
+            self.failed.insert(id, root);
             self.debug_check();
             return Ok(Inserted {
                 edges: Vec::new(),
-                born: Born::Skipped { because },
+                born,
             });
         }
 
@@ -322,6 +397,7 @@ impl Dag {
             succs: Vec::new(),
             entries: Vec::new(),
             buffers: Vec::new(),
+            members: Vec::new(),
         };
         for &(p, kind) in &preds {
             if let Some(pn) = self.nodes.get_mut(&p) {
@@ -332,19 +408,26 @@ impl Dag {
 
         // 4. Update the index: writes retire what they cover, then every
         //    access is recorded.
-        for (identity, fp, tag) in accesses {
+        for (identity, fp, tag, whole) in accesses {
             if !node.buffers.contains(&identity) {
                 node.buffers.push(identity);
                 *self.users.entry(identity).or_insert(0) += 1;
             }
             let entry = self.new_entry();
             let idx = self.index.entry(identity).or_default();
-            if tag.writes() {
+            if tag.writes() && whole {
                 let covered: Vec<u64> = idx
                     .matches(&fp)
                     .into_iter()
                     .filter(|(eid, rel)| {
-                        *rel == Overlap::Covers && idx.get(*eid).is_some_and(|e| e.task != id)
+                        *rel == Overlap::Covers
+                            && idx.get(*eid).is_some_and(|e| {
+                                e.task != id
+                                    && !matches!(
+                                        self.nodes.get(&e.task).map(|n| n.state),
+                                        Some(State::Lost { .. })
+                                    )
+                            })
                     })
                     .map(|(eid, _)| eid)
                     .collect();
@@ -365,6 +448,7 @@ impl Dag {
             idx.insert(entry, id, kind, fp);
             node.entries.push((identity, entry));
         }
+        node.members = task.members;
         let born = if node.unmet == 0 {
             Born::Ready
         } else {
@@ -429,7 +513,8 @@ impl Dag {
     pub fn cancel(&mut self, id: TaskId) -> Result<Vec<Transition>, String> {
         match self.nodes.get(&id).map(|n| n.state) {
             Some(State::Running) => return Err(format!("{id} is already running")),
-            None => return Err(format!("{id} is not live")),
+            Some(State::Lost { .. }) => return Err(format!("{id} was lost with its worker")),
+            Some(State::Dead) | None => return Err(format!("{id} is not live")),
             _ => {}
         }
         let Some(node) = self.nodes.remove(&id) else {
@@ -439,6 +524,196 @@ impl Dag {
         self.finish_bad(id, id, node, &mut out);
         self.debug_check();
         Ok(out)
+    }
+
+    /// Ends a running task whose worker was lost without a fence (it may
+    /// still write): its readers are skipped, tasks that only ordered
+    /// after its reads are released, and its writes stay quarantined —
+    /// writers of those bytes wait for [`Dag::lift`] (module docs).
+    ///
+    /// # Errors
+    /// When the task is not live and ready or running.
+    pub fn lose(&mut self, id: TaskId) -> Result<Vec<Transition>, String> {
+        let mut node = self.take_runnable(id)?;
+        let mut out = Vec::new();
+        self.failed.insert(id, id);
+        // Its whole writes become quarantined entries (some of its own may
+        // have been retired by covering writes, which order after it).
+        for (identity, entry) in std::mem::take(&mut node.entries) {
+            self.remove_entry(identity, entry);
+        }
+        let writes: Vec<(CanonicalIdentity, Footprint)> = node
+            .members
+            .iter()
+            .flatten()
+            .filter(|a| a.tag.writes())
+            .map(|a| (*a.tensor.identity(), Footprint::of(&a.tensor)))
+            .collect();
+        self.link_conflicts(&mut node, &writes);
+        for tensor in node
+            .members
+            .iter()
+            .flatten()
+            .filter(|a| a.tag.writes())
+            .map(|a| a.tensor)
+        {
+            let identity = *tensor.identity();
+            let entry = self.new_entry();
+            let idx = self.index.entry(identity).or_default();
+            idx.insert(entry, id, Kind::Write, Footprint::of(&tensor));
+            if let Some(e) = idx.get_mut(entry) {
+                e.poisoned = true;
+            }
+            node.entries.push((identity, entry));
+        }
+        let mut waiting = Vec::new();
+        for (s, kind) in std::mem::take(&mut node.succs) {
+            if kind & edge::WAW != 0 {
+                // It writes bytes this task may still write: it waits for
+                // the fence (skipped first if it also reads them).
+                waiting.push((s, edge::WAW));
+                if kind & edge::PROPAGATES_FAILURE != 0 {
+                    if let Some(sn) = self.nodes.remove(&s) {
+                        if sn.state == State::Dead {
+                            self.nodes.insert(s, sn);
+                        } else {
+                            out.push(Transition::Skipped {
+                                task: s,
+                                because: id,
+                            });
+                            self.finish_bad(id, s, sn, &mut out);
+                        }
+                    }
+                }
+            } else if kind & edge::PROPAGATES_FAILURE != 0 {
+                self.skip(id, s, &mut out);
+            } else {
+                self.release(vec![s], &mut out);
+            }
+        }
+        node.succs = waiting;
+        node.state = State::Lost { abandoned: false };
+        self.nodes.insert(id, node);
+        self.debug_check();
+        Ok(out)
+    }
+
+    /// Gives the lost task in `node` a direct edge to every live task after
+    /// it that touches a byte it writes (`writes`). Those are all
+    /// reachable from it (the DAG orders every later conflicting access
+    /// after it), but possibly only through writers that retired its
+    /// entries; once such a writer fails or is released, the direct edge
+    /// is what keeps them from running while the lost task may still
+    /// write.
+    fn link_conflicts(&mut self, node: &mut Node, writes: &[(CanonicalIdentity, Footprint)]) {
+        let mut seen: HashSet<TaskId> = HashSet::new();
+        let mut stack: Vec<TaskId> = node.succs.iter().map(|&(s, _)| s).collect();
+        let mut conflicts = Vec::new();
+        while let Some(n) = stack.pop() {
+            if !seen.insert(n) {
+                continue;
+            }
+            let Some(nn) = self.nodes.get(&n) else {
+                continue;
+            };
+            stack.extend(nn.succs.iter().map(|&(s, _)| s));
+            if nn.state == State::Dead {
+                continue;
+            }
+            let mut kind = 0;
+            for a in nn
+                .members
+                .iter()
+                .flatten()
+                .filter(|a| a.tag != ArgTag::NoDep)
+            {
+                let hit = writes.iter().any(|(identity, fp)| {
+                    identity == a.tensor.identity()
+                        && fp.overlap(&Footprint::of(&a.tensor)) != Overlap::Disjoint
+                });
+                if hit {
+                    kind |= if a.tag.reads() { edge::RAW } else { 0 };
+                    kind |= if a.tag.writes() { edge::WAW } else { 0 };
+                }
+            }
+            if kind != 0 {
+                conflicts.push((n, kind));
+            }
+        }
+        for (n, kind) in conflicts {
+            match node.succs.iter_mut().find(|(s, _)| *s == n) {
+                Some((_, k)) => *k |= kind,
+                None => {
+                    node.succs.push((n, kind));
+                    if let Some(nn) = self.nodes.get_mut(&n) {
+                        nn.unmet += 1;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Lifts the quarantine of a lost task: it can no longer write (its
+    /// worker was seen dead, or proved the task ended). The writers that
+    /// waited are released; its bytes stay poisoned for readers, like any
+    /// failed task's.
+    ///
+    /// # Errors
+    /// When the task is not lost.
+    pub fn lift(&mut self, id: TaskId) -> Result<Vec<Transition>, String> {
+        if !self.is_lost(id) {
+            return Err(format!("{id} is not lost"));
+        }
+        let Some(mut node) = self.nodes.remove(&id) else {
+            return Err(format!("{id} is not live"));
+        };
+        let mut out = Vec::new();
+        let succs: Vec<TaskId> = node.succs.drain(..).map(|(s, _)| s).collect();
+        self.release(succs, &mut out);
+        self.drop_users(&node, &mut out);
+        self.debug_check();
+        Ok(out)
+    }
+
+    /// Gives up waiting for a lost task's fence: the writers waiting on its
+    /// bytes fail ([`Transition::Quarantined`]; what ordered after them
+    /// follows the usual failure rules), and later writers of its bytes are
+    /// refused at insert, until [`Dag::lift`]. The bytes stay quarantined.
+    ///
+    /// # Errors
+    /// When the task is not lost.
+    pub fn abandon(&mut self, id: TaskId) -> Result<Vec<Transition>, String> {
+        let succs = match self.nodes.get_mut(&id) {
+            Some(n) if matches!(n.state, State::Lost { .. }) => {
+                n.state = State::Lost { abandoned: true };
+                std::mem::take(&mut n.succs)
+            }
+            _ => return Err(format!("{id} is not lost")),
+        };
+        let mut out = Vec::new();
+        for (s, _) in succs {
+            match self.nodes.get(&s).map(|n| n.state) {
+                Some(State::Dead) => self.release(vec![s], &mut out),
+                Some(_) => {
+                    if let Some(mut sn) = self.nodes.remove(&s) {
+                        sn.unmet -= 1;
+                        out.push(Transition::Quarantined { task: s, lost: id });
+                        self.finish_bad(s, s, sn, &mut out);
+                    }
+                }
+                None => {}
+            }
+        }
+        self.debug_check();
+        Ok(out)
+    }
+
+    /// Whether `id` is lost and its bytes quarantined.
+    pub fn is_lost(&self, id: TaskId) -> bool {
+        matches!(
+            self.nodes.get(&id).map(|n| n.state),
+            Some(State::Lost { .. })
+        )
     }
 
     /// Opens a scope.
@@ -517,7 +792,8 @@ impl Dag {
                 .remove(&id)
                 .ok_or_else(|| format!("{id} is not live")),
             Some(State::Waiting) => Err(format!("{id} is still waiting for its predecessors")),
-            None => Err(format!("{id} is not live")),
+            Some(State::Lost { .. }) => Err(format!("{id} was lost with its worker")),
+            Some(State::Dead) | None => Err(format!("{id} is not live")),
         }
     }
 
@@ -532,19 +808,58 @@ impl Dag {
 
     /// A predecessor of `s` finished without blocking it.
     fn release_one(&mut self, s: TaskId, out: &mut Vec<Transition>) {
-        if let Some(n) = self.nodes.get_mut(&s) {
+        self.release(vec![s], out);
+    }
+
+    /// A predecessor of each of `tasks` finished without blocking it: a
+    /// waiting task with nothing left to wait for becomes ready; a dead one
+    /// goes, and releases in turn what ordered after it.
+    fn release(&mut self, mut tasks: Vec<TaskId>, out: &mut Vec<Transition>) {
+        while let Some(s) = tasks.pop() {
+            let Some(n) = self.nodes.get_mut(&s) else {
+                continue;
+            };
             n.unmet -= 1;
-            if n.unmet == 0 && n.state == State::Waiting {
-                n.state = State::Ready;
-                out.push(Transition::Ready(s));
+            if n.unmet > 0 {
+                continue;
+            }
+            match n.state {
+                State::Waiting => {
+                    n.state = State::Ready;
+                    out.push(Transition::Ready(s));
+                }
+                State::Dead => {
+                    if let Some(dead) = self.nodes.remove(&s) {
+                        tasks.extend(dead.succs.iter().map(|&(t, _)| t));
+                    }
+                }
+                _ => {}
             }
         }
     }
 
-    /// Finishes `node` (task `id`) without its outputs: poisons its writes,
-    /// skips its data consumers, releases the others.
-    fn finish_bad(&mut self, root: TaskId, id: TaskId, node: Node, out: &mut Vec<Transition>) {
-        self.failed.insert(id, root);
+    /// A predecessor of `s` failed: a data consumer is skipped (a dead one
+    /// only counts the predecessor as finished).
+    fn skip(&mut self, root: TaskId, s: TaskId, out: &mut Vec<Transition>) {
+        match self.nodes.get(&s).map(|n| n.state) {
+            Some(State::Dead) => self.release(vec![s], out),
+            Some(_) => {
+                if let Some(mut sn) = self.nodes.remove(&s) {
+                    sn.unmet -= 1;
+                    out.push(Transition::Skipped {
+                        task: s,
+                        because: root,
+                    });
+                    self.finish_bad(root, s, sn, out);
+                }
+            }
+            None => {}
+        }
+    }
+
+    /// Leaves `node`'s writes in the index as poisoned entries and drops
+    /// its reads.
+    fn poison(&mut self, node: &Node) {
         for &(identity, entry) in &node.entries {
             let poison = self
                 .index
@@ -561,20 +876,33 @@ impl Dag {
                 self.remove_entry(identity, entry);
             }
         }
-        for &(s, kind) in &node.succs {
+    }
+
+    /// Finishes `node` (task `id`) without its outputs: poisons its writes,
+    /// skips its data consumers, and releases the others — at once when it
+    /// has no live predecessor, otherwise it stays *dead* until they finish,
+    /// so that what ordered after it keeps their order too.
+    fn finish_bad(&mut self, root: TaskId, id: TaskId, mut node: Node, out: &mut Vec<Transition>) {
+        self.failed.insert(id, root);
+        self.poison(&node);
+        node.entries.clear();
+        let mut keep = Vec::new();
+        for (s, kind) in std::mem::take(&mut node.succs) {
             if kind & edge::PROPAGATES_FAILURE != 0 {
-                if let Some(sn) = self.nodes.remove(&s) {
-                    out.push(Transition::Skipped {
-                        task: s,
-                        because: root,
-                    });
-                    self.finish_bad(root, s, sn, out);
-                }
+                self.skip(root, s, out);
             } else {
-                self.release_one(s, out);
+                keep.push((s, kind));
             }
         }
         self.drop_users(&node, out);
+        node.buffers.clear();
+        if node.unmet == 0 {
+            self.release(keep.into_iter().map(|(s, _)| s).collect(), out);
+        } else {
+            node.succs = keep;
+            node.state = State::Dead;
+            self.nodes.insert(id, node);
+        }
     }
 
     fn drop_users(&mut self, node: &Node, out: &mut Vec<Transition>) {
@@ -638,15 +966,33 @@ impl Dag {
                     n.unmet
                 ));
             }
-            if (n.state == State::Waiting) != (n.unmet > 0) {
+            let lost = matches!(n.state, State::Lost { .. });
+            let waits = matches!(n.state, State::Waiting | State::Dead);
+            if !lost && waits != (n.unmet > 0) {
                 return Err(format!(
                     "DAG-3: {id} is {:?} with unmet {}",
                     n.state, n.unmet
                 ));
             }
+            if n.state == State::Dead && !(n.entries.is_empty() && n.buffers.is_empty()) {
+                return Err(format!("DAG-4: dead {id} still holds entries or buffers"));
+            }
+            if let State::Lost { abandoned } = n.state {
+                if n.succs.iter().any(|&(_, k)| k != edge::WAW)
+                    || (abandoned && !n.succs.is_empty())
+                {
+                    return Err(format!("DAG-7: lost {id} has successors {:?}", n.succs));
+                }
+                if !self.failed.contains_key(&id) {
+                    return Err(format!("DAG-4: lost {id} is not recorded as failed"));
+                }
+            }
             for (identity, entry) in &n.entries {
                 match self.index.get(identity).and_then(|i| i.get(*entry)) {
-                    Some(e) if e.task == id && !e.poisoned => {}
+                    Some(e)
+                        if e.task == id
+                            && e.poisoned == lost
+                            && (!lost || e.kind == Kind::Write) => {}
                     _ => {
                         return Err(format!(
                             "DAG-4: {id} lists entry {entry} that is not its live entry"
@@ -672,7 +1018,9 @@ impl Dag {
                 let ok = if e.poisoned {
                     self.failed.contains_key(&e.task)
                 } else {
-                    self.nodes.contains_key(&e.task)
+                    self.nodes
+                        .get(&e.task)
+                        .is_some_and(|n| !matches!(n.state, State::Lost { .. }))
                 };
                 if !ok {
                     return Err(format!(

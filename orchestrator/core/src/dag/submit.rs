@@ -6,8 +6,11 @@
 //!    writes (OUTPUT included) one that allows writing;
 //! 4. within a member, two arguments that share a byte where either writes
 //!    are refused, whatever their order;
-//! 5. across members of a group, two writes may not share a byte;
-//! 6. `after` may only name earlier tasks.
+//! 5. `after` may only name earlier tasks.
+//!
+//! Members of a group are not compared with each other (DESIGN §4): a group
+//! is one node, and every member naming one buffer as its output is how a
+//! group publishes a single completion token for a downstream task.
 //!
 //! Views are in bounds by construction (`Tensor` is validated).
 
@@ -79,28 +82,6 @@ pub(super) fn check(task: &NewTask, last: Option<TaskId>) -> Result<(), SubmitEr
                     return Err(bad(format!(
                         "member {m}: arguments {i} ({}) and {j} ({}) share bytes and one of them is written",
                         args[i].tag, args[j].tag
-                    )));
-                }
-            }
-        }
-    }
-    if task.members.len() > 1 {
-        let writes: Vec<(usize, usize, Footprint)> = task
-            .members
-            .iter()
-            .enumerate()
-            .flat_map(|(m, args)| {
-                args.iter()
-                    .enumerate()
-                    .filter(|(_, a)| a.tag.writes())
-                    .map(move |(i, a)| (m, i, Footprint::of(&a.tensor)))
-            })
-            .collect();
-        for (k, (m1, i1, f1)) in writes.iter().enumerate() {
-            for (m2, i2, f2) in &writes[..k] {
-                if m1 != m2 && f1.overlap(f2) != Overlap::Disjoint {
-                    return Err(bad(format!(
-                        "members {m2} (argument {i2}) and {m1} (argument {i1}) write the same bytes"
                     )));
                 }
             }

@@ -18,7 +18,10 @@
 //! - Endpoint loss: everything in flight on the worker fails with
 //!   ENDPOINT_FAILURE; queued tasks that named it fail too; queued tasks
 //!   placed automatically are placed again; other workers go on. A worker
-//!   that comes back up (same id) takes work again.
+//!   that comes back up (same id) takes work again. A task allowed to
+//!   retry is placed again at once when the loss is fenced; when it is not
+//!   (the worker may still run it), it waits for [`Scheduler::fence`] and
+//!   fails at [`Scheduler::abandon`].
 //!
 //! Invariants, checked by [`Scheduler::check_invariants`] after every
 //! event in debug builds and by the property tests:
@@ -27,7 +30,8 @@
 //! - SCHED-2: every unfinished task is in exactly one state: waiting for
 //!   the DAG, queued on exactly its members' workers, or running;
 //! - SCHED-3: a running member's worker offers its callable;
-//! - SCHED-4: a down worker has nothing queued or in flight.
+//! - SCHED-4: a down worker has nothing queued or in flight;
+//! - SCHED-5: a task waiting for a fence has retries left and one member.
 
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 
@@ -137,6 +141,8 @@ enum State {
         left: Vec<bool>,
         failure: Option<(usize, Outcome)>,
     },
+    /// Lost with its worker without a fence; placed again once fenced.
+    Fencing(WorkerId),
 }
 
 #[derive(Debug)]
@@ -348,22 +354,27 @@ impl Scheduler {
         w.device_buffers.clear();
         let queued: Vec<TaskId> = w.queue.drain(..).collect();
         let why = format!("{worker} lost: {cause}");
+        let why_running = if fenced {
+            why.clone()
+        } else {
+            format!(
+                "{why}; it may still be running the task, so the bytes the task writes \
+                 are quarantined until the worker is fenced"
+            )
+        };
         // In flight on it: failed.
-        let running: Vec<TaskId> = self
-            .tasks
-            .iter()
-            .filter(|(_, t)| matches!(&t.state, State::Running { workers, left, .. } if workers.iter().zip(left).any(|(w, l)| *w == worker && *l)))
-            .map(|(id, _)| *id)
-            .collect();
+        let running = self.running_on(worker);
         for id in running {
-            if fenced {
-                if let Some(t) = self.tasks.get_mut(&id) {
-                    if t.retries > 0 && t.members.len() == 1 {
+            if let Some(t) = self.tasks.get_mut(&id) {
+                if t.retries > 0 && t.members.len() == 1 {
+                    if fenced {
                         t.retries -= 1;
                         t.state = State::Waiting;
                         self.enqueue(id, &mut out);
-                        continue;
+                    } else {
+                        t.state = State::Fencing(worker);
                     }
+                    continue;
                 }
             }
             let mut all_reported = false;
@@ -376,7 +387,7 @@ impl Scheduler {
                 for (m, (w, l)) in workers.iter().zip(left.iter_mut()).enumerate() {
                     if *w == worker && *l {
                         *l = false;
-                        failure.get_or_insert((m, Outcome::EndpointFailure(why.clone())));
+                        failure.get_or_insert((m, Outcome::EndpointFailure(why_running.clone())));
                     }
                 }
                 all_reported = left.iter().all(|l| !l);
@@ -415,6 +426,59 @@ impl Scheduler {
         out
     }
 
+    /// Tasks with a member in flight on `worker`.
+    pub fn running_on(&self, worker: WorkerId) -> Vec<TaskId> {
+        self.tasks
+            .iter()
+            .filter(|(_, t)| matches!(&t.state, State::Running { workers, left, .. } if workers.iter().zip(left).any(|(w, l)| *w == worker && *l)))
+            .map(|(id, _)| *id)
+            .collect()
+    }
+
+    /// Whether `task` waits for the fence of a lost worker.
+    pub fn is_fencing(&self, task: TaskId) -> bool {
+        self.tasks
+            .get(&task)
+            .is_some_and(|t| matches!(t.state, State::Fencing(_)))
+    }
+
+    /// The lost worker is fenced: its tasks that wait for that (`tasks`,
+    /// those of one loss) are placed again.
+    pub fn fence(&mut self, tasks: &[TaskId]) -> Vec<Action> {
+        let mut out = Vec::new();
+        for &id in tasks {
+            if let Some(t) = self.tasks.get_mut(&id) {
+                if matches!(t.state, State::Fencing(_)) {
+                    t.retries = t.retries.saturating_sub(1);
+                    t.state = State::Waiting;
+                    self.enqueue(id, &mut out);
+                }
+            }
+        }
+        self.pump(&mut out);
+        self.debug_check();
+        out
+    }
+
+    /// The fence of a lost worker will not come: its tasks that waited for
+    /// it (`tasks`) fail with ENDPOINT_FAILURE and `why`.
+    pub fn abandon(&mut self, tasks: &[TaskId], why: &str) -> Vec<Action> {
+        let mut out = Vec::new();
+        for &id in tasks {
+            if let Some(State::Fencing(w)) = self.tasks.get(&id).map(|t| t.state.clone()) {
+                self.done(
+                    id,
+                    0,
+                    Some(w),
+                    Outcome::EndpointFailure(why.into()),
+                    &mut out,
+                );
+            }
+        }
+        self.debug_check();
+        out
+    }
+
     /// Cancels a task that is not running.
     ///
     /// # Errors
@@ -427,6 +491,9 @@ impl Scheduler {
             .ok_or_else(|| format!("{task} is unknown"))?;
         match state {
             State::Running { .. } => Err(format!("{task} is already running")),
+            State::Fencing(w) => Err(format!(
+                "{task} may still be running on {w}, which was lost without a fence"
+            )),
             State::Queued(ws) => {
                 for w in ws {
                     if let Some(worker) = self.workers.get_mut(&w) {
@@ -645,6 +712,11 @@ impl Scheduler {
         for (id, t) in &self.tasks {
             match &t.state {
                 State::Waiting => {}
+                State::Fencing(_) => {
+                    if t.retries == 0 || t.members.len() != 1 {
+                        return Err(format!("SCHED-5: {id} waits for a fence without a retry"));
+                    }
+                }
                 State::Queued(ws) => {
                     if ws.len() != t.members.len() {
                         return Err(format!(

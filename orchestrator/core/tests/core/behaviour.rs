@@ -3,7 +3,7 @@
 use strata_core::dag::{Arg, Born, NewTask, Transition, edge};
 use strata_core::engine::{Action, Submission};
 use strata_core::sched::{MemberInfo, Outcome, Placement};
-use strata_core::{CallableId, Dag, Engine, TaskId, WorkerId};
+use strata_core::{CallableId, Dag, Engine, Loss, TaskId, WorkerId};
 use strata_wire::{
     Access, AddressSpace, ArgTag, Backing, BufferDescriptor, CanonicalIdentity, DType, Tensor,
 };
@@ -282,7 +282,9 @@ fn submit_checks_refuse_before_recording() {
     let mut t = task(7, &[]);
     t.scalars = vec![129];
     assert!(err(&mut dag, t).contains("129 scalars"));
-    // Group members may read what another writes, not write the same bytes.
+    assert_eq!(dag.live(), 1, "nothing refused was recorded");
+    // Group members are not compared: several may write the same bytes
+    // (the group's completion token).
     let g = NewTask {
         id: TaskId(8),
         members: vec![
@@ -298,8 +300,8 @@ fn submit_checks_refuse_before_recording() {
         scalars: vec![0, 0],
         after: vec![],
     };
-    assert!(err(&mut dag, g).contains("write the same bytes"));
-    assert_eq!(dag.live(), 1, "nothing refused was recorded");
+    dag.insert(g).unwrap();
+    assert_eq!(dag.live(), 2);
 }
 
 #[test]
@@ -537,7 +539,8 @@ fn endpoint_loss_fails_in_flight_and_replaces_queued() {
             .unwrap(),
     );
     assert_eq!(dispatched(&out), vec![(1, 0), (3, 1)]);
-    let lost = e.worker_down(WorkerId(0), "connection reset");
+    // Seen dead (fenced): nothing is quarantined.
+    let lost = e.worker_lost(WorkerId(0), "connection reset", true);
     let done: Vec<(u64, Outcome)> = lost
         .iter()
         .filter_map(|a| match a {
@@ -678,10 +681,27 @@ fn a_task_allowed_to_retry_runs_again_elsewhere_only_when_fenced() {
     e.allow_retries(TaskId(3), 5);
     let w = dispatched(&out)[0].1;
     let lost = e.worker_lost(WorkerId(w), "no health beat", false);
-    assert!(lost.contains(&Action::Done {
-        task: TaskId(3),
-        outcome: Outcome::EndpointFailure(format!("worker {w} lost: no health beat"))
-    }));
+    assert_eq!(
+        lost,
+        vec![Action::Quarantined {
+            task: TaskId(3),
+            loss: Loss {
+                worker: WorkerId(w),
+                epoch: 1 + u64::from(w == 0),
+            }
+        }],
+        "it waits for the fence, neither failed nor placed again"
+    );
+    // Given up on: it fails naming the loss.
+    let out = e.abandon(WorkerId(w), e.losses(WorkerId(w)), "deadline passed");
+    assert!(
+        out.iter().any(|a| matches!(
+            a,
+            Action::Done { task: TaskId(3), outcome: Outcome::EndpointFailure(c) }
+                if c.contains("never proved it ended") && c.contains("deadline passed")
+        )),
+        "{out:?}"
+    );
     // A task named to a worker is never moved.
     let out = e
         .submit(submission(
@@ -701,4 +721,274 @@ fn a_task_allowed_to_retry_runs_again_elsewhere_only_when_fenced() {
             outcome: Outcome::EndpointFailure(_)
         }
     )));
+}
+
+fn done_with(actions: &[Action], id: u64) -> Option<Outcome> {
+    actions.iter().find_map(|a| match a {
+        Action::Done { task, outcome } if task.0 == id => Some(outcome.clone()),
+        _ => None,
+    })
+}
+
+/// The scenario of issue 14: a task lost without a fence must not have its
+/// bytes overwritten (or read) until the fence.
+#[test]
+fn a_loss_without_a_fence_quarantines_the_written_bytes_until_fenced() {
+    let b = buffer(1, Access::ReadWrite);
+    let mut e = Engine::new();
+    e.worker_up(WorkerId(0), [K], 4);
+    e.worker_up(WorkerId(1), [K], 4);
+    let on = |w| Placement::On(WorkerId(w));
+    // 1 (worker 0) reads row 0 and writes rows 1..3.
+    let out = e
+        .submit(submission(
+            1,
+            &[(row(b, 0), ArgTag::Input), (rows(b, 1, 2), ArgTag::Output)],
+            on(0),
+        ))
+        .unwrap();
+    assert_eq!(dispatched(&out), vec![(1, 0)]);
+    // Its successors on worker 1: 2 overwrites row 1 (WAW), 3 reads row 2
+    // (RAW), 4 overwrites row 0, which 1 reads (WAR).
+    for (id, args) in [
+        (2, vec![(row(b, 1), ArgTag::Output)]),
+        (
+            3,
+            vec![(row(b, 2), ArgTag::Input), (row(b, 9), ArgTag::Output)],
+        ),
+        (4, vec![(row(b, 0), ArgTag::Output)]),
+    ] {
+        assert!(e.submit(submission(id, &args, on(1))).unwrap().is_empty());
+    }
+    // Worker 0 is lost without a fence.
+    let out = e.worker_lost(WorkerId(0), "no health beat", false);
+    let loss = Loss {
+        worker: WorkerId(0),
+        epoch: 1,
+    };
+    assert_eq!(
+        out.first(),
+        Some(&Action::Quarantined {
+            task: TaskId(1),
+            loss
+        })
+    );
+    assert!(
+        matches!(done_with(&out, 1), Some(Outcome::EndpointFailure(c)) if c.contains("quarantined"))
+    );
+    assert_eq!(
+        done_with(&out, 3),
+        Some(Outcome::Skipped { because: TaskId(1) })
+    );
+    assert_eq!(dispatched(&out), vec![(4, 1)], "WAR only: released");
+    assert_eq!(done_with(&out, 2), None, "WAW: waits for the fence");
+    assert!(e.dag().is_lost(TaskId(1)));
+    assert_eq!(e.quarantined(), 1);
+    // A later writer of quarantined bytes waits too; a later reader is
+    // skipped; bytes it does not write are free.
+    assert!(
+        e.submit(submission(5, &[(rows(b, 0, 3), ArgTag::Output)], on(1)))
+            .unwrap()
+            .is_empty()
+    );
+    let out = e
+        .submit(submission(
+            6,
+            &[(row(b, 2), ArgTag::Input), (row(b, 10), ArgTag::Output)],
+            on(1),
+        ))
+        .unwrap();
+    assert_eq!(
+        done_with(&out, 6),
+        Some(Outcome::Skipped { because: TaskId(1) })
+    );
+    let out = e
+        .submit(submission(7, &[(row(b, 20), ArgTag::Output)], on(1)))
+        .unwrap();
+    assert_eq!(dispatched(&out), vec![(7, 1)]);
+    // Cancel cannot release what is lost.
+    assert!(e.cancel(TaskId(1)).is_err());
+    // A fence of another loss does nothing; this one lifts it: 2 runs,
+    // then 5 after 2 (and 4).
+    assert!(e.fence(WorkerId(0), 7).is_empty());
+    let out = e.fence(WorkerId(0), 1);
+    assert_eq!(out.first(), Some(&Action::Lifted { task: TaskId(1) }));
+    assert_eq!(dispatched(&out), vec![(2, 1)]);
+    assert!(!e.dag().is_lost(TaskId(1)));
+    assert_eq!(e.quarantined(), 0);
+    e.finished(TaskId(4), 0, Ok(()));
+    e.finished(TaskId(7), 0, Ok(()));
+    let out = e.finished(TaskId(2), 0, Ok(()));
+    assert_eq!(dispatched(&out), vec![(5, 1)]);
+    e.finished(TaskId(5), 0, Ok(()));
+    assert_eq!(e.dag().live(), 0);
+    e.dag().check_invariants().unwrap();
+    e.scheduler().check_invariants().unwrap();
+}
+
+#[test]
+fn an_abandoned_quarantine_fails_waiting_and_later_writers_until_a_late_fence() {
+    let b = buffer(1, Access::ReadWrite);
+    let mut e = Engine::new();
+    e.worker_up(WorkerId(0), [K], 4);
+    e.worker_up(WorkerId(1), [K], 4);
+    let on = |w| Placement::On(WorkerId(w));
+    e.submit(submission(1, &[(row(b, 1), ArgTag::Output)], on(0)))
+        .unwrap();
+    // 2 overwrites 1's bytes; 3 reads 2's output.
+    e.submit(submission(2, &[(row(b, 1), ArgTag::InOut)], on(1)))
+        .unwrap();
+    e.submit(submission(
+        3,
+        &[(row(b, 1), ArgTag::Input), (row(b, 5), ArgTag::Output)],
+        on(1),
+    ))
+    .unwrap();
+    e.submit(submission(4, &[(row(b, 1), ArgTag::OutputExisting)], on(1)))
+        .unwrap();
+    let out = e.worker_lost(WorkerId(0), "link cut", false);
+    // INOUT reads: skipped at once. OUTPUT_EXISTING waits.
+    assert_eq!(
+        done_with(&out, 2),
+        Some(Outcome::Skipped { because: TaskId(1) })
+    );
+    assert_eq!(
+        done_with(&out, 3),
+        Some(Outcome::Skipped { because: TaskId(1) })
+    );
+    assert_eq!(done_with(&out, 4), None);
+    let out = e.abandon(WorkerId(0), 1, "no fence within 30 s");
+    let cause = match done_with(&out, 4) {
+        Some(Outcome::EndpointFailure(c)) => c,
+        other => panic!("{other:?}"),
+    };
+    assert!(
+        cause.contains("quarantined by task 1")
+            && cause.contains("worker 0")
+            && cause.contains("no fence within 30 s"),
+        "{cause}"
+    );
+    // Later writers are refused at once, naming the same.
+    let out = e
+        .submit(submission(5, &[(rows(b, 0, 4), ArgTag::Output)], on(1)))
+        .unwrap();
+    assert!(
+        matches!(done_with(&out, 5), Some(Outcome::EndpointFailure(c)) if c.contains("quarantined by task 1"))
+    );
+    // A late fence lifts it: writers run again.
+    let out = e.fence(WorkerId(0), 1);
+    assert!(out.contains(&Action::Lifted { task: TaskId(1) }));
+    let out = e
+        .submit(submission(6, &[(row(b, 1), ArgTag::Output)], on(1)))
+        .unwrap();
+    assert_eq!(dispatched(&out), vec![(6, 1)]);
+    e.finished(TaskId(6), 0, Ok(()));
+    assert_eq!(e.dag().live(), 0);
+}
+
+#[test]
+fn a_retry_of_a_quarantined_task_waits_for_the_fence() {
+    let b = buffer(1, Access::ReadWrite);
+    let mut e = Engine::new();
+    e.worker_up(WorkerId(0), [K], 1);
+    e.worker_up(WorkerId(1), [K], 1);
+    let out = e
+        .submit(submission(
+            1,
+            &[(row(b, 0), ArgTag::Output)],
+            Placement::Any,
+        ))
+        .unwrap();
+    e.allow_retries(TaskId(1), 1);
+    assert_eq!(dispatched(&out), vec![(1, 0)]);
+    // A reader waits on the task, which stays running for the DAG.
+    assert!(
+        e.submit(submission(
+            2,
+            &[(row(b, 0), ArgTag::Input), (row(b, 1), ArgTag::Output)],
+            Placement::Any
+        ))
+        .unwrap()
+        .is_empty()
+    );
+    let out = e.worker_lost(WorkerId(0), "hung", false);
+    assert_eq!(out.len(), 1, "{out:?}");
+    assert!(matches!(
+        out[0],
+        Action::Quarantined {
+            task: TaskId(1),
+            ..
+        }
+    ));
+    assert!(e.cancel(TaskId(1)).is_err());
+    e.scheduler().check_invariants().unwrap();
+    let out = e.fence(WorkerId(0), 1);
+    assert_eq!(out.first(), Some(&Action::Lifted { task: TaskId(1) }));
+    assert_eq!(dispatched(&out), vec![(1, 1)], "rerun once fenced");
+    let out = e.finished(TaskId(1), 0, Ok(()));
+    assert_eq!(done_with(&out, 1), Some(Outcome::Success));
+    assert_eq!(dispatched(&out), vec![(2, 1)]);
+}
+
+#[test]
+fn a_group_publishes_one_completion_token() {
+    let b = buffer(1, Access::ReadWrite);
+    let token = row(b, 63);
+    let mut e = Engine::new();
+    e.worker_up(WorkerId(0), [K], 4);
+    e.worker_up(WorkerId(1), [K], 4);
+    let member = |w| MemberInfo {
+        callable: K,
+        placement: Placement::On(WorkerId(w)),
+        device_buffers: vec![],
+    };
+    let out = e
+        .submit(Submission {
+            task: NewTask {
+                id: TaskId(1),
+                members: vec![
+                    vec![
+                        Arg {
+                            tensor: row(b, 0),
+                            tag: ArgTag::Output,
+                        },
+                        Arg {
+                            tensor: token,
+                            tag: ArgTag::Output,
+                        },
+                    ],
+                    vec![
+                        Arg {
+                            tensor: row(b, 1),
+                            tag: ArgTag::Output,
+                        },
+                        Arg {
+                            tensor: token,
+                            tag: ArgTag::Output,
+                        },
+                    ],
+                ],
+                scalars: vec![0, 0],
+                after: vec![],
+            },
+            members: vec![member(0), member(1)],
+        })
+        .unwrap();
+    assert_eq!(dispatched(&out), vec![(1, 0), (1, 1)]);
+    // The downstream task names only the token.
+    let out = e
+        .submit(submission(
+            2,
+            &[(token, ArgTag::Input), (row(b, 2), ArgTag::Output)],
+            Placement::Any,
+        ))
+        .unwrap();
+    assert!(out.is_empty());
+    assert!(
+        e.finished(TaskId(1), 0, Ok(())).is_empty(),
+        "one member is not the group"
+    );
+    let out = e.finished(TaskId(1), 1, Ok(()));
+    assert_eq!(done_with(&out, 1), Some(Outcome::Success));
+    assert_eq!(dispatched(&out).len(), 1);
 }

@@ -112,3 +112,39 @@ fn no_missed_edges() {
         }
     }
 }
+
+/// Random programs with faults (kernel failures, and a worker lost without
+/// a fence whose tasks go on writing until the fence — sometimes given up
+/// on first): every byte whose last writer succeeded, or that nobody
+/// writes, equals one-by-one execution of the tasks that succeeded. A late
+/// write over a reported result, or a task that read a lost task's bytes
+/// and succeeded, would show here.
+#[test]
+fn engine_with_faults_never_reports_success_with_different_bytes() {
+    use strata_core::sched::Outcome;
+    use strata_core::sim::{check_after_faults, run_engine_with_faults};
+    let n = seeds();
+    let (mut tasks, mut quarantined, mut abandoned, mut checked) = (0, 0, 0, 0);
+    for seed in 0..n {
+        let mut rng = Rng(77_000 + seed);
+        let n_tasks = rng.range(50, 300) as usize;
+        let program = random_program(&mut rng, n_tasks);
+        let workers = rng.range(2, 6);
+        let run = run_engine_with_faults(&program, workers, &mut rng);
+        assert_eq!(run.outcomes.len(), program.tasks.len(), "seed {seed}");
+        let ok = |t| run.outcomes.get(&t) == Some(&Outcome::Success);
+        checked += check_after_faults(&program, &run.mem, &ok)
+            .unwrap_or_else(|e| panic!("seed {seed} ({workers} workers): {e}"));
+        tasks += program.tasks.len();
+        quarantined += run.quarantined;
+        abandoned += usize::from(run.abandoned);
+    }
+    assert!(
+        quarantined > 0,
+        "no run quarantined anything: the test has no teeth"
+    );
+    println!(
+        "differential with faults: {n} seeds, {tasks} tasks, {quarantined} quarantined, \
+         {abandoned} runs gave up on the fence, {checked} bytes checked"
+    );
+}

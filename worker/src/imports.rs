@@ -205,3 +205,128 @@ unsafe impl HostMemory for HostMapping {
         self.writable
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use memfd::{FileSeal, MemfdOptions};
+    use nix::sys::mman::{shm_open, shm_unlink};
+    use nix::sys::stat::Mode;
+    use strata_wire::{Access, Backing, CanonicalIdentity};
+
+    /// A memfd of `len` bytes carrying `seals` (none: created without
+    /// MFD_ALLOW_SEALING, which the kernel marks F_SEAL_SEAL).
+    fn memfd_with(len: u64, seals: &[FileSeal]) -> OwnedFd {
+        let mfd = MemfdOptions::default()
+            .close_on_exec(true)
+            .allow_sealing(!seals.is_empty())
+            .create("seal-test")
+            .unwrap();
+        mfd.as_file().set_len(len).unwrap();
+        if !seals.is_empty() {
+            mfd.add_seals(seals).unwrap();
+        }
+        OwnedFd::from(mfd.into_file())
+    }
+
+    fn memfd_descriptor(fd: &OwnedFd, nbytes: u64) -> BufferDescriptor {
+        let st = fstat(fd).unwrap();
+        BufferDescriptor::new(
+            CanonicalIdentity::new([7; 8], 1, 1).unwrap(),
+            nbytes,
+            AddressSpace::Host,
+            Access::ReadWrite,
+            Backing::Memfd {
+                st_dev: st.st_dev,
+                st_ino: st.st_ino,
+            },
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn a_memfd_sealed_against_shrinking_passes() {
+        let fd = memfd_with(4096, &[FileSeal::SealShrink]);
+        assert_eq!(check_sealed_against_shrinking(&fd), Ok(()));
+        let all = memfd_with(
+            4096,
+            &[FileSeal::SealShrink, FileSeal::SealGrow, FileSeal::SealSeal],
+        );
+        assert_eq!(check_sealed_against_shrinking(&all), Ok(()));
+        // And the mapper maps it.
+        let m = FdMapper.map(&all, &memfd_descriptor(&all, 4096)).unwrap();
+        assert_eq!((m.len(), m.writable()), (4096, true));
+    }
+
+    #[test]
+    fn an_unsealable_memfd_is_refused_naming_its_seals_and_the_remedy() {
+        let fd = memfd_with(4096, &[]);
+        let e = check_sealed_against_shrinking(&fd).unwrap_err();
+        assert!(e.starts_with("the fd (a memfd) is not sealed"), "{e}");
+        assert!(e.contains("its seals: F_SEAL_SEAL;"), "{e}");
+        assert!(e.contains("F_SEAL_SHRINK is required"), "{e}");
+        assert!(e.contains("MFD_ALLOW_SEALING"), "{e}");
+    }
+
+    #[test]
+    fn seals_other_than_shrink_do_not_pass() {
+        let grow = memfd_with(4096, &[FileSeal::SealGrow, FileSeal::SealWrite]);
+        let e = check_sealed_against_shrinking(&grow).unwrap_err();
+        assert!(
+            e.contains("its seals: F_SEAL_GROW | F_SEAL_WRITE;"),
+            "{e}"
+        );
+        // Sealable but not yet sealed: no seals at all.
+        let open = MemfdOptions::default()
+            .allow_sealing(true)
+            .create("seal-test")
+            .unwrap();
+        let open = OwnedFd::from(open.into_file());
+        let e = check_sealed_against_shrinking(&open).unwrap_err();
+        assert!(e.contains("its seals: none;"), "{e}");
+    }
+
+    #[test]
+    fn the_mapper_refuses_an_unsealed_memfd_before_mapping() {
+        let fd = memfd_with(4096, &[]);
+        let e = FdMapper.map(&fd, &memfd_descriptor(&fd, 4096)).unwrap_err();
+        assert!(e.contains("F_SEAL_SHRINK is required"), "{e}");
+    }
+
+    #[test]
+    fn a_posix_shm_object_is_refused() {
+        let name = format!("/strata-seal-unit-{}", std::process::id());
+        let fd = shm_open(
+            name.as_str(),
+            nix::fcntl::OFlag::O_CREAT | nix::fcntl::OFlag::O_EXCL | nix::fcntl::OFlag::O_RDWR,
+            Mode::S_IRUSR | Mode::S_IWUSR,
+        )
+        .unwrap();
+        shm_unlink(name.as_str()).unwrap();
+        nix::unistd::ftruncate(&fd, 4096).unwrap();
+        // It passes the filesystem check (tmpfs) and fails the seal check.
+        assert_eq!(check_filesystem(&fd), Ok(()));
+        let e = check_sealed_against_shrinking(&fd).unwrap_err();
+        assert!(
+            e.starts_with("the fd (a POSIX shared-memory object or tmpfs file, /dev/shm/strata-seal-unit-"),
+            "{e}"
+        );
+        assert!(e.contains("F_SEAL_SHRINK is required"), "{e}");
+        assert!(e.contains("POSIX shm objects cannot be sealed"), "{e}");
+        // The kernel agrees that it cannot be sealed.
+        assert!(fcntl(&fd, FcntlArg::F_ADD_SEALS(SealFlag::F_SEAL_SHRINK)).is_err());
+    }
+
+    #[test]
+    fn seal_names_lists_every_flag_and_unknown_bits() {
+        assert_eq!(seal_names(SealFlag::empty()), "none");
+        assert_eq!(
+            seal_names(SealFlag::F_SEAL_SEAL | SealFlag::F_SEAL_FUTURE_WRITE),
+            "F_SEAL_SEAL | F_SEAL_FUTURE_WRITE"
+        );
+        assert_eq!(
+            seal_names(SealFlag::F_SEAL_SHRINK | SealFlag::from_bits_retain(0x100)),
+            "F_SEAL_SHRINK | 0x100"
+        );
+    }
+}

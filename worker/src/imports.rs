@@ -272,10 +272,7 @@ mod tests {
     fn seals_other_than_shrink_do_not_pass() {
         let grow = memfd_with(4096, &[FileSeal::SealGrow, FileSeal::SealWrite]);
         let e = check_sealed_against_shrinking(&grow).unwrap_err();
-        assert!(
-            e.contains("its seals: F_SEAL_GROW | F_SEAL_WRITE;"),
-            "{e}"
-        );
+        assert!(e.contains("its seals: F_SEAL_GROW | F_SEAL_WRITE;"), "{e}");
         // Sealable but not yet sealed: no seals at all.
         let open = MemfdOptions::default()
             .allow_sealing(true)
@@ -308,7 +305,9 @@ mod tests {
         assert_eq!(check_filesystem(&fd), Ok(()));
         let e = check_sealed_against_shrinking(&fd).unwrap_err();
         assert!(
-            e.starts_with("the fd (a POSIX shared-memory object or tmpfs file, /dev/shm/strata-seal-unit-"),
+            e.starts_with(
+                "the fd (a POSIX shared-memory object or tmpfs file, /dev/shm/strata-seal-unit-"
+            ),
             "{e}"
         );
         assert!(e.contains("F_SEAL_SHRINK is required"), "{e}");

@@ -191,7 +191,10 @@ async fn shrink_under_a_shared_worker(unsealed: OwnedFd, desc: BufferDescriptor,
         .await
         .unwrap();
     let refusal = acks[0].as_ref().expect_err("the unsealed fd is refused");
-    assert!(refusal.starts_with(&format!("buffer {id}: the fd ({what}")), "{refusal}");
+    assert!(
+        refusal.starts_with(&format!("buffer {id}: the fd ({what}")),
+        "{refusal}"
+    );
     assert!(
         refusal.contains("is not sealed against shrinking"),
         "{refusal}"

@@ -198,8 +198,10 @@ impl Drop for WorkerProcess {
     }
 }
 
-/// A host buffer the way a driver makes one: an anonymous memfd, mapped
-/// shared here, described by a MEMFD descriptor naming its inode.
+/// A host buffer the way a driver makes one: an anonymous memfd, sealed
+/// against shrinking and growing (a worker refuses an fd that could shrink
+/// under its mapping), mapped shared here, described by a MEMFD descriptor
+/// naming its inode.
 pub struct SharedBuffer {
     file: std::fs::File,
     map: MmapMut,
@@ -220,10 +222,17 @@ impl SharedBuffer {
     pub fn new(mint: &IdentityMint, nbytes: u64, access: Access) -> Self {
         let mfd = memfd::MemfdOptions::default()
             .close_on_exec(true)
+            .allow_sealing(true)
             .create("strata-test")
             .expect("memfd");
+        mfd.as_file().set_len(nbytes).expect("set_len");
+        mfd.add_seals(&[
+            memfd::FileSeal::SealShrink,
+            memfd::FileSeal::SealGrow,
+            memfd::FileSeal::SealSeal,
+        ])
+        .expect("seals");
         let file = mfd.into_file();
-        file.set_len(nbytes).expect("set_len");
         let meta = file.metadata().expect("fstat");
         let descriptor = BufferDescriptor::new(
             mint.mint().expect("identity"),

@@ -5,7 +5,8 @@
 //! 1. find the callable;
 //! 2. resolve each tensor's backing: a device buffer of the session by
 //!    identity, inline bytes that came with the task (unpacked into a
-//!    private host buffer), or an imported fd mapped once by identity;
+//!    private host buffer), or an imported fd mapped once by identity (an
+//!    identity whose fd was refused on arrival fails with that refusal);
 //! 3. launch on the device (which validates the arguments against the
 //!    signature before anything runs);
 //! 4. on completion, pack the written inline arguments into the reply.
@@ -21,6 +22,7 @@ use strata_chip::{ArgBacking, HostBuffer, HostMemory, Launch, LaunchArg, LaunchR
 use strata_proto::TaskId;
 use strata_proto::convert::{TaskCompletion, TaskOutcome, TaskRequest};
 use strata_wire::{AddressSpace, BufferDescriptor, Tensor};
+use strata_worker_core::ImportError;
 
 use crate::node::{Node, Session};
 
@@ -172,10 +174,22 @@ fn prepare(
                 (view, ArgBacking::Host(host as Arc<dyn HostMemory>))
             }
             (AddressSpace::Host, None) => {
-                let mapping = node
-                    .imports()
-                    .acquire(tensor.buffer())
-                    .map_err(|e| bad(e.to_string()))?;
+                let mapping = node.imports().acquire(tensor.buffer()).map_err(|e| {
+                    // A refused fd was never offered, so the registry only
+                    // knows it is missing; the session knows why.
+                    let refused = match &e {
+                        ImportError::NotImported(identity) => session.refusal(identity),
+                        _ => None,
+                    };
+                    match refused {
+                        Some(reason) => bad(format!(
+                            "{} buffer {} was refused at import: {reason}",
+                            tensor.buffer().backing().kind().name(),
+                            tensor.identity()
+                        )),
+                        None => bad(e.to_string()),
+                    }
+                })?;
                 (*tensor, ArgBacking::Host(mapping as Arc<dyn HostMemory>))
             }
         };

@@ -9,7 +9,10 @@
 //! Received fds are close-on-exec from the moment they arrive
 //! (`MSG_CMSG_CLOEXEC`) and owned (`OwnedFd`) at once; fds beyond what a
 //! frame declares are closed; a truncated control message (`MSG_CTRUNC`)
-//! fails the frame. Closing the channel ends the session.
+//! fails the frame. Each fd must be on tmpfs/shmem and sealed against
+//! shrinking (`F_SEAL_SHRINK`), or its identity's result is a refusal that
+//! says why; the session remembers the reason, so a task that names the
+//! identity later fails with it. Closing the channel ends the session.
 
 use std::io::{self, IoSlice, IoSliceMut};
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
@@ -219,6 +222,7 @@ fn import_all(
             "closing fds beyond those declared"
         );
     }
+    let state = node.session(session);
     let mut fds = fds.into_iter();
     let results = import
         .identities
@@ -230,11 +234,23 @@ fn import_all(
                 (Ok(_), None) => Err(format!(
                     "no fd arrived for this identity ({declared} declared)"
                 )),
-                (Ok(id), Some(fd)) => crate::imports::check_filesystem(&fd).and_then(|()| {
-                    node.imports()
-                        .offer(session, id, fd)
-                        .map_err(|e| e.to_string())
-                }),
+                (Ok(id), Some(fd)) => match arrival_checks(&fd) {
+                    Ok(()) => {
+                        if let Some(s) = &state {
+                            s.forget_refusal(&id);
+                        }
+                        node.imports()
+                            .offer(session, id, fd)
+                            .map_err(|e| e.to_string())
+                    }
+                    Err(reason) => {
+                        warn!(%session, identity = %id, %reason, "import refused");
+                        if let Some(s) = &state {
+                            s.remember_refusal(id, reason.clone());
+                        }
+                        Err(format!("buffer {id}: {reason}"))
+                    }
+                },
             };
             match outcome {
                 Ok(()) => pb::FdResult {
@@ -253,6 +269,16 @@ fn import_all(
     // Any fds left over are dropped (closed) here.
     drop(fds);
     pb::FdAck { results }
+}
+
+/// The checks an fd must pass when it arrives, before it is offered to the
+/// registry: what it is (tmpfs/shmem), and that it can never shrink under
+/// a mapping (see [`crate::imports`]). Refusing here, rather than at first
+/// use, puts the reason in the import's own `FdAck` and means the worker
+/// never holds an fd that could be pulled out from under it.
+fn arrival_checks(fd: &OwnedFd) -> Result<(), String> {
+    crate::imports::check_filesystem(fd)?;
+    crate::imports::check_sealed_against_shrinking(fd)
 }
 
 /// The client end of a worker's fd channel.

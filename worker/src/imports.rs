@@ -1,9 +1,31 @@
 //! Mapping imported fds: the checks a backing must pass, and the mapping
 //! tasks read and write through.
+//!
+//! Why every imported fd must be sealed against shrinking: the worker maps
+//! each import `MAP_SHARED` and kernels touch it with plain loads and
+//! stores. If whoever else holds the file shrinks it, every access to a
+//! page past the new end raises SIGBUS, and that kills the worker — every
+//! session of every driver it serves, not just the one that shrank it. A
+//! memfd carrying `F_SEAL_SHRINK` cannot be made smaller by anyone, and a
+//! seal can never be removed, so one check when the fd arrives holds for
+//! as long as the worker holds the fd; and the size check at first use
+//! stays true after it.
+//!
+//! Objects that cannot carry the seal (POSIX shared memory from
+//! `shm_open`, any other tmpfs file: Linux gives them `F_SEAL_SEAL` at
+//! creation, so `F_ADD_SEALS` fails) are refused too, with the same error.
+//! The alternative, failing only the task that touched a missing page,
+//! was rejected: catching SIGBUS and unwinding out of a kernel running on a
+//! pool thread of a multi-threaded process means `siglongjmp` across Rust
+//! frames (undefined behaviour), and probing the size before each access
+//! races a concurrent shrink. A file under `/dev/shm` is also subject to
+//! that mount's size limit, where writing a sparse page can fail with
+//! SIGBUS on its own; the kernel's internal memfd mount has no such limit.
 
 use std::os::fd::{AsRawFd, OwnedFd};
 
 use memmap2::{MmapOptions, MmapRaw};
+use nix::fcntl::{FcntlArg, SealFlag, fcntl};
 use nix::sys::stat::fstat;
 use nix::sys::statfs::{TMPFS_MAGIC, fstatfs};
 use strata_chip::HostMemory;
@@ -22,9 +44,12 @@ impl Mapper for FdMapper {
     type Mapping = HostMapping;
 
     /// Checks, in order: the backend kind (MEMFD or POSIX_SHM, host space),
-    /// the filesystem (tmpfs/shmem, by `fstatfs`), the size (at least
-    /// `nbytes`), and for MEMFD the inode against the descriptor's body; then
-    /// maps `nbytes` shared, read-only when the buffer grants READ only.
+    /// the filesystem (tmpfs/shmem, by `fstatfs`), the seal against
+    /// shrinking (`F_GET_SEALS`), the size (at least `nbytes`), and for
+    /// MEMFD the inode against the descriptor's body; then maps `nbytes`
+    /// shared, read-only when the buffer grants READ only. The seal is
+    /// checked before the size because only the seal keeps the size check
+    /// true afterwards.
     fn map(&self, fd: &OwnedFd, d: &BufferDescriptor) -> Result<HostMapping, String> {
         if d.address_space() != AddressSpace::Host {
             return Err("a DEVICE buffer cannot be imported by fd".into());
@@ -40,6 +65,7 @@ impl Mapper for FdMapper {
             }
         };
         check_filesystem(fd)?;
+        check_sealed_against_shrinking(fd)?;
         let st = fstat(fd).map_err(|e| format!("fstat failed: {e}"))?;
         let size = u64::try_from(st.st_size).unwrap_or(0);
         if size < d.nbytes() {
@@ -88,6 +114,76 @@ pub(crate) fn check_filesystem(fd: &OwnedFd) -> Result<(), String> {
     Ok(())
 }
 
+/// Refuses an fd that does not carry `F_SEAL_SHRINK` (see the module
+/// docs for why); run when the fd arrives, and again before mapping.
+///
+/// The message names what the fd is (a memfd, or another shared-memory
+/// file and its path), the seals it has, and what the client must do.
+pub(crate) fn check_sealed_against_shrinking(fd: &OwnedFd) -> Result<(), String> {
+    let raw = fcntl(fd, FcntlArg::F_GET_SEALS).map_err(|e| {
+        format!(
+            "F_GET_SEALS failed ({e}): {} cannot be sealed against shrinking; {REMEDY}",
+            describe(fd)
+        )
+    })?;
+    let seals = SealFlag::from_bits_retain(raw);
+    if seals.contains(SealFlag::F_SEAL_SHRINK) {
+        return Ok(());
+    }
+    Err(format!(
+        "{} is not sealed against shrinking (its seals: {}; F_SEAL_SHRINK is required): a worker maps every import shared, and a backing shrunk under the mapping would crash it with SIGBUS; {REMEDY}",
+        describe(fd),
+        seal_names(seals)
+    ))
+}
+
+/// What a client must do to pass the seal check.
+const REMEDY: &str = "create the buffer with memfd_create(MFD_ALLOW_SEALING) and add F_SEAL_SHRINK with fcntl(F_ADD_SEALS) before passing it (POSIX shm objects cannot be sealed, so they cannot back a buffer)";
+
+/// What kind of object `fd` is, for an error message: a memfd (its link in
+/// `/proc/self/fd` reads `/memfd:NAME (deleted)`), or the shared-memory
+/// file it links to. Diagnostic only; nothing is decided by it.
+fn describe(fd: &OwnedFd) -> String {
+    match std::fs::read_link(format!("/proc/self/fd/{}", fd.as_raw_fd())) {
+        Ok(path) if path.as_os_str().as_encoded_bytes().starts_with(b"/memfd:") => {
+            "the fd (a memfd)".to_owned()
+        }
+        Ok(path) => format!(
+            "the fd (a POSIX shared-memory object or tmpfs file, {})",
+            path.display()
+        ),
+        Err(_) => "the fd".to_owned(),
+    }
+}
+
+/// `F_SEAL_SEAL | F_SEAL_GROW` and so on; `none` for no seals.
+fn seal_names(seals: SealFlag) -> String {
+    const NAMES: [(SealFlag, &str); 5] = [
+        (SealFlag::F_SEAL_SEAL, "F_SEAL_SEAL"),
+        (SealFlag::F_SEAL_SHRINK, "F_SEAL_SHRINK"),
+        (SealFlag::F_SEAL_GROW, "F_SEAL_GROW"),
+        (SealFlag::F_SEAL_WRITE, "F_SEAL_WRITE"),
+        (SealFlag::F_SEAL_FUTURE_WRITE, "F_SEAL_FUTURE_WRITE"),
+    ];
+    let mut names: Vec<String> = NAMES
+        .iter()
+        .filter(|(flag, _)| seals.contains(*flag))
+        .map(|(_, name)| (*name).to_owned())
+        .collect();
+    let known = NAMES
+        .iter()
+        .fold(SealFlag::empty(), |all, (flag, _)| all | *flag);
+    let unknown = seals.difference(known);
+    if !unknown.is_empty() {
+        names.push(format!("{:#x}", unknown.bits()));
+    }
+    if names.is_empty() {
+        "none".to_owned()
+    } else {
+        names.join(" | ")
+    }
+}
+
 /// An imported buffer, mapped shared into the worker.
 #[derive(Debug)]
 pub struct HostMapping {
@@ -107,5 +203,129 @@ unsafe impl HostMemory for HostMapping {
     }
     fn writable(&self) -> bool {
         self.writable
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use memfd::{FileSeal, MemfdOptions};
+    use nix::sys::mman::{shm_open, shm_unlink};
+    use nix::sys::stat::Mode;
+    use strata_wire::{Access, Backing, CanonicalIdentity};
+
+    /// A memfd of `len` bytes carrying `seals` (none: created without
+    /// MFD_ALLOW_SEALING, which the kernel marks F_SEAL_SEAL).
+    fn memfd_with(len: u64, seals: &[FileSeal]) -> OwnedFd {
+        let mfd = MemfdOptions::default()
+            .close_on_exec(true)
+            .allow_sealing(!seals.is_empty())
+            .create("seal-test")
+            .unwrap();
+        mfd.as_file().set_len(len).unwrap();
+        if !seals.is_empty() {
+            mfd.add_seals(seals).unwrap();
+        }
+        OwnedFd::from(mfd.into_file())
+    }
+
+    fn memfd_descriptor(fd: &OwnedFd, nbytes: u64) -> BufferDescriptor {
+        let st = fstat(fd).unwrap();
+        BufferDescriptor::new(
+            CanonicalIdentity::new([7; 8], 1, 1).unwrap(),
+            nbytes,
+            AddressSpace::Host,
+            Access::ReadWrite,
+            Backing::Memfd {
+                st_dev: st.st_dev,
+                st_ino: st.st_ino,
+            },
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn a_memfd_sealed_against_shrinking_passes() {
+        let fd = memfd_with(4096, &[FileSeal::SealShrink]);
+        assert_eq!(check_sealed_against_shrinking(&fd), Ok(()));
+        let all = memfd_with(
+            4096,
+            &[FileSeal::SealShrink, FileSeal::SealGrow, FileSeal::SealSeal],
+        );
+        assert_eq!(check_sealed_against_shrinking(&all), Ok(()));
+        // And the mapper maps it.
+        let m = FdMapper.map(&all, &memfd_descriptor(&all, 4096)).unwrap();
+        assert_eq!((m.len(), m.writable()), (4096, true));
+    }
+
+    #[test]
+    fn an_unsealable_memfd_is_refused_naming_its_seals_and_the_remedy() {
+        let fd = memfd_with(4096, &[]);
+        let e = check_sealed_against_shrinking(&fd).unwrap_err();
+        assert!(e.starts_with("the fd (a memfd) is not sealed"), "{e}");
+        assert!(e.contains("its seals: F_SEAL_SEAL;"), "{e}");
+        assert!(e.contains("F_SEAL_SHRINK is required"), "{e}");
+        assert!(e.contains("MFD_ALLOW_SEALING"), "{e}");
+    }
+
+    #[test]
+    fn seals_other_than_shrink_do_not_pass() {
+        let grow = memfd_with(4096, &[FileSeal::SealGrow, FileSeal::SealWrite]);
+        let e = check_sealed_against_shrinking(&grow).unwrap_err();
+        assert!(e.contains("its seals: F_SEAL_GROW | F_SEAL_WRITE;"), "{e}");
+        // Sealable but not yet sealed: no seals at all.
+        let open = MemfdOptions::default()
+            .allow_sealing(true)
+            .create("seal-test")
+            .unwrap();
+        let open = OwnedFd::from(open.into_file());
+        let e = check_sealed_against_shrinking(&open).unwrap_err();
+        assert!(e.contains("its seals: none;"), "{e}");
+    }
+
+    #[test]
+    fn the_mapper_refuses_an_unsealed_memfd_before_mapping() {
+        let fd = memfd_with(4096, &[]);
+        let e = FdMapper.map(&fd, &memfd_descriptor(&fd, 4096)).unwrap_err();
+        assert!(e.contains("F_SEAL_SHRINK is required"), "{e}");
+    }
+
+    #[test]
+    fn a_posix_shm_object_is_refused() {
+        let name = format!("/strata-seal-unit-{}", std::process::id());
+        let fd = shm_open(
+            name.as_str(),
+            nix::fcntl::OFlag::O_CREAT | nix::fcntl::OFlag::O_EXCL | nix::fcntl::OFlag::O_RDWR,
+            Mode::S_IRUSR | Mode::S_IWUSR,
+        )
+        .unwrap();
+        shm_unlink(name.as_str()).unwrap();
+        nix::unistd::ftruncate(&fd, 4096).unwrap();
+        // It passes the filesystem check (tmpfs) and fails the seal check.
+        assert_eq!(check_filesystem(&fd), Ok(()));
+        let e = check_sealed_against_shrinking(&fd).unwrap_err();
+        assert!(
+            e.starts_with(
+                "the fd (a POSIX shared-memory object or tmpfs file, /dev/shm/strata-seal-unit-"
+            ),
+            "{e}"
+        );
+        assert!(e.contains("F_SEAL_SHRINK is required"), "{e}");
+        assert!(e.contains("POSIX shm objects cannot be sealed"), "{e}");
+        // The kernel agrees that it cannot be sealed.
+        assert!(fcntl(&fd, FcntlArg::F_ADD_SEALS(SealFlag::F_SEAL_SHRINK)).is_err());
+    }
+
+    #[test]
+    fn seal_names_lists_every_flag_and_unknown_bits() {
+        assert_eq!(seal_names(SealFlag::empty()), "none");
+        assert_eq!(
+            seal_names(SealFlag::F_SEAL_SEAL | SealFlag::F_SEAL_FUTURE_WRITE),
+            "F_SEAL_SEAL | F_SEAL_FUTURE_WRITE"
+        );
+        assert_eq!(
+            seal_names(SealFlag::F_SEAL_SHRINK | SealFlag::from_bits_retain(0x100)),
+            "F_SEAL_SHRINK | 0x100"
+        );
     }
 }

@@ -50,7 +50,15 @@ pub(crate) struct Session {
     device_buffers: Mutex<HashMap<CanonicalIdentity, Arc<DeviceBuffer>>>,
     /// Whether a task stream is open.
     pub(crate) streaming: std::sync::atomic::AtomicBool,
+    /// Why fds this session sent were refused on arrival, by identity, so
+    /// that a task naming one fails with that reason instead of a bare
+    /// "not imported". At most [`MAX_REMEMBERED_REFUSALS`]: past that a
+    /// client that keeps sending refused fds gets the bare message.
+    refusals: Mutex<HashMap<CanonicalIdentity, String>>,
 }
+
+/// How many refusal reasons one session keeps.
+const MAX_REMEMBERED_REFUSALS: usize = 1024;
 
 impl Session {
     pub(crate) fn device_buffers(
@@ -59,6 +67,28 @@ impl Session {
         self.device_buffers
             .lock()
             .unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn refusals(&self) -> MutexGuard<'_, HashMap<CanonicalIdentity, String>> {
+        self.refusals.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Records why the fd sent for `identity` was refused.
+    pub(crate) fn remember_refusal(&self, identity: CanonicalIdentity, reason: String) {
+        let mut refusals = self.refusals();
+        if refusals.len() < MAX_REMEMBERED_REFUSALS || refusals.contains_key(&identity) {
+            refusals.insert(identity, reason);
+        }
+    }
+
+    /// Forgets a refusal: a later fd for `identity` was accepted.
+    pub(crate) fn forget_refusal(&self, identity: &CanonicalIdentity) {
+        self.refusals().remove(identity);
+    }
+
+    /// Why the fd sent for `identity` was refused, if it was.
+    pub(crate) fn refusal(&self, identity: &CanonicalIdentity) -> Option<String> {
+        self.refusals().get(identity).cloned()
     }
 }
 

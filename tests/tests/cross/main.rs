@@ -4,4 +4,5 @@
 mod cluster;
 mod faults;
 mod graphs;
+mod seals;
 mod worker;

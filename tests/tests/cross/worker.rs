@@ -719,7 +719,7 @@ async fn unix_connections_from_other_uids_are_refused() {
     )
     .unwrap();
     std::fs::set_permissions(&sock, std::fs::Permissions::from_mode(0o666)).unwrap();
-    let script = "import socket,sys\ns=socket.socket(socket.AF_UNIX)\ns.connect(sys.argv[1])\ns.sendall(b'PRI * HTTP/2.0\\r\\n\\r\\nSM\\r\\n\\r\\n')\ns.settimeout(30)\ntry:\n  n=len(s.recv(100))\nexcept ConnectionResetError:\n  n=0\nprint(n)";
+    let script = "import socket,sys\ns=socket.socket(socket.AF_UNIX)\ns.connect(sys.argv[1])\ns.settimeout(30)\ntry:\n  s.sendall(b'PRI * HTTP/2.0\\r\\n\\r\\nSM\\r\\n\\r\\n')\n  n=len(s.recv(100))\nexcept (ConnectionResetError, BrokenPipeError):\n  n=0\nprint(n)";
     let out = std::process::Command::new("python3")
         .args(["-c", script, sock.to_str().unwrap()])
         .uid(65534)

@@ -108,6 +108,18 @@ impl Access {
     pub const fn allows_write(self) -> bool {
         matches!(self, Access::Write | Access::ReadWrite)
     }
+    /// Whether this grant is `grant` or narrower: everything it allows,
+    /// `grant` allows too. READ and WRITE are each within READWRITE and
+    /// within themselves; neither is within the other.
+    pub const fn is_within(self, grant: Access) -> bool {
+        (!self.allows_read() || grant.allows_read()) && (!self.allows_write() || grant.allows_write())
+    }
+}
+
+impl std::fmt::Display for Access {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
 }
 
 /// What a tensor argument points into: a buffer's identity, size, grant and
@@ -154,11 +166,22 @@ impl BufferDescriptor {
         self
     }
 
-    /// Returns the same descriptor with a narrower or wider grant.
+    /// The same descriptor granting `access`, which must be the buffer's
+    /// grant or narrower ([`Access::is_within`]): a derived descriptor, like
+    /// a derived view, may grant less than its buffer, never more (DESIGN §3).
+    /// There is deliberately no way to widen a grant: a widened alias would
+    /// let a task write through a buffer its owner shared read-only.
     ///
     /// # Errors
-    /// As [`BufferDescriptor::new`].
-    pub fn with_access(self, access: Access) -> Result<Self, Error> {
+    /// [`Error::AccessWidened`] naming both accesses when `access` is not
+    /// within the current grant.
+    pub fn narrowed(self, access: Access) -> Result<Self, Error> {
+        if !access.is_within(self.access) {
+            return Err(Error::AccessWidened {
+                granted: self.access,
+                requested: access,
+            });
+        }
         check_pairing(self.address_space, access, self.backing.kind())?;
         Ok(BufferDescriptor { access, ..self })
     }

@@ -176,7 +176,11 @@ fn prepare(
                     .imports()
                     .acquire(tensor.buffer())
                     .map_err(|e| bad(e.to_string()))?;
-                (*tensor, ArgBacking::Host(mapping as Arc<dyn HostMemory>))
+                let access = tensor.buffer().access();
+                (
+                    *tensor,
+                    ArgBacking::Host(crate::imports::lease(mapping, access)),
+                )
             }
         };
         args.push(LaunchArg {

@@ -2,12 +2,13 @@
 //! tasks read and write through.
 
 use std::os::fd::{AsRawFd, OwnedFd};
+use std::sync::Arc;
 
 use memmap2::{MmapOptions, MmapRaw};
 use nix::sys::stat::fstat;
 use nix::sys::statfs::{TMPFS_MAGIC, fstatfs};
 use strata_chip::HostMemory;
-use strata_wire::{AddressSpace, Backing, BufferDescriptor};
+use strata_wire::{Access, AddressSpace, Backing, BufferDescriptor};
 use strata_worker_core::{ImportRegistry, Mapper};
 
 /// The worker's import registry.
@@ -25,6 +26,8 @@ impl Mapper for FdMapper {
     /// the filesystem (tmpfs/shmem, by `fstatfs`), the size (at least
     /// `nbytes`), and for MEMFD the inode against the descriptor's body; then
     /// maps `nbytes` shared, read-only when the buffer grants READ only.
+    /// `d` is the import's descriptor, not a task's: tasks that narrow it
+    /// get a read-only [`lease`].
     fn map(&self, fd: &OwnedFd, d: &BufferDescriptor) -> Result<HostMapping, String> {
         if d.address_space() != AddressSpace::Host {
             return Err("a DEVICE buffer cannot be imported by fd".into());
@@ -86,6 +89,39 @@ pub(crate) fn check_filesystem(fd: &OwnedFd) -> Result<(), String> {
         ));
     }
     Ok(())
+}
+
+/// A task's lease on an imported mapping, as the task's own descriptor
+/// grants it: the mapping itself when that grant allows writing (or the
+/// mapping is read-only anyway), a read-only face of it otherwise. A task
+/// may name a buffer through a READ descriptor narrowed from a READWRITE
+/// import; the mapping is writable for the import's sake, and this keeps
+/// that task from writing through it.
+pub(crate) fn lease(mapping: Arc<HostMapping>, access: Access) -> Arc<dyn HostMemory> {
+    if access.allows_write() || !mapping.writable {
+        mapping
+    } else {
+        Arc::new(ReadOnly(mapping))
+    }
+}
+
+/// A read-only face of a writable mapping.
+#[derive(Debug)]
+struct ReadOnly(Arc<HostMapping>);
+
+// SAFETY: delegates the range to the mapping, which upholds the contract
+// for it (see `HostMapping`), and reports it read-only, which only narrows
+// what callers may do.
+unsafe impl HostMemory for ReadOnly {
+    fn as_ptr(&self) -> *mut u8 {
+        self.0.as_ptr()
+    }
+    fn len(&self) -> usize {
+        self.0.len()
+    }
+    fn writable(&self) -> bool {
+        false
+    }
 }
 
 /// An imported buffer, mapped shared into the worker.

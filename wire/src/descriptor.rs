@@ -112,7 +112,8 @@ impl Access {
     /// `grant` allows too. READ and WRITE are each within READWRITE and
     /// within themselves; neither is within the other.
     pub const fn is_within(self, grant: Access) -> bool {
-        (!self.allows_read() || grant.allows_read()) && (!self.allows_write() || grant.allows_write())
+        (!self.allows_read() || grant.allows_read())
+            && (!self.allows_write() || grant.allows_write())
     }
 }
 

@@ -236,15 +236,16 @@ fn import_all(
                 (Ok(_), None) => Err(format!(
                     "no fd arrived for this identity ({declared} declared)"
                 )),
-                (Ok(id), Some(fd)) => import_grant(id, with_grants, grant.as_deref())
-                    .and_then(|grant| {
+                (Ok(id), Some(fd)) => {
+                    import_grant(id, with_grants, grant.as_deref()).and_then(|grant| {
                         crate::imports::check_filesystem(&fd)?;
                         match grant {
                             Some(grant) => node.imports().offer_as(session, grant, fd),
                             None => node.imports().offer(session, id, fd),
                         }
                         .map_err(|e| e.to_string())
-                    }),
+                    })
+                }
             };
             match outcome {
                 Ok(()) => pb::FdResult {
@@ -276,9 +277,8 @@ fn import_grant(
     if !with_grants {
         return Ok(None);
     }
-    let raw = raw.ok_or_else(|| {
-        "the FdImport lists descriptors but none for this identity".to_owned()
-    })?;
+    let raw =
+        raw.ok_or_else(|| "the FdImport lists descriptors but none for this identity".to_owned())?;
     let grant = BufferDescriptor::decode(raw).map_err(|e| format!("descriptor: {e}"))?;
     if grant.identity() != &id {
         return Err(format!(

@@ -151,8 +151,8 @@ mod tests {
     use std::os::fd::OwnedFd;
     use std::os::unix::fs::MetadataExt;
 
-    use strata_worker_core::Mapper;
     use strata_wire::{Access, AddressSpace, Backing, BufferDescriptor, CanonicalIdentity};
+    use strata_worker_core::Mapper;
 
     use super::{FdMapper, lease};
 

@@ -136,7 +136,10 @@ fn a_read_only_view_reads_and_cannot_be_written_or_widened() {
     full.write(&(0..64).map(|i| i as f32).collect::<Vec<_>>())
         .unwrap();
     let ro = full.read_only().unwrap();
-    assert_eq!((full.access(), ro.access()), (Access::ReadWrite, Access::Read));
+    assert_eq!(
+        (full.access(), ro.access()),
+        (Access::ReadWrite, Access::Read)
+    );
     assert_eq!(ro.tensor().identity(), full.tensor().identity());
 
     let e = ro.with_access(Access::ReadWrite).unwrap_err().to_string();
@@ -155,7 +158,10 @@ fn a_read_only_view_reads_and_cannot_be_written_or_widened() {
         .submit(Task::new("fill").output(&ro).scalar_f64(7.0))
         .unwrap_err()
         .to_string();
-    assert!(e.contains("tagged OUTPUT but the buffer grants READ"), "{e}");
+    assert!(
+        e.contains("tagged OUTPUT but the buffer grants READ"),
+        "{e}"
+    );
     let e = cluster
         .submit(Task::new("fill").output(&half).scalar_f64(7.0))
         .unwrap_err()

@@ -38,7 +38,10 @@ pub(crate) async fn session(w: &WorkerProcess) -> (WorkerClient, Handshake) {
 }
 
 /// Sends `tasks` and collects completions until every id has one.
-pub(crate) async fn run_all(stream: &mut TaskStream, tasks: &[TaskRequest]) -> HashMap<u64, TaskCompletion> {
+pub(crate) async fn run_all(
+    stream: &mut TaskStream,
+    tasks: &[TaskRequest],
+) -> HashMap<u64, TaskCompletion> {
     stream.send(tasks).await.expect("send");
     collect(stream, tasks.len()).await
 }

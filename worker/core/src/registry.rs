@@ -435,7 +435,10 @@ mod tests {
         let r = reg(false);
         r.offer_as(SessionId(1), rw, 3).unwrap();
         let first = r.acquire(&ro).unwrap();
-        assert_eq!(*r.mapper().mapped_as.lock().unwrap(), Some(Access::ReadWrite));
+        assert_eq!(
+            *r.mapper().mapped_as.lock().unwrap(),
+            Some(Access::ReadWrite)
+        );
         for d in [&rw, &wo, &ro] {
             assert!(Arc::ptr_eq(&r.acquire(d).unwrap(), &first));
         }

@@ -22,7 +22,7 @@ use std::sync::Arc;
 use strata_chip::kernel::{Element, Pod};
 use strata_chip::staging;
 use strata_core::{Holders, WorkerId};
-use strata_wire::{BufferDescriptor, CanonicalIdentity, DType, Tensor};
+use strata_wire::{Access, BufferDescriptor, CanonicalIdentity, DType, Tensor};
 use tokio::sync::mpsc;
 
 use crate::error::Error;
@@ -409,7 +409,52 @@ impl View {
         self.tensor.dtype()
     }
 
-    /// The same bytes seen with another shape, strides, offset or dtype.
+    /// What this view grants the tasks that name it: its buffer's grant,
+    /// or less if it was narrowed.
+    pub fn access(&self) -> Access {
+        self.tensor.buffer().access()
+    }
+
+    /// The same view granting only `access`, which must be within what this
+    /// view grants: a derived view may narrow access, never widen it
+    /// (DESIGN §3). The grant is what tasks named with the view get: a task
+    /// that writes through a READ view is refused at submit (requested
+    /// access ⊆ granted access), and a worker refuses it too. The driver's
+    /// own [`View::write`] is the buffer owner's and is not limited by it.
+    ///
+    /// # Errors
+    /// [`Error::View`] naming both accesses when `access` is wider.
+    pub fn with_access(&self, access: Access) -> Result<View, Error> {
+        let buffer = self
+            .tensor
+            .buffer()
+            .narrowed(access)
+            .map_err(|e| Error::View(e.to_string()))?;
+        let tensor = Tensor::new(
+            buffer,
+            self.tensor.byte_offset(),
+            self.tensor.shape(),
+            self.tensor.strides(),
+            self.tensor.dtype(),
+        )
+        .map_err(|e| Error::View(e.to_string()))?;
+        Ok(View {
+            tensor,
+            buffer: self.buffer.clone(),
+        })
+    }
+
+    /// The same view, granting READ only.
+    ///
+    /// # Errors
+    /// [`Error::View`] when this view grants WRITE only (READ is not
+    /// within it).
+    pub fn read_only(&self) -> Result<View, Error> {
+        self.with_access(Access::Read)
+    }
+
+    /// The same bytes seen with another shape, strides, offset or dtype,
+    /// granting what this view grants (a narrowed view stays narrowed).
     ///
     /// # Errors
     /// As [`Buffer::view`].
@@ -420,7 +465,12 @@ impl View {
         strides: &[u32],
         dtype: DType,
     ) -> Result<View, Error> {
-        self.buffer.view(byte_offset, shape, strides, dtype)
+        let tensor = Tensor::new(*self.tensor.buffer(), byte_offset, shape, strides, dtype)
+            .map_err(|e| Error::View(e.to_string()))?;
+        Ok(View {
+            tensor,
+            buffer: self.buffer.clone(),
+        })
     }
 
     /// The view's elements in row-major index order, as `T` (whose dtype

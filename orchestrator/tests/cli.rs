@@ -60,6 +60,48 @@ fn inspect_prints_a_single_tensor() {
     assert_eq!(json["tensor"]["buffer"]["nbytes"], 4096);
 }
 
+/// Padding is alignment slack (DESIGN §3): a blob written by a producer that
+/// leaves garbage in every pad (as simpler may) is accepted and printed
+/// exactly as the clean blob is, canonical identity hex included.
+#[test]
+fn inspect_ignores_dirty_padding() {
+    let dir = tempfile::tempdir().unwrap();
+    let a = Tensor::new(test_buffer(4096), 16, &[4, 8], &[8, 1], DType::BF16).unwrap();
+    let b = Tensor::new(test_buffer(8192), 0, &[16], &[2], DType::F32).unwrap();
+    let clean = TaskArgs::new(vec![a, b], vec![9]).unwrap().encode();
+    let mut dirty = clean.clone();
+    for i in 0..2 {
+        let at = 8 + 144 * i;
+        for pad in [5..8, 28..40, 54..56, 141..144] {
+            dirty[at + pad.start..at + pad.end].fill(0xff);
+        }
+    }
+    assert_ne!(dirty, clean);
+    let clean_path = dir.path().join("clean.args");
+    let dirty_path = dir.path().join("dirty.args");
+    std::fs::write(&clean_path, &clean).unwrap();
+    std::fs::write(&dirty_path, &dirty).unwrap();
+    let want = inspect(&clean_path);
+    let got = inspect(&dirty_path);
+    assert_eq!(
+        got.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&got.stderr)
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&got.stdout),
+        String::from_utf8_lossy(&want.stdout)
+    );
+    let json = stdout_json(&got);
+    assert_eq!(json["tensor_count"], 2);
+    let hex = json["tensors"][1]["buffer"]["identity"]["hex"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert!(hex.ends_with(&"00".repeat(12)), "canonical pad: {hex}");
+}
+
 #[test]
 fn inspect_rejects_invalid_bytes_with_status_2_naming_the_field() {
     let dir = tempfile::tempdir().unwrap();

@@ -47,7 +47,8 @@ pub const SESSION_HEADER: &str = "strata-session";
 /// Default largest gRPC message, both directions (64 MiB).
 pub const DEFAULT_MAX_MESSAGE_BYTES: usize = 64 << 20;
 
-/// Largest fd side-channel frame (identities of one import message).
+/// Largest fd side-channel frame (identities and descriptors of one import
+/// message).
 pub const MAX_FD_FRAME_BYTES: usize = 64 * 1024;
 
 /// Most fds one side-channel message may carry.

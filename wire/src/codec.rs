@@ -100,14 +100,6 @@ impl<const N: usize> Writer<N> {
     }
 }
 
-pub(crate) fn check_zero(r: &mut Reader<'_>, field: &'static str, n: usize) -> Result<(), Error> {
-    let bytes = r.bytes(n)?;
-    match bytes.iter().find(|&&b| b != 0) {
-        Some(&b) => Err(Error::invalid(field, b, "padding must be zero")),
-        None => Ok(()),
-    }
-}
-
 pub(crate) fn exact_len(what: &'static str, bytes: &[u8], size: usize) -> Result<(), Error> {
     match bytes.len().cmp(&size) {
         std::cmp::Ordering::Less => Err(Error::Truncated {

@@ -8,20 +8,24 @@
 //! | 2 | 1 | `address_space` (HOST 0, DEVICE 1) |
 //! | 3 | 1 | `access` (READ 0, WRITE 1, READWRITE 2) |
 //! | 4 | 1 | `backend_kind` |
-//! | 5 | 3 | pad, zero |
+//! | 5 | 3 | pad (written zero, not checked) |
 //! | 8 | 32 | `identity` ([`CanonicalIdentity`]) |
 //! | 40 | 8 | `nbytes` |
 //! | 48 | 4 | `owner_worker_path_id` (diagnostic) |
 //! | 52 | 2 | `body_len` (≤ 32) |
-//! | 54 | 2 | pad, zero |
+//! | 54 | 2 | pad (written zero, not checked) |
 //! | 56 | 32 | `body`, zero past `body_len` |
 //!
-//! The padding of a descriptor must be zero so that it can be given a meaning
-//! later without ambiguity; the padding of an identity is ignored, as the brief
-//! says, so identities minted by other systems compare by their real fields.
+//! Padding is alignment slack, as in simpler (whose `buffer.h` strata is
+//! layout-compatible with): simpler never checks its `_pad` fields, so a
+//! record it wrote may carry anything there. Decoding skips the padding of the
+//! descriptor and of its identity, and the decoded value has no field to keep
+//! it in, so equality, hashing and every key ignore it and re-encoding writes
+//! zeros. What must be zero is data a producer chose not to fill: the body
+//! bytes past `body_len`.
 
 use crate::backing::{BackendKind, Backing, MAX_BODY_LEN};
-use crate::codec::{Reader, Writer, check_zero, exact_len};
+use crate::codec::{Reader, Writer, exact_len};
 use crate::{CanonicalIdentity, Error};
 
 /// Descriptor magic, "BS" little-endian.
@@ -104,6 +108,19 @@ impl Access {
     pub const fn allows_write(self) -> bool {
         matches!(self, Access::Write | Access::ReadWrite)
     }
+    /// Whether this grant is `grant` or narrower: everything it allows,
+    /// `grant` allows too. READ and WRITE are each within READWRITE and
+    /// within themselves; neither is within the other.
+    pub const fn is_within(self, grant: Access) -> bool {
+        (!self.allows_read() || grant.allows_read())
+            && (!self.allows_write() || grant.allows_write())
+    }
+}
+
+impl std::fmt::Display for Access {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
 }
 
 /// What a tensor argument points into: a buffer's identity, size, grant and
@@ -150,11 +167,22 @@ impl BufferDescriptor {
         self
     }
 
-    /// Returns the same descriptor with a narrower or wider grant.
+    /// The same descriptor granting `access`, which must be the buffer's
+    /// grant or narrower ([`Access::is_within`]): a derived descriptor, like
+    /// a derived view, may grant less than its buffer, never more (DESIGN §3).
+    /// There is deliberately no way to widen a grant: a widened alias would
+    /// let a task write through a buffer its owner shared read-only.
     ///
     /// # Errors
-    /// As [`BufferDescriptor::new`].
-    pub fn with_access(self, access: Access) -> Result<Self, Error> {
+    /// [`Error::AccessWidened`] naming both accesses when `access` is not
+    /// within the current grant.
+    pub fn narrowed(self, access: Access) -> Result<Self, Error> {
+        if !access.is_within(self.access) {
+            return Err(Error::AccessWidened {
+                granted: self.access,
+                requested: access,
+            });
+        }
         check_pairing(self.address_space, access, self.backing.kind())?;
         Ok(BufferDescriptor { access, ..self })
     }
@@ -246,13 +274,14 @@ impl BufferDescriptor {
         let kind_code = r.u8()?;
         let kind = BackendKind::from_code(kind_code)
             .ok_or_else(|| Error::invalid("backend_kind", kind_code, "must be 0 to 6"))?;
-        check_zero(r, "pad@5", 3)?;
+        // Alignment slack: not checked, not kept (see the module docs).
+        let _pad = r.array::<3>()?;
         let identity =
             CanonicalIdentity::read(r).map_err(|e| e.within(format_args!("identity")))?;
         let nbytes = r.u64()?;
         let owner_worker_path_id = r.u32()?;
         let body_len = r.u16()?;
-        check_zero(r, "pad@54", 2)?;
+        let _pad = r.array::<2>()?;
         let body = r.array::<MAX_BODY_LEN>()?;
         let body_len = usize::from(body_len);
         let Some((used, tail)) = body.split_at_checked(body_len) else {

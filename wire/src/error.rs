@@ -53,6 +53,16 @@ pub enum Error {
         /// Size of the buffer.
         nbytes: u64,
     },
+    /// A derived descriptor or view asked for more than its buffer grants.
+    #[error(
+        "access {requested} is wider than the granted {granted}: a derived descriptor or view may narrow its buffer's access, never widen it"
+    )]
+    AccessWidened {
+        /// What the buffer (or the descriptor derived from) grants.
+        granted: crate::Access,
+        /// What the derivation asked for.
+        requested: crate::Access,
+    },
     /// The 2^64 buffer ids of one owner instance are used up.
     #[error("buffer ids of this owner instance are exhausted")]
     IdentitiesExhausted,

@@ -10,15 +10,20 @@
 //! | 100 | 20 | `shapes[5]`, > 0 below `ndims`, 0 past it |
 //! | 120 | 20 | `strides[5]` in elements, > 0 below `ndims`, 0 past it |
 //! | 140 | 1 | `dtype` |
-//! | 141 | 3 | pad, zero |
+//! | 141 | 3 | pad (written zero, not checked) |
 //!
 //! Axis 0 is the outermost; the last axis is the innermost. A view's extent is
 //! `(Σ (shape_i − 1)·stride_i + 1)` elements, in bytes rounded up for FP4, and
 //! `byte_offset + extent ≤ nbytes`. Shapes must be nonzero: an empty view
 //! touches no byte and has no use as a task argument, and refusing it keeps the
 //! extent formula total.
+//!
+//! The padding @141 is alignment slack, as in simpler: not checked on decode,
+//! not kept in the value (so equality and hashing ignore it), written as zero.
+//! The shape and stride slots past `ndims` are different: they are data a
+//! producer chose not to fill, and must be zero.
 
-use crate::codec::{Reader, Writer, check_zero, exact_len};
+use crate::codec::{Reader, Writer, exact_len};
 use crate::{BufferDescriptor, CanonicalIdentity, DESCRIPTOR_SIZE, DType, Error};
 
 /// Maximum rank of a view.
@@ -214,7 +219,8 @@ impl Tensor {
             *s = r.u32()?;
         }
         let dtype_code = r.u8()?;
-        check_zero(r, "pad@141", 3)?;
+        // Alignment slack: not checked, not kept (see the module docs).
+        let _pad = r.array::<3>()?;
         let dtype = DType::from_code(dtype_code)
             .ok_or_else(|| Error::invalid("dtype", dtype_code, "must be a dtype code 0 to 14"))?;
         validate(buffer, byte_offset, raw, dtype)

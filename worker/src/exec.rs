@@ -190,7 +190,11 @@ fn prepare(
                         None => bad(e.to_string()),
                     }
                 })?;
-                (*tensor, ArgBacking::Host(mapping as Arc<dyn HostMemory>))
+                let access = tensor.buffer().access();
+                (
+                    *tensor,
+                    ArgBacking::Host(crate::imports::lease(mapping, access)),
+                )
             }
         };
         args.push(LaunchArg {

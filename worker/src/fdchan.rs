@@ -5,6 +5,9 @@
 //! client opens with an `FdHello` naming its session; then each `FdImport`
 //! frame carries, in the same `sendmsg`, exactly as many fds as it lists
 //! identities, and is answered by an `FdAck` with one result per identity.
+//! An `FdImport` may also list one descriptor per identity: what the buffer
+//! is imported as, so that tasks may narrow that grant but never widen it
+//! (DESIGN §3), whichever task uses the buffer first.
 //!
 //! Received fds are close-on-exec from the moment they arrive
 //! (`MSG_CMSG_CLOEXEC`) and owned (`OwnedFd`) at once; fds beyond what a
@@ -22,7 +25,7 @@ use std::sync::Arc;
 use nix::sys::socket::{ControlMessage, ControlMessageOwned, MsgFlags, recvmsg, sendmsg};
 use prost::Message;
 use strata_proto::{MAX_FD_FRAME_BYTES, MAX_FDS_PER_MESSAGE, PROTOCOL_VERSION, pb};
-use strata_wire::CanonicalIdentity;
+use strata_wire::{BufferDescriptor, CanonicalIdentity};
 use strata_worker_core::SessionId;
 use tokio::io::{AsyncWriteExt, Interest};
 use tokio::net::{UnixListener, UnixStream};
@@ -224,11 +227,14 @@ fn import_all(
     }
     let state = node.session(session);
     let mut fds = fds.into_iter();
+    let with_grants = !import.descriptors.is_empty();
+    let mut grants = import.descriptors.into_iter();
     let results = import
         .identities
         .into_iter()
         .map(|raw| {
             let fd = fds.next();
+            let grant = grants.next();
             let outcome = match (CanonicalIdentity::decode(&raw), fd) {
                 (Err(e), _) => Err(format!("identity: {e}")),
                 (Ok(_), None) => Err(format!(
@@ -239,9 +245,13 @@ fn import_all(
                         if let Some(s) = &state {
                             s.forget_refusal(&id);
                         }
-                        node.imports()
-                            .offer(session, id, fd)
+                        import_grant(id, with_grants, grant.as_deref()).and_then(|grant| {
+                            match grant {
+                                Some(grant) => node.imports().offer_as(session, grant, fd),
+                                None => node.imports().offer(session, id, fd),
+                            }
                             .map_err(|e| e.to_string())
+                        })
                     }
                     Err(reason) => {
                         warn!(%session, identity = %id, %reason, "import refused");
@@ -281,6 +291,29 @@ fn arrival_checks(fd: &OwnedFd) -> Result<(), String> {
     crate::imports::check_sealed_against_shrinking(fd)
 }
 
+/// The descriptor `id` is imported as: `None` when the frame lists no
+/// descriptors at all; an error when it lists some but not a valid one for
+/// this identity.
+fn import_grant(
+    id: CanonicalIdentity,
+    with_grants: bool,
+    raw: Option<&[u8]>,
+) -> Result<Option<BufferDescriptor>, String> {
+    if !with_grants {
+        return Ok(None);
+    }
+    let raw =
+        raw.ok_or_else(|| "the FdImport lists descriptors but none for this identity".to_owned())?;
+    let grant = BufferDescriptor::decode(raw).map_err(|e| format!("descriptor: {e}"))?;
+    if grant.identity() != &id {
+        return Err(format!(
+            "the descriptor is of buffer {}, not {id}",
+            grant.identity()
+        ));
+    }
+    Ok(Some(grant))
+}
+
 /// The client end of a worker's fd channel.
 #[derive(Debug)]
 pub struct FdChannel {
@@ -304,7 +337,9 @@ impl FdChannel {
 
     /// Sends `identities` with `fds` (normally one each, in order) and
     /// returns the worker's result for each identity: `Ok` or why it was
-    /// refused.
+    /// refused. Says nothing of what each buffer grants: the first task
+    /// that uses one sets its import descriptor. Prefer
+    /// [`FdChannel::import_as`].
     ///
     /// # Errors
     /// When the channel fails or the worker closes it.
@@ -315,7 +350,38 @@ impl FdChannel {
     ) -> io::Result<Vec<Result<(), String>>> {
         let msg = pb::FdImport {
             identities: identities.iter().map(|i| i.encode().to_vec()).collect(),
+            descriptors: Vec::new(),
         };
+        self.send(&msg, fds).await
+    }
+
+    /// Sends the buffers `grants` describe with `fds` (one each, in order),
+    /// each imported as its descriptor says: tasks may use it through that
+    /// descriptor or a narrower one, never a wider one. Returns the
+    /// worker's result for each buffer: `Ok` or why it was refused.
+    ///
+    /// # Errors
+    /// When the channel fails or the worker closes it.
+    pub async fn import_as(
+        &mut self,
+        grants: &[BufferDescriptor],
+        fds: &[BorrowedFd<'_>],
+    ) -> io::Result<Vec<Result<(), String>>> {
+        let msg = pb::FdImport {
+            identities: grants
+                .iter()
+                .map(|d| d.identity().encode().to_vec())
+                .collect(),
+            descriptors: grants.iter().map(|d| d.encode().to_vec()).collect(),
+        };
+        self.send(&msg, fds).await
+    }
+
+    async fn send(
+        &mut self,
+        msg: &pb::FdImport,
+        fds: &[BorrowedFd<'_>],
+    ) -> io::Result<Vec<Result<(), String>>> {
         let raw: Vec<RawFd> = fds.iter().map(|f| f.as_raw_fd()).collect();
         write_frame(&mut self.stream, &msg.encode_to_vec(), &raw).await?;
         let frame = read_frame(&self.stream).await?.ok_or_else(|| {

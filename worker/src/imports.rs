@@ -23,13 +23,14 @@
 //! SIGBUS on its own; the kernel's internal memfd mount has no such limit.
 
 use std::os::fd::{AsRawFd, OwnedFd};
+use std::sync::Arc;
 
 use memmap2::{MmapOptions, MmapRaw};
 use nix::fcntl::{FcntlArg, SealFlag, fcntl};
 use nix::sys::stat::fstat;
 use nix::sys::statfs::{TMPFS_MAGIC, fstatfs};
 use strata_chip::HostMemory;
-use strata_wire::{AddressSpace, Backing, BufferDescriptor};
+use strata_wire::{Access, AddressSpace, Backing, BufferDescriptor};
 use strata_worker_core::{ImportRegistry, Mapper};
 
 /// The worker's import registry.
@@ -50,6 +51,8 @@ impl Mapper for FdMapper {
     /// shared, read-only when the buffer grants READ only. The seal is
     /// checked before the size because only the seal keeps the size check
     /// true afterwards.
+    /// `d` is the import's descriptor, not a task's: tasks that narrow it
+    /// get a read-only [`lease`].
     fn map(&self, fd: &OwnedFd, d: &BufferDescriptor) -> Result<HostMapping, String> {
         if d.address_space() != AddressSpace::Host {
             return Err("a DEVICE buffer cannot be imported by fd".into());
@@ -181,6 +184,39 @@ fn seal_names(seals: SealFlag) -> String {
         "none".to_owned()
     } else {
         names.join(" | ")
+    }
+}
+
+/// A task's lease on an imported mapping, as the task's own descriptor
+/// grants it: the mapping itself when that grant allows writing (or the
+/// mapping is read-only anyway), a read-only face of it otherwise. A task
+/// may name a buffer through a READ descriptor narrowed from a READWRITE
+/// import; the mapping is writable for the import's sake, and this keeps
+/// that task from writing through it.
+pub(crate) fn lease(mapping: Arc<HostMapping>, access: Access) -> Arc<dyn HostMemory> {
+    if access.allows_write() || !mapping.writable {
+        mapping
+    } else {
+        Arc::new(ReadOnly(mapping))
+    }
+}
+
+/// A read-only face of a writable mapping.
+#[derive(Debug)]
+struct ReadOnly(Arc<HostMapping>);
+
+// SAFETY: delegates the range to the mapping, which upholds the contract
+// for it (see `HostMapping`), and reports it read-only, which only narrows
+// what callers may do.
+unsafe impl HostMemory for ReadOnly {
+    fn as_ptr(&self) -> *mut u8 {
+        self.0.as_ptr()
+    }
+    fn len(&self) -> usize {
+        self.0.len()
+    }
+    fn writable(&self) -> bool {
+        false
     }
 }
 
@@ -327,5 +363,59 @@ mod tests {
             seal_names(SealFlag::F_SEAL_SHRINK | SealFlag::from_bits_retain(0x100)),
             "F_SEAL_SHRINK | 0x100"
         );
+    }
+
+    mod narrowing {
+    use std::os::fd::OwnedFd;
+    use std::os::unix::fs::MetadataExt;
+
+    use strata_wire::{Access, AddressSpace, Backing, BufferDescriptor, CanonicalIdentity};
+    use strata_worker_core::Mapper;
+
+    use super::super::{FdMapper, lease};
+
+    /// A sealed-against-shrinking memfd of `nbytes` and its descriptor.
+    fn memfd(nbytes: u64, access: Access) -> (OwnedFd, BufferDescriptor) {
+        let mfd = memfd::MemfdOptions::default()
+            .close_on_exec(true)
+            .allow_sealing(true)
+            .create("strata-lease-test")
+            .unwrap();
+        mfd.as_file().set_len(nbytes).unwrap();
+        mfd.add_seal(memfd::FileSeal::SealShrink).unwrap();
+        let meta = mfd.as_file().metadata().unwrap();
+        let d = BufferDescriptor::new(
+            CanonicalIdentity::new([7; 8], 1, 1).unwrap(),
+            nbytes,
+            AddressSpace::Host,
+            access,
+            Backing::Memfd {
+                st_dev: meta.dev(),
+                st_ino: meta.ino(),
+            },
+        )
+        .unwrap();
+        (OwnedFd::from(mfd.into_file()), d)
+    }
+
+    /// A task that narrows a READWRITE import to READ gets a read-only face
+    /// of the same bytes; tasks granted WRITE get the mapping itself; a
+    /// mapping made read-only stays read-only whatever the task asks.
+    #[test]
+    fn a_read_lease_of_a_writable_mapping_is_read_only() {
+        let (fd, rw) = memfd(4096, Access::ReadWrite);
+        let m = std::sync::Arc::new(FdMapper.map(&fd, &rw).unwrap());
+        assert!(m.writable);
+        let ro = lease(std::sync::Arc::clone(&m), Access::Read);
+        assert!(!ro.writable());
+        assert_eq!((ro.as_ptr(), ro.len()), (m.map.as_mut_ptr(), 4096));
+        for access in [Access::Write, Access::ReadWrite] {
+            assert!(lease(std::sync::Arc::clone(&m), access).writable());
+        }
+
+        let (fd, read_only) = memfd(4096, Access::Read);
+        let m = std::sync::Arc::new(FdMapper.map(&fd, &read_only).unwrap());
+        assert!(!lease(m, Access::ReadWrite).writable());
+    }
     }
 }

@@ -31,7 +31,7 @@ use std::time::{Duration, Instant};
 use strata_core::WorkerId;
 use strata_proto::TaskId as WireTaskId;
 use strata_proto::convert::{TaskCompletion, TaskOutcome, TaskRequest};
-use strata_wire::{ArgTag, CanonicalIdentity, TaskArgs, Tensor};
+use strata_wire::{ArgTag, BufferDescriptor, CanonicalIdentity, TaskArgs, Tensor};
 use strata_worker::client::{Completions, TaskSender};
 use strata_worker::fdchan::FdChannel;
 use strata_worker::{ClientTls, Endpoint, HealthWatch, WorkerClient};
@@ -725,11 +725,13 @@ impl EndpointActor {
             }
         }
         for chunk in new.chunks(strata_proto::MAX_FDS_PER_MESSAGE) {
-            let ids: Vec<CanonicalIdentity> =
-                chunk.iter().map(|h| *h.descriptor().identity()).collect();
+            // Imported as the buffer's own descriptor, so that tasks may use
+            // it through narrowed views whichever task comes first.
+            let grants: Vec<BufferDescriptor> = chunk.iter().map(|h| *h.descriptor()).collect();
+            let ids: Vec<CanonicalIdentity> = grants.iter().map(|d| *d.identity()).collect();
             let fds: Vec<_> = chunk.iter().map(|h| h.fd()).collect();
             let results = fd
-                .import(&ids, &fds)
+                .import_as(&grants, &fds)
                 .await
                 .map_err(|e| format!("fd channel: {e}"))?;
             if results.len() != ids.len() {

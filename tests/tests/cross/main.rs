@@ -1,6 +1,7 @@
 //! Cross-process tests: the real `strata` binary (and `strata-test-worker`,
 //! a user-style worker binary) on private sockets.
 
+mod access;
 mod cluster;
 mod faults;
 mod graphs;

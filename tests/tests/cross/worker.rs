@@ -13,7 +13,7 @@ use strata_tests::{SharedBuffer, WorkerProcess, strata_bin};
 use strata_wire::{Access, ArgTag, DType, IdentityMint, TaskArgs, Tensor};
 use strata_worker::{Handshake, TaskStream, WorkerClient};
 
-fn mint() -> IdentityMint {
+pub(crate) fn mint() -> IdentityMint {
     IdentityMint::new(rand_owner())
 }
 
@@ -29,7 +29,7 @@ fn test_worker_bin() -> &'static Path {
     Path::new(env!("CARGO_BIN_EXE_strata-test-worker"))
 }
 
-async fn session(w: &WorkerProcess) -> (WorkerClient, Handshake) {
+pub(crate) async fn session(w: &WorkerProcess) -> (WorkerClient, Handshake) {
     let mut c = WorkerClient::connect(&w.endpoint, None)
         .await
         .expect("connect");
@@ -38,7 +38,10 @@ async fn session(w: &WorkerProcess) -> (WorkerClient, Handshake) {
 }
 
 /// Sends `tasks` and collects completions until every id has one.
-async fn run_all(stream: &mut TaskStream, tasks: &[TaskRequest]) -> HashMap<u64, TaskCompletion> {
+pub(crate) async fn run_all(
+    stream: &mut TaskStream,
+    tasks: &[TaskRequest],
+) -> HashMap<u64, TaskCompletion> {
     stream.send(tasks).await.expect("send");
     collect(stream, tasks.len()).await
 }
@@ -58,7 +61,7 @@ async fn collect(stream: &mut TaskStream, n: usize) -> HashMap<u64, TaskCompleti
     got
 }
 
-fn task(
+pub(crate) fn task(
     id: u64,
     callable: KernelHandle,
     tensors: Vec<Tensor>,
@@ -75,14 +78,14 @@ fn task(
     }
 }
 
-fn f32s(bytes: &[u8]) -> Vec<f32> {
+pub(crate) fn f32s(bytes: &[u8]) -> Vec<f32> {
     bytes
         .chunks(4)
         .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
         .collect()
 }
 
-fn assert_failed(c: &TaskCompletion, needle: &str) {
+pub(crate) fn assert_failed(c: &TaskCompletion, needle: &str) {
     match &c.outcome {
         TaskOutcome::Failure(cause) => {
             assert!(cause.contains(needle), "cause {cause:?} lacks {needle:?}")

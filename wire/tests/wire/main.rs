@@ -1,11 +1,12 @@
 //! Integration tests of `strata-wire`, one binary: layout pins, validation
-//! rules, hostile input, the overlap engine against its oracle, and the
+//! rules, padding as alignment slack, hostile input, the overlap engine against its oracle, and the
 //! committed fuzz corpus.
 
 mod corpus;
 mod hostile;
 mod layout;
 mod overlap;
+mod padding;
 mod validation;
 
 use strata_wire::{

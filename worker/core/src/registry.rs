@@ -2,24 +2,38 @@
 //!
 //! Protocol for one identity:
 //! 1. `offer` records the backing's source (an fd) under the session that
-//!    sent it; a second offer of a live identity is refused.
-//! 2. The first `acquire` maps it (checks happen in the [`Mapper`]), under
-//!    the entry's own lock, so concurrent acquirers wait for that one map and
-//!    share its result; later acquirers get the same mapping. A failed map
-//!    is remembered: every later acquire gets the same error.
-//! 3. `release` (or the end of the session) removes the entry: no new
+//!    sent it, with the descriptor it is imported as (its *grant*) when the
+//!    sender named one; a second offer of a live identity is refused.
+//! 2. Every `acquire` checks the task's descriptor against the import: the
+//!    same buffer (size, space, backing, owner path id) and an access
+//!    within the import's (a task may narrow the grant, never widen it).
+//!    An import offered without a descriptor takes the first acquirer's.
+//! 3. The first acquire that passes maps it with the import's descriptor
+//!    (checks happen in the [`Mapper`]), under the entry's own lock, so
+//!    concurrent acquirers wait for that one map and share its result; later
+//!    acquirers get the same mapping. Mapping with the import's grant rather
+//!    than the first task's keeps the mapping independent of which task came
+//!    first. A failed map is remembered: every later acquire gets the same
+//!    error.
+//! 4. `release` (or the end of the session) removes the entry: no new
 //!    acquire can find it, the source closes, and the mapping is dropped
 //!    when the last running task's lease (an `Arc`) goes.
 //!
 //! Invariants: IMPORT-1, an identity is mapped at most once per offer;
 //! IMPORT-2, a mapping is dropped exactly once, after release and after the
 //! last lease; IMPORT-3, every acquirer of a mapped entry sees the same
-//! mapping and the same descriptor.
+//! mapping, made with the import's descriptor; IMPORT-4, an acquire whose
+//! access is not within the import's is refused and changes nothing.
+//!
+//! The registry hands out the mapping, which may be writable while the
+//! task's descriptor grants READ only; the caller must not write through a
+//! lease its descriptor does not allow (the worker wraps such a lease
+//! read-only).
 
 use std::collections::HashMap;
 use std::fmt;
 
-use strata_wire::{BufferDescriptor, CanonicalIdentity};
+use strata_wire::{Access, BufferDescriptor, CanonicalIdentity};
 
 use crate::sync::{Arc, Mutex, lock};
 
@@ -72,18 +86,34 @@ pub enum ImportError {
         /// The mapper's reason.
         reason: String,
     },
-    /// A task described the buffer differently from the task that mapped it.
-    #[error("buffer {identity}: descriptor differs from the one it was mapped with ({reason})")]
+    /// A task described the buffer differently from its import.
+    #[error("buffer {identity}: descriptor differs from the one it was imported with ({reason})")]
     DescriptorMismatch {
         /// The buffer.
         identity: CanonicalIdentity,
         /// What differs.
         reason: String,
     },
+    /// A task's descriptor grants more than the buffer was imported with.
+    #[error(
+        "buffer {identity}: the task's descriptor grants {requested} but the buffer was imported with {imported}; a descriptor may narrow an import's access, never widen it"
+    )]
+    AccessWidened {
+        /// The buffer.
+        identity: CanonicalIdentity,
+        /// What the import grants.
+        imported: Access,
+        /// What the task's descriptor asked for.
+        requested: Access,
+    },
 }
 
 enum State<M: Mapper> {
-    Unmapped(M::Source),
+    Unmapped {
+        source: M::Source,
+        /// The descriptor the sender imported the buffer as, if it said.
+        grant: Option<BufferDescriptor>,
+    },
     Mapped {
         _source: M::Source,
         mapping: Arc<M::Mapping>,
@@ -125,7 +155,9 @@ impl<M: Mapper> ImportRegistry<M> {
         &self.mapper
     }
 
-    /// Records `source` as the backing of `identity`, owned by `session`.
+    /// Records `source` as the backing of `identity`, owned by `session`,
+    /// without saying what it grants: the first task that acquires it sets
+    /// the import's descriptor. Prefer [`ImportRegistry::offer_as`].
     ///
     /// # Errors
     /// [`ImportError::AlreadyImported`] (the source is dropped, closing it).
@@ -133,6 +165,31 @@ impl<M: Mapper> ImportRegistry<M> {
         &self,
         session: SessionId,
         identity: CanonicalIdentity,
+        source: M::Source,
+    ) -> Result<(), ImportError> {
+        self.insert(session, identity, None, source)
+    }
+
+    /// Records `source` as the backing of the buffer `grant` describes,
+    /// owned by `session`: tasks may use it through `grant` or any
+    /// narrower descriptor of it, and it is mapped as `grant` says.
+    ///
+    /// # Errors
+    /// [`ImportError::AlreadyImported`] (the source is dropped, closing it).
+    pub fn offer_as(
+        &self,
+        session: SessionId,
+        grant: BufferDescriptor,
+        source: M::Source,
+    ) -> Result<(), ImportError> {
+        self.insert(session, *grant.identity(), Some(grant), source)
+    }
+
+    fn insert(
+        &self,
+        session: SessionId,
+        identity: CanonicalIdentity,
+        grant: Option<BufferDescriptor>,
         source: M::Source,
     ) -> Result<(), ImportError> {
         let mut entries = lock(&self.entries);
@@ -143,7 +200,7 @@ impl<M: Mapper> ImportRegistry<M> {
             identity,
             Arc::new(Entry {
                 session,
-                state: Mutex::new(State::Unmapped(source)),
+                state: Mutex::new(State::Unmapped { source, grant }),
             }),
         );
         Ok(())
@@ -151,11 +208,15 @@ impl<M: Mapper> ImportRegistry<M> {
 
     /// The mapping of the buffer `descriptor` describes, mapping it if this
     /// is the first use. The returned `Arc` is the task's lease: the mapping
-    /// stays valid while it is held, even after a release.
+    /// stays valid while it is held, even after a release. The mapping is
+    /// made as the import's descriptor says, which may grant more than
+    /// `descriptor` does: writing through it is allowed only where
+    /// `descriptor.access()` allows it.
     ///
     /// # Errors
     /// [`ImportError::NotImported`], [`ImportError::MapFailed`],
-    /// [`ImportError::DescriptorMismatch`].
+    /// [`ImportError::DescriptorMismatch`], [`ImportError::AccessWidened`]
+    /// (the last two leave the import as it was).
     pub fn acquire(&self, descriptor: &BufferDescriptor) -> Result<Arc<M::Mapping>, ImportError> {
         let identity = *descriptor.identity();
         let entry = lock(&self.entries)
@@ -163,18 +224,13 @@ impl<M: Mapper> ImportRegistry<M> {
             .cloned()
             .ok_or(ImportError::NotImported(identity))?;
         let mut state = lock(&entry.state);
-        match &*state {
+        let imported = match &*state {
             State::Mapped {
                 mapping,
-                descriptor: mapped_with,
+                descriptor: imported,
                 ..
             } => {
-                if mapped_with != descriptor {
-                    return Err(ImportError::DescriptorMismatch {
-                        identity,
-                        reason: differences(mapped_with, descriptor),
-                    });
-                }
+                check_within(imported, descriptor)?;
                 return Ok(Arc::clone(mapping));
             }
             State::Failed(reason) => {
@@ -183,21 +239,25 @@ impl<M: Mapper> ImportRegistry<M> {
                     reason: reason.clone(),
                 });
             }
-            State::Unmapped(_) => {}
-        }
+            State::Unmapped { grant, .. } => grant.unwrap_or(*descriptor),
+        };
+        // Checked before the source is taken: a task that asks for too much
+        // is refused without spoiling the import for the others (IMPORT-4).
+        check_within(&imported, descriptor)?;
         // First use: map under the entry lock, so concurrent acquirers of
         // this identity wait for this one map (IMPORT-1).
-        let State::Unmapped(source) = std::mem::replace(&mut *state, State::Failed(String::new()))
+        let State::Unmapped { source, .. } =
+            std::mem::replace(&mut *state, State::Failed(String::new()))
         else {
             return Err(ImportError::NotImported(identity));
         };
-        match self.mapper.map(&source, descriptor) {
+        match self.mapper.map(&source, &imported) {
             Ok(mapping) => {
                 let mapping = Arc::new(mapping);
                 *state = State::Mapped {
                     _source: source,
                     mapping: Arc::clone(&mapping),
-                    descriptor: *descriptor,
+                    descriptor: imported,
                 };
                 Ok(mapping)
             }
@@ -235,17 +295,29 @@ impl<M: Mapper> ImportRegistry<M> {
     }
 }
 
-fn differences(a: &BufferDescriptor, b: &BufferDescriptor) -> String {
+/// Whether a task may use the import `imported` through `task`: the same
+/// buffer, and an access within the import's.
+fn check_within(imported: &BufferDescriptor, task: &BufferDescriptor) -> Result<(), ImportError> {
+    let identity = *imported.identity();
+    if let Some(reason) = differences(imported, task) {
+        return Err(ImportError::DescriptorMismatch { identity, reason });
+    }
+    if !task.access().is_within(imported.access()) {
+        return Err(ImportError::AccessWidened {
+            identity,
+            imported: imported.access(),
+            requested: task.access(),
+        });
+    }
+    Ok(())
+}
+
+/// What differs between two descriptors of one identity, access aside
+/// (which may differ by narrowing); `None` when nothing does.
+fn differences(a: &BufferDescriptor, b: &BufferDescriptor) -> Option<String> {
     let mut out = Vec::new();
     if a.nbytes() != b.nbytes() {
         out.push(format!("nbytes {} vs {}", a.nbytes(), b.nbytes()));
-    }
-    if a.access() != b.access() {
-        out.push(format!(
-            "access {} vs {}",
-            a.access().name(),
-            b.access().name()
-        ));
     }
     if a.address_space() != b.address_space() {
         out.push(format!(
@@ -257,10 +329,14 @@ fn differences(a: &BufferDescriptor, b: &BufferDescriptor) -> String {
     if a.backing() != b.backing() {
         out.push(format!("backing {:?} vs {:?}", a.backing(), b.backing()));
     }
-    if out.is_empty() {
-        out.push("owner worker path id".into());
+    if a.owner_worker_path_id() != b.owner_worker_path_id() {
+        out.push(format!(
+            "owner worker path id {} vs {}",
+            a.owner_worker_path_id(),
+            b.owner_worker_path_id()
+        ));
     }
-    out.join(", ")
+    (!out.is_empty()).then(|| out.join(", "))
 }
 
 #[cfg(all(test, not(loom)))]
@@ -273,13 +349,16 @@ mod tests {
     struct Counting {
         maps: AtomicUsize,
         fail: bool,
+        /// The access of the descriptor the last map was made with.
+        mapped_as: std::sync::Mutex<Option<Access>>,
     }
 
     impl Mapper for Counting {
         type Source = u32;
         type Mapping = u32;
-        fn map(&self, source: &u32, _: &BufferDescriptor) -> Result<u32, String> {
+        fn map(&self, source: &u32, d: &BufferDescriptor) -> Result<u32, String> {
             self.maps.fetch_add(1, Ordering::Relaxed);
+            *self.mapped_as.lock().unwrap() = Some(d.access());
             if self.fail {
                 Err("not a memfd".into())
             } else {
@@ -292,6 +371,7 @@ mod tests {
         ImportRegistry::new(Counting {
             maps: AtomicUsize::new(0),
             fail,
+            mapped_as: std::sync::Mutex::new(None),
         })
     }
 
@@ -315,11 +395,20 @@ mod tests {
                 .all(|l| **l == 40 && Arc::ptr_eq(l, &leases[0]))
         );
         assert_eq!(r.mapper().maps.load(Ordering::Relaxed), 1);
-        let other = buf.with_access(Access::Read).unwrap();
-        assert!(matches!(
-            r.acquire(&other),
-            Err(ImportError::DescriptorMismatch { .. })
-        ));
+        let other = BufferDescriptor::new(
+            *buf.identity(),
+            buf.nbytes() + 8,
+            buf.address_space(),
+            buf.access(),
+            *buf.backing(),
+        )
+        .unwrap();
+        let err = r.acquire(&other).unwrap_err();
+        assert!(
+            matches!(err, ImportError::DescriptorMismatch { .. }),
+            "{err}"
+        );
+        assert!(err.to_string().contains("nbytes 64 vs 72"), "{err}");
         assert_eq!(Arc::strong_count(&leases[0]), 11);
         assert!(r.release(buf.identity()));
         assert!(!r.release(buf.identity()));
@@ -329,6 +418,71 @@ mod tests {
             "the registry let go; tasks keep theirs"
         );
         assert!(r.is_empty());
+    }
+
+    /// The seed's alias rule at the worker: a task's descriptor may grant
+    /// less than the import, never more; the mapping is made as the import
+    /// says whichever task comes first; a refused acquire spoils nothing.
+    #[test]
+    fn a_task_may_narrow_an_import_never_widen_it() {
+        let rw = test_buffer(64);
+        assert_eq!(rw.access(), Access::ReadWrite);
+        let ro = rw.narrowed(Access::Read).unwrap();
+        let wo = rw.narrowed(Access::Write).unwrap();
+
+        // Imported READWRITE: a READ task first still maps it READWRITE,
+        // and READ, WRITE and READWRITE tasks all share that mapping.
+        let r = reg(false);
+        r.offer_as(SessionId(1), rw, 3).unwrap();
+        let first = r.acquire(&ro).unwrap();
+        assert_eq!(
+            *r.mapper().mapped_as.lock().unwrap(),
+            Some(Access::ReadWrite)
+        );
+        for d in [&rw, &wo, &ro] {
+            assert!(Arc::ptr_eq(&r.acquire(d).unwrap(), &first));
+        }
+        assert_eq!(r.mapper().maps.load(Ordering::Relaxed), 1);
+
+        // Imported READ: a wider descriptor is refused, naming both grants,
+        // before anything is mapped; the import still serves READ tasks.
+        let r = reg(false);
+        r.offer_as(SessionId(1), ro, 3).unwrap();
+        for wider in [&rw, &wo] {
+            let err = r.acquire(wider).unwrap_err();
+            assert_eq!(
+                err,
+                ImportError::AccessWidened {
+                    identity: *rw.identity(),
+                    imported: Access::Read,
+                    requested: wider.access(),
+                }
+            );
+            assert!(
+                err.to_string().contains(&format!(
+                    "grants {} but the buffer was imported with READ",
+                    wider.access()
+                )),
+                "{err}"
+            );
+        }
+        assert_eq!(r.mapper().maps.load(Ordering::Relaxed), 0);
+        assert_eq!(*r.acquire(&ro).unwrap(), 30);
+        assert_eq!(*r.mapper().mapped_as.lock().unwrap(), Some(Access::Read));
+        assert!(matches!(
+            r.acquire(&rw),
+            Err(ImportError::AccessWidened { .. })
+        ));
+
+        // Offered without a grant: the first acquirer's descriptor is the
+        // import's, and the same rule applies after it.
+        let r = reg(false);
+        r.offer(SessionId(1), *rw.identity(), 3).unwrap();
+        r.acquire(&ro).unwrap();
+        assert!(matches!(
+            r.acquire(&rw),
+            Err(ImportError::AccessWidened { .. })
+        ));
     }
 
     #[test]

@@ -249,7 +249,11 @@ mod loom_models {
             assert_eq!(new_epoch, 1);
             assert!(matches!(
                 run.check(&before),
-                Err(Error::RunEnded { run: 0, current: 1, .. })
+                Err(Error::RunEnded {
+                    run: 0,
+                    current: 1,
+                    ..
+                })
             ));
             if racing.epoch == new_epoch {
                 assert_eq!(racing.offset, 0, "first block of the new run");

@@ -256,16 +256,14 @@ impl Inner {
             len: block.len,
             epoch: block.epoch,
         };
-        self.arena
-            .check_live(&arena_block)
-            .map_err(|e| match e {
-                Error::RunEnded { run, current, .. } => Error::RunEnded {
-                    addr: block.addr,
-                    run,
-                    current,
-                },
-                _ => unknown,
-            })
+        self.arena.check_live(&arena_block).map_err(|e| match e {
+            Error::RunEnded { run, current, .. } => Error::RunEnded {
+                addr: block.addr,
+                run,
+                current,
+            },
+            _ => unknown,
+        })
     }
 
     /// The device address of `[offset, offset + len)` of a live `block`.

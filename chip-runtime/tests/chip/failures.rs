@@ -358,7 +358,11 @@ fn device_backed_arguments_run_in_place() {
     assert!(
         matches!(
             d.copy_to_device(&r, 0, &[1; 10]),
-            Err(Error::RunEnded { run: 0, current: 1, .. })
+            Err(Error::RunEnded {
+                run: 0,
+                current: 1,
+                ..
+            })
         ),
         "run memory is gone after end_run"
     );
@@ -396,7 +400,8 @@ fn run_blocks_are_refused_after_their_run_ends() {
         }
     );
     assert!(
-        err.to_string().contains("belonged to run 0, which has ended"),
+        err.to_string()
+            .contains("belonged to run 0, which has ended"),
         "{err}"
     );
     // A launch naming the old block is refused before anything runs.

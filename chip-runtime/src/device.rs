@@ -44,6 +44,9 @@ pub struct DeviceBlock {
     pub len: u64,
     /// The region it came from.
     pub region: Region,
+    /// For a run block, the run it belongs to (see
+    /// [`crate::arena::Block::epoch`]); 0 otherwise.
+    pub epoch: u32,
 }
 
 /// Where a kernel argument's bytes are on this worker.
@@ -153,23 +156,45 @@ pub trait Device: Send + Sync + std::fmt::Debug {
     /// (including a second free).
     fn free(&self, addr: DeviceAddr) -> Result<(), Error>;
 
-    /// Ends a run: waits for running kernels, then releases every run block.
+    /// Ends the current run: releases every run block at once (the run
+    /// region's cursor returns to 0) and refuses them from then on, in
+    /// copies and launches alike, with [`Error::RunEnded`].
+    ///
+    /// It does not wait for kernels: the caller makes sure that no accepted
+    /// launch still uses a run block of this run (the worker counts the
+    /// leases running tasks hold). Waiting here instead would deadlock a
+    /// caller that ends the run from a kernel's completion, which is where
+    /// the last lease on a run block is let go.
     ///
     /// # Errors
     /// When the device is shut down.
     fn end_run(&self) -> Result<(), Error>;
 
-    /// Copies `src` into device memory at `dst`, inside one live block.
+    /// Whether `block` is live: a persistent block not freed, or a run
+    /// block of the current run.
     ///
     /// # Errors
-    /// [`Error::OutOfRange`] when the range is not inside a live block.
-    fn copy_to_device(&self, dst: DeviceAddr, src: &[u8]) -> Result<(), Error>;
+    /// [`Error::RunEnded`] for a run block of an ended run,
+    /// [`Error::UnknownBlock`] for a freed or unknown block.
+    fn check_block(&self, block: &DeviceBlock) -> Result<(), Error>;
 
-    /// Copies device memory at `src`, inside one live block, into `dst`.
+    /// Copies `src` into `block` at byte `offset`.
     ///
     /// # Errors
-    /// [`Error::OutOfRange`] when the range is not inside a live block.
-    fn copy_from_device(&self, src: DeviceAddr, dst: &mut [u8]) -> Result<(), Error>;
+    /// As [`Device::check_block`]; [`Error::OutOfRange`] when the range is
+    /// not inside the block.
+    fn copy_to_device(&self, block: &DeviceBlock, offset: u64, src: &[u8]) -> Result<(), Error>;
+
+    /// Copies `dst.len()` bytes of `block` from byte `offset` into `dst`.
+    ///
+    /// # Errors
+    /// As [`Device::copy_to_device`].
+    fn copy_from_device(
+        &self,
+        block: &DeviceBlock,
+        offset: u64,
+        dst: &mut [u8],
+    ) -> Result<(), Error>;
 
     /// Checks a launch and queues it; `done` is called exactly once, on a
     /// device thread, with the outcome.

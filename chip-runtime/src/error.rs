@@ -38,6 +38,20 @@ pub enum Error {
         /// The address given.
         addr: u64,
     },
+    /// A run-region block was used after its run ended: the run region was
+    /// reset, so its bytes may belong to another run's blocks now.
+    #[error(
+        "run-region block at {addr:#x} belonged to run {run}, which has ended (the run region was reset; the device is in run {current}): allocate it again in the current run"
+    )]
+    RunEnded {
+        /// Address of the block (a device address from the device, an
+        /// offset into device memory from the arena).
+        addr: u64,
+        /// The run it was carved from.
+        run: u32,
+        /// The device's current run.
+        current: u32,
+    },
     /// A copy or view reaches outside device memory or its block.
     #[error("device range {addr:#x}+{len} is outside {what}")]
     OutOfRange {

@@ -5,7 +5,8 @@
 //! owner id, a counter, generation 1). No named shared memory is created,
 //! so a crash leaves nothing behind in `/dev/shm`. A device buffer
 //! (DEVICE_MALLOC) lives in one worker's device memory and is reached by
-//! identity.
+//! identity; a *run* buffer is a device buffer in the run region, whose
+//! memory lives until the run ends (`Cluster::wait_all`), handle or not.
 //!
 //! Lifetime: a buffer is shared by the driver's handles and by every
 //! submitted task that names it, until that task is finished (success,
@@ -211,6 +212,9 @@ pub(crate) struct DeviceShared {
     /// The worker's incarnation when it was allocated (see
     /// [`crate::Cluster::is_up`]).
     pub(crate) incarnation: u64,
+    /// For a run buffer, the cluster's run it belongs to (ended by
+    /// `wait_all`); `None` for a persistent device buffer.
+    pub(crate) run: Option<u64>,
     pub(crate) notify: mpsc::UnboundedSender<Released>,
 }
 

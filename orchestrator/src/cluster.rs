@@ -254,6 +254,11 @@ pub struct Cluster {
     /// The next task id; held while a submit is handed to the DAG actor,
     /// so that ids reach it in increasing order.
     next_id: std::sync::Mutex<u64>,
+    /// The current run: run buffers of earlier runs are refused.
+    run: std::sync::atomic::AtomicU64,
+    /// Per worker, whether this run allocated run buffers there (only
+    /// those workers are told when the run ends).
+    run_used: Vec<std::sync::atomic::AtomicBool>,
 }
 
 impl std::fmt::Debug for Cluster {
@@ -465,6 +470,10 @@ impl Cluster {
             retries: b.retries,
             gate,
             next_id: std::sync::Mutex::new(1),
+            run: std::sync::atomic::AtomicU64::new(0),
+            run_used: (0..workers.len())
+                .map(|_| std::sync::atomic::AtomicBool::new(false))
+                .collect(),
             runtime: Some(runtime),
             cmds: cmd_tx,
             endpoints: ep_txs,
@@ -592,15 +601,54 @@ impl Cluster {
     /// An unknown worker, or the worker's refusal (out of memory names the
     /// region).
     pub fn device_buffer(&self, worker: WorkerId, nbytes: u64) -> Result<Buffer, Error> {
+        self.device_alloc(worker, nbytes, None)
+    }
+
+    /// A device buffer of `nbytes` in `worker`'s *run* region, which lives
+    /// until the current run ends: the next [`Cluster::wait_all`] (or the
+    /// cluster's shutdown). The worker then reclaims the whole run region
+    /// at once — no per-buffer free, no fragmentation — and the buffer is
+    /// refused from then on, by the driver at once ([`Error::Buffer`] or
+    /// [`Error::Submit`] naming the run) and by the worker as a backstop.
+    /// For intermediates of one job; keep data that outlives it in
+    /// [`Cluster::device_buffer`].
+    ///
+    /// # Errors
+    /// As [`Cluster::device_buffer`] (out of memory names the run region).
+    pub fn run_buffer(&self, worker: WorkerId, nbytes: u64) -> Result<Buffer, Error> {
+        let run = self.run.load(std::sync::atomic::Ordering::Acquire);
+        if let Some(used) = self.run_used.get(worker.0 as usize) {
+            used.store(true, std::sync::atomic::Ordering::Release);
+        }
+        self.device_alloc(worker, nbytes, Some(run))
+    }
+
+    /// The number of the current run: 0 at the start, one more after each
+    /// [`Cluster::wait_all`].
+    pub fn current_run(&self) -> u64 {
+        self.run.load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    fn device_alloc(
+        &self,
+        worker: WorkerId,
+        nbytes: u64,
+        run: Option<u64>,
+    ) -> Result<Buffer, Error> {
         let incarnation = self
             .lives
             .get(worker.0 as usize)
             .ok_or_else(|| Error::Submit(format!("there is no {worker}")))?
             .incarnation();
         let identity = self.mint.mint().map_err(|e| Error::Buffer(e.to_string()))?;
+        let region = match run {
+            Some(_) => strata_chip::Region::Run,
+            None => strata_chip::Region::Persistent,
+        };
         let addr = self.ask_endpoint(worker, |reply| EpCmd::DeviceAlloc {
             identity,
             nbytes,
+            region,
             reply,
         })?;
         let addr = std::num::NonZeroU64::new(addr).ok_or_else(|| Error::Worker {
@@ -619,6 +667,7 @@ impl Cluster {
             desc,
             worker,
             incarnation,
+            run,
             notify: self.released.clone(),
         }))
     }
@@ -637,8 +686,17 @@ impl Cluster {
     }
 
     /// Refuses a device buffer whose worker was lost since it was
-    /// allocated: its contents went with the worker.
+    /// allocated (its contents went with the worker), and a run buffer
+    /// whose run has ended (its memory went with the run).
     fn check_alive(&self, d: &DeviceShared) -> Result<(), Error> {
+        let current = self.current_run();
+        if let Some(run) = d.run.filter(|r| *r != current) {
+            return Err(Error::Buffer(format!(
+                "run buffer {} on {} belonged to run {run}, which ended at wait_all (this is run {current}): its device memory went with the run (allocate a new run buffer)",
+                d.desc.identity(),
+                d.worker
+            )));
+        }
         let now = self
             .lives
             .get(d.worker.0 as usize)
@@ -947,12 +1005,45 @@ impl Cluster {
     }
 
     /// Waits until every submitted task is finished and returns the run's
-    /// figures; the next call starts a new run.
+    /// figures; the next call starts a new run. The run's run buffers
+    /// ([`Cluster::run_buffer`]) end with it, whether the run succeeded or
+    /// not: their handles are refused from now on, and each worker they
+    /// lived on retires them (and resets its run region once no other
+    /// session holds run buffers there).
     ///
     /// # Errors
     /// [`Error::Run`] with the first task failure of the run.
     pub fn wait_all(&self) -> Result<RunSummary, Error> {
-        Ok(self.ask(|reply| Cmd::WaitAll { reply })??)
+        let summary = self.ask(|reply| Cmd::WaitAll { reply })?;
+        self.end_run();
+        Ok(summary?)
+    }
+
+    /// Ends the current run: refuses its run buffers here at once, then
+    /// tells the workers that hold some. A worker that cannot be told (lost)
+    /// has ended the session, which retires them anyway.
+    fn end_run(&self) {
+        let ended = self.run.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+        for (i, used) in self.run_used.iter().enumerate() {
+            if !used.swap(false, std::sync::atomic::Ordering::AcqRel) {
+                continue;
+            }
+            let Ok(worker) = u32::try_from(i).map(WorkerId) else {
+                continue;
+            };
+            match self.ask_endpoint(worker, |reply| EpCmd::EndRun { reply }) {
+                Ok(end) => tracing::debug!(
+                    %worker,
+                    run = ended,
+                    retired = end.retired,
+                    reset = end.reset,
+                    "run ended"
+                ),
+                Err(e) => {
+                    tracing::debug!(%worker, run = ended, error = %e, "run end not delivered")
+                }
+            }
+        }
     }
 
     /// Cancels a task that has not started; its consumers are skipped.

@@ -88,6 +88,45 @@ pub fn region_code(r: Region) -> i32 {
     }
 }
 
+/// What a worker did on `EndRun`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RunEnd {
+    /// Run-region buffers of the session it retired.
+    pub retired: u32,
+    /// The session's run number from now on (at least 1).
+    pub run: u64,
+    /// Whether the call reset the run region (no other holder was left).
+    pub reset: bool,
+}
+
+impl TryFrom<pb::EndRunReply> for RunEnd {
+    type Error = ConvertError;
+
+    fn try_from(r: pb::EndRunReply) -> Result<Self, ConvertError> {
+        if r.run == 0 {
+            return Err(ConvertError::new(
+                "run",
+                "0 is the first run, which no EndRun can leave the session in",
+            ));
+        }
+        Ok(RunEnd {
+            retired: r.retired,
+            run: r.run,
+            reset: r.reset,
+        })
+    }
+}
+
+impl From<RunEnd> for pb::EndRunReply {
+    fn from(r: RunEnd) -> Self {
+        pb::EndRunReply {
+            retired: r.retired,
+            run: r.run,
+            reset: r.reset,
+        }
+    }
+}
+
 /// A task, checked.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TaskRequest {
@@ -572,6 +611,17 @@ mod tests {
         );
         assert_eq!(region("region", 3).unwrap_err().field, "region");
         assert_eq!(region("region", 1), Ok(Region::Persistent));
+        let end = RunEnd {
+            retired: 2,
+            run: 3,
+            reset: true,
+        };
+        assert_eq!(RunEnd::try_from(pb::EndRunReply::from(end)), Ok(end));
+        let zero = pb::EndRunReply {
+            run: 0,
+            ..pb::EndRunReply::from(end)
+        };
+        assert_eq!(RunEnd::try_from(zero).unwrap_err().field, "run");
         assert_eq!(handle("h", &[0; 3]).unwrap_err().field, "h");
         assert_eq!(
             identity("identity", &[0; 32]).unwrap_err().field,

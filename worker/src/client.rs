@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use hyper_util::rt::TokioIo;
 use strata_chip::{KernelHandle, Region};
 use strata_proto::convert::{
-    self, ConvertError, HealthBeat, TaskCompletion, TaskRequest, WorkerStats,
+    self, ConvertError, HealthBeat, RunEnd, TaskCompletion, TaskRequest, WorkerStats,
 };
 use strata_proto::{DEFAULT_MAX_MESSAGE_BYTES, PROTOCOL_VERSION, SESSION_HEADER, pb};
 use strata_wire::CanonicalIdentity;
@@ -345,6 +345,18 @@ impl WorkerClient {
             })
             .await?;
         Ok(())
+    }
+
+    /// Ends the session's run: its run-region buffers are retired (later
+    /// use is refused, naming the run), and the worker resets its run
+    /// region once no session or running task holds run buffers.
+    ///
+    /// # Errors
+    /// The worker's refusal, or a reply that breaks the protocol.
+    pub async fn end_run(&mut self) -> Result<RunEnd, ClientError> {
+        Ok(RunEnd::try_from(
+            self.stub.end_run(pb::EndRunRequest {}).await?.into_inner(),
+        )?)
     }
 
     /// Writes `data` at `offset` of a device buffer.

@@ -147,16 +147,12 @@ fn prepare(
                 return Err(bad("a DEVICE buffer cannot travel inline".into()));
             }
             (AddressSpace::Device, None) => {
-                let buf = session
-                    .device_buffers()
-                    .get(tensor.identity())
-                    .cloned()
-                    .ok_or_else(|| {
-                        bad(format!(
-                            "device buffer {} is not allocated on this worker",
-                            tensor.identity()
-                        ))
-                    })?;
+                let buf = session.device_buffer(tensor.identity()).map_err(|why| {
+                    bad(format!(
+                        "{} on this worker",
+                        why.describe(tensor.identity())
+                    ))
+                })?;
                 let block = buf.block;
                 held.push(Box::new(buf));
                 (*tensor, ArgBacking::Device(block))

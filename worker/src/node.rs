@@ -5,16 +5,27 @@
 //! imported and the device buffers it allocated; when it ends (its task
 //! stream or its fd channel closes, or the worker shuts down) they are
 //! released, and the worker keeps serving other sessions.
+//!
+//! Run-region buffers live for one *run* of their session: `EndRun` (the
+//! driver's `wait_all`) or the session's end retires them, and any later use
+//! is refused naming the run that ended ([`Missing::RunEnded`]). One device
+//! is shared by every session, so its run region cannot be reset when one
+//! session's run ends: the [`RunRegion`] ledger counts the run buffers still
+//! held — by a session's map or by a running task's lease — across all
+//! sessions, and resets the region wholesale (`Device::end_run`) when the
+//! count falls to zero. Allocation and reset are serialized by the ledger's
+//! lock, so no run block is carved while the region is being reset, and no
+//! reset happens while anyone holds a block.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
 
-use strata_chip::{Device, DeviceBlock, Registry};
+use strata_chip::{Device, DeviceBlock, Region, Registry};
 use strata_wire::CanonicalIdentity;
 use strata_worker_core::SessionId;
-use tracing::info;
+use tracing::{info, warn};
 
 use crate::imports::{FdMapper, Imports};
 
@@ -26,21 +37,126 @@ use crate::imports::{FdMapper, Imports};
 pub(crate) struct DeviceBuffer {
     device: Arc<dyn Device>,
     pub(crate) block: DeviceBlock,
+    /// For a run-region block, the ledger it counts in.
+    run: Option<Arc<RunRegion>>,
 }
 
 impl DeviceBuffer {
-    pub(crate) fn new(device: Arc<dyn Device>, block: DeviceBlock) -> Self {
-        DeviceBuffer { device, block }
+    /// A persistent block.
+    pub(crate) fn persistent(device: Arc<dyn Device>, block: DeviceBlock) -> Self {
+        DeviceBuffer {
+            device,
+            block,
+            run: None,
+        }
     }
 }
 
 impl Drop for DeviceBuffer {
     fn drop(&mut self) {
-        // Run-region blocks go with the run, not one by one.
-        if self.block.region == strata_chip::Region::Persistent {
-            let _ = self.device.free(self.block.addr);
+        match &self.run {
+            // Run-region blocks go with the run, not one by one: the last
+            // holder to let go resets the region.
+            Some(run) => run.release(),
+            None => {
+                let _ = self.device.free(self.block.addr);
+            }
         }
     }
+}
+
+/// The device's run region as the worker shares it between sessions: how
+/// many run buffers are still held, and the reset when none is.
+#[derive(Debug)]
+pub(crate) struct RunRegion {
+    device: Arc<dyn Device>,
+    /// Run buffers not yet dropped, over every session (held by a session's
+    /// map until its run ends, and by the leases of running tasks).
+    live: Mutex<u64>,
+}
+
+impl RunRegion {
+    pub(crate) fn new(device: Arc<dyn Device>) -> Self {
+        RunRegion {
+            device,
+            live: Mutex::new(0),
+        }
+    }
+
+    fn live(&self) -> MutexGuard<'_, u64> {
+        self.live.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Allocates a run block, counted until its buffer drops.
+    ///
+    /// # Errors
+    /// The device's refusal (out of memory in the run region).
+    pub(crate) fn alloc(self: &Arc<Self>, nbytes: u64) -> Result<DeviceBuffer, strata_chip::Error> {
+        let mut live = self.live();
+        let block = self.device.alloc(Region::Run, nbytes)?;
+        *live += 1;
+        Ok(DeviceBuffer {
+            device: Arc::clone(&self.device),
+            block,
+            run: Some(Arc::clone(self)),
+        })
+    }
+
+    /// One run buffer fewer; the last one resets the region. Called from
+    /// whichever thread drops the last holder — a kernel's completion on a
+    /// lane included, which is why `end_run` must not wait for lanes.
+    fn release(&self) {
+        let mut live = self.live();
+        *live = live.saturating_sub(1);
+        if *live == 0 {
+            match self.device.end_run() {
+                Ok(()) => info!("run region reset: no run buffer is held"),
+                Err(e) => warn!(error = %e, "run region reset failed"),
+            }
+        }
+    }
+
+    /// Whether no run buffer is held (the region is reset).
+    pub(crate) fn is_idle(&self) -> bool {
+        *self.live() == 0
+    }
+}
+
+/// Identities of retired run buffers a session remembers, to say why a
+/// later use is refused; past this, the oldest are forgotten (and a use of
+/// one is refused as "not allocated").
+const MAX_RETIRED: usize = 4096;
+
+/// Why a session has no live device buffer for an identity.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Missing {
+    /// Never allocated in this session, or freed.
+    NotAllocated,
+    /// A run-region buffer of run `run` of this session, which ended.
+    RunEnded {
+        /// The session's run it belonged to.
+        run: u64,
+    },
+}
+
+impl Missing {
+    /// What to tell the caller about `identity`.
+    pub(crate) fn describe(self, identity: &CanonicalIdentity) -> String {
+        match self {
+            Missing::NotAllocated => format!("device buffer {identity} is not allocated"),
+            Missing::RunEnded { run } => format!(
+                "device buffer {identity} was a run-region buffer of run {run} of this session, which has ended: its device memory went with the run (allocate a new one in the current run)"
+            ),
+        }
+    }
+}
+
+/// A session's runs: the current run number and the run buffers retired.
+#[derive(Debug, Default)]
+struct Runs {
+    current: u64,
+    retired: HashMap<CanonicalIdentity, u64>,
+    order: VecDeque<CanonicalIdentity>,
 }
 
 /// One orchestrator connection.
@@ -48,6 +164,7 @@ impl Drop for DeviceBuffer {
 pub(crate) struct Session {
     /// Device buffers by identity (DEVICE_MALLOC).
     device_buffers: Mutex<HashMap<CanonicalIdentity, Arc<DeviceBuffer>>>,
+    runs: Mutex<Runs>,
     /// Whether a task stream is open.
     pub(crate) streaming: std::sync::atomic::AtomicBool,
     /// Why fds this session sent were refused on arrival, by identity, so
@@ -90,6 +207,55 @@ impl Session {
     pub(crate) fn refusal(&self, identity: &CanonicalIdentity) -> Option<String> {
         self.refusals().get(identity).cloned()
     }
+
+    fn runs(&self) -> MutexGuard<'_, Runs> {
+        self.runs.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The live device buffer of `identity`, or why there is none.
+    pub(crate) fn device_buffer(
+        &self,
+        identity: &CanonicalIdentity,
+    ) -> Result<Arc<DeviceBuffer>, Missing> {
+        // The map's lock is held while the retired set is read (lock order:
+        // map, then runs, as in `end_run`), so a buffer being retired is
+        // seen in one place or the other, never in neither.
+        let map = self.device_buffers();
+        if let Some(b) = map.get(identity) {
+            return Ok(Arc::clone(b));
+        }
+        match self.runs().retired.get(identity) {
+            Some(&run) => Err(Missing::RunEnded { run }),
+            None => Err(Missing::NotAllocated),
+        }
+    }
+
+    /// Ends the session's current run: takes its run buffers out of the
+    /// map (the caller drops them, outside the map's lock) and remembers
+    /// their identities. Returns them and the new run number.
+    pub(crate) fn end_run(&self) -> (Vec<Arc<DeviceBuffer>>, u64) {
+        let mut map = self.device_buffers();
+        let ids: Vec<CanonicalIdentity> = map
+            .iter()
+            .filter(|(_, b)| b.block.region == Region::Run)
+            .map(|(id, _)| *id)
+            .collect();
+        let taken: Vec<Arc<DeviceBuffer>> = ids.iter().filter_map(|id| map.remove(id)).collect();
+        let mut runs = self.runs();
+        let ended = runs.current;
+        for id in ids {
+            if runs.retired.insert(id, ended).is_none() {
+                runs.order.push_back(id);
+            }
+        }
+        while runs.order.len() > MAX_RETIRED {
+            if let Some(old) = runs.order.pop_front() {
+                runs.retired.remove(&old);
+            }
+        }
+        runs.current += 1;
+        (taken, runs.current)
+    }
 }
 
 /// Counters beyond the device's own.
@@ -104,6 +270,8 @@ pub(crate) struct Counters {
 pub(crate) struct Node {
     pub(crate) chip_id: u32,
     pub(crate) device: Arc<dyn Device>,
+    /// The run region's ledger, shared by every session.
+    pub(crate) run_region: Arc<RunRegion>,
     pub(crate) kernels: Registry,
     imports: Imports,
     sessions: Mutex<HashMap<SessionId, Arc<Session>>>,
@@ -137,6 +305,7 @@ impl Node {
     ) -> Self {
         Node {
             chip_id,
+            run_region: Arc::new(RunRegion::new(Arc::clone(&device))),
             device,
             kernels,
             imports: Imports::new(FdMapper),
@@ -184,7 +353,8 @@ impl Node {
     }
 
     /// Ends a session: releases its imports (mappings go when their running
-    /// tasks finish) and frees its device buffers. Idempotent.
+    /// tasks finish), frees its device buffers and retires its run buffers
+    /// (the run region resets once no one else holds any). Idempotent.
     pub(crate) fn end_session(&self, id: SessionId, why: &str) {
         let Some(session) = self.sessions().remove(&id) else {
             return;

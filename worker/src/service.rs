@@ -7,7 +7,8 @@ use std::sync::atomic::Ordering;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use strata_proto::convert::{self, TaskCompletion, TaskRequest, WorkerStats};
+use strata_chip::Region;
+use strata_proto::convert::{self, RunEnd, TaskCompletion, TaskRequest, WorkerStats};
 use strata_proto::{PROTOCOL_VERSION, SESSION_HEADER, TaskId, pb};
 use strata_worker_core::SessionId;
 use tokio::sync::{Semaphore, mpsc, watch};
@@ -17,7 +18,7 @@ use tonic::{Request, Response, Status, Streaming};
 use tracing::{debug, warn};
 
 use crate::exec;
-use crate::node::{DeviceBuffer, Node, Session};
+use crate::node::{DeviceBuffer, Missing, Node, Session};
 
 /// The service implementation.
 #[derive(Debug, Clone)]
@@ -60,6 +61,7 @@ fn status(e: &strata_chip::Error) -> Status {
     match e {
         E::OutOfMemory { .. } | E::TooManyBlocks { .. } => Status::resource_exhausted(msg),
         E::UnknownBlock { .. } => Status::not_found(msg),
+        E::RunEnded { .. } => Status::failed_precondition(msg),
         E::OutOfRange { .. }
         | E::Argument { .. }
         | E::Scalars { .. }
@@ -67,6 +69,15 @@ fn status(e: &strata_chip::Error) -> Status {
         | E::Wire(_) => Status::invalid_argument(msg),
         E::ShutDown => Status::unavailable(msg),
         _ => Status::internal(msg),
+    }
+}
+
+/// The status for a device buffer a session has no live entry for.
+fn missing(why: Missing, identity: &strata_wire::CanonicalIdentity) -> Status {
+    let msg = why.describe(identity);
+    match why {
+        Missing::NotAllocated => Status::not_found(msg),
+        Missing::RunEnded { .. } => Status::failed_precondition(msg),
     }
 }
 
@@ -294,16 +305,18 @@ impl pb::worker_server::Worker for WorkerService {
                 "device buffer {identity} is already allocated"
             )));
         }
-        let block = self
-            .node
-            .device
-            .alloc(region, req.nbytes)
-            .map_err(|e| status(&e))?;
-        buffers.insert(
-            identity,
-            Arc::new(DeviceBuffer::new(Arc::clone(&self.node.device), block)),
-        );
-        Ok(Response::new(pb::DeviceAllocReply { addr: block.addr }))
+        let buffer = match region {
+            Region::Run => self.node.run_region.alloc(req.nbytes),
+            _ => self
+                .node
+                .device
+                .alloc(region, req.nbytes)
+                .map(|block| DeviceBuffer::persistent(Arc::clone(&self.node.device), block)),
+        }
+        .map_err(|e| status(&e))?;
+        let addr = buffer.block.addr;
+        buffers.insert(identity, Arc::new(buffer));
+        Ok(Response::new(pb::DeviceAllocReply { addr }))
     }
 
     async fn device_free(
@@ -312,11 +325,39 @@ impl pb::worker_server::Worker for WorkerService {
     ) -> Result<Response<pb::DeviceFreeReply>, Status> {
         let (_, session) = self.session(request.metadata())?;
         let identity = convert::identity("identity", &request.get_ref().identity)?;
-        // Dropping the handle frees the block once no running task holds it.
-        session.device_buffers().remove(&identity).ok_or_else(|| {
-            Status::not_found(format!("device buffer {identity} is not allocated"))
-        })?;
+        // Dropping the handle frees the block once no running task holds it
+        // (a run block: it counts no more towards the run region's reset).
+        let removed = session.device_buffers().remove(&identity);
+        if removed.is_none() {
+            let why = session
+                .device_buffer(&identity)
+                .err()
+                .unwrap_or(Missing::NotAllocated);
+            return Err(missing(why, &identity));
+        }
+        drop(removed);
         Ok(Response::new(pb::DeviceFreeReply {}))
+    }
+
+    async fn end_run(
+        &self,
+        request: Request<pb::EndRunRequest>,
+    ) -> Result<Response<pb::EndRunReply>, Status> {
+        let (id, session) = self.session(request.metadata())?;
+        let (retired, run) = session.end_run();
+        let count = u32::try_from(retired.len()).unwrap_or(u32::MAX);
+        // The last holder of a run buffer resets the region as it lets go.
+        drop(retired);
+        let reset = self.node.run_region.is_idle();
+        debug!(session = %id, retired = count, run, reset, "run ended");
+        Ok(Response::new(
+            RunEnd {
+                retired: count,
+                run,
+                reset,
+            }
+            .into(),
+        ))
     }
 
     async fn copy_to_device(
@@ -326,14 +367,13 @@ impl pb::worker_server::Worker for WorkerService {
         let (_, session) = self.session(request.metadata())?;
         let req = request.into_inner();
         let identity = convert::identity("identity", &req.identity)?;
-        let buf = session.device_buffers().get(&identity).cloned();
-        let buf = buf.ok_or_else(|| {
-            Status::not_found(format!("device buffer {identity} is not allocated"))
-        })?;
-        let addr = in_block(&buf, req.offset, req.data.len() as u64)?;
+        let buf = session
+            .device_buffer(&identity)
+            .map_err(|why| missing(why, &identity))?;
+        in_block(&buf, req.offset, req.data.len() as u64)?;
         self.node
             .device
-            .copy_to_device(addr, &req.data)
+            .copy_to_device(&buf.block, req.offset, &req.data)
             .map_err(|e| status(&e))?;
         Ok(Response::new(pb::CopyToDeviceReply {}))
     }
@@ -351,15 +391,14 @@ impl pb::worker_server::Worker for WorkerService {
                 req.len, self.node.max_message_bytes
             )));
         }
-        let buf = session.device_buffers().get(&identity).cloned();
-        let buf = buf.ok_or_else(|| {
-            Status::not_found(format!("device buffer {identity} is not allocated"))
-        })?;
-        let addr = in_block(&buf, req.offset, req.len)?;
+        let buf = session
+            .device_buffer(&identity)
+            .map_err(|why| missing(why, &identity))?;
+        in_block(&buf, req.offset, req.len)?;
         let mut data = vec![0u8; req.len as usize];
         self.node
             .device
-            .copy_from_device(addr, &mut data)
+            .copy_from_device(&buf.block, req.offset, &mut data)
             .map_err(|e| status(&e))?;
         Ok(Response::new(pb::CopyFromDeviceReply { data }))
     }
@@ -448,10 +487,10 @@ impl pb::worker_server::Worker for WorkerService {
     }
 }
 
-/// The device address of `[offset, offset + len)` inside `buf`.
-fn in_block(buf: &DeviceBuffer, offset: u64, len: u64) -> Result<u64, Status> {
+/// Checks that `[offset, offset + len)` lies inside `buf`.
+fn in_block(buf: &DeviceBuffer, offset: u64, len: u64) -> Result<(), Status> {
     match offset.checked_add(len) {
-        Some(end) if end <= buf.block.len => Ok(buf.block.addr + offset),
+        Some(end) if end <= buf.block.len => Ok(()),
         _ => Err(Status::out_of_range(format!(
             "range {offset}+{len} is outside the device buffer of {} bytes",
             buf.block.len

@@ -21,7 +21,16 @@
 //! - ARENA-3: a pool's bytes in use equal the sum of its live blocks, and its
 //!   free space plus the space granted to live blocks equals its capacity;
 //! - ARENA-4: a block is freed at most once (a second free is
-//!   [`Error::UnknownBlock`]).
+//!   [`Error::UnknownBlock`]);
+//! - ARENA-5: a run block is usable only during the run it was carved
+//!   from: every block is stamped with its run number ([`Block::epoch`]),
+//!   a reset starts the next run, and [`Arena::check_live`] refuses a block
+//!   of an ended run with [`Error::RunEnded`] even when its bytes now lie
+//!   inside blocks of a later run.
+//!
+//! Who decides when a run ends is the arena's user: the worker resets the
+//! run region once no session holds a live run block and no running task
+//! holds one (see `strata-worker`).
 
 mod bump;
 mod pool;
@@ -74,6 +83,9 @@ pub struct Block {
     pub offset: u64,
     /// Bytes asked for (the region reserves this rounded up to 64).
     pub len: u64,
+    /// For a run block, the run it belongs to (the run region's reset
+    /// count when it was carved, mod 2^32); 0 for other regions.
+    pub epoch: u32,
 }
 
 /// Counters of one region.
@@ -185,10 +197,43 @@ impl Arena {
         }
     }
 
-    /// Releases every run-region block at once. The caller makes sure none
-    /// is still in use (the device does this only when no kernel runs).
-    pub fn reset_run(&self) {
-        self.run.reset();
+    /// Releases every run-region block at once and starts the next run,
+    /// whose number it returns; blocks of the ended run are refused from
+    /// now on ([`Arena::check_live`]). The caller makes sure none is still
+    /// in use: the arena cannot know which kernel holds which address.
+    pub fn reset_run(&self) -> u32 {
+        self.run.reset()
+    }
+
+    /// The current run number (0 until the first reset; wraps at 2^32).
+    pub fn run_epoch(&self) -> u32 {
+        self.run.epoch()
+    }
+
+    /// Whether `block` is still live: a persistent or scratch block that
+    /// has not been freed, or a run block of the current run.
+    ///
+    /// # Errors
+    /// [`Error::RunEnded`] for a run block whose run was reset;
+    /// [`Error::UnknownBlock`] for a block that is not live.
+    pub fn check_live(&self, block: &Block) -> Result<(), Error> {
+        let unknown = || Error::UnknownBlock {
+            region: block.region,
+            addr: block.offset,
+        };
+        match block.region {
+            Region::Run => self.run.check(block),
+            region => {
+                let live = self
+                    .block_containing(region, block.offset)
+                    .ok_or_else(unknown)?;
+                if live.offset == block.offset && live.len == block.len {
+                    Ok(())
+                } else {
+                    Err(unknown())
+                }
+            }
+        }
     }
 
     /// Counters of every region.

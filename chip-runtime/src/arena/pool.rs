@@ -122,6 +122,7 @@ impl Pool {
             region: self.region,
             offset: self.base + u64::from(allocation.offset) * UNIT,
             len: nbytes,
+            epoch: 0,
         })
     }
 
@@ -155,6 +156,7 @@ impl Pool {
             region: self.region,
             offset: self.base + u64::from(unit) * UNIT,
             len: live.len,
+            epoch: 0,
         };
         // Copies nearly always start at a block's first byte: O(1).
         let exact = (rel % UNIT == 0)

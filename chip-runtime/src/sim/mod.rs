@@ -132,6 +132,7 @@ impl Device for SimDevice {
             addr: DEVICE_BASE + b.offset,
             len: b.len,
             region,
+            epoch: b.epoch,
         })
     }
 
@@ -152,13 +153,16 @@ impl Device for SimDevice {
     }
 
     fn end_run(&self) -> Result<(), Error> {
-        self.lanes.wait_idle();
         self.inner.arena.reset_run();
         Ok(())
     }
 
-    fn copy_to_device(&self, dst: DeviceAddr, src: &[u8]) -> Result<(), Error> {
-        self.inner.live_range(dst, src.len() as u64)?;
+    fn check_block(&self, block: &DeviceBlock) -> Result<(), Error> {
+        self.inner.check_block(block)
+    }
+
+    fn copy_to_device(&self, block: &DeviceBlock, offset: u64, src: &[u8]) -> Result<(), Error> {
+        let dst = self.inner.block_range(block, offset, src.len() as u64)?;
         self.inner.memory.write(dst, src)?;
         self.inner
             .counters
@@ -167,8 +171,13 @@ impl Device for SimDevice {
         Ok(())
     }
 
-    fn copy_from_device(&self, src: DeviceAddr, dst: &mut [u8]) -> Result<(), Error> {
-        self.inner.live_range(src, dst.len() as u64)?;
+    fn copy_from_device(
+        &self,
+        block: &DeviceBlock,
+        offset: u64,
+        dst: &mut [u8],
+    ) -> Result<(), Error> {
+        let src = self.inner.block_range(block, offset, dst.len() as u64)?;
         self.inner.memory.read(src, dst)?;
         self.inner
             .counters
@@ -230,25 +239,44 @@ impl Drop for ScratchGuard<'_> {
 }
 
 impl Inner {
-    /// Checks that `[addr, addr + len)` lies in one live persistent or run
-    /// block.
-    fn live_range(&self, addr: DeviceAddr, len: u64) -> Result<(), Error> {
-        let out = Error::OutOfRange {
-            addr,
-            len,
-            what: "a live device block",
+    /// Checks that `block` is a live persistent block or a run block of the
+    /// current run; errors carry device addresses.
+    fn check_block(&self, block: &DeviceBlock) -> Result<(), Error> {
+        let unknown = Error::UnknownBlock {
+            region: block.region,
+            addr: block.addr,
         };
-        let offset = addr.checked_sub(DEVICE_BASE).ok_or(out.clone())?;
-        let block = self
-            .arena
-            .block_containing(Region::Persistent, offset)
-            .or_else(|| self.arena.block_containing(Region::Run, offset))
-            .ok_or(out.clone())?;
-        let end = offset.checked_add(len).ok_or(out.clone())?;
-        if end > block.offset + block.len {
-            return Err(out);
+        if block.region == Region::Scratch {
+            return Err(unknown);
         }
-        Ok(())
+        let offset = block.addr.checked_sub(DEVICE_BASE).ok_or(unknown.clone())?;
+        let arena_block = Block {
+            region: block.region,
+            offset,
+            len: block.len,
+            epoch: block.epoch,
+        };
+        self.arena.check_live(&arena_block).map_err(|e| match e {
+            Error::RunEnded { run, current, .. } => Error::RunEnded {
+                addr: block.addr,
+                run,
+                current,
+            },
+            _ => unknown,
+        })
+    }
+
+    /// The device address of `[offset, offset + len)` of a live `block`.
+    fn block_range(&self, block: &DeviceBlock, offset: u64, len: u64) -> Result<DeviceAddr, Error> {
+        self.check_block(block)?;
+        match offset.checked_add(len) {
+            Some(end) if end <= block.len => Ok(block.addr + offset),
+            _ => Err(Error::OutOfRange {
+                addr: block.addr.saturating_add(offset),
+                len,
+                what: "the device block",
+            }),
+        }
     }
 
     fn check_backing(&self, launch: &Launch, i: usize, arg: &LaunchArg) -> Result<(), Error> {
@@ -295,8 +323,7 @@ impl Inner {
                         block.len
                     )));
                 }
-                self.live_range(block.addr, block.len)
-                    .map_err(|e| bad(e.to_string()))?;
+                self.check_block(block).map_err(|e| bad(e.to_string()))?;
             }
         }
         Ok(())
@@ -382,6 +409,13 @@ impl Inner {
                     )
                 }
                 (ArgBacking::Device(block), _) => {
+                    // A run block checked at launch may have had its run
+                    // ended while the launch waited for a lane (a caller
+                    // that broke `end_run`'s contract): refuse rather than
+                    // touch bytes that may be another run's now.
+                    if block.region == Region::Run {
+                        self.check_block(block)?;
+                    }
                     let chip =
                         ChipTensor::from_view(t, block.addr, block.len, AddressSpace::Device)?;
                     (

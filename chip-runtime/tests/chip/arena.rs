@@ -103,8 +103,24 @@ fn run_region_bumps_until_full_then_resets() {
         arena.free(Region::Run, a.offset).is_err(),
         "run blocks are not freed one by one"
     );
-    arena.reset_run();
-    assert_eq!(arena.alloc(Region::Run, 4 * UNIT).unwrap().offset, UNIT);
+    assert_eq!(arena.reset_run(), 1, "the next run is run 1");
+    assert_eq!(arena.stats().run.in_use, 0, "reset returns the cursor to 0");
+    assert_eq!(
+        arena.check_live(&a),
+        Err(Error::RunEnded {
+            addr: a.offset,
+            run: 0,
+            current: 1
+        }),
+        "a block of the ended run is refused"
+    );
+    let c = arena.alloc(Region::Run, 4 * UNIT).unwrap();
+    assert_eq!((c.offset, c.epoch), (UNIT, 1));
+    arena.check_live(&c).unwrap();
+    assert!(
+        matches!(arena.check_live(&b), Err(Error::RunEnded { .. })),
+        "even though block c now covers b's bytes"
+    );
     let s = arena.stats().run;
     assert_eq!((s.allocs, s.frees, s.failed, s.peak), (3, 1, 1, 4 * UNIT));
     arena.check_invariants().unwrap();

@@ -40,9 +40,9 @@ fn out_of_memory_then_smaller_requests_still_work() {
     );
     let b = d.alloc(Region::Persistent, 4096).unwrap();
     assert_eq!(b.addr % 64, 0);
-    d.copy_to_device(b.addr, &[7; 4096]).unwrap();
+    d.copy_to_device(&b, 0, &[7; 4096]).unwrap();
     let mut back = [0u8; 4096];
-    d.copy_from_device(b.addr, &mut back).unwrap();
+    d.copy_from_device(&b, 0, &mut back).unwrap();
     assert_eq!(back, [7; 4096]);
     d.free(b.addr).unwrap();
     assert!(
@@ -51,8 +51,8 @@ fn out_of_memory_then_smaller_requests_still_work() {
     );
     assert!(
         matches!(
-            d.copy_to_device(b.addr, &[1]),
-            Err(Error::OutOfRange { .. })
+            d.copy_to_device(&b, 0, &[1]),
+            Err(Error::UnknownBlock { .. })
         ),
         "freed block"
     );
@@ -313,7 +313,7 @@ fn device_backed_arguments_run_in_place() {
     let reg = Registry::with_builtins();
     let block = d.alloc(Region::Persistent, 64).unwrap();
     let values: Vec<u8> = (0..16).flat_map(|i| (i as f32).to_le_bytes()).collect();
-    d.copy_to_device(block.addr, &values).unwrap();
+    d.copy_to_device(&block, 0, &values).unwrap();
     let id = CanonicalIdentity::new([9; 8], 1, 1).unwrap();
     let addr = std::num::NonZeroU64::new(block.addr).unwrap();
     let desc = BufferDescriptor::new(
@@ -353,13 +353,87 @@ fn device_backed_arguments_run_in_place() {
     }
     // A run block, then end_run releases it.
     let r = d.alloc(Region::Run, 1000).unwrap();
-    d.copy_to_device(r.addr, &[1; 1000]).unwrap();
+    d.copy_to_device(&r, 0, &[1; 1000]).unwrap();
     d.end_run().unwrap();
     assert!(
-        d.copy_to_device(r.addr, &[1; 10]).is_err(),
+        matches!(
+            d.copy_to_device(&r, 0, &[1; 10]),
+            Err(Error::RunEnded {
+                run: 0,
+                current: 1,
+                ..
+            })
+        ),
         "run memory is gone after end_run"
     );
     assert_eq!(d.stats().arena.run.in_use, 0);
+}
+
+/// A run block outlives nothing past its run: after `end_run` the cursor
+/// is back at 0, and the old block is refused in copies and launches even
+/// though a block of the new run now covers the same bytes.
+#[test]
+fn run_blocks_are_refused_after_their_run_ends() {
+    let d = dev();
+    let reg = Registry::with_builtins();
+    let old = d.alloc(Region::Run, 64).unwrap();
+    assert_eq!(old.epoch, 0);
+    d.copy_to_device(&old, 0, &[3; 64]).unwrap();
+    assert_eq!(d.stats().arena.run.in_use, 64);
+    d.end_run().unwrap();
+    let s = d.stats().arena.run;
+    assert_eq!((s.in_use, s.frees), (0, 1), "cursor back to 0, one reset");
+    let new = d.alloc(Region::Run, 64).unwrap();
+    assert_eq!(
+        (new.addr, new.epoch),
+        (old.addr, 1),
+        "the new run reuses the same bytes"
+    );
+    d.copy_to_device(&new, 0, &[9; 64]).unwrap();
+    let err = d.copy_from_device(&old, 0, &mut [0u8; 64]).unwrap_err();
+    assert_eq!(
+        err,
+        Error::RunEnded {
+            addr: old.addr,
+            run: 0,
+            current: 1
+        }
+    );
+    assert!(
+        err.to_string()
+            .contains("belonged to run 0, which has ended"),
+        "{err}"
+    );
+    // A launch naming the old block is refused before anything runs.
+    let id = CanonicalIdentity::new([9; 8], 2, 1).unwrap();
+    let desc = BufferDescriptor::new(
+        id,
+        64,
+        AddressSpace::Device,
+        Access::ReadWrite,
+        Backing::DeviceMalloc {
+            addr: std::num::NonZeroU64::new(old.addr).unwrap(),
+        },
+    )
+    .unwrap();
+    let view = Tensor::new(desc, 0, &[16], &[1], DType::F32).unwrap();
+    let arg = |block| LaunchArg {
+        tensor: view,
+        tag: ArgTag::Output,
+        backing: ArgBacking::Device(block),
+    };
+    let err = run(&d, &reg, "fill", vec![arg(old)], vec![1.0f64.to_bits()]).unwrap_err();
+    assert!(
+        err.to_string().contains("which has ended"),
+        "launch on an ended run block: {err}"
+    );
+    let mut back = [0u8; 64];
+    d.copy_from_device(&new, 0, &mut back).unwrap();
+    assert_eq!(back, [9; 64], "the refused launch wrote nothing");
+    run(&d, &reg, "fill", vec![arg(new)], vec![1.0f64.to_bits()]).unwrap();
+    d.copy_from_device(&new, 0, &mut back).unwrap();
+    assert_eq!(back[..4], 1.0f32.to_le_bytes(), "the live block works");
+    d.check_invariants().unwrap();
 }
 
 #[test]

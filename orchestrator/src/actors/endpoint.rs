@@ -561,6 +561,7 @@ impl EndpointActor {
                 EpCmd::DeviceAlloc { reply, .. } => drop(reply.send(Err(gone))),
                 EpCmd::CopyToDevice { reply, .. } => drop(reply.send(Err(gone))),
                 EpCmd::CopyFromDevice { reply, .. } => drop(reply.send(Err(gone))),
+                EpCmd::EndRun { reply } => drop(reply.send(Err(gone))),
                 EpCmd::Stats { reply } => drop(reply.send(Err(gone))),
                 _ => {}
             }
@@ -595,12 +596,16 @@ impl EndpointActor {
             EpCmd::DeviceAlloc {
                 identity,
                 nbytes,
+                region,
                 reply,
             } => self.control(reply, async move {
                 client
-                    .device_alloc(&identity, nbytes, strata_chip::Region::Persistent)
+                    .device_alloc(&identity, nbytes, region)
                     .await
                     .map_err(|e| e.to_string())
+            }),
+            EpCmd::EndRun { reply } => self.control(reply, async move {
+                client.end_run().await.map_err(|e| e.to_string())
             }),
             EpCmd::DeviceFree(identity) => {
                 let what = format!("{}: device free of {identity}", self.id);

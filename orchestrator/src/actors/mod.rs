@@ -173,7 +173,12 @@ pub(crate) enum EpCmd {
     DeviceAlloc {
         identity: CanonicalIdentity,
         nbytes: u64,
+        region: strata_chip::Region,
         reply: oneshot::Sender<Result<u64, String>>,
+    },
+    /// Ends the session's run on the worker (its run buffers retire).
+    EndRun {
+        reply: oneshot::Sender<Result<strata_proto::convert::RunEnd, String>>,
     },
     DeviceFree(CanonicalIdentity),
     CopyToDevice {

@@ -1040,3 +1040,78 @@ fn a_killed_driver_leaves_nothing_held_on_its_workers() {
     let r = strata_orchestrator::demo::tiled_matmul(&cluster, 128, 32, 3).unwrap();
     assert!(r.ok(1e-3));
 }
+
+/// Run buffers live for one run: a job keeps its intermediates in the run
+/// region, `wait_all` ends the run, and afterwards the handle is refused
+/// by the driver (reads, writes, submits) while the worker's run region is
+/// back at zero, so the next run can allocate what would not have fit
+/// twice.
+#[test]
+fn run_buffers_end_at_wait_all_and_the_next_run_reuses_the_region() {
+    const N: u32 = 150 * 1024; // 600 KiB of F32: two do not fit 1 MiB.
+    let cluster = Cluster::builder()
+        .local(1)
+        .worker_binary(strata_bin())
+        .device("sim:mem=16MiB,run=1MiB,mode=staged")
+        .start()
+        .unwrap();
+    let w = WorkerId(0);
+    assert_eq!(cluster.current_run(), 0);
+    let out = cluster.buffer(u64::from(N) * 4).unwrap();
+    let out_v = out.tensor(&[N], DType::F32).unwrap();
+
+    // Run 0: fill a run buffer on the device, copy it out to the host.
+    let tmp = cluster.run_buffer(w, u64::from(N) * 4).unwrap();
+    let tmp_v = tmp.tensor(&[N], DType::F32).unwrap();
+    cluster
+        .submit(Task::new("fill").output(&tmp_v).scalar_f64(2.5))
+        .unwrap();
+    cluster
+        .submit(Task::new("copy").input(&tmp_v).output(&out_v))
+        .unwrap();
+    let during = cluster.worker_stats(w).unwrap().run;
+    assert_eq!(during.in_use, u64::from(N) * 4, "the run block is held");
+    let too_much = cluster.run_buffer(w, u64::from(N) * 4).unwrap_err();
+    assert!(
+        too_much.to_string().contains("run region"),
+        "a second 600 KiB block does not fit this run: {too_much}"
+    );
+    cluster.wait_all().unwrap();
+    assert_eq!(cluster.current_run(), 1);
+    assert!(out.to_vec::<f32>().unwrap().iter().all(|&x| x == 2.5));
+
+    // The run ended: the worker reset its run region...
+    let after = cluster.worker_stats(w).unwrap().run;
+    assert_eq!(after.in_use, 0, "run region cursor back at 0");
+    assert_eq!(after.frees, during.frees + 1, "exactly one reset");
+    // ...and the driver refuses the handle at once, naming the run.
+    for e in [
+        cluster.read_device(&tmp, 0, 4).unwrap_err(),
+        cluster.write_device(&tmp, 0, &[0; 4]).unwrap_err(),
+        cluster
+            .submit(Task::new("fill").output(&tmp_v).scalar_f64(1.0))
+            .unwrap_err(),
+    ] {
+        let msg = e.to_string();
+        assert!(
+            msg.contains("belonged to run 0, which ended at wait_all"),
+            "{msg}"
+        );
+    }
+
+    // Run 1 allocates the same amount again from the reset region.
+    let again = cluster.run_buffer(w, u64::from(N) * 4).unwrap();
+    let again_v = again.tensor(&[N], DType::F32).unwrap();
+    cluster
+        .submit(Task::new("fill").output(&again_v).scalar_f64(-1.0))
+        .unwrap();
+    cluster.wait_all().unwrap();
+    // A persistent device buffer is untouched by run ends.
+    let keep = cluster.device_buffer(w, 64).unwrap();
+    cluster.write_device(&keep, 0, &[9; 64]).unwrap();
+    cluster.wait_all().unwrap();
+    assert_eq!(cluster.read_device(&keep, 0, 64).unwrap(), vec![9; 64]);
+    let end = cluster.worker_stats(w).unwrap().run;
+    assert_eq!((end.in_use, end.frees), (0, during.frees + 2));
+    assert!(cluster.read_device(&again, 0, 4).is_err());
+}

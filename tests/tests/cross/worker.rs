@@ -805,3 +805,175 @@ async fn completions_stay_under_the_message_limit() {
     assert_eq!(done[&2].outcome, TaskOutcome::Success);
     assert_eq!(f32s(&done[&2].outputs[0].1), vec![1.5; 1024]);
 }
+
+/// A DEVICE_MALLOC view of `n` F32 at a device address.
+fn device_view(identity: strata_wire::CanonicalIdentity, addr: u64, n: u32) -> Tensor {
+    let desc = strata_wire::BufferDescriptor::new(
+        identity,
+        u64::from(n) * 4,
+        strata_wire::AddressSpace::Device,
+        Access::ReadWrite,
+        strata_wire::Backing::DeviceMalloc {
+            addr: std::num::NonZeroU64::new(addr).unwrap(),
+        },
+    )
+    .unwrap();
+    Tensor::new(desc, 0, &[n], &[1], DType::F32).unwrap()
+}
+
+/// One device, two sessions: session A's run ends while B's run buffers
+/// are live. A's run buffers are refused from then on (copies, frees and
+/// task arguments, each naming the run that ended); B's keep working, and
+/// the run region is reset wholesale only when B's run ends too. A task
+/// that still holds a retired run buffer (queued behind a long kernel)
+/// keeps it valid until it finishes, and the reset waits for it.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_sessions_run_end_retires_only_its_run_buffers() {
+    let w = WorkerProcess::spawn_unix(
+        &strata_bin(),
+        &["worker"],
+        &["--device", "sim:mem=64MiB,run=1MiB,lanes=1"],
+    );
+    let mint = mint();
+    let (mut a, hs) = session(&w).await;
+    let (mut b, _) = session(&w).await;
+    let mut a_tasks = a.open_tasks().await.unwrap();
+    let mut b_tasks = b.open_tasks().await.unwrap();
+    let fill = hs.callable("fill", 1).unwrap();
+    let matmul = hs.callable("matmul", 1).unwrap();
+    let region = strata_chip::Region::Run;
+    let (ra, rb) = (mint.mint().unwrap(), mint.mint().unwrap());
+    let ra_addr = a.device_alloc(&ra, 4096, region).await.unwrap();
+    let rb_addr = b.device_alloc(&rb, 4096, region).await.unwrap();
+    a.copy_to_device(&ra, 0, vec![1; 4096]).await.unwrap();
+    b.copy_to_device(&rb, 0, vec![2; 4096]).await.unwrap();
+    let before = a.stats().await.unwrap().run;
+    assert_eq!(before.in_use, 8192);
+
+    // A's run ends; B still holds a run buffer, so no reset yet.
+    let end = a.end_run().await.unwrap();
+    assert_eq!((end.retired, end.run, end.reset), (1, 1, false));
+    let s = a.stats().await.unwrap().run;
+    assert_eq!((s.in_use, s.frees), (8192, before.frees), "not reset");
+    let refused = [
+        a.copy_from_device(&ra, 0, 4).await.unwrap_err(),
+        a.copy_to_device(&ra, 0, vec![0; 4]).await.unwrap_err(),
+        a.device_free(&ra).await.unwrap_err(),
+    ];
+    for e in refused {
+        let msg = e.to_string();
+        assert!(
+            msg.contains(&format!(
+                "device buffer {ra} was a run-region buffer of run 0 of this session, which has ended"
+            )),
+            "{msg}"
+        );
+    }
+    let done = run_all(
+        &mut a_tasks,
+        &[task(
+            1,
+            fill,
+            vec![device_view(ra, ra_addr, 1024)],
+            vec![ArgTag::Output],
+            vec![3.0f64.to_bits()],
+        )],
+    )
+    .await;
+    assert_failed(
+        &done[&1],
+        "run-region buffer of run 0 of this session, which has ended",
+    );
+    // B's buffer is intact and usable, by copies and tasks.
+    assert_eq!(
+        b.copy_from_device(&rb, 0, 4096).await.unwrap(),
+        vec![2; 4096]
+    );
+    let done = run_all(
+        &mut b_tasks,
+        &[task(
+            1,
+            fill,
+            vec![device_view(rb, rb_addr, 1024)],
+            vec![ArgTag::Output],
+            vec![4.0f64.to_bits()],
+        )],
+    )
+    .await;
+    assert!(matches!(done[&1].outcome, TaskOutcome::Success));
+    assert_eq!(
+        f32s(&b.copy_from_device(&rb, 0, 16).await.unwrap()),
+        vec![4.0; 4]
+    );
+
+    // B's run ends while a task of B still holds its run buffer: the task
+    // is queued behind a long matmul on the one lane. The lease keeps the
+    // block (and the region) until the task is done.
+    const M: u32 = 512;
+    let mats: Vec<_> = (0..3).map(|_| mint.mint().unwrap()).collect();
+    let mut views = Vec::new();
+    for id in &mats {
+        let addr = b
+            .device_alloc(id, u64::from(M * M) * 4, strata_chip::Region::Persistent)
+            .await
+            .unwrap();
+        let desc = device_view(*id, addr, M * M);
+        views.push(Tensor::new(*desc.buffer(), 0, &[M, M], &[M, 1], DType::F32).unwrap());
+    }
+    let slow = task(
+        2,
+        matmul,
+        views.clone(),
+        vec![ArgTag::Input, ArgTag::Input, ArgTag::Output],
+        vec![],
+    );
+    let queued = task(
+        3,
+        fill,
+        vec![device_view(rb, rb_addr, 1024)],
+        vec![ArgTag::Output],
+        vec![5.0f64.to_bits()],
+    );
+    b_tasks.send(&[slow, queued]).await.unwrap();
+    // Both tasks are taken in once in flight; the fill looks its buffer
+    // up (taking its lease) microseconds after it is counted, and the
+    // matmul runs for far longer than the grace given here (checked below).
+    for _ in 0..500 {
+        if b.stats().await.unwrap().tasks_in_flight == 2 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    let end = b.end_run().await.unwrap();
+    let in_flight = b.stats().await.unwrap().tasks_in_flight;
+    assert_eq!((end.retired, end.run), (1, 1));
+    assert!(
+        !end.reset && in_flight > 0,
+        "the queued task's lease holds the region (in flight {in_flight}); {}",
+        w.log()
+    );
+    let done = collect(&mut b_tasks, 2).await;
+    assert!(matches!(done[&2].outcome, TaskOutcome::Success));
+    eprintln!(
+        "matmul {M}: {} ms on the lane",
+        done[&2].busy_ns / 1_000_000
+    );
+    assert!(
+        matches!(done[&3].outcome, TaskOutcome::Success),
+        "a retired buffer a task already holds stays valid: {:?}",
+        done[&3].outcome
+    );
+    // Now no one holds a run buffer: the region was reset wholesale.
+    let s = b.stats().await.unwrap().run;
+    assert_eq!((s.in_use, s.frees), (0, before.frees + 1), "one reset");
+    assert!(b.copy_from_device(&rb, 0, 4).await.is_err());
+
+    // The next run starts at the bottom of the region again; the old
+    // handle still names the old run, although the bytes are reused.
+    let ra2 = mint.mint().unwrap();
+    assert_eq!(a.device_alloc(&ra2, 4096, region).await.unwrap(), ra_addr);
+    a.copy_to_device(&ra2, 0, vec![6; 4096]).await.unwrap();
+    assert!(a.copy_from_device(&ra, 0, 4).await.is_err());
+    assert_eq!(a.copy_from_device(&ra2, 0, 4).await.unwrap(), vec![6; 4]);
+}

@@ -391,8 +391,8 @@ mod tests {
             session,
             req,
             Box::new(move |c| {
-                let _ = out.send(c);
                 drop(running);
+                let _ = out.send(c);
             }),
         );
     }

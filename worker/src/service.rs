@@ -271,8 +271,10 @@ impl pb::worker_server::Worker for WorkerService {
                     let tx = tx.clone();
                     let done: exec::Done = Box::new(move |c| {
                         drop(permit);
-                        let _ = tx.send(c);
+                        // Its effects are done: no longer running, even
+                        // for a client that reads the completion first.
                         drop(running);
+                        let _ = tx.send(c);
                     });
                     let task_id = TaskId(task.task_id);
                     match TaskRequest::try_from(task) {

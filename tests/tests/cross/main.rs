@@ -3,5 +3,6 @@
 
 mod cluster;
 mod faults;
+mod fence;
 mod graphs;
 mod worker;

@@ -364,7 +364,11 @@ mod loom_models {
             let t = thread::spawn(move || g.close("ended"));
             let seen = gate.check();
             assert!(
-                seen.is_ok() || seen == Err(Error::NotStarted { reason: "ended".into() }),
+                seen.is_ok()
+                    || seen
+                        == Err(Error::NotStarted {
+                            reason: "ended".into()
+                        }),
                 "{seen:?}"
             );
             t.join().unwrap();

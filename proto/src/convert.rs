@@ -569,7 +569,9 @@ pub fn previous_session(
             "previous",
             "missing: the worker did not report the previous session",
         )),
-        (true, Some(p)) => SessionState::checked("previous.", p.known, p.ended, p.running).map(Some),
+        (true, Some(p)) => {
+            SessionState::checked("previous.", p.known, p.ended, p.running).map(Some)
+        }
     }
 }
 
@@ -730,7 +732,10 @@ mod tests {
                 running: 0,
             },
         ] {
-            assert_eq!(SessionState::try_from(pb::SessionStateReply::from(s)), Ok(s));
+            assert_eq!(
+                SessionState::try_from(pb::SessionStateReply::from(s)),
+                Ok(s)
+            );
             assert_eq!(
                 previous_session(true, Some(pb::PreviousSession::from(s))),
                 Ok(Some(s))

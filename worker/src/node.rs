@@ -234,9 +234,9 @@ impl Node {
             let Some(session) = sessions.remove(&id) else {
                 return;
             };
-            session
-                .gate
-                .close(format!("session {id} ended ({why}) before the task started"));
+            session.gate.close(format!(
+                "session {id} ended ({why}) before the task started"
+            ));
             self.tombstones()
                 .insert(id, Arc::clone(&session), Instant::now());
             session
@@ -455,9 +455,15 @@ mod tests {
     #[test]
     fn unknown_sessions_and_other_sessions() {
         let f = fixture();
-        assert_eq!(f.node.session_state(SessionId(12345)), SessionState::UNKNOWN);
+        assert_eq!(
+            f.node.session_state(SessionId(12345)),
+            SessionState::UNKNOWN
+        );
         f.node.end_session(SessionId(12345), "never opened");
-        assert_eq!(f.node.session_state(SessionId(12345)), SessionState::UNKNOWN);
+        assert_eq!(
+            f.node.session_state(SessionId(12345)),
+            SessionState::UNKNOWN
+        );
         let a = f.node.open_session();
         let b = f.node.open_session();
         f.node.end_session(a, "first");

@@ -95,7 +95,11 @@ async fn poll_state(
 /// counts them failed. Client C's session, open throughout, is untouched.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_lost_session_is_ended_on_reconnect_and_its_queued_tasks_never_start() {
-    let w = WorkerProcess::spawn_unix(test_worker_bin(), &[], &["--device", "sim:mem=64MiB,lanes=1"]);
+    let w = WorkerProcess::spawn_unix(
+        test_worker_bin(),
+        &[],
+        &["--device", "sim:mem=64MiB,lanes=1"],
+    );
     let mint = mint();
 
     // C: another client, whose session must live through A's reconnect.
@@ -207,10 +211,7 @@ async fn the_instance_tells_a_restarted_worker_from_the_same_one() {
     let (mut a, ahs) = session(&w).await;
     assert_eq!(ahs.previous, None);
     let never = SessionId(ahs.session.0 ^ 0x0123_4567_89ab_cde0);
-    assert_eq!(
-        a.session_state(never).await.unwrap(),
-        SessionState::UNKNOWN
-    );
+    assert_eq!(a.session_state(never).await.unwrap(), SessionState::UNKNOWN);
     let own = a.session_state(ahs.session).await.unwrap();
     assert_eq!((own.known, own.ended, own.running), (true, false, 0));
 
@@ -221,7 +222,10 @@ async fn the_instance_tells_a_restarted_worker_from_the_same_one() {
     let prev = bhs.previous.unwrap();
     assert!(prev.is_fenced(), "{prev:?}");
     let refused = a.stats().await.unwrap_err();
-    assert!(refused.to_string().contains("unknown or has ended"), "{refused}");
+    assert!(
+        refused.to_string().contains("unknown or has ended"),
+        "{refused}"
+    );
     // Naming a session never issued ends nothing and proves nothing.
     let mut d = WorkerClient::connect(&w.endpoint, None).await.unwrap();
     let dhs = d.handshake_after(Some(never)).await.unwrap();

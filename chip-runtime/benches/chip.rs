@@ -64,6 +64,7 @@ fn bench_matmul(c: &mut Criterion) {
                 arg(2, ArgTag::Output),
             ],
             scalars: vec![],
+            gate: None,
         };
         group.bench_function(mode, |b| {
             b.iter(|| {

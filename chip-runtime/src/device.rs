@@ -80,6 +80,69 @@ pub struct Launch {
     pub args: Vec<LaunchArg>,
     /// Scalar arguments.
     pub scalars: Vec<u64>,
+    /// Checked at the moment the launch would start on a lane: once
+    /// closed, a launch still queued completes with
+    /// [`Error::NotStarted`] instead of running. `None`: always starts.
+    pub gate: Option<StartGate>,
+}
+
+/// A switch that stops queued launches from starting.
+///
+/// A worker gives every launch of one session the session's gate and
+/// closes it when the session ends. A launch already queued on a lane
+/// (say, behind a long kernel, or in a process that was stopped and is
+/// woken) then never starts, so a client that has ended its session can
+/// be told exactly which of its tasks may still touch memory: those
+/// already running, none later. Checking when the launch is accepted is
+/// not enough: a lane may pick it up long after.
+///
+/// Cloning shares the switch. Closing is one-way; the first reason given
+/// is kept.
+#[derive(Debug, Clone)]
+pub struct StartGate {
+    reason: Arc<Mutex<Option<String>>>,
+}
+
+impl Default for StartGate {
+    fn default() -> Self {
+        StartGate::new()
+    }
+}
+
+impl StartGate {
+    /// An open gate.
+    pub fn new() -> Self {
+        StartGate {
+            reason: Arc::new(Mutex::new(None)),
+        }
+    }
+
+    /// Closes the gate: launches not yet started fail with `reason`. A gate
+    /// already closed keeps its first reason.
+    pub fn close(&self, reason: impl Into<String>) {
+        let mut r = lock(&self.reason);
+        if r.is_none() {
+            *r = Some(reason.into());
+        }
+    }
+
+    /// Whether the gate is closed.
+    pub fn is_closed(&self) -> bool {
+        lock(&self.reason).is_some()
+    }
+
+    /// Whether a launch may start now.
+    ///
+    /// # Errors
+    /// [`Error::NotStarted`] with the closing reason, once closed.
+    pub fn check(&self) -> Result<(), Error> {
+        match &*lock(&self.reason) {
+            None => Ok(()),
+            Some(reason) => Err(Error::NotStarted {
+                reason: reason.clone(),
+            }),
+        }
+    }
 }
 
 impl std::fmt::Debug for Launch {
@@ -88,6 +151,7 @@ impl std::fmt::Debug for Launch {
             .field("kernel", &self.kernel.descriptor().qualified_name())
             .field("args", &self.args)
             .field("scalars", &self.scalars)
+            .field("gate", &self.gate)
             .finish()
     }
 }
@@ -129,7 +193,8 @@ pub struct DeviceStats {
     pub launched: u64,
     /// Launches that ran to success.
     pub succeeded: u64,
-    /// Launches whose kernel returned an error (or whose staging failed).
+    /// Launches whose kernel returned an error (or whose staging failed, or
+    /// that a closed start gate kept from starting).
     pub failed: u64,
     /// Launches whose kernel panicked.
     pub panicked: u64,
@@ -310,6 +375,35 @@ mod loom_models {
             assert_eq!(slot.wait(), Some(7));
             assert_eq!(t.join().unwrap(), (true, false));
             assert_eq!(slot.wait(), None);
+        });
+    }
+
+    /// A check racing a close sees the gate open or closed with the one
+    /// reason, never a closed gate without it; after the close is joined
+    /// every check refuses.
+    #[test]
+    fn a_start_gate_closes_once() {
+        loom::model(|| {
+            let gate = StartGate::new();
+            let g = gate.clone();
+            let t = thread::spawn(move || g.close("ended"));
+            let seen = gate.check();
+            assert!(
+                seen.is_ok()
+                    || seen
+                        == Err(Error::NotStarted {
+                            reason: "ended".into()
+                        }),
+                "{seen:?}"
+            );
+            t.join().unwrap();
+            gate.close("later");
+            assert_eq!(
+                gate.check(),
+                Err(Error::NotStarted {
+                    reason: "ended".into()
+                })
+            );
         });
     }
 }

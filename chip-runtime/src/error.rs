@@ -122,6 +122,15 @@ pub enum Error {
         /// The panic message.
         message: String,
     },
+    /// A queued launch was not started because its [`StartGate`] was
+    /// closed (a worker closes it when the session ends).
+    ///
+    /// [`StartGate`]: crate::device::StartGate
+    #[error("not started: {reason}")]
+    NotStarted {
+        /// Why the gate was closed.
+        reason: String,
+    },
     /// The device is shutting down and takes no more work.
     #[error("the device is shut down")]
     ShutDown,

@@ -491,6 +491,139 @@ impl From<pb::HealthBeat> for HealthBeat {
     }
 }
 
+/// A worker process, as its handshake names it: random and nonzero, drawn
+/// once when the process starts. Equal instances across two handshakes
+/// mean the same process answered both; a restarted worker on the same
+/// address has another.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct InstanceId(pub u64);
+
+impl fmt::Display for InstanceId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "instance {:016x}", self.0)
+    }
+}
+
+/// The `instance` field of a handshake reply.
+///
+/// # Errors
+/// Zero, which no worker draws.
+pub fn instance(field: &str, id: u64) -> Result<InstanceId, ConvertError> {
+    if id == 0 {
+        return Err(ConvertError::new(
+            field,
+            "zero: a worker's instance is nonzero (is the worker older than this client?)",
+        ));
+    }
+    Ok(InstanceId(id))
+}
+
+/// What a worker knows of one session (the `SessionState` call, and a
+/// handshake's report on the session it superseded).
+///
+/// Only `known && ended && running == 0` ([`SessionState::is_fenced`])
+/// proves anything: that no task of the session can touch memory again.
+/// An unknown session (never issued, its tombstone forgotten, or asked of
+/// another process) proves nothing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct SessionState {
+    /// The worker has a record of it: live, or ended recently.
+    pub known: bool,
+    /// It has ended; none of its tasks will start any more.
+    pub ended: bool,
+    /// Its tasks received and not yet completed, queued or running.
+    pub running: u32,
+}
+
+impl SessionState {
+    /// A session the worker has no record of.
+    pub const UNKNOWN: SessionState = SessionState {
+        known: false,
+        ended: false,
+        running: 0,
+    };
+
+    /// Whether the session has ended and none of its tasks is left: none
+    /// can write any more.
+    pub fn is_fenced(&self) -> bool {
+        self.known && self.ended && self.running == 0
+    }
+
+    fn checked(prefix: &str, known: bool, ended: bool, running: u32) -> Result<Self, ConvertError> {
+        if !known && ended {
+            return Err(ConvertError::new(
+                format!("{prefix}ended"),
+                "true for a session the worker does not know",
+            ));
+        }
+        if !known && running != 0 {
+            return Err(ConvertError::new(
+                format!("{prefix}running"),
+                format!("{running} tasks of a session the worker does not know"),
+            ));
+        }
+        Ok(SessionState {
+            known,
+            ended,
+            running,
+        })
+    }
+}
+
+impl TryFrom<pb::SessionStateReply> for SessionState {
+    type Error = ConvertError;
+
+    fn try_from(r: pb::SessionStateReply) -> Result<Self, ConvertError> {
+        SessionState::checked("", r.known, r.ended, r.running)
+    }
+}
+
+impl From<SessionState> for pb::SessionStateReply {
+    fn from(s: SessionState) -> Self {
+        pb::SessionStateReply {
+            known: s.known,
+            ended: s.ended,
+            running: s.running,
+        }
+    }
+}
+
+/// The `previous` field of a handshake reply: present exactly when the
+/// request named a previous session (`asked`).
+///
+/// # Errors
+/// Missing when asked (a worker that does not fence), present when not,
+/// or inconsistent.
+pub fn previous_session(
+    asked: bool,
+    p: Option<pb::PreviousSession>,
+) -> Result<Option<SessionState>, ConvertError> {
+    match (asked, p) {
+        (false, None) => Ok(None),
+        (false, Some(_)) => Err(ConvertError::new(
+            "previous",
+            "present, but the handshake named no previous session",
+        )),
+        (true, None) => Err(ConvertError::new(
+            "previous",
+            "missing: the worker did not report the previous session",
+        )),
+        (true, Some(p)) => {
+            SessionState::checked("previous.", p.known, p.ended, p.running).map(Some)
+        }
+    }
+}
+
+impl From<SessionState> for pb::PreviousSession {
+    fn from(s: SessionState) -> Self {
+        pb::PreviousSession {
+            known: s.known,
+            ended: s.ended,
+            running: s.running,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -627,5 +760,79 @@ mod tests {
             identity("identity", &[0; 32]).unwrap_err().field,
             "identity"
         );
+    }
+
+    #[test]
+    fn session_states_are_checked_field_by_field() {
+        let ok = |known, ended, running| pb::SessionStateReply {
+            known,
+            ended,
+            running,
+        };
+        for s in [
+            SessionState::UNKNOWN,
+            SessionState {
+                known: true,
+                ended: false,
+                running: 3,
+            },
+            SessionState {
+                known: true,
+                ended: true,
+                running: 0,
+            },
+        ] {
+            assert_eq!(
+                SessionState::try_from(pb::SessionStateReply::from(s)),
+                Ok(s)
+            );
+            assert_eq!(
+                previous_session(true, Some(pb::PreviousSession::from(s))),
+                Ok(Some(s))
+            );
+        }
+        let field = |r: pb::SessionStateReply| SessionState::try_from(r).unwrap_err().field;
+        assert_eq!(field(ok(false, true, 0)), "ended");
+        assert_eq!(field(ok(false, false, 2)), "running");
+        let prev = |known, ended, running| {
+            previous_session(
+                true,
+                Some(pb::PreviousSession {
+                    known,
+                    ended,
+                    running,
+                }),
+            )
+            .unwrap_err()
+            .field
+        };
+        assert_eq!(prev(false, true, 0), "previous.ended");
+        assert_eq!(prev(false, false, 1), "previous.running");
+        assert_eq!(previous_session(false, None), Ok(None));
+        let missing = previous_session(true, None).unwrap_err();
+        assert_eq!(missing.field, "previous");
+        assert!(missing.reason.starts_with("missing"), "{missing}");
+        let unasked = previous_session(false, Some(pb::PreviousSession::default()));
+        assert_eq!(unasked.unwrap_err().field, "previous");
+    }
+
+    #[test]
+    fn fenced_means_known_ended_and_nothing_running() {
+        let s = |known, ended, running| SessionState {
+            known,
+            ended,
+            running,
+        };
+        assert!(s(true, true, 0).is_fenced());
+        assert!(!s(true, true, 1).is_fenced());
+        assert!(!s(true, false, 0).is_fenced());
+        assert!(!SessionState::UNKNOWN.is_fenced());
+    }
+
+    #[test]
+    fn a_zero_instance_is_refused() {
+        assert_eq!(instance("instance", 0).unwrap_err().field, "instance");
+        assert_eq!(instance("instance", 9), Ok(InstanceId(9)));
+        assert_eq!(InstanceId(0xab).to_string(), "instance 00000000000000ab");
     }
 }

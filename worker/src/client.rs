@@ -8,7 +8,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use hyper_util::rt::TokioIo;
 use strata_chip::{KernelHandle, Region};
 use strata_proto::convert::{
-    self, ConvertError, HealthBeat, RunEnd, TaskCompletion, TaskRequest, WorkerStats,
+    self, ConvertError, HealthBeat, InstanceId, RunEnd, SessionState, TaskCompletion, TaskRequest,
+    WorkerStats,
 };
 use strata_proto::{DEFAULT_MAX_MESSAGE_BYTES, PROTOCOL_VERSION, SESSION_HEADER, pb};
 use strata_wire::CanonicalIdentity;
@@ -122,6 +123,13 @@ pub struct Handshake {
     pub fd_socket: Option<PathBuf>,
     /// Largest message the worker accepts.
     pub max_message_bytes: u64,
+    /// The worker process: equal across two handshakes exactly when the
+    /// same process answered both.
+    pub instance: InstanceId,
+    /// What the worker knew of the previous session named to
+    /// [`WorkerClient::handshake_after`] (which that handshake ended if it
+    /// was live); `None` when none was named.
+    pub previous: Option<SessionState>,
 }
 
 impl Handshake {
@@ -242,11 +250,41 @@ impl WorkerClient {
     /// # Errors
     /// As [`WorkerClient::handshake`].
     pub async fn handshake_with_version(&mut self, version: u32) -> Result<Handshake, ClientError> {
+        self.open_session(version, None).await
+    }
+
+    /// Opens a session after losing `previous` (a session this client held
+    /// on this worker address): the worker ends `previous` if it is still
+    /// live, so none of its tasks that have not started will start, and
+    /// reports it in [`Handshake::previous`]. `None` is a plain handshake.
+    ///
+    /// Only a report that is known, ended and has nothing running
+    /// ([`SessionState::is_fenced`]) proves that the old session can no
+    /// longer write; while tasks still run, poll
+    /// [`WorkerClient::session_state`]. Compare [`Handshake::instance`]
+    /// with the old one to learn whether the same process answered.
+    ///
+    /// # Errors
+    /// As [`WorkerClient::handshake`]; a worker that does not report the
+    /// previous session is a malformed reply.
+    pub async fn handshake_after(
+        &mut self,
+        previous: Option<SessionId>,
+    ) -> Result<Handshake, ClientError> {
+        self.open_session(PROTOCOL_VERSION, previous).await
+    }
+
+    async fn open_session(
+        &mut self,
+        version: u32,
+        previous: Option<SessionId>,
+    ) -> Result<Handshake, ClientError> {
         let reply = self
             .stub
             .handshake(pb::HandshakeRequest {
                 protocol_version: version,
                 client_name: "strata".into(),
+                previous_session: previous.map_or(0, |s| s.0),
             })
             .await?
             .into_inner();
@@ -273,6 +311,8 @@ impl WorkerClient {
             callables,
             fd_socket: (!reply.fd_socket.is_empty()).then(|| PathBuf::from(reply.fd_socket)),
             max_message_bytes: reply.max_message_bytes,
+            instance: convert::instance("instance", reply.instance)?,
+            previous: convert::previous_session(previous.is_some(), reply.previous)?,
         };
         self.session.store(hs.session.0, Ordering::Relaxed);
         self.handshake = Some(hs.clone());
@@ -418,6 +458,22 @@ impl WorkerClient {
         Ok(WorkerStats::try_from(
             self.stub.stats(pb::StatsRequest {}).await?.into_inner(),
         )?)
+    }
+
+    /// What the worker knows of `session` (typically the one this client
+    /// lost; see [`WorkerClient::handshake_after`]), asked within the
+    /// current session.
+    ///
+    /// # Errors
+    /// Before a handshake (no session to ask in), the worker's refusal, or
+    /// a malformed reply.
+    pub async fn session_state(&mut self, session: SessionId) -> Result<SessionState, ClientError> {
+        let reply = self
+            .stub
+            .session_state(pb::SessionStateRequest { session: session.0 })
+            .await?
+            .into_inner();
+        Ok(SessionState::try_from(reply)?)
     }
 
     /// Echoes `payload`: a bare round trip.

@@ -8,7 +8,9 @@
 //!    private host buffer), or an imported fd mapped once by identity (an
 //!    identity whose fd was refused on arrival fails with that refusal);
 //! 3. launch on the device (which validates the arguments against the
-//!    signature before anything runs);
+//!    signature before anything runs), with the session's start gate: a
+//!    task of a session that has ended fails instead of starting, whether
+//!    it was still here or already queued on a lane;
 //! 4. on completion, pack the written inline arguments into the reply.
 //!
 //! Every lease (mapping, device buffer, inline buffer) is held by the
@@ -57,6 +59,13 @@ pub(crate) fn execute(node: &Arc<Node>, session: &Session, req: TaskRequest, don
     node.counters.in_flight.fetch_add(1, Ordering::Relaxed);
     let counting = counted(node, done);
     let id = req.id;
+    // A task of an ended session does not start: checked here, before its
+    // arguments are resolved (its imports are gone, which would give a
+    // misleading cause), and again by the device when a lane would start
+    // it, through the session's gate in the launch.
+    if let Err(e) = session.gate.check() {
+        return counting(failure(id, e.to_string()));
+    }
     match prepare(node, session, req) {
         Err(cause) => counting(failure(id, cause)),
         Ok((launch, held, inline)) => {
@@ -204,6 +213,7 @@ fn prepare(
             kernel,
             args,
             scalars: req.args.scalars().to_vec(),
+            gate: Some(session.gate.clone()),
         },
         held,
         inline_args,

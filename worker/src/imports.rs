@@ -366,56 +366,56 @@ mod tests {
     }
 
     mod narrowing {
-    use std::os::fd::OwnedFd;
-    use std::os::unix::fs::MetadataExt;
+        use std::os::fd::OwnedFd;
+        use std::os::unix::fs::MetadataExt;
 
-    use strata_wire::{Access, AddressSpace, Backing, BufferDescriptor, CanonicalIdentity};
-    use strata_worker_core::Mapper;
+        use strata_wire::{Access, AddressSpace, Backing, BufferDescriptor, CanonicalIdentity};
+        use strata_worker_core::Mapper;
 
-    use super::super::{FdMapper, lease};
+        use super::super::{FdMapper, lease};
 
-    /// A sealed-against-shrinking memfd of `nbytes` and its descriptor.
-    fn memfd(nbytes: u64, access: Access) -> (OwnedFd, BufferDescriptor) {
-        let mfd = memfd::MemfdOptions::default()
-            .close_on_exec(true)
-            .allow_sealing(true)
-            .create("strata-lease-test")
+        /// A sealed-against-shrinking memfd of `nbytes` and its descriptor.
+        fn memfd(nbytes: u64, access: Access) -> (OwnedFd, BufferDescriptor) {
+            let mfd = memfd::MemfdOptions::default()
+                .close_on_exec(true)
+                .allow_sealing(true)
+                .create("strata-lease-test")
+                .unwrap();
+            mfd.as_file().set_len(nbytes).unwrap();
+            mfd.add_seal(memfd::FileSeal::SealShrink).unwrap();
+            let meta = mfd.as_file().metadata().unwrap();
+            let d = BufferDescriptor::new(
+                CanonicalIdentity::new([7; 8], 1, 1).unwrap(),
+                nbytes,
+                AddressSpace::Host,
+                access,
+                Backing::Memfd {
+                    st_dev: meta.dev(),
+                    st_ino: meta.ino(),
+                },
+            )
             .unwrap();
-        mfd.as_file().set_len(nbytes).unwrap();
-        mfd.add_seal(memfd::FileSeal::SealShrink).unwrap();
-        let meta = mfd.as_file().metadata().unwrap();
-        let d = BufferDescriptor::new(
-            CanonicalIdentity::new([7; 8], 1, 1).unwrap(),
-            nbytes,
-            AddressSpace::Host,
-            access,
-            Backing::Memfd {
-                st_dev: meta.dev(),
-                st_ino: meta.ino(),
-            },
-        )
-        .unwrap();
-        (OwnedFd::from(mfd.into_file()), d)
-    }
-
-    /// A task that narrows a READWRITE import to READ gets a read-only face
-    /// of the same bytes; tasks granted WRITE get the mapping itself; a
-    /// mapping made read-only stays read-only whatever the task asks.
-    #[test]
-    fn a_read_lease_of_a_writable_mapping_is_read_only() {
-        let (fd, rw) = memfd(4096, Access::ReadWrite);
-        let m = std::sync::Arc::new(FdMapper.map(&fd, &rw).unwrap());
-        assert!(m.writable);
-        let ro = lease(std::sync::Arc::clone(&m), Access::Read);
-        assert!(!ro.writable());
-        assert_eq!((ro.as_ptr(), ro.len()), (m.map.as_mut_ptr(), 4096));
-        for access in [Access::Write, Access::ReadWrite] {
-            assert!(lease(std::sync::Arc::clone(&m), access).writable());
+            (OwnedFd::from(mfd.into_file()), d)
         }
 
-        let (fd, read_only) = memfd(4096, Access::Read);
-        let m = std::sync::Arc::new(FdMapper.map(&fd, &read_only).unwrap());
-        assert!(!lease(m, Access::ReadWrite).writable());
-    }
+        /// A task that narrows a READWRITE import to READ gets a read-only face
+        /// of the same bytes; tasks granted WRITE get the mapping itself; a
+        /// mapping made read-only stays read-only whatever the task asks.
+        #[test]
+        fn a_read_lease_of_a_writable_mapping_is_read_only() {
+            let (fd, rw) = memfd(4096, Access::ReadWrite);
+            let m = std::sync::Arc::new(FdMapper.map(&fd, &rw).unwrap());
+            assert!(m.writable);
+            let ro = lease(std::sync::Arc::clone(&m), Access::Read);
+            assert!(!ro.writable());
+            assert_eq!((ro.as_ptr(), ro.len()), (m.map.as_mut_ptr(), 4096));
+            for access in [Access::Write, Access::ReadWrite] {
+                assert!(lease(std::sync::Arc::clone(&m), access).writable());
+            }
+
+            let (fd, read_only) = memfd(4096, Access::Read);
+            let m = std::sync::Arc::new(FdMapper.map(&fd, &read_only).unwrap());
+            assert!(!lease(m, Access::ReadWrite).writable());
+        }
     }
 }

@@ -32,11 +32,13 @@ mod listen;
 mod node;
 mod server;
 mod service;
+mod tombstones;
 
 pub use client::{ClientError, ClientTls, Handshake, HealthWatch, TaskStream, WorkerClient};
 pub use config::{Auth, Endpoint, TlsFiles, WorkerConfig};
 pub use imports::HostMapping;
 pub use server::{BoundWorker, Worker};
+pub use strata_proto::convert::{InstanceId, SessionState};
 pub use strata_worker_core::SessionId;
 
 /// Why a worker could not start or serve.

@@ -174,6 +174,14 @@ impl pb::worker_server::Worker for WorkerService {
                 req.protocol_version
             )));
         }
+        // The client names the session it lost: end it now (its queued
+        // tasks then never start), and tell it what is left of it.
+        let previous = (req.previous_session != 0).then(|| {
+            let prev = SessionId(req.previous_session);
+            self.node
+                .end_session(prev, "superseded by a new session of the same client");
+            self.node.session_state(prev)
+        });
         let session = self.node.open_session();
         // A client that handshakes and never opens its task stream must
         // not hold the session (and what it may allocate) for ever.
@@ -200,7 +208,7 @@ impl pb::worker_server::Worker for WorkerService {
             })
             .collect();
         callables.sort_by(|a, b| (&a.name, a.version).cmp(&(&b.name, b.version)));
-        debug!(%session, client = req.client_name, "handshake");
+        debug!(%session, client = req.client_name, ?previous, "handshake");
         Ok(Response::new(pb::HandshakeReply {
             protocol_version: PROTOCOL_VERSION,
             session_id: session.0,
@@ -217,7 +225,18 @@ impl pb::worker_server::Worker for WorkerService {
                 .map(|p| p.display().to_string())
                 .unwrap_or_default(),
             max_message_bytes: self.node.max_message_bytes as u64,
+            instance: self.node.instance.0,
+            previous: previous.map(pb::PreviousSession::from),
         }))
+    }
+
+    async fn session_state(
+        &self,
+        request: Request<pb::SessionStateRequest>,
+    ) -> Result<Response<pb::SessionStateReply>, Status> {
+        self.session(request.metadata())?;
+        let asked = SessionId(request.into_inner().session);
+        Ok(Response::new(self.node.session_state(asked).into()))
     }
 
     type TasksStream = Completions;
@@ -252,6 +271,9 @@ impl pb::worker_server::Worker for WorkerService {
                     }
                 };
                 for task in batch.tasks {
+                    // Counted from receipt to completion: what a client
+                    // fencing this session waits for.
+                    let running = session.task_received();
                     // Backpressure: at most max_in_flight tasks run per
                     // session; the stream is not read while it is full.
                     let Ok(permit) = Arc::clone(&permits).acquire_owned().await else {
@@ -260,6 +282,9 @@ impl pb::worker_server::Worker for WorkerService {
                     let tx = tx.clone();
                     let done: exec::Done = Box::new(move |c| {
                         drop(permit);
+                        // Its effects are done: no longer running, even
+                        // for a client that reads the completion first.
+                        drop(running);
                         let _ = tx.send(c);
                     });
                     let task_id = TaskId(task.task_id);

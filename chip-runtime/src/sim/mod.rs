@@ -7,7 +7,8 @@
 //! A launch, step by step:
 //! 1. `launch` validates the arguments against the kernel's signature, their
 //!    backings and each other, then queues a job; errors here reach the
-//!    caller directly and nothing runs.
+//!    caller directly and nothing runs. When a lane takes the job, a closed
+//!    start gate completes it as `NotStarted` and nothing runs.
 //! 2. On a lane, each argument is materialized: device-backed arguments and,
 //!    in unified mode, host-backed ones resolve in place; in staged mode a
 //!    scratch block receives the view's bytes (if the kernel reads them).
@@ -29,7 +30,7 @@ use crate::Error;
 use crate::arena::{Arena, Block, Region};
 use crate::device::{
     ArgBacking, Completion, Device, DeviceAddr, DeviceBlock, DeviceInfo, DeviceStats, Launch,
-    LaunchArg, LaunchReport,
+    LaunchArg, LaunchReport, StartGate,
 };
 use crate::kernel::{KernelContext, Materialized, Scratch, validate_launch};
 use crate::memory::{DEVICE_BASE, DeviceMemory};
@@ -197,7 +198,15 @@ impl Device for SimDevice {
         let queued_at = Instant::now();
         let job = Box::new(move |lane: usize| {
             let queued = queued_at.elapsed();
-            let outcome = inner.execute(&launch, lane, queued);
+            // The gate is checked here, on the lane, and not when the
+            // launch is accepted: a job may wait in the queue long after.
+            let outcome = match launch.gate.as_ref().map(StartGate::check) {
+                Some(Err(e)) => {
+                    inner.counters.failed.fetch_add(1, Ordering::Relaxed);
+                    Err(e)
+                }
+                _ => inner.execute(&launch, lane, queued),
+            };
             done(outcome);
         });
         self.lanes.submit(job).map_err(|_| Error::ShutDown)

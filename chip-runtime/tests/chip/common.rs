@@ -176,6 +176,7 @@ pub(crate) fn run(
             kernel,
             args,
             scalars,
+            gate: None,
         },
     )?
     .wait()

@@ -488,3 +488,97 @@ fn registry_handles() {
         Err(Error::UnknownKernel(_))
     ));
 }
+
+/// Runs until the test lets it go: a kernel that holds its lane.
+struct Gatekeeper {
+    desc: KernelDescriptor,
+    release: std::sync::Mutex<std::sync::mpsc::Receiver<()>>,
+    started: std::sync::mpsc::SyncSender<()>,
+}
+
+impl Kernel for Gatekeeper {
+    fn descriptor(&self) -> &KernelDescriptor {
+        &self.desc
+    }
+    fn run(&self, _: &mut KernelContext<'_>) -> Result<(), String> {
+        let _ = self.started.send(());
+        let rx = self.release.lock().map_err(|e| e.to_string())?;
+        rx.recv().map_err(|e| e.to_string())
+    }
+}
+
+/// A launch queued behind a running one, on the only lane, does not start
+/// once its gate is closed: it fails with the gate's reason and its output
+/// keeps its bytes. The running launch and a launch without the gate are
+/// not affected.
+#[test]
+fn a_closed_gate_keeps_a_queued_launch_from_starting() {
+    let d = SimDevice::from_spec("sim:mem=1MiB,lanes=1").unwrap();
+    let reg = Registry::with_builtins();
+    let (release_tx, release_rx) = std::sync::mpsc::channel();
+    let (started_tx, started_rx) = std::sync::mpsc::sync_channel(1);
+    let holder: Arc<dyn Kernel> = Arc::new(Gatekeeper {
+        desc: KernelDescriptor {
+            name: "test.hold".into(),
+            version: 1,
+            args: vec![],
+            scalars: vec![],
+        },
+        release: std::sync::Mutex::new(release_rx),
+        started: started_tx,
+    });
+    let fill = reg.get(reg.find("fill", 1).unwrap()).unwrap();
+    let gate = strata_chip::StartGate::new();
+    let mut rng = Rng(5);
+    let gated = host_tensor(&mut rng, &[16], DType::F32, Layout::RowMajor);
+    let free = host_tensor(&mut rng, &[16], DType::F32, Layout::RowMajor);
+    let before = gated.bytes();
+    let launch = |kernel: &Arc<dyn Kernel>, args: Vec<LaunchArg>, scalars, gate| {
+        strata_chip::device::launch(
+            &d,
+            strata_chip::Launch {
+                kernel: Arc::clone(kernel),
+                args,
+                scalars,
+                gate,
+            },
+        )
+        .unwrap()
+    };
+    let held = launch(&holder, vec![], vec![], Some(gate.clone()));
+    started_rx.recv().unwrap();
+    let queued = launch(
+        &fill,
+        vec![gated.arg(ArgTag::Output)],
+        vec![3.0f64.to_bits()],
+        Some(gate.clone()),
+    );
+    let ungated = launch(
+        &fill,
+        vec![free.arg(ArgTag::Output)],
+        vec![4.0f64.to_bits()],
+        None,
+    );
+    assert!(!gate.is_closed());
+    gate.close("session 7 ended before the task started");
+    gate.close("a second reason is ignored");
+    assert!(gate.is_closed());
+    release_tx.send(()).unwrap();
+    assert!(held.wait().is_ok(), "the running launch finishes");
+    let err = queued.wait().unwrap_err();
+    assert_eq!(
+        err,
+        Error::NotStarted {
+            reason: "session 7 ended before the task started".into()
+        }
+    );
+    assert_eq!(
+        err.to_string(),
+        "not started: session 7 ended before the task started"
+    );
+    assert_eq!(gated.bytes(), before, "the gated fill wrote nothing");
+    ungated.wait().unwrap();
+    assert_eq!(read(&free.bytes(), &free.view, &[15]), 4.0);
+    let s = d.stats();
+    assert_eq!((s.launched, s.succeeded, s.failed), (3, 2, 1));
+}

@@ -133,6 +133,7 @@ fn failed_kernel_leaves_host_bytes_alone_in_staged_mode() {
             kernel,
             args: vec![out.arg(ArgTag::Output)],
             scalars: vec![],
+            gate: None,
         },
     )
     .unwrap()

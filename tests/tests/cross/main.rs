@@ -4,6 +4,7 @@
 mod access;
 mod cluster;
 mod faults;
+mod fence;
 mod graphs;
 mod seals;
 mod worker;

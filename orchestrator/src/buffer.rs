@@ -51,6 +51,19 @@ pub(crate) struct HostShared {
     map: SharedMapping,
     imported_on: Holders,
     notify: mpsc::UnboundedSender<Released>,
+    /// Views written by tasks lost without a fence, until their quarantine
+    /// lifts: the driver's own reads and writes of those bytes are refused
+    /// (DESIGN §7). Empty but for the rare loss; the DAG actor marks and
+    /// lifts, driver threads check.
+    quarantine: std::sync::Mutex<Vec<Mark>>,
+}
+
+/// A view of a host buffer quarantined by a lost task.
+#[derive(Debug)]
+struct Mark {
+    task: strata_core::TaskId,
+    view: Tensor,
+    why: String,
 }
 
 impl std::fmt::Debug for HostShared {
@@ -112,6 +125,7 @@ impl HostShared {
             map,
             imported_on: Holders::new(),
             notify,
+            quarantine: std::sync::Mutex::new(Vec::new()),
         })
     }
 
@@ -168,7 +182,48 @@ impl HostShared {
         result.map_err(|e| Error::Buffer(e.to_string()))
     }
 
+    fn marks(&self) -> std::sync::MutexGuard<'_, Vec<Mark>> {
+        self.quarantine.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Quarantines `view`: `task` writes it and was lost without a fence.
+    pub(crate) fn quarantine(&self, task: strata_core::TaskId, view: Tensor, why: String) {
+        self.marks().push(Mark { task, view, why });
+    }
+
+    /// Lifts what `task` quarantined: it can no longer write.
+    pub(crate) fn lift(&self, task: strata_core::TaskId) {
+        self.marks().retain(|m| m.task != task);
+    }
+
+    /// Refuses a driver access to `view`'s bytes while any of them is
+    /// quarantined.
+    fn check_view(&self, view: &Tensor) -> Result<(), Error> {
+        let marks = self.marks();
+        match marks
+            .iter()
+            .find(|m| strata_wire::overlap(&m.view, view) != strata_wire::Overlap::Disjoint)
+        {
+            None => Ok(()),
+            Some(m) => Err(quarantined(self, m)),
+        }
+    }
+
+    /// As [`HostShared::check_view`], for `len` bytes at `offset`.
+    fn check_range(&self, offset: u64, len: usize) -> Result<(), Error> {
+        let end = offset.saturating_add(len as u64);
+        let marks = self.marks();
+        match marks.iter().find(|m| {
+            let start = m.view.byte_offset();
+            start < end && offset < start.saturating_add(m.view.extent_bytes())
+        }) {
+            None => Ok(()),
+            Some(m) => Err(quarantined(self, m)),
+        }
+    }
+
     pub(crate) fn read(&self, offset: u64, len: usize) -> Result<Vec<u8>, Error> {
+        self.check_range(offset, len)?;
         let offset = usize::try_from(offset).map_err(|_| too_big())?;
         let mut out = vec![0u8; len];
         self.map
@@ -178,6 +233,7 @@ impl HostShared {
     }
 
     pub(crate) fn write(&self, offset: u64, bytes: &[u8]) -> Result<(), Error> {
+        self.check_range(offset, bytes.len())?;
         let offset = usize::try_from(offset).map_err(|_| too_big())?;
         self.map
             .write(offset, bytes)
@@ -187,6 +243,17 @@ impl HostShared {
     pub(crate) fn len(&self) -> usize {
         self.map.len()
     }
+}
+
+fn quarantined(h: &HostShared, m: &Mark) -> Error {
+    Error::Quarantined(format!(
+        "bytes {}..{} of buffer {} are quarantined: {}; they are refused until the worker is \
+         fenced (seen dead, or back and proving the task ended)",
+        m.view.byte_offset(),
+        m.view.byte_offset().saturating_add(m.view.extent_bytes()),
+        h.desc.identity(),
+        m.why
+    ))
 }
 
 fn too_big() -> Error {
@@ -502,6 +569,7 @@ impl View {
     /// A device buffer or an FP4 view.
     pub fn read_elements(&self) -> Result<Vec<u8>, Error> {
         let h = self.buffer.host_shared()?;
+        h.check_view(&self.tensor)?;
         let elem = elem_bytes(self.dtype())?;
         let t = &self.tensor;
         let n = usize::try_from(t.element_count()).map_err(|_| too_big())?;
@@ -539,6 +607,7 @@ impl View {
             )));
         }
         let h = self.buffer.host_shared()?;
+        h.check_view(&self.tensor)?;
         let bytes = mapping::as_bytes(values);
         let elem = std::mem::size_of::<T>();
         let mut i = 0usize;

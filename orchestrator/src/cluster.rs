@@ -38,6 +38,42 @@ struct Remote {
     tls: Option<ClientTls>,
 }
 
+/// What happens to work that needs bytes a lost task may still write.
+///
+/// A task running on a worker that is lost *without a fence* — one the
+/// cluster did not spawn (so cannot kill and see dead) and that hangs or
+/// is cut off over a Unix socket — may still be writing its outputs. Those
+/// bytes are quarantined: a later task that writes them is not
+/// dispatched, readers are skipped (the task failed), and the driver's own
+/// reads and writes of them are refused. The fence is proof that the task
+/// can no longer write: the worker process is seen dead, or it comes back
+/// and proves that the old session's tasks have all ended. Then the
+/// quarantine lifts and what waited runs.
+///
+/// The default is [`Quarantine::Wait`] for 30 s: the usual unfenced loss
+/// is a stall (a paused or overloaded process, a debugger) or a restart,
+/// which the endpoint turns into a fence within moments of the worker
+/// answering again, and waiting lets the job finish correctly without the
+/// user resubmitting anything; the deadline keeps a worker that never
+/// comes back from hanging the job. [`Quarantine::FailAtOnce`] is for jobs
+/// that would rather fail fast and resubmit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Quarantine {
+    /// Tasks that write quarantined bytes wait for the fence, at most this
+    /// long; then they fail with ENDPOINT_FAILURE naming the quarantine,
+    /// the lost worker and the lost task (and later writers of those bytes
+    /// are refused until a late fence).
+    Wait(Duration),
+    /// They fail at once, as after the deadline above.
+    FailAtOnce,
+}
+
+impl Default for Quarantine {
+    fn default() -> Self {
+        Quarantine::Wait(Duration::from_secs(30))
+    }
+}
+
 /// Settings of a [`Cluster`]; [`ClusterBuilder::start`] starts it.
 #[derive(Debug, Clone)]
 pub struct ClusterBuilder {
@@ -53,6 +89,7 @@ pub struct ClusterBuilder {
     retries: u32,
     respawns: u32,
     max_unfinished: usize,
+    quarantine: Quarantine,
 }
 
 impl Default for ClusterBuilder {
@@ -70,6 +107,7 @@ impl Default for ClusterBuilder {
             retries: 0,
             respawns: 0,
             max_unfinished: 65_536,
+            quarantine: Quarantine::default(),
         }
     }
 }
@@ -168,6 +206,15 @@ impl ClusterBuilder {
     #[must_use]
     pub fn retry(mut self, retries: u32) -> Self {
         self.retries = retries;
+        self
+    }
+
+    /// What happens to work that needs bytes a task lost without a fence
+    /// may still write (default [`Quarantine::Wait`] 30 s; see
+    /// [`Quarantine`]).
+    #[must_use]
+    pub fn quarantine(mut self, policy: Quarantine) -> Self {
+        self.quarantine = policy;
         self
     }
 
@@ -442,8 +489,14 @@ impl Cluster {
         }
         let gate = std::sync::Arc::new(strata_core::Gate::new(b.max_unfinished));
         tokio::spawn(
-            DagActor::new(ep_refs, b.trace, origin, std::sync::Arc::clone(&gate))
-                .run(cmd_rx, up_rx),
+            DagActor::new(
+                ep_refs,
+                b.trace,
+                origin,
+                std::sync::Arc::clone(&gate),
+                b.quarantine,
+            )
+            .run(cmd_rx, up_rx),
         );
         tokio::spawn(buffers::run(released_rx, ep_txs.clone()));
         drop(guard);

@@ -15,6 +15,11 @@ pub enum Error {
     /// A view is malformed or does not fit its buffer (names the field).
     #[error("view: {0}")]
     View(String),
+
+    /// The bytes are quarantined: a task that writes them was lost without
+    /// a fence and its worker may still write them.
+    #[error("quarantined: {0}")]
+    Quarantined(String),
     /// A task was refused at submit time; nothing was queued.
     #[error("submit: {0}")]
     Submit(String),

@@ -44,7 +44,7 @@ mod task;
 pub mod trace;
 
 pub use buffer::{Buffer, View};
-pub use cluster::{Cluster, ClusterBuilder, Scope, WorkerInfo};
+pub use cluster::{Cluster, ClusterBuilder, Quarantine, Scope, WorkerInfo};
 pub use error::{Error, RunError};
 pub use local::default_worker_binary;
 pub use strata_core::{Outcome, TaskId, WorkerId};

@@ -20,7 +20,7 @@ use std::sync::Arc;
 
 use strata_chip::kernel::{ArgSpec, DTypes, KernelDescriptor, Rank, ScalarKind, ScalarSpec};
 use strata_chip::{Kernel, KernelContext, Registry};
-use strata_wire::{Access, ArgTag};
+use strata_wire::{Access, ArgTag, DType};
 
 struct Panic(KernelDescriptor);
 
@@ -71,6 +71,9 @@ impl Kernel for Touch {
 struct Hash {
     desc: KernelDescriptor,
     access: Vec<Access>,
+    /// Slept after reading and before writing, so that a worker stopped
+    /// mid-task writes late (the quarantine tests).
+    delay: std::time::Duration,
 }
 
 /// FNV-1a step, as `strata_core::sim` hashes (shared with `strata-bench`'s
@@ -141,10 +144,35 @@ impl Kernel for Hash {
                 }
             }
         }
+        if !self.delay.is_zero() {
+            std::thread::sleep(self.delay);
+        }
         for (i, a) in self.access.iter().enumerate() {
             if a.allows_write() {
                 Self::write(ctx, i, h)?;
             }
+        }
+        Ok(())
+    }
+}
+
+/// `test.late_fill(x; ms, value)`: sleeps `ms`, then writes `value` into
+/// every element of the F32 view `x` — a task whose write lands late
+/// when its worker was stopped and woken (the quarantine tests).
+struct LateFill(KernelDescriptor);
+
+impl Kernel for LateFill {
+    fn descriptor(&self) -> &KernelDescriptor {
+        &self.0
+    }
+    fn run(&self, ctx: &mut KernelContext<'_>) -> Result<(), String> {
+        std::thread::sleep(std::time::Duration::from_millis(ctx.scalar(0)?));
+        let value = ctx.scalar(1)? as f32;
+        let mut v = ctx.output_raw::<u32>(0)?;
+        let g = *v.geometry();
+        for k in 0..g.len() {
+            let idx = g.unravel(k);
+            v.set(&idx[..g.ndims()], value.to_bits());
         }
         Ok(())
     }
@@ -185,6 +213,15 @@ fn u64_scalar(name: &str) -> ScalarSpec {
 /// # Errors
 /// A registration conflict (a bug).
 pub fn registry() -> Result<Registry, String> {
+    registry_with_hash_delay(std::time::Duration::ZERO)
+}
+
+/// As [`registry`], with every `test.hash.*` kernel sleeping `delay`
+/// between reading its inputs and writing its outputs.
+///
+/// # Errors
+/// A registration conflict (a bug).
+pub fn registry_with_hash_delay(delay: std::time::Duration) -> Result<Registry, String> {
     let mut kernels = Registry::with_builtins();
     let mut add = |k: Arc<dyn Kernel>| kernels.register(k).map(|_| ()).map_err(|e| e.to_string());
     add(Arc::new(Panic(descriptor("test.panic", vec![], vec![]))))?;
@@ -194,6 +231,16 @@ pub fn registry() -> Result<Registry, String> {
         vec![u64_scalar("ms")],
     ))))?;
     add(Arc::new(Abort(descriptor("test.abort", vec![], vec![]))))?;
+    add(Arc::new(LateFill(descriptor(
+        "test.late_fill",
+        vec![ArgSpec::new(
+            "x",
+            Access::Write,
+            DTypes::OneOf(vec![DType::F32]),
+            Rank::Any,
+        )],
+        vec![u64_scalar("ms"), u64_scalar("value")],
+    ))))?;
     for (name, access) in [
         ("test.slow", Access::Write),
         ("test.slow.x", Access::ReadWrite),
@@ -235,6 +282,7 @@ pub fn registry() -> Result<Registry, String> {
         add(Arc::new(Hash {
             desc: descriptor(&format!("test.hash.{name}"), args, vec![u64_scalar("task")]),
             access,
+            delay,
         }))?;
     }
     Ok(kernels)

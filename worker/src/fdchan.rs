@@ -321,6 +321,18 @@ pub struct FdChannel {
 }
 
 impl FdChannel {
+    /// The process id of the worker at the other end, as the kernel reports
+    /// it (`SO_PEERCRED`); `None` when it is not visible from here (another
+    /// pid namespace).
+    pub fn peer_pid(&self) -> Option<u32> {
+        self.stream
+            .peer_cred()
+            .ok()
+            .and_then(|c| c.pid())
+            .and_then(|p| u32::try_from(p).ok())
+            .filter(|p| *p != 0)
+    }
+
     /// Connects to `path` and introduces `session`.
     ///
     /// # Errors

@@ -3,7 +3,7 @@
 //! alive), and everyone waiting for results.
 
 use std::collections::{BTreeMap, HashMap};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use strata_core::dag::{Arg, NewTask};
 use strata_core::sched::MemberInfo;
@@ -61,6 +61,10 @@ pub(crate) struct DagActor {
     /// held until the quarantine lifts: a task's bytes stay reserved until
     /// it has definitively ended on its worker.
     quarantined: HashMap<TaskId, Vec<std::sync::Arc<[super::ArgRef]>>>,
+    /// What to do with work that waits on quarantined bytes.
+    policy: crate::Quarantine,
+    /// Losses waiting for their fence, with the moment they are given up on.
+    deadlines: Vec<(Instant, WorkerId, u64)>,
 }
 
 impl DagActor {
@@ -69,6 +73,7 @@ impl DagActor {
         tracing: bool,
         origin: Instant,
         gate: std::sync::Arc<strata_core::Gate>,
+        policy: crate::Quarantine,
     ) -> Self {
         DagActor {
             engine: Engine::new(),
@@ -85,6 +90,8 @@ impl DagActor {
             origin,
             gate,
             quarantined: HashMap::new(),
+            policy,
+            deadlines: Vec::new(),
         }
     }
 
@@ -96,8 +103,10 @@ impl DagActor {
     ) {
         let mut ups_open = true;
         loop {
+            let next = self.deadlines.iter().map(|d| d.0).min();
             tokio::select! {
                 biased;
+                () = sleep_until(next), if next.is_some() => self.deadline_passed().await,
                 up = ups.recv(), if ups_open => match up {
                     Some(up) => self.on_notice(up).await,
                     None => ups_open = false,
@@ -151,23 +160,29 @@ impl DagActor {
                 fenced,
             } => {
                 let mut actions = self.engine.worker_lost(worker, &cause, fenced);
+                let epoch = self.engine.losses(worker);
                 if !fenced {
-                    // No fence protocol reaches the driver yet: fail at once
-                    // what waits on the quarantined bytes (and refuse later
-                    // writers of them) rather than wait for a fence that
-                    // nothing would deliver.
-                    let name = self.endpoints.get(worker.0 as usize).map_or_else(
-                        || worker.to_string(),
-                        |ep| format!("{worker} ({})", ep.name),
-                    );
-                    let epoch = self.engine.losses(worker);
-                    actions.extend(self.engine.abandon(
-                        worker,
-                        epoch,
-                        &format!("{name} cannot be fenced by this driver (not spawned by it, or not seen dead)"),
-                    ));
+                    match self.policy {
+                        crate::Quarantine::Wait(limit) => {
+                            self.deadlines.push((Instant::now() + limit, worker, epoch));
+                        }
+                        crate::Quarantine::FailAtOnce => {
+                            let why = format!(
+                                "{} lost without a fence, and the cluster fails what waits \
+                                 on its bytes at once (Quarantine::FailAtOnce)",
+                                self.worker_name(worker)
+                            );
+                            actions.extend(self.engine.abandon(worker, epoch, &why));
+                        }
+                    }
                 }
                 actions
+            }
+            Notice::Fenced { worker, epoch } => {
+                debug!("{worker}: loss {epoch} fenced");
+                self.deadlines
+                    .retain(|&(_, w, e)| (w, e) != (worker, epoch));
+                self.engine.fence(worker, epoch)
             }
             Notice::Finished {
                 task,
@@ -376,19 +391,15 @@ impl DagActor {
                 Action::Release(identity) => {
                     self.scoped.remove(&identity);
                 }
-                Action::Quarantined { task, .. } => {
-                    if let Some(r) = self.records.get(&task) {
-                        let args = r
-                            .spec
-                            .members
-                            .iter()
-                            .map(|m| std::sync::Arc::clone(&m.args))
-                            .collect();
-                        self.quarantined.insert(task, args);
-                    }
-                }
+                Action::Quarantined { task, loss } => self.quarantine(task, loss),
                 Action::Lifted { task } => {
-                    self.quarantined.remove(&task);
+                    for args in self.quarantined.remove(&task).unwrap_or_default() {
+                        for a in args.iter().filter(|a| a.tag.writes()) {
+                            if let crate::buffer::Backing::Host(h) = &a.backing {
+                                h.lift(task);
+                            }
+                        }
+                    }
                 }
             }
         }
@@ -408,6 +419,65 @@ impl DagActor {
             }
         }
         self.settle();
+    }
+
+    fn worker_name(&self, worker: WorkerId) -> String {
+        match self.endpoints.get(worker.0 as usize) {
+            Some(ep) => format!("{worker} ({})", ep.name),
+            None => worker.to_string(),
+        }
+    }
+
+    /// A task was running on a worker lost without a fence: its written
+    /// host views are refused to the driver, and its buffers held, until
+    /// the quarantine lifts.
+    fn quarantine(&mut self, task: TaskId, loss: strata_core::Loss) {
+        let Some(r) = self.records.get(&task) else {
+            return;
+        };
+        let why = format!(
+            "{task} ({}) was lost on {} without a fence and its worker may still write them",
+            r.spec.members.first().map_or("?", |m| m.name.as_str()),
+            self.worker_name(loss.worker)
+        );
+        let args: Vec<_> = r
+            .spec
+            .members
+            .iter()
+            .map(|m| std::sync::Arc::clone(&m.args))
+            .collect();
+        for a in args
+            .iter()
+            .flat_map(|a| a.iter())
+            .filter(|a| a.tag.writes())
+        {
+            if let crate::buffer::Backing::Host(h) = &a.backing {
+                h.quarantine(task, a.tensor, why.clone());
+            }
+        }
+        self.quarantined.insert(task, args);
+    }
+
+    /// The fence of a loss did not come in time: what waits on its
+    /// quarantined bytes fails.
+    async fn deadline_passed(&mut self) {
+        let now = Instant::now();
+        let (due, rest): (Vec<_>, Vec<_>) = self.deadlines.drain(..).partition(|d| d.0 <= now);
+        self.deadlines = rest;
+        let mut actions = Vec::new();
+        for (_, worker, epoch) in due {
+            let limit = match self.policy {
+                crate::Quarantine::Wait(limit) => limit,
+                crate::Quarantine::FailAtOnce => Duration::ZERO,
+            };
+            let why = format!(
+                "{} gave no proof within {} ms that the task ended (Quarantine::Wait)",
+                self.worker_name(worker),
+                limit.as_millis()
+            );
+            actions.extend(self.engine.abandon(worker, epoch, &why));
+        }
+        self.act(actions).await;
     }
 
     fn done(&mut self, task: TaskId, outcome: Outcome) {
@@ -529,5 +599,12 @@ fn task_trace(
         finished_us: micros(origin, finished),
         edges: r.edges.clone(),
         members,
+    }
+}
+
+/// Sleeps until `at` (the branch that awaits it is disabled for `None`).
+async fn sleep_until(at: Option<Instant>) {
+    if let Some(at) = at {
+        tokio::time::sleep_until(tokio::time::Instant::from_std(at)).await;
     }
 }

@@ -22,6 +22,22 @@
 //! start, the endpoint starts afresh (nothing imported, nothing in flight)
 //! and reports it up again. Its incarnation number, bumped at each loss,
 //! tells device buffers allocated before the loss from those after.
+//!
+//! Fences (DESIGN §7). A loss is fenced when it happens if the worker
+//! cannot touch task memory any more: a TCP worker (it only held staged
+//! copies, and late completions are dropped) or a spawned one the endpoint
+//! killed and saw gone. Otherwise the engine quarantines what was in
+//! flight, and the endpoint looks for a fence in two ways, reporting
+//! [`Notice::Fenced`] with the loss's number as soon as either succeeds:
+//! 1. the worker process is seen dead: its pid (from `SO_PEERCRED` on the
+//!    fd channel, or the one the cluster spawned) is gone, a zombie, or a
+//!    different process (another start time) — checked every 20 ms;
+//! 2. the same process comes back (same `instance` in the handshake): the
+//!    redial names the lost session, which the worker ends at once (its
+//!    queued tasks never start), and the endpoint polls `SessionState`
+//!    until the worker reports it ended with nothing running. A different
+//!    instance (a restarted process) proves nothing about the old one; 1
+//!    still may.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -62,11 +78,23 @@ pub(crate) async fn connect(
     tls: Option<&ClientTls>,
     health_ms: u32,
 ) -> Result<Connected, String> {
+    connect_after(endpoint, token, tls, health_ms, None).await
+}
+
+/// As [`connect`], naming `previous`, a session this cluster lost on the
+/// worker: the worker ends it and reports on it in the handshake.
+async fn connect_after(
+    endpoint: &Endpoint,
+    token: Option<&str>,
+    tls: Option<&ClientTls>,
+    health_ms: u32,
+    previous: Option<strata_worker::SessionId>,
+) -> Result<Connected, String> {
     let mut client = WorkerClient::connect_with(endpoint, token, tls)
         .await
         .map_err(|e| e.to_string())?;
     client
-        .handshake()
+        .handshake_after(previous)
         .await
         .map_err(|e| format!("handshake: {e}"))?;
     let fd = match endpoint {
@@ -165,6 +193,8 @@ pub(crate) struct Rejoin {
 }
 
 enum Event {
+    /// Loss `epoch` is fenced: proof came that its tasks ended.
+    Fenced(u64),
     Completions(Vec<TaskCompletion>),
     StreamEnded(Option<String>),
     HealthLost(String),
@@ -180,6 +210,54 @@ struct InFlight {
     /// view, buffer, whether the task writes it.
     staged: Vec<(u32, Tensor, Arc<HostShared>, bool)>,
     sent: u64,
+}
+
+/// A loss not fenced when it happened, until its fence comes.
+#[derive(Debug, Clone, Copy)]
+struct Unfenced {
+    /// The endpoint's loss count at that loss.
+    epoch: u64,
+    /// The session that was lost.
+    session: strata_worker::SessionId,
+    /// The worker process that served it.
+    instance: strata_worker::InstanceId,
+}
+
+/// A worker process as seen from here: pid and start time (clock ticks
+/// after boot, from `/proc/PID/stat`), so a reused pid is not mistaken
+/// for it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Process {
+    pid: u32,
+    start: u64,
+}
+
+impl Process {
+    fn of(pid: u32) -> Option<Process> {
+        let (state, start) = proc_stat(pid)?;
+        (state != 'Z' && state != 'X').then_some(Process { pid, start })
+    }
+
+    /// Whether it has ended: gone, a zombie, or its pid now names another
+    /// process.
+    fn ended(self) -> bool {
+        match proc_stat(self.pid) {
+            None => true,
+            Some((state, start)) => state == 'Z' || state == 'X' || start != self.start,
+        }
+    }
+}
+
+/// State and start time of process `pid`, or `None` when there is none.
+fn proc_stat(pid: u32) -> Option<(char, u64)> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The fields after the parenthesised command name: state is the first,
+    // start time the 20th (field 22 of the whole line).
+    let rest = stat.get(stat.rfind(')')? + 2..)?;
+    let mut fields = rest.split_whitespace();
+    let state = fields.next()?.chars().next()?;
+    let start = fields.nth(18)?.parse().ok()?;
+    Some((state, start))
 }
 
 /// A worker the cluster started: its pid and log file.
@@ -221,6 +299,14 @@ pub(crate) struct EndpointActor {
     /// Turns true when the worker is lost: control calls in flight give up.
     lost_tx: watch::Sender<bool>,
     lost_rx: watch::Receiver<bool>,
+    /// Times it was lost.
+    losses: u64,
+    /// Losses waiting for their fence.
+    unfenced: Vec<Unfenced>,
+    /// The worker process behind the current connection, when visible.
+    process: Option<Process>,
+    /// Tasks looking for fences (process watches, session polls).
+    fencers: Vec<JoinHandle<()>>,
 }
 
 impl EndpointActor {
@@ -269,6 +355,10 @@ impl EndpointActor {
             tasks: Vec::new(),
             spawned,
             dead: false,
+            losses: 0,
+            unfenced: Vec::new(),
+            process: None,
+            fencers: Vec::new(),
         };
         actor.attach(c);
         actor
@@ -321,6 +411,11 @@ impl EndpointActor {
             })
         };
         self.remote = c.fd.is_none();
+        self.process =
+            c.fd.as_ref()
+                .and_then(FdChannel::peer_pid)
+                .or_else(|| self.spawned.as_ref().map(|s| s.pid))
+                .and_then(Process::of);
         self.max_message = c
             .client
             .handshake_info()
@@ -342,6 +437,7 @@ impl EndpointActor {
             tokio::select! {
                 biased;
                 ev = self.events.recv(), if events_open => match ev {
+                    Some(Event::Fenced(epoch)) => self.fenced(epoch),
                     Some(Event::Completions(batch)) => self.complete(batch),
                     Some(Event::StreamEnded(None)) => {
                         self.lost("the worker closed the task stream".into());
@@ -360,6 +456,9 @@ impl EndpointActor {
                         if let Some(d) = self.dialer.take() {
                             d.abort();
                         }
+                        for f in self.fencers.drain(..) {
+                            f.abort();
+                        }
                         let _ = reply.send(());
                         return;
                     }
@@ -371,6 +470,64 @@ impl EndpointActor {
         if let Some(d) = self.dialer.take() {
             d.abort();
         }
+        for f in self.fencers.drain(..) {
+            f.abort();
+        }
+    }
+
+    /// Proof came that loss `epoch`'s tasks ended: tell the engine, once.
+    fn fenced(&mut self, epoch: u64) {
+        let Some(at) = self.unfenced.iter().position(|u| u.epoch == epoch) else {
+            return;
+        };
+        self.unfenced.remove(at);
+        info!("{} ({}): loss {epoch} fenced", self.id, self.name);
+        let _ = self.up.send(Notice::Fenced {
+            worker: self.id,
+            epoch,
+        });
+    }
+
+    /// Watches `process` until it ends, then reports loss `epoch` fenced.
+    fn watch_process(&mut self, process: Process, epoch: u64) {
+        let tx = self.events_tx.clone();
+        self.fencers.push(tokio::spawn(async move {
+            while !process.ended() {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            let _ = tx.send(Event::Fenced(epoch));
+        }));
+    }
+
+    /// Polls the worker (the same process, back) until it reports the
+    /// session of `u` ended with nothing running, then reports `u`'s loss
+    /// fenced. Gives up when the worker is lost again or no longer knows
+    /// the session (which proves nothing).
+    fn poll_session(&mut self, u: Unfenced) {
+        let tx = self.events_tx.clone();
+        let mut client = self.client.clone();
+        let mut lost = self.lost_rx.clone();
+        self.fencers.push(tokio::spawn(async move {
+            loop {
+                let state = tokio::select! {
+                    s = client.session_state(u.session) => s,
+                    _ = lost.wait_for(|l| *l) => return,
+                };
+                match state {
+                    Ok(s) if s.is_fenced() => {
+                        let _ = tx.send(Event::Fenced(u.epoch));
+                        return;
+                    }
+                    Ok(s) if !s.known => return,
+                    Ok(_) => {}
+                    Err(e) => {
+                        debug!("session state of {}: {e}", u.session);
+                        return;
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }));
     }
 
     /// Closes the task stream and the fd channel: the worker ends the
@@ -418,6 +575,19 @@ impl EndpointActor {
             }
         }
         warn!("{} ({}) lost: {cause}", self.id, self.name);
+        self.losses += 1;
+        if !fenced {
+            if let Some(h) = self.client.handshake_info() {
+                self.unfenced.push(Unfenced {
+                    epoch: self.losses,
+                    session: h.session,
+                    instance: h.instance,
+                });
+            }
+            if let Some(p) = self.process {
+                self.watch_process(p, self.losses);
+            }
+        }
         let _ = self.up.send(Notice::WorkerDown {
             worker: self.id,
             cause,
@@ -450,12 +620,21 @@ impl EndpointActor {
             }));
             return;
         }
+        // The redial names the session just lost: a worker that is the
+        // same process ends it at once (none of its queued tasks starts).
+        let previous = self.unfenced.last().map(|u| u.session);
         self.dialer = Some(tokio::spawn(async move {
             let mut pause = Duration::from_millis(50);
             loop {
                 tokio::time::sleep(pause).await;
                 pause = (pause * 2).min(Duration::from_secs(1));
-                let dial = connect(&r.endpoint, r.token.as_deref(), r.tls.as_ref(), r.health_ms);
+                let dial = connect_after(
+                    &r.endpoint,
+                    r.token.as_deref(),
+                    r.tls.as_ref(),
+                    r.health_ms,
+                    previous,
+                );
                 match tokio::time::timeout(DIAL_LIMIT, dial).await {
                     Ok(Ok(c)) => {
                         let _ = tx.send(Event::Redialed(Box::new(c), None));
@@ -505,6 +684,18 @@ impl EndpointActor {
         self.dead = false;
         let _ = self.lost_tx.send(false);
         self.life.back();
+        // The same process is back: ask it about every session lost
+        // without a fence (the redial already ended the last one).
+        let instance = self.client.handshake_info().map(|h| h.instance);
+        let same: Vec<Unfenced> = self
+            .unfenced
+            .iter()
+            .copied()
+            .filter(|u| Some(u.instance) == instance)
+            .collect();
+        for u in same {
+            self.poll_session(u);
+        }
         let away = self.lost_at.take().map(|t| t.elapsed()).unwrap_or_default();
         info!(
             "{} ({}) rejoined after {:.1} ms away",

@@ -139,6 +139,10 @@ pub(crate) enum Notice {
         /// tasks' bytes were staged copies).
         fenced: bool,
     },
+    /// The `epoch`-th loss of `worker` (its count of losses at that loss),
+    /// which was not fenced then, is fenced now: the tasks it had in
+    /// flight can no longer write.
+    Fenced { worker: WorkerId, epoch: u64 },
     Finished {
         task: TaskId,
         member: usize,

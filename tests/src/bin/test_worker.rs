@@ -14,6 +14,10 @@ static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
 struct Args {
     #[command(flatten)]
     worker: strata_worker::cli::WorkerArgs,
+    /// Milliseconds every `test.hash.*` kernel sleeps between reading and
+    /// writing (so a stopped worker writes late).
+    #[arg(long, default_value_t = 0)]
+    hash_delay_ms: u64,
 }
 
 fn main() -> ExitCode {
@@ -22,7 +26,9 @@ fn main() -> ExitCode {
         argv.remove(1);
     }
     let args = Args::parse_from(argv);
-    match strata_tests::kernels::registry() {
+    match strata_tests::kernels::registry_with_hash_delay(std::time::Duration::from_millis(
+        args.hash_delay_ms,
+    )) {
         Ok(kernels) => strata_worker::cli::run(args.worker, kernels),
         Err(e) => {
             eprintln!("{e}");

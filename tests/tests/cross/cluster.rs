@@ -125,7 +125,7 @@ fn pipeline_keeps_intermediates_in_device_buffers() {
 }
 
 /// Rebuilds a program's views over real buffers of the cluster.
-fn remap(program: &Program, cluster: &Cluster) -> (Vec<Buffer>, Vec<(u64, Vec<Task>)>) {
+pub(crate) fn remap(program: &Program, cluster: &Cluster) -> (Vec<Buffer>, Vec<(u64, Vec<Task>)>) {
     let buffers: Vec<Buffer> = program
         .buffers
         .iter()
@@ -175,7 +175,7 @@ fn remap(program: &Program, cluster: &Cluster) -> (Vec<Buffer>, Vec<(u64, Vec<Ta
 
 /// Drops FP4 views (the test kernel reads whole elements) and the explicit
 /// edges to dropped tasks.
-fn without_fp4(mut p: Program) -> Program {
+pub(crate) fn without_fp4(mut p: Program) -> Program {
     p.tasks.retain(|t| {
         t.members
             .iter()

@@ -11,13 +11,13 @@ use strata_tests::{TcpProxy, WorkerProcess};
 use strata_wire::DType;
 use strata_wire::check::Rng;
 
-fn test_worker_bin() -> &'static Path {
+pub(crate) fn test_worker_bin() -> &'static Path {
     Path::new(env!("CARGO_BIN_EXE_strata-test-worker"))
 }
 
-const TOKEN: &str = "faults-token";
+pub(crate) const TOKEN: &str = "faults-token";
 
-fn token_file(dir: &Path) -> String {
+pub(crate) fn token_file(dir: &Path) -> String {
     let p = dir.join("token");
     std::fs::write(&p, format!("{TOKEN}\n")).unwrap();
     p.to_str().unwrap().to_owned()
@@ -128,7 +128,7 @@ fn connected(workers: &[(&str, Option<&str>)], retry: u32) -> Cluster {
 }
 
 /// Polls `f` every 5 ms for up to `limit`; how long it took.
-fn within(limit: Duration, mut f: impl FnMut() -> bool) -> Option<Duration> {
+pub(crate) fn within(limit: Duration, mut f: impl FnMut() -> bool) -> Option<Duration> {
     let t0 = Instant::now();
     while t0.elapsed() < limit {
         if f() {
@@ -139,7 +139,7 @@ fn within(limit: Duration, mut f: impl FnMut() -> bool) -> Option<Duration> {
     None
 }
 
-fn ms(d: Duration) -> f64 {
+pub(crate) fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1e3
 }
 

@@ -6,5 +6,6 @@ mod cluster;
 mod faults;
 mod fence;
 mod graphs;
+mod quarantine;
 mod seals;
 mod worker;

@@ -51,6 +51,13 @@ pub struct RunArgs {
     /// times each; it rejoins on the same socket.
     #[arg(long, default_value_t = 0)]
     pub respawn: u32,
+    /// What happens to tasks that need bytes written by a task lost with a
+    /// worker that cannot be fenced at once (a running worker reached by
+    /// Unix socket that hangs): wait up to this many milliseconds for the
+    /// fence (the worker seen dead, or back proving the task ended), then
+    /// fail; 0 fails them at once.
+    #[arg(long, value_name = "MS", default_value_t = 30_000)]
+    pub quarantine_wait_ms: u64,
     /// No progress bar, no summary: only errors.
     #[arg(long, short)]
     pub quiet: bool,
@@ -122,7 +129,11 @@ pub fn run(args: &RunArgs) -> ExitCode {
     let builder = builder
         .trace(args.trace.is_some())
         .retry(args.retry)
-        .respawn(args.respawn);
+        .respawn(args.respawn)
+        .quarantine(match args.quarantine_wait_ms {
+            0 => crate::Quarantine::FailAtOnce,
+            ms => crate::Quarantine::Wait(std::time::Duration::from_millis(ms)),
+        });
     let cluster = match builder.start() {
         Ok(c) => c,
         Err(e) => {

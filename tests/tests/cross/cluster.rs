@@ -1115,3 +1115,58 @@ fn run_buffers_end_at_wait_all_and_the_next_run_reuses_the_region() {
     assert_eq!((end.in_use, end.frees), (0, during.frees + 2));
     assert!(cluster.read_device(&again, 0, 4).is_err());
 }
+
+/// A group publishes one completion token (DESIGN §4): both members write
+/// the same bytes — accepted, since members are not compared — and a task
+/// that names only the token runs after the whole group, here after the
+/// slow member on a worker whose hash kernels take 300 ms.
+#[test]
+fn a_group_publishes_one_completion_token() {
+    let slow = WorkerProcess::spawn_unix(test_worker_bin(), &[], &["--hash-delay-ms", "300"]);
+    let fast = WorkerProcess::spawn_unix(test_worker_bin(), &[], &[]);
+    let cluster = Cluster::builder()
+        .connect(&fast.endpoint.to_string(), None)
+        .unwrap()
+        .connect(&slow.endpoint.to_string(), None)
+        .unwrap()
+        .start()
+        .unwrap();
+    let view = |n: u32| {
+        cluster
+            .buffer(u64::from(n) * 4)
+            .unwrap()
+            .tensor(&[n], DType::U32)
+            .unwrap()
+    };
+    let (a, b, token, c) = (view(256), view(256), view(4), view(4));
+    let t0 = Instant::now();
+    let member = |own: &strata_orchestrator::View, w: u32| {
+        Task::new("test.hash.ww")
+            .output(own)
+            .output(&token)
+            .scalar_u64(9)
+            .on(WorkerId(w))
+    };
+    let group = cluster
+        .submit_group(vec![member(&a, 0), member(&b, 1)])
+        .expect("members writing one token are accepted");
+    let after = cluster
+        .submit(
+            Task::new("test.hash.rw")
+                .input(&token)
+                .output(&c)
+                .scalar_u64(10)
+                .on(WorkerId(0)),
+        )
+        .unwrap();
+    cluster.wait(after).unwrap();
+    let waited = t0.elapsed();
+    cluster.wait(group).unwrap();
+    assert!(
+        waited >= Duration::from_millis(300),
+        "the token's reader finished {waited:?} after submission, before the slow member"
+    );
+    // Both members wrote the same token (same seed, no inputs).
+    assert_ne!(token.read::<u32>().unwrap(), vec![0; 4]);
+    assert_ne!(c.read::<u32>().unwrap(), vec![0; 4]);
+}

@@ -40,6 +40,18 @@ tests=(
   worker::a_session_without_a_task_stream_is_ended_after_the_grace_period
   worker::sigterm_finishes_in_flight_work_and_exits_zero
   worker::a_panicking_kernel_fails_only_its_task
+  quarantine::a_hung_unix_worker_s_late_write_never_lands_on_a_reported_result
+  quarantine::failing_at_once_names_the_quarantine_and_the_fence_lifts_it
+  quarantine::a_hung_tcp_worker_is_fenced_at_once_and_its_late_result_is_dropped
+  quarantine::a_link_cut_mid_task_leaves_the_overwrite_in_place
+  quarantine::a_killed_unix_worker_is_fenced_when_its_process_is_seen_dead
+  quarantine::a_retry_of_a_quarantined_task_waits_for_the_fence
+  quarantine::differential_with_a_stopped_worker_never_reports_success_with_different_bytes
+  fence::a_lost_session_is_ended_on_reconnect_and_its_queued_tasks_never_start
+  fence::the_instance_tells_a_restarted_worker_from_the_same_one
+  seals::an_unsealed_memfd_is_refused_and_shrinking_it_leaves_the_worker_serving
+  seals::a_posix_shm_object_is_refused_and_shrinking_it_leaves_the_worker_serving
+  seals::a_sealed_import_in_use_cannot_be_shrunk
 )
 if [ $# -gt 0 ]; then
   picked=()

@@ -383,6 +383,27 @@ pub struct RunStats {
     pub max_in_flight: usize,
 }
 
+/// A program's task as the engine takes it, placed by the scheduler.
+fn submission(t: &ProgTask) -> Submission {
+    Submission {
+        task: NewTask {
+            id: t.id,
+            members: t.members.clone(),
+            scalars: vec![0; t.members.len()],
+            after: t.after.clone(),
+        },
+        members: t
+            .members
+            .iter()
+            .map(|_| MemberInfo {
+                callable: CALLABLE,
+                placement: Placement::Any,
+                device_buffers: vec![],
+            })
+            .collect(),
+    }
+}
+
 /// Runs `p` through an [`Engine`] with `workers` simulated workers (window
 /// 1–4 each), submitting and completing in an order drawn from `rng`.
 ///
@@ -443,27 +464,7 @@ pub fn run_engine(p: &Program, workers: u32, rng: &mut Rng) -> (Memory, RunStats
         if submit {
             let t = &p.tasks[next];
             next += 1;
-            let infos = t
-                .members
-                .iter()
-                .map(|_| MemberInfo {
-                    callable: CALLABLE,
-                    placement: Placement::Any,
-                    device_buffers: vec![],
-                })
-                .collect();
-            let task = NewTask {
-                id: t.id,
-                members: t.members.clone(),
-                scalars: vec![0; t.members.len()],
-                after: t.after.clone(),
-            };
-            let actions = engine
-                .submit(Submission {
-                    task,
-                    members: infos,
-                })
-                .expect("submit");
+            let actions = engine.submit(submission(t)).expect("submit");
             handle(actions, &mem, &mut in_flight, &mut done);
         } else {
             assert!(
@@ -690,27 +691,8 @@ pub fn run_engine_with_faults(p: &Program, workers: u32, rng: &mut Rng) -> Fault
         } else if next < p.tasks.len() && (in_flight.is_empty() || rng.range(0, 2) > 0) {
             let t = &p.tasks[next];
             next += 1;
-            let infos = t
-                .members
-                .iter()
-                .map(|_| MemberInfo {
-                    callable: CALLABLE,
-                    placement: Placement::Any,
-                    device_buffers: vec![],
-                })
-                .collect();
             let id = t.id;
-            let a = engine
-                .submit(Submission {
-                    task: NewTask {
-                        id,
-                        members: t.members.clone(),
-                        scalars: vec![0; t.members.len()],
-                        after: t.after.clone(),
-                    },
-                    members: infos,
-                })
-                .expect("submit");
+            let a = engine.submit(submission(t)).expect("submit");
             if rng.range(0, 4) == 0
                 && t.members.len() == 1
                 && t.members[0]

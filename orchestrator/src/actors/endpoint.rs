@@ -55,6 +55,7 @@ use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::JoinHandle;
 use tracing::{debug, info, warn};
 
+use super::fence::{Process, Unfenced};
 use super::{DispatchItem, EpCmd, Notice, Report};
 use crate::buffer::{Backing, HostShared};
 
@@ -210,54 +211,6 @@ struct InFlight {
     /// view, buffer, whether the task writes it.
     staged: Vec<(u32, Tensor, Arc<HostShared>, bool)>,
     sent: u64,
-}
-
-/// A loss not fenced when it happened, until its fence comes.
-#[derive(Debug, Clone, Copy)]
-struct Unfenced {
-    /// The endpoint's loss count at that loss.
-    epoch: u64,
-    /// The session that was lost.
-    session: strata_worker::SessionId,
-    /// The worker process that served it.
-    instance: strata_worker::InstanceId,
-}
-
-/// A worker process as seen from here: pid and start time (clock ticks
-/// after boot, from `/proc/PID/stat`), so a reused pid is not mistaken
-/// for it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Process {
-    pid: u32,
-    start: u64,
-}
-
-impl Process {
-    fn of(pid: u32) -> Option<Process> {
-        let (state, start) = proc_stat(pid)?;
-        (state != 'Z' && state != 'X').then_some(Process { pid, start })
-    }
-
-    /// Whether it has ended: gone, a zombie, or its pid now names another
-    /// process.
-    fn ended(self) -> bool {
-        match proc_stat(self.pid) {
-            None => true,
-            Some((state, start)) => state == 'Z' || state == 'X' || start != self.start,
-        }
-    }
-}
-
-/// State and start time of process `pid`, or `None` when there is none.
-fn proc_stat(pid: u32) -> Option<(char, u64)> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // The fields after the parenthesised command name: state is the first,
-    // start time the 20th (field 22 of the whole line).
-    let rest = stat.get(stat.rfind(')')? + 2..)?;
-    let mut fields = rest.split_whitespace();
-    let state = fields.next()?.chars().next()?;
-    let start = fields.nth(18)?.parse().ok()?;
-    Some((state, start))
 }
 
 /// A worker the cluster started: its pid and log file.
@@ -1105,15 +1058,7 @@ fn wire_size(req: &TaskRequest) -> usize {
 fn wait_gone(pid: u32, limit: Duration) -> bool {
     let deadline = std::time::Instant::now() + limit;
     loop {
-        let dead = match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-            // The state follows the parenthesised command name.
-            Ok(stat) => stat
-                .rfind(')')
-                .and_then(|i| stat.get(i + 2..))
-                .is_some_and(|rest| rest.starts_with('Z') || rest.starts_with('X')),
-            Err(_) => true,
-        };
-        if dead {
+        if super::fence::is_dead(pid) {
             return true;
         }
         if std::time::Instant::now() >= deadline {

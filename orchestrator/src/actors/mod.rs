@@ -21,6 +21,7 @@
 pub(crate) mod buffers;
 pub(crate) mod dag;
 pub(crate) mod endpoint;
+pub(crate) mod fence;
 
 use strata_chip::KernelHandle;
 use strata_core::{CallableId, Placement, ScopeId, TaskId, WorkerId};

@@ -173,6 +173,39 @@ pub(crate) fn remap(program: &Program, cluster: &Cluster) -> (Vec<Buffer>, Vec<(
     (buffers, tasks)
 }
 
+/// Submits a program's remapped tasks in order (a group as one group,
+/// `after` edges through the handles of earlier tasks), calling `before(i)`
+/// before the i-th; the handles by program task id.
+pub(crate) fn submit_program(
+    cluster: &Cluster,
+    program: &Program,
+    tasks: Vec<(u64, Vec<Task>)>,
+    mut before: impl FnMut(usize),
+) -> std::collections::HashMap<u64, strata_orchestrator::TaskHandle> {
+    let mut ids = std::collections::HashMap::new();
+    for (i, (pid, members)) in tasks.into_iter().enumerate() {
+        before(i);
+        let ptask = &program.tasks[i];
+        let members: Vec<Task> = members
+            .into_iter()
+            .map(|mut m| {
+                for a in &ptask.after {
+                    m = m.after(ids[&a.0]);
+                }
+                m
+            })
+            .collect();
+        let h = if members.len() == 1 {
+            cluster.submit(members.into_iter().next().unwrap())
+        } else {
+            cluster.submit_group(members)
+        }
+        .unwrap_or_else(|e| panic!("task {pid}: {e}"));
+        ids.insert(pid, h);
+    }
+    ids
+}
+
 /// Drops FP4 views (the test kernel reads whole elements) and the explicit
 /// edges to dropped tasks.
 pub(crate) fn without_fp4(mut p: Program) -> Program {
@@ -224,26 +257,7 @@ fn differential_through_real_workers_matches_sequential_execution() {
         let program = without_fp4(sim::random_program(&mut rng, 60));
         let want = sim::run_sequential(&program);
         let (buffers, tasks) = remap(&program, &cluster);
-        let mut ids = std::collections::HashMap::new();
-        for (i, (pid, members)) in tasks.into_iter().enumerate() {
-            let ptask = &program.tasks[i];
-            let members: Vec<Task> = members
-                .into_iter()
-                .map(|mut m| {
-                    for a in &ptask.after {
-                        m = m.after(ids[&a.0]);
-                    }
-                    m
-                })
-                .collect();
-            let h = if members.len() == 1 {
-                cluster.submit(members.into_iter().next().unwrap())
-            } else {
-                cluster.submit_group(members)
-            }
-            .unwrap_or_else(|e| panic!("seed {seed}: task {pid}: {e}"));
-            ids.insert(pid, h);
-        }
+        submit_program(&cluster, &program, tasks, |_| {});
         let summary = cluster
             .wait_all()
             .unwrap_or_else(|e| panic!("seed {seed}: {e}"));

@@ -39,16 +39,8 @@ fn all(v: &[f32], want: f32) -> bool {
     v.iter().all(|x| *x == want)
 }
 
-/// The steps 1–2: `test.late_fill(x)` running on worker 0, which
-/// is then stopped, and `fill(x, 7)` submitted on worker 1.
-struct Scenario {
-    x: View,
-    late: TaskHandle,
-    over: TaskHandle,
-    stopped: Instant,
-}
-
-fn stop_mid_task(cluster: &Cluster, w0_pid: u32) -> Scenario {
+/// `x` (1024 F32 values) and `test.late_fill(x)` running on worker 0.
+fn start_late_task(cluster: &Cluster) -> (View, TaskHandle) {
     let x = cluster
         .buffer(4096)
         .unwrap()
@@ -69,19 +61,38 @@ fn stop_mid_task(cluster: &Cluster, w0_pid: u32) -> Scenario {
             .is_ok_and(|s| s.tasks_in_flight > 0)
     })
     .expect("the late task started");
+    (x, late)
+}
+
+/// `fill(x, 7)` on worker 1: a write-after-write successor of the late task.
+fn overwrite(cluster: &Cluster, x: &View) -> TaskHandle {
+    cluster
+        .submit(
+            Task::new("fill")
+                .output(x)
+                .scalar_f64(f64::from(OVER))
+                .on(W1),
+        )
+        .unwrap()
+}
+
+/// The steps 1–2: `test.late_fill(x)` running on worker 0, which
+/// is then stopped, and `fill(x, 7)` submitted on worker 1.
+struct Scenario {
+    x: View,
+    late: TaskHandle,
+    over: TaskHandle,
+    stopped: Instant,
+}
+
+fn stop_mid_task(cluster: &Cluster, w0_pid: u32) -> Scenario {
+    let (x, late) = start_late_task(cluster);
     // A running task cannot be cancelled: its successors wait for it.
     let e = cluster.cancel(late).unwrap_err().to_string();
     assert!(e.contains("running"), "{e}");
     let stopped = Instant::now();
     signal(w0_pid, Signal::SIGSTOP);
-    let over = cluster
-        .submit(
-            Task::new("fill")
-                .output(&x)
-                .scalar_f64(f64::from(OVER))
-                .on(W1),
-        )
-        .unwrap();
+    let over = overwrite(cluster, &x);
     Scenario {
         x,
         late,
@@ -269,36 +280,10 @@ fn a_link_cut_mid_task_leaves_the_overwrite_in_place() {
         Quarantine::Wait(Duration::from_secs(30)),
         0,
     );
-    let x = cluster
-        .buffer(4096)
-        .unwrap()
-        .tensor(&[1024], DType::F32)
-        .unwrap();
-    let late = cluster
-        .submit(
-            Task::new("test.late_fill")
-                .output(&x)
-                .scalar_u64(LATE_MS)
-                .scalar_u64(LATE as u64)
-                .on(W0),
-        )
-        .unwrap();
-    within(Duration::from_secs(10), || {
-        cluster
-            .worker_stats(W0)
-            .is_ok_and(|s| s.tasks_in_flight > 0)
-    })
-    .expect("the late task started");
+    let (x, late) = start_late_task(&cluster);
     let cut = Instant::now();
     proxy.cut();
-    let over = cluster
-        .submit(
-            Task::new("fill")
-                .output(&x)
-                .scalar_f64(f64::from(OVER))
-                .on(W1),
-        )
-        .unwrap();
+    let over = overwrite(&cluster, &x);
     assert!(cluster.wait(late).is_err());
     cluster.wait(over).unwrap();
     let done = cut.elapsed();
@@ -327,34 +312,8 @@ fn a_killed_unix_worker_is_fenced_when_its_process_is_seen_dead() {
         Quarantine::Wait(Duration::from_secs(30)),
         0,
     );
-    let x = cluster
-        .buffer(4096)
-        .unwrap()
-        .tensor(&[1024], DType::F32)
-        .unwrap();
-    let late = cluster
-        .submit(
-            Task::new("test.late_fill")
-                .output(&x)
-                .scalar_u64(LATE_MS)
-                .scalar_u64(LATE as u64)
-                .on(W0),
-        )
-        .unwrap();
-    within(Duration::from_secs(10), || {
-        cluster
-            .worker_stats(W0)
-            .is_ok_and(|s| s.tasks_in_flight > 0)
-    })
-    .expect("the late task started");
-    let over = cluster
-        .submit(
-            Task::new("fill")
-                .output(&x)
-                .scalar_f64(f64::from(OVER))
-                .on(W1),
-        )
-        .unwrap();
+    let (x, late) = start_late_task(&cluster);
+    let over = overwrite(&cluster, &x);
     let killed = Instant::now();
     signal(w0.pid(), Signal::SIGKILL);
     assert!(cluster.wait(late).is_err());
@@ -468,9 +427,8 @@ fn differential_with_a_stopped_worker_never_reports_success_with_different_bytes
         let mut rng = Rng(0x0a11_0000 + seed);
         let program = super::cluster::without_fp4(sim::random_program(&mut rng, 60));
         let (buffers, members) = super::cluster::remap(&program, &cluster);
-        let mut ids = std::collections::HashMap::new();
         let stop_at = members.len() / 3;
-        for (i, (pid, members)) in members.into_iter().enumerate() {
+        let ids = super::cluster::submit_program(&cluster, &program, members, |i| {
             if i == stop_at {
                 // Let worker 1 take some of the work, then stop it.
                 within(Duration::from_secs(5), || {
@@ -478,24 +436,7 @@ fn differential_with_a_stopped_worker_never_reports_success_with_different_bytes
                 });
                 signal(stopped.pid(), Signal::SIGSTOP);
             }
-            let ptask = &program.tasks[i];
-            let members: Vec<Task> = members
-                .into_iter()
-                .map(|mut m| {
-                    for a in &ptask.after {
-                        m = m.after(ids[&a.0]);
-                    }
-                    m
-                })
-                .collect();
-            let h = if members.len() == 1 {
-                cluster.submit(members.into_iter().next().unwrap())
-            } else {
-                cluster.submit_group(members)
-            }
-            .unwrap_or_else(|e| panic!("seed {seed}: task {pid}: {e}"));
-            ids.insert(pid, h);
-        }
+        });
         // Even seeds wake it within the deadline, odd ones after it.
         let pause = if seed % 2 == 0 {
             Duration::from_millis(300)

@@ -258,8 +258,9 @@ pub(crate) struct EndpointActor {
     unfenced: Vec<Unfenced>,
     /// The worker process behind the current connection, when visible.
     process: Option<Process>,
-    /// Tasks looking for fences (process watches, session polls).
-    fencers: Vec<JoinHandle<()>>,
+    /// Tasks looking for fences (process watches, session polls), with
+    /// the loss each looks for.
+    fencers: Vec<(u64, JoinHandle<()>)>,
 }
 
 impl EndpointActor {
@@ -409,7 +410,7 @@ impl EndpointActor {
                         if let Some(d) = self.dialer.take() {
                             d.abort();
                         }
-                        for f in self.fencers.drain(..) {
+                        for (_, f) in self.fencers.drain(..) {
                             f.abort();
                         }
                         let _ = reply.send(());
@@ -423,7 +424,7 @@ impl EndpointActor {
         if let Some(d) = self.dialer.take() {
             d.abort();
         }
-        for f in self.fencers.drain(..) {
+        for (_, f) in self.fencers.drain(..) {
             f.abort();
         }
     }
@@ -434,6 +435,13 @@ impl EndpointActor {
             return;
         };
         self.unfenced.remove(at);
+        // The other ways of looking for this fence have nothing left to do.
+        self.fencers.retain(|(e, f)| {
+            if *e == epoch {
+                f.abort();
+            }
+            *e != epoch
+        });
         info!("{} ({}): loss {epoch} fenced", self.id, self.name);
         let _ = self.up.send(Notice::Fenced {
             worker: self.id,
@@ -444,12 +452,15 @@ impl EndpointActor {
     /// Watches `process` until it ends, then reports loss `epoch` fenced.
     fn watch_process(&mut self, process: Process, epoch: u64) {
         let tx = self.events_tx.clone();
-        self.fencers.push(tokio::spawn(async move {
-            while !process.ended() {
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
-            let _ = tx.send(Event::Fenced(epoch));
-        }));
+        self.fencers.push((
+            epoch,
+            tokio::spawn(async move {
+                while !process.ended() {
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+                let _ = tx.send(Event::Fenced(epoch));
+            }),
+        ));
     }
 
     /// Polls the worker (the same process, back) until it reports the
@@ -460,27 +471,30 @@ impl EndpointActor {
         let tx = self.events_tx.clone();
         let mut client = self.client.clone();
         let mut lost = self.lost_rx.clone();
-        self.fencers.push(tokio::spawn(async move {
-            loop {
-                let state = tokio::select! {
-                    s = client.session_state(u.session) => s,
-                    _ = lost.wait_for(|l| *l) => return,
-                };
-                match state {
-                    Ok(s) if s.is_fenced() => {
-                        let _ = tx.send(Event::Fenced(u.epoch));
-                        return;
+        self.fencers.push((
+            u.epoch,
+            tokio::spawn(async move {
+                loop {
+                    let state = tokio::select! {
+                        s = client.session_state(u.session) => s,
+                        _ = lost.wait_for(|l| *l) => return,
+                    };
+                    match state {
+                        Ok(s) if s.is_fenced() => {
+                            let _ = tx.send(Event::Fenced(u.epoch));
+                            return;
+                        }
+                        Ok(s) if !s.known => return,
+                        Ok(_) => {}
+                        Err(e) => {
+                            debug!("session state of {}: {e}", u.session);
+                            return;
+                        }
                     }
-                    Ok(s) if !s.known => return,
-                    Ok(_) => {}
-                    Err(e) => {
-                        debug!("session state of {}: {e}", u.session);
-                        return;
-                    }
+                    tokio::time::sleep(Duration::from_millis(20)).await;
                 }
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
-        }));
+            }),
+        ));
     }
 
     /// Closes the task stream and the fd channel: the worker ends the

@@ -31,6 +31,21 @@ fn cluster_of(workers: &[(&str, Option<&str>)], policy: Quarantine, retry: u32) 
     b.start().unwrap()
 }
 
+/// Two Unix workers the cluster connects to (workers 0 and 1).
+fn two_unix_workers(policy: Quarantine, retry: u32) -> (WorkerProcess, WorkerProcess, Cluster) {
+    let w0 = WorkerProcess::spawn_unix(test_worker_bin(), &[], &[]);
+    let w1 = WorkerProcess::spawn_unix(test_worker_bin(), &[], &[]);
+    let cluster = cluster_of(
+        &[
+            (&w0.endpoint.to_string(), None),
+            (&w1.endpoint.to_string(), None),
+        ],
+        policy,
+        retry,
+    );
+    (w0, w1, cluster)
+}
+
 fn signal(pid: u32, s: Signal) {
     kill(Pid::from_raw(i32::try_from(pid).unwrap()), s).unwrap();
 }
@@ -107,16 +122,7 @@ fn stop_mid_task(cluster: &Cluster, w0_pid: u32) -> Scenario {
 /// the overwrite run. `x` holds the overwrite's result for good.
 #[test]
 fn a_hung_unix_worker_s_late_write_never_lands_on_a_reported_result() {
-    let w0 = WorkerProcess::spawn_unix(test_worker_bin(), &[], &[]);
-    let w1 = WorkerProcess::spawn_unix(test_worker_bin(), &[], &[]);
-    let cluster = cluster_of(
-        &[
-            (&w0.endpoint.to_string(), None),
-            (&w1.endpoint.to_string(), None),
-        ],
-        Quarantine::Wait(Duration::from_secs(30)),
-        0,
-    );
+    let (w0, _w1, cluster) = two_unix_workers(Quarantine::Wait(Duration::from_secs(30)), 0);
     let s = stop_mid_task(&cluster, w0.pid());
     let e = cluster.wait(s.late).unwrap_err();
     let detected = s.stopped.elapsed();
@@ -172,16 +178,7 @@ fn a_hung_unix_worker_s_late_write_never_lands_on_a_reported_result() {
 /// fenced the bytes (now the late write's) can be read and written again.
 #[test]
 fn failing_at_once_names_the_quarantine_and_the_fence_lifts_it() {
-    let w0 = WorkerProcess::spawn_unix(test_worker_bin(), &[], &[]);
-    let w1 = WorkerProcess::spawn_unix(test_worker_bin(), &[], &[]);
-    let cluster = cluster_of(
-        &[
-            (&w0.endpoint.to_string(), None),
-            (&w1.endpoint.to_string(), None),
-        ],
-        Quarantine::FailAtOnce,
-        0,
-    );
+    let (w0, _w1, cluster) = two_unix_workers(Quarantine::FailAtOnce, 0);
     let s = stop_mid_task(&cluster, w0.pid());
     assert!(cluster.wait(s.late).is_err());
     let e = cluster.wait(s.over).unwrap_err();
@@ -302,16 +299,7 @@ fn a_link_cut_mid_task_leaves_the_overwrite_in_place() {
 /// process (known from the fd channel's peer credentials) dead at once.
 #[test]
 fn a_killed_unix_worker_is_fenced_when_its_process_is_seen_dead() {
-    let mut w0 = WorkerProcess::spawn_unix(test_worker_bin(), &[], &[]);
-    let w1 = WorkerProcess::spawn_unix(test_worker_bin(), &[], &[]);
-    let cluster = cluster_of(
-        &[
-            (&w0.endpoint.to_string(), None),
-            (&w1.endpoint.to_string(), None),
-        ],
-        Quarantine::Wait(Duration::from_secs(30)),
-        0,
-    );
+    let (mut w0, _w1, cluster) = two_unix_workers(Quarantine::Wait(Duration::from_secs(30)), 0);
     let (x, late) = start_late_task(&cluster);
     let over = overwrite(&cluster, &x);
     let killed = Instant::now();
@@ -332,16 +320,7 @@ fn a_killed_unix_worker_is_fenced_when_its_process_is_seen_dead() {
 /// wakes and proves the task ended, it reruns and succeeds.
 #[test]
 fn a_retry_of_a_quarantined_task_waits_for_the_fence() {
-    let w0 = WorkerProcess::spawn_unix(test_worker_bin(), &[], &[]);
-    let w1 = WorkerProcess::spawn_unix(test_worker_bin(), &[], &[]);
-    let cluster = cluster_of(
-        &[
-            (&w0.endpoint.to_string(), None),
-            (&w1.endpoint.to_string(), None),
-        ],
-        Quarantine::Wait(Duration::from_secs(30)),
-        1,
-    );
+    let (w0, _w1, cluster) = two_unix_workers(Quarantine::Wait(Duration::from_secs(30)), 1);
     // Worker 1 is busy, so the scheduler places the late task on worker 0.
     let busy = cluster
         .submit(Task::new("test.sleep").scalar_u64(400).on(W1))

@@ -225,7 +225,6 @@ fn import_all(
             "closing fds beyond those declared"
         );
     }
-    let state = node.session(session);
     let mut fds = fds.into_iter();
     let with_grants = !import.descriptors.is_empty();
     let mut grants = import.descriptors.into_iter();
@@ -240,27 +239,8 @@ fn import_all(
                 (Ok(_), None) => Err(format!(
                     "no fd arrived for this identity ({declared} declared)"
                 )),
-                (Ok(id), Some(fd)) => match arrival_checks(&fd) {
-                    Ok(()) => {
-                        if let Some(s) = &state {
-                            s.forget_refusal(&id);
-                        }
-                        import_grant(id, with_grants, grant.as_deref()).and_then(|grant| {
-                            match grant {
-                                Some(grant) => node.imports().offer_as(session, grant, fd),
-                                None => node.imports().offer(session, id, fd),
-                            }
-                            .map_err(|e| e.to_string())
-                        })
-                    }
-                    Err(reason) => {
-                        warn!(%session, identity = %id, %reason, "import refused");
-                        if let Some(s) = &state {
-                            s.remember_refusal(id, reason.clone());
-                        }
-                        Err(format!("buffer {id}: {reason}"))
-                    }
-                },
+                (Ok(id), Some(fd)) => import_grant(id, with_grants, grant.as_deref())
+                    .and_then(|grant| node.import_one(session, id, grant, fd)),
             };
             match outcome {
                 Ok(()) => pb::FdResult {
@@ -279,16 +259,6 @@ fn import_all(
     // Any fds left over are dropped (closed) here.
     drop(fds);
     pb::FdAck { results }
-}
-
-/// The checks an fd must pass when it arrives, before it is offered to the
-/// registry: what it is (tmpfs/shmem), and that it can never shrink under
-/// a mapping (see [`crate::imports`]). Refusing here, rather than at first
-/// use, puts the reason in the import's own `FdAck` and means the worker
-/// never holds an fd that could be pulled out from under it.
-fn arrival_checks(fd: &OwnedFd) -> Result<(), String> {
-    crate::imports::check_filesystem(fd)?;
-    crate::imports::check_sealed_against_shrinking(fd)
 }
 
 /// The descriptor `id` is imported as: `None` when the frame lists no

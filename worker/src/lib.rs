@@ -19,7 +19,8 @@
 //! // std::process::exit(... strata_worker::cli::run(args, kernels) ...)
 //! ```
 //!
-//! or embed one: `Worker::new(config).kernel(k)?.bind().await?.serve(shutdown).await`.
+//! or embed one: `Worker::new(config).kernel(k)?.bind().await?.serve(shutdown).await`;
+//! or run one inside your process without any socket: [`InProcessWorker`].
 
 mod auth;
 pub mod cli;
@@ -28,8 +29,10 @@ pub mod config;
 mod exec;
 pub mod fdchan;
 mod imports;
+mod inproc;
 mod listen;
 mod node;
+mod ops;
 mod server;
 mod service;
 mod tombstones;
@@ -37,6 +40,8 @@ mod tombstones;
 pub use client::{ClientError, ClientTls, Handshake, HealthWatch, TaskStream, WorkerClient};
 pub use config::{Auth, Endpoint, TlsFiles, WorkerConfig};
 pub use imports::HostMapping;
+pub use inproc::{InProcessCallable, InProcessFacts, InProcessSession, InProcessWorker};
+pub use ops::NodeError;
 pub use server::{BoundWorker, Worker};
 pub use strata_proto::convert::{InstanceId, SessionState};
 pub use strata_worker_core::SessionId;

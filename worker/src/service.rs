@@ -7,18 +7,17 @@ use std::sync::atomic::Ordering;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use strata_chip::Region;
-use strata_proto::convert::{self, RunEnd, TaskCompletion, TaskRequest, WorkerStats};
+use strata_proto::convert::{self, TaskCompletion, TaskRequest};
 use strata_proto::{PROTOCOL_VERSION, SESSION_HEADER, TaskId, pb};
 use strata_worker_core::SessionId;
-use tokio::sync::{Semaphore, mpsc, watch};
+use tokio::sync::{mpsc, watch};
 use tokio_stream::Stream;
 use tonic::metadata::MetadataMap;
 use tonic::{Request, Response, Status, Streaming};
 use tracing::{debug, warn};
 
-use crate::exec;
-use crate::node::{DeviceBuffer, Missing, Node, Session};
+use crate::node::{Node, Session};
+use crate::ops::{Intake, NodeError};
 
 /// The service implementation.
 #[derive(Debug, Clone)]
@@ -72,12 +71,22 @@ fn status(e: &strata_chip::Error) -> Status {
     }
 }
 
-/// The status for a device buffer a session has no live entry for.
-fn missing(why: Missing, identity: &strata_wire::CanonicalIdentity) -> Status {
-    let msg = why.describe(identity);
-    match why {
-        Missing::NotAllocated => Status::not_found(msg),
-        Missing::RunEnded { .. } => Status::failed_precondition(msg),
+/// The one mapping from node refusals to gRPC statuses.
+fn refused(e: &NodeError) -> Status {
+    let msg = e.to_string();
+    match e {
+        NodeError::NoBuffer {
+            run_ended: None, ..
+        } => Status::not_found(msg),
+        NodeError::NoBuffer {
+            run_ended: Some(_), ..
+        } => Status::failed_precondition(msg),
+        NodeError::AlreadyAllocated(_) => Status::already_exists(msg),
+        NodeError::OutOfRange { .. } => Status::out_of_range(msg),
+        NodeError::Invalid(_) => Status::invalid_argument(msg),
+        NodeError::SessionEnded(_) => Status::not_found(msg),
+        NodeError::Halted => Status::unavailable(msg),
+        NodeError::Device(e) => status(e),
     }
 }
 
@@ -253,9 +262,8 @@ impl pb::worker_server::Worker for WorkerService {
         }
         let mut inbound = request.into_inner();
         let (tx, rx) = mpsc::unbounded_channel::<TaskCompletion>();
-        let node = Arc::clone(&self.node);
+        let intake = Intake::new(Arc::clone(&self.node), session, tx);
         let mut shutdown = self.shutdown.clone();
-        let permits = Arc::new(Semaphore::new(node.max_in_flight));
         tokio::spawn(async move {
             loop {
                 let next = tokio::select! {
@@ -270,33 +278,12 @@ impl pb::worker_server::Worker for WorkerService {
                         break;
                     }
                 };
+                // Backpressure: the stream is not read while the session's
+                // tasks in flight are at their limit.
                 for task in batch.tasks {
-                    // Counted from receipt to completion: what a client
-                    // fencing this session waits for.
-                    let running = session.task_received();
-                    // Backpressure: at most max_in_flight tasks run per
-                    // session; the stream is not read while it is full.
-                    let Ok(permit) = Arc::clone(&permits).acquire_owned().await else {
-                        return;
-                    };
-                    let tx = tx.clone();
-                    let done: exec::Done = Box::new(move |c| {
-                        drop(permit);
-                        // Its effects are done: no longer running, even
-                        // for a client that reads the completion first.
-                        drop(running);
-                        let _ = tx.send(c);
-                    });
                     let task_id = TaskId(task.task_id);
-                    match TaskRequest::try_from(task) {
-                        Ok(req) => exec::execute(&node, &session, req, done),
-                        Err(e) => {
-                            node.counters.in_flight.fetch_add(1, Ordering::Relaxed);
-                            node.counters.failed.fetch_add(1, Ordering::Relaxed);
-                            node.counters.in_flight.fetch_sub(1, Ordering::Relaxed);
-                            done(exec::failure(task_id, format!("refused: {e}")));
-                        }
-                    }
+                    let req = TaskRequest::try_from(task).map_err(|e| e.to_string());
+                    intake.take(task_id, req).await;
                 }
             }
         });
@@ -319,28 +306,10 @@ impl pb::worker_server::Worker for WorkerService {
         let req = request.into_inner();
         let identity = convert::identity("identity", &req.identity)?;
         let region = convert::region("region", req.region)?;
-        if req.nbytes == 0 {
-            return Err(Status::invalid_argument(
-                "nbytes: a device buffer has at least one byte",
-            ));
-        }
-        let mut buffers = session.device_buffers();
-        if buffers.contains_key(&identity) {
-            return Err(Status::already_exists(format!(
-                "device buffer {identity} is already allocated"
-            )));
-        }
-        let buffer = match region {
-            Region::Run => self.node.run_region.alloc(req.nbytes),
-            _ => self
-                .node
-                .device
-                .alloc(region, req.nbytes)
-                .map(|block| DeviceBuffer::persistent(Arc::clone(&self.node.device), block)),
-        }
-        .map_err(|e| status(&e))?;
-        let addr = buffer.block.addr;
-        buffers.insert(identity, Arc::new(buffer));
+        let addr = self
+            .node
+            .device_alloc(&session, identity, req.nbytes, region)
+            .map_err(|e| refused(&e))?;
         Ok(Response::new(pb::DeviceAllocReply { addr }))
     }
 
@@ -350,17 +319,9 @@ impl pb::worker_server::Worker for WorkerService {
     ) -> Result<Response<pb::DeviceFreeReply>, Status> {
         let (_, session) = self.session(request.metadata())?;
         let identity = convert::identity("identity", &request.get_ref().identity)?;
-        // Dropping the handle frees the block once no running task holds it
-        // (a run block: it counts no more towards the run region's reset).
-        let removed = session.device_buffers().remove(&identity);
-        if removed.is_none() {
-            let why = session
-                .device_buffer(&identity)
-                .err()
-                .unwrap_or(Missing::NotAllocated);
-            return Err(missing(why, &identity));
-        }
-        drop(removed);
+        self.node
+            .device_free(&session, &identity)
+            .map_err(|e| refused(&e))?;
         Ok(Response::new(pb::DeviceFreeReply {}))
     }
 
@@ -369,20 +330,7 @@ impl pb::worker_server::Worker for WorkerService {
         request: Request<pb::EndRunRequest>,
     ) -> Result<Response<pb::EndRunReply>, Status> {
         let (id, session) = self.session(request.metadata())?;
-        let (retired, run) = session.end_run();
-        let count = u32::try_from(retired.len()).unwrap_or(u32::MAX);
-        // The last holder of a run buffer resets the region as it lets go.
-        drop(retired);
-        let reset = self.node.run_region.is_idle();
-        debug!(session = %id, retired = count, run, reset, "run ended");
-        Ok(Response::new(
-            RunEnd {
-                retired: count,
-                run,
-                reset,
-            }
-            .into(),
-        ))
+        Ok(Response::new(self.node.end_run(id, &session).into()))
     }
 
     async fn copy_to_device(
@@ -392,14 +340,9 @@ impl pb::worker_server::Worker for WorkerService {
         let (_, session) = self.session(request.metadata())?;
         let req = request.into_inner();
         let identity = convert::identity("identity", &req.identity)?;
-        let buf = session
-            .device_buffer(&identity)
-            .map_err(|why| missing(why, &identity))?;
-        in_block(&buf, req.offset, req.data.len() as u64)?;
         self.node
-            .device
-            .copy_to_device(&buf.block, req.offset, &req.data)
-            .map_err(|e| status(&e))?;
+            .copy_to_device(&session, &identity, req.offset, &req.data)
+            .map_err(|e| refused(&e))?;
         Ok(Response::new(pb::CopyToDeviceReply {}))
     }
 
@@ -410,21 +353,11 @@ impl pb::worker_server::Worker for WorkerService {
         let (_, session) = self.session(request.metadata())?;
         let req = request.into_inner();
         let identity = convert::identity("identity", &req.identity)?;
-        if req.len > (self.node.max_message_bytes as u64).saturating_sub(64) {
-            return Err(Status::invalid_argument(format!(
-                "len {} exceeds what one reply may carry ({} bytes)",
-                req.len, self.node.max_message_bytes
-            )));
-        }
-        let buf = session
-            .device_buffer(&identity)
-            .map_err(|why| missing(why, &identity))?;
-        in_block(&buf, req.offset, req.len)?;
-        let mut data = vec![0u8; req.len as usize];
-        self.node
-            .device
-            .copy_from_device(&buf.block, req.offset, &mut data)
-            .map_err(|e| status(&e))?;
+        let limit = (self.node.max_message_bytes as u64).saturating_sub(64);
+        let data = self
+            .node
+            .copy_from_device(&session, &identity, req.offset, req.len, limit)
+            .map_err(|e| refused(&e))?;
         Ok(Response::new(pb::CopyFromDeviceReply { data }))
     }
 
@@ -433,11 +366,14 @@ impl pb::worker_server::Worker for WorkerService {
         request: Request<pb::ReleaseImportRequest>,
     ) -> Result<Response<pb::ReleaseImportReply>, Status> {
         self.session(request.metadata())?;
-        let mut released = 0;
-        for (i, raw) in request.into_inner().identities.iter().enumerate() {
-            let identity = convert::identity(&format!("identities[{i}]"), raw)?;
-            released += u32::from(self.node.imports().release(&identity));
-        }
+        let identities = request
+            .into_inner()
+            .identities
+            .iter()
+            .enumerate()
+            .map(|(i, raw)| convert::identity(&format!("identities[{i}]"), raw))
+            .collect::<Result<Vec<_>, _>>()?;
+        let released = self.node.release_imports(&identities);
         Ok(Response::new(pb::ReleaseImportReply { released }))
     }
 
@@ -446,23 +382,7 @@ impl pb::worker_server::Worker for WorkerService {
         request: Request<pb::StatsRequest>,
     ) -> Result<Response<pb::StatsReply>, Status> {
         self.session(request.metadata())?;
-        let s = self.node.device.stats();
-        let c = &self.node.counters;
-        let stats = WorkerStats {
-            persistent: s.arena.persistent,
-            run: s.arena.run,
-            scratch: s.arena.scratch,
-            staged_to_device: s.staged_to_device,
-            staged_to_host: s.staged_to_host,
-            copied_to_device: s.copied_to_device,
-            copied_to_host: s.copied_to_host,
-            tasks_succeeded: c.succeeded.load(Ordering::Relaxed),
-            tasks_failed: c.failed.load(Ordering::Relaxed),
-            kernels_panicked: s.panicked,
-            imports: self.node.imports().len() as u64,
-            sessions: self.node.session_count() as u64,
-            tasks_in_flight: self.node.tasks_in_flight(),
-        };
+        let stats = self.node.stats();
         Ok(Response::new(stats.into()))
     }
 
@@ -486,11 +406,11 @@ impl pb::worker_server::Worker for WorkerService {
                     _ = shutdown.changed() => return,
                 }
                 seq += 1;
+                let b = node.beat(seq);
                 let beat = pb::HealthBeat {
-                    seq,
-                    tasks_in_flight: node.tasks_in_flight(),
-                    uptime_ms: u64::try_from(node.started.elapsed().as_millis())
-                        .unwrap_or(u64::MAX),
+                    seq: b.seq,
+                    tasks_in_flight: b.tasks_in_flight,
+                    uptime_ms: b.uptime_ms,
                 };
                 if tx.send(Ok(beat)).await.is_err() {
                     return;
@@ -509,16 +429,5 @@ impl pb::worker_server::Worker for WorkerService {
         Ok(Response::new(pb::PingReply {
             payload: request.into_inner().payload,
         }))
-    }
-}
-
-/// Checks that `[offset, offset + len)` lies inside `buf`.
-fn in_block(buf: &DeviceBuffer, offset: u64, len: u64) -> Result<(), Status> {
-    match offset.checked_add(len) {
-        Some(end) if end <= buf.block.len => Ok(()),
-        _ => Err(Status::out_of_range(format!(
-            "range {offset}+{len} is outside the device buffer of {} bytes",
-            buf.block.len
-        ))),
     }
 }

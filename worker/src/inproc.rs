@@ -1,0 +1,335 @@
+//! A worker node inside the caller's process: the same node, sessions,
+//! imports and task execution as a `strata worker` process, reached by
+//! calls instead of gRPC (no socket, no encoding). What a notebook or a
+//! test reaches for first, and the fair comparison with runtimes that run
+//! tasks as threads.
+//!
+//! Host buffers are still imported by fd (the memfd is mapped again, by
+//! identity, exactly as a worker process maps it), so the checks on them —
+//! tmpfs, sealed against shrinking, narrow-only grants — are the same.
+//!
+//! [`InProcessWorker::halt`] stops it as a worker process that shut down
+//! would stop (every session ends: their queued tasks never start,
+//! running ones finish) and refuses new sessions until
+//! [`InProcessWorker::resume`]: what tests of a lost worker and its
+//! return use.
+
+use std::os::fd::OwnedFd;
+use std::sync::Arc;
+
+use strata_chip::{Device, KernelHandle, Region, Registry, SimDevice};
+use strata_proto::convert::{
+    InstanceId, RunEnd, SessionState, TaskCompletion, TaskRequest, WorkerStats,
+};
+use strata_wire::{BufferDescriptor, CanonicalIdentity};
+use strata_worker_core::SessionId;
+use tokio::sync::{mpsc, watch};
+
+use crate::WorkerError;
+use crate::node::{Node, Session};
+use crate::ops::{Intake, NodeError};
+
+/// One callable an in-process worker offers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InProcessCallable {
+    /// Its handle.
+    pub handle: KernelHandle,
+    /// Name.
+    pub name: String,
+    /// Version.
+    pub version: u32,
+    /// Canonical descriptor.
+    pub signature: String,
+}
+
+/// What an in-process worker is: the facts a handshake reports.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InProcessFacts {
+    /// Its chip.
+    pub chip_id: u32,
+    /// Device kind.
+    pub device_kind: String,
+    /// Canonical device spec.
+    pub device_spec: String,
+    /// Device memory in bytes.
+    pub device_memory: u64,
+    /// Lanes.
+    pub lanes: u32,
+    /// Callables, sorted by name and version.
+    pub callables: Vec<InProcessCallable>,
+    /// This node: equal across two sessions exactly when the same node
+    /// served both.
+    pub instance: InstanceId,
+}
+
+/// A worker node in this process.
+#[derive(Debug, Clone)]
+pub struct InProcessWorker {
+    node: Arc<Node>,
+    halted: Arc<watch::Sender<bool>>,
+}
+
+impl InProcessWorker {
+    /// Starts chip `chip_id` with a device from `device_spec` (e.g. `sim`,
+    /// `sim:mem=2GiB,lanes=2`) and `kernels`.
+    ///
+    /// # Errors
+    /// A bad device spec.
+    pub fn start(chip_id: u32, device_spec: &str, kernels: Registry) -> Result<Self, WorkerError> {
+        let device: Arc<dyn Device> = Arc::new(
+            SimDevice::from_spec(device_spec).map_err(|e| WorkerError::Config(e.to_string()))?,
+        );
+        let defaults = crate::config::WorkerConfig::new(crate::config::Endpoint::Tcp(
+            std::net::SocketAddr::from(([127, 0, 0, 1], 0)),
+        ));
+        let node = Node::new(
+            chip_id,
+            device,
+            kernels,
+            None,
+            usize::MAX,
+            defaults.max_in_flight,
+            defaults.session_grace,
+        );
+        Ok(InProcessWorker {
+            node: Arc::new(node),
+            halted: Arc::new(watch::channel(false).0),
+        })
+    }
+
+    /// What it is and offers.
+    pub fn facts(&self) -> InProcessFacts {
+        let info = self.node.device.info();
+        let mut callables: Vec<InProcessCallable> = self
+            .node
+            .kernels
+            .descriptors()
+            .map(|d| InProcessCallable {
+                handle: d.handle(),
+                name: d.name.clone(),
+                version: d.version,
+                signature: d.canonical(),
+            })
+            .collect();
+        callables.sort_by(|a, b| (&a.name, a.version).cmp(&(&b.name, b.version)));
+        InProcessFacts {
+            chip_id: self.node.chip_id,
+            device_kind: info.kind,
+            device_spec: info.spec,
+            device_memory: info.memory,
+            lanes: u32::try_from(info.lanes).unwrap_or(u32::MAX),
+            callables,
+            instance: self.node.instance,
+        }
+    }
+
+    /// Opens a session. `previous` names a session this client lost: it
+    /// ends now (its queued tasks never start), and the new session
+    /// reports what is left of it ([`InProcessSession::previous`]).
+    ///
+    /// # Errors
+    /// [`NodeError::Halted`] while the worker is halted.
+    pub fn open(&self, previous: Option<SessionId>) -> Result<InProcessSession, NodeError> {
+        if *self.halted.borrow() {
+            return Err(NodeError::Halted);
+        }
+        let previous = previous.map(|prev| {
+            self.node
+                .end_session(prev, "superseded by a new session of the same client");
+            self.node.session_state(prev)
+        });
+        let id = self.node.open_session();
+        let session = self.node.session(id).ok_or(NodeError::SessionEnded(id))?;
+        // The in-process session streams from the start: the grace period
+        // for a stream that never opens does not apply.
+        session
+            .streaming
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+        let (tx, rx) = mpsc::unbounded_channel();
+        let intake = Intake::new(Arc::clone(&self.node), Arc::clone(&session), tx);
+        Ok(InProcessSession {
+            node: Arc::clone(&self.node),
+            id,
+            session,
+            intake,
+            completions: Some(rx),
+            previous,
+        })
+    }
+
+    /// What this worker knows of session `id`.
+    pub fn session_state(&self, id: SessionId) -> SessionState {
+        self.node.session_state(id)
+    }
+
+    /// The worker's figures.
+    pub fn stats(&self) -> WorkerStats {
+        self.node.stats()
+    }
+
+    /// Stops serving, as a worker process shutting down would: every
+    /// session ends (queued tasks never start; running ones finish), and
+    /// new sessions are refused until [`InProcessWorker::resume`].
+    pub fn halt(&self) {
+        self.halted.send_replace(true);
+        self.node.end_all_sessions();
+    }
+
+    /// Serves again after [`InProcessWorker::halt`] (the same node: the
+    /// same instance, its tombstones kept).
+    pub fn resume(&self) {
+        self.halted.send_replace(false);
+    }
+
+    /// Whether it is halted, as a watch that changes when it halts or
+    /// resumes.
+    pub fn halted(&self) -> watch::Receiver<bool> {
+        self.halted.subscribe()
+    }
+}
+
+/// One session on an in-process worker; ends when dropped (its imports
+/// and device buffers are released, its queued tasks never start).
+#[derive(Debug)]
+pub struct InProcessSession {
+    node: Arc<Node>,
+    id: SessionId,
+    session: Arc<Session>,
+    intake: Intake,
+    completions: Option<mpsc::UnboundedReceiver<TaskCompletion>>,
+    previous: Option<SessionState>,
+}
+
+impl InProcessSession {
+    /// Its id.
+    pub fn id(&self) -> SessionId {
+        self.id
+    }
+
+    /// What the worker knew of the previous session named at the open.
+    pub fn previous(&self) -> Option<SessionState> {
+        self.previous
+    }
+
+    /// The completions of its tasks, once (later calls get `None`).
+    pub fn take_completions(&mut self) -> Option<mpsc::UnboundedReceiver<TaskCompletion>> {
+        self.completions.take()
+    }
+
+    fn live(&self) -> Result<(), NodeError> {
+        if self.node.has_session(self.id) {
+            Ok(())
+        } else {
+            Err(NodeError::SessionEnded(self.id))
+        }
+    }
+
+    /// Runs `tasks`, in order; each completes on the completion channel.
+    /// Waits while the session's tasks in flight are at their limit.
+    ///
+    /// # Errors
+    /// [`NodeError::SessionEnded`] when the session has ended (nothing of
+    /// the batch is taken).
+    ///
+    /// # Cancel safety
+    /// Not cancel safe: cancelled part-way, a prefix of the batch has been
+    /// taken (and will complete) and the rest has not.
+    pub async fn submit(&self, tasks: Vec<TaskRequest>) -> Result<(), NodeError> {
+        self.live()?;
+        for t in tasks {
+            let id = t.id;
+            self.intake.take(id, Ok(t)).await;
+        }
+        Ok(())
+    }
+
+    /// Imports host buffers by fd, each as its descriptor (which tasks may
+    /// narrow but not widen): one result per buffer.
+    ///
+    /// # Errors
+    /// [`NodeError::SessionEnded`] when the session has ended.
+    pub fn import(
+        &self,
+        buffers: Vec<(BufferDescriptor, OwnedFd)>,
+    ) -> Result<Vec<Result<(), String>>, NodeError> {
+        self.live()?;
+        Ok(buffers
+            .into_iter()
+            .map(|(d, fd)| self.node.import_one(self.id, *d.identity(), Some(d), fd))
+            .collect())
+    }
+
+    /// Releases imports; returns how many were held.
+    pub fn release_imports(&self, identities: &[CanonicalIdentity]) -> u32 {
+        self.node.release_imports(identities)
+    }
+
+    /// Allocates a device buffer; returns its device address.
+    ///
+    /// # Errors
+    /// The node's refusal.
+    pub fn device_alloc(
+        &self,
+        identity: CanonicalIdentity,
+        nbytes: u64,
+        region: Region,
+    ) -> Result<u64, NodeError> {
+        self.live()?;
+        self.node
+            .device_alloc(&self.session, identity, nbytes, region)
+    }
+
+    /// Frees a device buffer.
+    ///
+    /// # Errors
+    /// The node's refusal.
+    pub fn device_free(&self, identity: &CanonicalIdentity) -> Result<(), NodeError> {
+        self.live()?;
+        self.node.device_free(&self.session, identity)
+    }
+
+    /// Ends the session's run: its run buffers retire.
+    ///
+    /// # Errors
+    /// [`NodeError::SessionEnded`].
+    pub fn end_run(&self) -> Result<RunEnd, NodeError> {
+        self.live()?;
+        Ok(self.node.end_run(self.id, &self.session))
+    }
+
+    /// Writes `data` at `offset` of a device buffer.
+    ///
+    /// # Errors
+    /// The node's refusal.
+    pub fn copy_to_device(
+        &self,
+        identity: &CanonicalIdentity,
+        offset: u64,
+        data: &[u8],
+    ) -> Result<(), NodeError> {
+        self.live()?;
+        self.node
+            .copy_to_device(&self.session, identity, offset, data)
+    }
+
+    /// Reads `len` bytes at `offset` of a device buffer.
+    ///
+    /// # Errors
+    /// The node's refusal.
+    pub fn copy_from_device(
+        &self,
+        identity: &CanonicalIdentity,
+        offset: u64,
+        len: u64,
+    ) -> Result<Vec<u8>, NodeError> {
+        self.live()?;
+        self.node
+            .copy_from_device(&self.session, identity, offset, len, u64::MAX)
+    }
+}
+
+impl Drop for InProcessSession {
+    fn drop(&mut self) {
+        self.node.end_session(self.id, "in-process session closed");
+    }
+}

@@ -1,0 +1,347 @@
+//! What a session may ask of its node, in one place: the gRPC service
+//! ([`crate::service`]) and the in-process worker ([`crate::inproc`]) both
+//! call these, so a worker behaves the same whichever way it is reached.
+//! Refusals are a [`NodeError`], which the service maps to gRPC statuses in
+//! one place and in-process callers match on.
+
+use std::os::fd::OwnedFd;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use strata_chip::Region;
+use strata_proto::TaskId;
+use strata_proto::convert::{HealthBeat, RunEnd, TaskCompletion, TaskRequest, WorkerStats};
+use strata_wire::{BufferDescriptor, CanonicalIdentity};
+use strata_worker_core::SessionId;
+use tokio::sync::{Semaphore, mpsc};
+use tracing::{debug, warn};
+
+use crate::exec;
+use crate::node::{DeviceBuffer, Missing, Node, Session};
+
+/// Why a node refused a call.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum NodeError {
+    /// The session has no live device buffer of that identity: never
+    /// allocated, freed, or a run buffer whose run ended.
+    #[error("{message}")]
+    NoBuffer {
+        /// The buffer.
+        identity: CanonicalIdentity,
+        /// The run it belonged to, when it was retired with its run.
+        run_ended: Option<u64>,
+        /// What to tell the caller.
+        message: String,
+    },
+    /// A device buffer of that identity is already allocated.
+    #[error("device buffer {0} is already allocated")]
+    AlreadyAllocated(CanonicalIdentity),
+    /// A byte range outside the device buffer.
+    #[error("range {offset}+{len} is outside the device buffer of {size} bytes")]
+    OutOfRange {
+        /// First byte.
+        offset: u64,
+        /// Bytes.
+        len: u64,
+        /// The buffer's size.
+        size: u64,
+    },
+    /// An argument no call could accept.
+    #[error("{0}")]
+    Invalid(String),
+    /// The session ended (or never existed).
+    #[error("session {0} is unknown or has ended")]
+    SessionEnded(SessionId),
+    /// The worker is halted (in-process: [`crate::InProcessWorker::halt`]).
+    #[error("the worker is halted")]
+    Halted,
+    /// The device refused.
+    #[error("{0}")]
+    Device(strata_chip::Error),
+}
+
+impl NodeError {
+    fn missing(why: Missing, identity: &CanonicalIdentity) -> Self {
+        NodeError::NoBuffer {
+            identity: *identity,
+            run_ended: match why {
+                Missing::NotAllocated => None,
+                Missing::RunEnded { run } => Some(run),
+            },
+            message: why.describe(identity),
+        }
+    }
+}
+
+impl From<strata_chip::Error> for NodeError {
+    fn from(e: strata_chip::Error) -> Self {
+        NodeError::Device(e)
+    }
+}
+
+impl Node {
+    /// Allocates a device buffer of `nbytes` in `region` for `session`;
+    /// returns its device address.
+    pub(crate) fn device_alloc(
+        &self,
+        session: &Session,
+        identity: CanonicalIdentity,
+        nbytes: u64,
+        region: Region,
+    ) -> Result<u64, NodeError> {
+        if nbytes == 0 {
+            return Err(NodeError::Invalid(
+                "nbytes: a device buffer has at least one byte".into(),
+            ));
+        }
+        let mut buffers = session.device_buffers();
+        if buffers.contains_key(&identity) {
+            return Err(NodeError::AlreadyAllocated(identity));
+        }
+        let buffer = match region {
+            Region::Run => self.run_region.alloc(nbytes),
+            _ => self
+                .device
+                .alloc(region, nbytes)
+                .map(|block| DeviceBuffer::persistent(Arc::clone(&self.device), block)),
+        }?;
+        let addr = buffer.block.addr;
+        buffers.insert(identity, Arc::new(buffer));
+        Ok(addr)
+    }
+
+    /// Frees a device buffer of `session` (once no running task holds it).
+    pub(crate) fn device_free(
+        &self,
+        session: &Session,
+        identity: &CanonicalIdentity,
+    ) -> Result<(), NodeError> {
+        // Dropping the handle frees the block once no running task holds it
+        // (a run block: it counts no more towards the run region's reset).
+        let removed = session.device_buffers().remove(identity);
+        if removed.is_none() {
+            let why = session
+                .device_buffer(identity)
+                .err()
+                .unwrap_or(Missing::NotAllocated);
+            return Err(NodeError::missing(why, identity));
+        }
+        drop(removed);
+        Ok(())
+    }
+
+    /// Ends the session's run: its run buffers retire.
+    pub(crate) fn end_run(&self, id: SessionId, session: &Session) -> RunEnd {
+        let (retired, run) = session.end_run();
+        let count = u32::try_from(retired.len()).unwrap_or(u32::MAX);
+        // The last holder of a run buffer resets the region as it lets go.
+        drop(retired);
+        let reset = self.run_region.is_idle();
+        debug!(session = %id, retired = count, run, reset, "run ended");
+        RunEnd {
+            retired: count,
+            run,
+            reset,
+        }
+    }
+
+    /// Writes `data` at `offset` of a device buffer of `session`.
+    pub(crate) fn copy_to_device(
+        &self,
+        session: &Session,
+        identity: &CanonicalIdentity,
+        offset: u64,
+        data: &[u8],
+    ) -> Result<(), NodeError> {
+        let buf = session
+            .device_buffer(identity)
+            .map_err(|why| NodeError::missing(why, identity))?;
+        in_block(&buf, offset, data.len() as u64)?;
+        self.device.copy_to_device(&buf.block, offset, data)?;
+        Ok(())
+    }
+
+    /// Reads `len` bytes at `offset` of a device buffer of `session`, at
+    /// most `limit` of them.
+    pub(crate) fn copy_from_device(
+        &self,
+        session: &Session,
+        identity: &CanonicalIdentity,
+        offset: u64,
+        len: u64,
+        limit: u64,
+    ) -> Result<Vec<u8>, NodeError> {
+        if len > limit {
+            return Err(NodeError::Invalid(format!(
+                "len {len} exceeds what one reply may carry ({} bytes)",
+                self.max_message_bytes
+            )));
+        }
+        let buf = session
+            .device_buffer(identity)
+            .map_err(|why| NodeError::missing(why, identity))?;
+        in_block(&buf, offset, len)?;
+        let n = usize::try_from(len)
+            .map_err(|_| NodeError::Invalid(format!("len {len} does not fit in memory")))?;
+        let mut data = vec![0u8; n];
+        self.device.copy_from_device(&buf.block, offset, &mut data)?;
+        Ok(data)
+    }
+
+    /// Releases imports by identity; returns how many were held.
+    pub(crate) fn release_imports(&self, identities: &[CanonicalIdentity]) -> u32 {
+        identities
+            .iter()
+            .map(|i| u32::from(self.imports().release(i)))
+            .sum()
+    }
+
+    /// The worker's figures.
+    pub(crate) fn stats(&self) -> WorkerStats {
+        let s = self.device.stats();
+        let c = &self.counters;
+        WorkerStats {
+            persistent: s.arena.persistent,
+            run: s.arena.run,
+            scratch: s.arena.scratch,
+            staged_to_device: s.staged_to_device,
+            staged_to_host: s.staged_to_host,
+            copied_to_device: s.copied_to_device,
+            copied_to_host: s.copied_to_host,
+            tasks_succeeded: c.succeeded.load(Ordering::Relaxed),
+            tasks_failed: c.failed.load(Ordering::Relaxed),
+            kernels_panicked: s.panicked,
+            imports: self.imports().len() as u64,
+            sessions: self.session_count() as u64,
+            tasks_in_flight: self.tasks_in_flight(),
+        }
+    }
+
+    /// The `seq`-th health beat of a stream.
+    pub(crate) fn beat(&self, seq: u64) -> HealthBeat {
+        HealthBeat {
+            seq,
+            tasks_in_flight: self.tasks_in_flight(),
+            uptime_ms: u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX),
+        }
+    }
+
+    /// Imports `fd` for `session` as buffer `identity` (as `grant`, when
+    /// given: its descriptor, which tasks may narrow but not widen), after
+    /// the arrival checks: tmpfs/shmem, sealed against shrinking. A
+    /// refusal is remembered by the session, so a task naming the identity
+    /// later fails with its reason.
+    pub(crate) fn import_one(
+        &self,
+        session: SessionId,
+        identity: CanonicalIdentity,
+        grant: Option<BufferDescriptor>,
+        fd: OwnedFd,
+    ) -> Result<(), String> {
+        let state = self.session(session);
+        match arrival_checks(&fd) {
+            Ok(()) => {
+                if let Some(s) = &state {
+                    s.forget_refusal(&identity);
+                }
+                match grant {
+                    Some(grant) => self.imports().offer_as(session, grant, fd),
+                    None => self.imports().offer(session, identity, fd),
+                }
+                .map_err(|e| e.to_string())
+            }
+            Err(reason) => {
+                warn!(%session, %identity, %reason, "import refused");
+                if let Some(s) = &state {
+                    s.remember_refusal(identity, reason.clone());
+                }
+                Err(format!("buffer {identity}: {reason}"))
+            }
+        }
+    }
+}
+
+/// The checks an fd must pass when it arrives, before it is offered to the
+/// registry: what it is (tmpfs/shmem), and that it can never shrink under
+/// a mapping (see [`crate::imports`]). Refusing here, rather than at first
+/// use, puts the reason in the import's own answer and means the worker
+/// never holds an fd that could be pulled out from under it.
+fn arrival_checks(fd: &OwnedFd) -> Result<(), String> {
+    crate::imports::check_filesystem(fd)?;
+    crate::imports::check_sealed_against_shrinking(fd)
+}
+
+/// Checks that `[offset, offset + len)` lies inside `buf`.
+fn in_block(buf: &DeviceBuffer, offset: u64, len: u64) -> Result<(), NodeError> {
+    match offset.checked_add(len) {
+        Some(end) if end <= buf.block.len => Ok(()),
+        _ => Err(NodeError::OutOfRange {
+            offset,
+            len,
+            size: buf.block.len,
+        }),
+    }
+}
+
+/// Where a session's tasks come in, however they travel: each is counted
+/// as running from receipt to completion (what a client fencing the
+/// session waits for), waits for one of the session's `max_in_flight`
+/// permits (backpressure: the caller stops taking tasks while it waits),
+/// and runs; its completion goes to the session's completion channel.
+#[derive(Debug, Clone)]
+pub(crate) struct Intake {
+    node: Arc<Node>,
+    session: Arc<Session>,
+    permits: Arc<Semaphore>,
+    done: mpsc::UnboundedSender<TaskCompletion>,
+}
+
+impl Intake {
+    /// The intake of `session`, completing into `done`.
+    pub(crate) fn new(
+        node: Arc<Node>,
+        session: Arc<Session>,
+        done: mpsc::UnboundedSender<TaskCompletion>,
+    ) -> Self {
+        let permits = Arc::new(Semaphore::new(node.max_in_flight));
+        Intake {
+            node,
+            session,
+            permits,
+            done,
+        }
+    }
+
+    /// Takes one task: `req` is the decoded request, or why it could not
+    /// be decoded (the task then fails with that cause). Returns once the
+    /// task holds a permit and is on its way.
+    ///
+    /// # Cancel safety
+    /// Cancelling while it waits for a permit drops the task uncounted
+    /// and unrun (it never started).
+    pub(crate) async fn take(&self, id: TaskId, req: Result<TaskRequest, String>) {
+        let running = self.session.task_received();
+        let Ok(permit) = Arc::clone(&self.permits).acquire_owned().await else {
+            return;
+        };
+        let tx = self.done.clone();
+        let done: exec::Done = Box::new(move |c| {
+            drop(permit);
+            // Its effects are done: no longer running, even for a client
+            // that reads the completion first.
+            drop(running);
+            let _ = tx.send(c);
+        });
+        match req {
+            Ok(req) => exec::execute(&self.node, &self.session, req, done),
+            Err(e) => {
+                let c = &self.node.counters;
+                c.in_flight.fetch_add(1, Ordering::Relaxed);
+                c.failed.fetch_add(1, Ordering::Relaxed);
+                c.in_flight.fetch_sub(1, Ordering::Relaxed);
+                done(exec::failure(id, format!("refused: {e}")));
+            }
+        }
+    }
+}

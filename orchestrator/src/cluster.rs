@@ -6,7 +6,6 @@
 //! calls block on the actors' replies).
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -16,238 +15,19 @@ use strata_proto::convert::WorkerStats;
 use strata_wire::{
     Access, AddressSpace, ArgTag, Backing as WireBacking, BufferDescriptor, IdentityMint,
 };
-use strata_worker::{ClientTls, Endpoint};
 use tokio::runtime::Runtime;
 use tokio::sync::{mpsc, oneshot};
 
 use crate::RunSummary;
-use crate::actors::dag::{DagActor, EndpointRef};
-use crate::actors::endpoint::{DIAL_LIMIT, EndpointActor, Life, Rejoin, Respawn, Spawned, connect};
-use crate::actors::{ArgRef, Cmd, EpCmd, MemberSpec, Notice, TaskSpec, buffers};
+use crate::actors::endpoint::Life;
+use crate::actors::{ArgRef, Cmd, EpCmd, MemberSpec, TaskSpec};
 use crate::buffer::{Backing, Buffer, DeviceShared, HostShared, Released};
 use crate::error::Error;
-use crate::local::{LocalWorkers, default_worker_binary};
+use crate::link::LinkError;
+use crate::local::LocalWorkers;
+pub use crate::start::{ClusterBuilder, Quarantine};
 use crate::task::{Task, TaskHandle};
 use crate::trace::Trace;
-
-/// How a remote worker is reached.
-#[derive(Debug, Clone)]
-struct Remote {
-    endpoint: Endpoint,
-    token: Option<String>,
-    tls: Option<ClientTls>,
-}
-
-/// What happens to work that needs bytes a lost task may still write.
-///
-/// A task running on a worker that is lost *without a fence* — one the
-/// cluster did not spawn (so cannot kill and see dead) and that hangs or
-/// is cut off over a Unix socket — may still be writing its outputs. Those
-/// bytes are quarantined: a later task that writes them is not
-/// dispatched, readers are skipped (the task failed), and the driver's own
-/// reads and writes of them are refused. The fence is proof that the task
-/// can no longer write: the worker process is seen dead, or it comes back
-/// and proves that the old session's tasks have all ended. Then the
-/// quarantine lifts and what waited runs.
-///
-/// The default is [`Quarantine::Wait`] for 30 s: the usual unfenced loss
-/// is a stall (a paused or overloaded process, a debugger) or a restart,
-/// which the endpoint turns into a fence within moments of the worker
-/// answering again, and waiting lets the job finish correctly without the
-/// user resubmitting anything; the deadline keeps a worker that never
-/// comes back from hanging the job. [`Quarantine::FailAtOnce`] is for jobs
-/// that would rather fail fast and resubmit.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Quarantine {
-    /// Tasks that write quarantined bytes wait for the fence, at most this
-    /// long; then they fail with ENDPOINT_FAILURE naming the quarantine,
-    /// the lost worker and the lost task (and later writers of those bytes
-    /// are refused until a late fence).
-    Wait(Duration),
-    /// They fail at once, as after the deadline above.
-    FailAtOnce,
-}
-
-impl Default for Quarantine {
-    fn default() -> Self {
-        Quarantine::Wait(Duration::from_secs(30))
-    }
-}
-
-/// Settings of a [`Cluster`]; [`ClusterBuilder::start`] starts it.
-#[derive(Debug, Clone)]
-pub struct ClusterBuilder {
-    local: usize,
-    device: String,
-    binary: Option<PathBuf>,
-    remotes: Vec<Remote>,
-    window: usize,
-    health_interval: Duration,
-    health_deadline: Duration,
-    ready_timeout: Duration,
-    trace: bool,
-    retries: u32,
-    respawns: u32,
-    max_unfinished: usize,
-    quarantine: Quarantine,
-}
-
-impl Default for ClusterBuilder {
-    fn default() -> Self {
-        ClusterBuilder {
-            local: 0,
-            device: "sim".into(),
-            binary: None,
-            remotes: Vec::new(),
-            window: 64,
-            health_interval: Duration::from_millis(100),
-            health_deadline: Duration::from_millis(1000),
-            ready_timeout: Duration::from_secs(30),
-            trace: false,
-            retries: 0,
-            respawns: 0,
-            max_unfinished: 65_536,
-            quarantine: Quarantine::default(),
-        }
-    }
-}
-
-impl ClusterBuilder {
-    /// Spawns `n` local workers (chips 0..n) on private Unix sockets.
-    #[must_use]
-    pub fn local(mut self, n: usize) -> Self {
-        self.local = n;
-        self
-    }
-
-    /// The device spec of spawned workers (default `sim`), such as
-    /// `sim:mem=1GiB,mode=unified,lanes=1`.
-    #[must_use]
-    pub fn device(mut self, spec: impl Into<String>) -> Self {
-        self.device = spec.into();
-        self
-    }
-
-    /// The `strata` binary to spawn workers with (default:
-    /// [`default_worker_binary`]).
-    #[must_use]
-    pub fn worker_binary(mut self, path: impl Into<PathBuf>) -> Self {
-        self.binary = Some(path.into());
-        self
-    }
-
-    /// Connects to a running worker: `unix:PATH` (same host, buffers passed
-    /// by fd) or `tcp:HOST:PORT` (bytes staged), with a bearer token.
-    ///
-    /// # Errors
-    /// A malformed address.
-    pub fn connect(mut self, address: &str, token: Option<&str>) -> Result<Self, Error> {
-        let endpoint = address.parse().map_err(Error::Cluster)?;
-        self.remotes.push(Remote {
-            endpoint,
-            token: token.map(str::to_owned),
-            tls: None,
-        });
-        Ok(self)
-    }
-
-    /// Connects to a running TCP worker with TLS (client certificate) and
-    /// optionally a token.
-    ///
-    /// # Errors
-    /// A malformed address.
-    pub fn connect_tls(
-        mut self,
-        address: &str,
-        token: Option<&str>,
-        tls: ClientTls,
-    ) -> Result<Self, Error> {
-        let endpoint = address.parse().map_err(Error::Cluster)?;
-        self.remotes.push(Remote {
-            endpoint,
-            token: token.map(str::to_owned),
-            tls: Some(tls),
-        });
-        Ok(self)
-    }
-
-    /// The most members in flight on one worker (default 64).
-    #[must_use]
-    pub fn window(mut self, n: usize) -> Self {
-        self.window = n.max(1);
-        self
-    }
-
-    /// Health beats every `interval`; a worker silent for `deadline` is
-    /// lost (defaults 100 ms and 1 s).
-    #[must_use]
-    pub fn health(mut self, interval: Duration, deadline: Duration) -> Self {
-        self.health_interval = interval;
-        self.health_deadline = deadline;
-        self
-    }
-
-    /// Records where and when every task ran, and its dependency edges,
-    /// for [`Cluster::take_trace`].
-    #[must_use]
-    pub fn trace(mut self, on: bool) -> Self {
-        self.trace = on;
-        self
-    }
-
-    /// The retry policy (off by default): a task whose worker is lost
-    /// while it runs is run again on another worker, up to `retries`
-    /// times, when a rerun is safe — it is a plain task placed by the
-    /// scheduler, every argument it writes is OUTPUT or OUTPUT_EXISTING
-    /// (never INOUT, whose inputs may be half overwritten; no NO_DEP, no
-    /// device buffers), and the lost worker can no longer touch memory
-    /// (the cluster killed it and saw it gone, or it is a TCP worker that
-    /// only held copies). Everything else fails with ENDPOINT_FAILURE.
-    #[must_use]
-    pub fn retry(mut self, retries: u32) -> Self {
-        self.retries = retries;
-        self
-    }
-
-    /// What happens to work that needs bytes a task lost without a fence
-    /// may still write (default [`Quarantine::Wait`] 30 s; see
-    /// [`Quarantine`]).
-    #[must_use]
-    pub fn quarantine(mut self, policy: Quarantine) -> Self {
-        self.quarantine = policy;
-        self
-    }
-
-    /// Restarts a worker this cluster spawned when it is lost (crashed,
-    /// killed, hung), up to `n` times per worker (default 0: a lost
-    /// spawned worker stays gone). The new process starts on the same
-    /// socket, with nothing of the old one's, and rejoins; tasks are
-    /// placed there again. Its tasks at the time of the loss fail (or
-    /// rerun elsewhere under [`ClusterBuilder::retry`]).
-    #[must_use]
-    pub fn respawn(mut self, n: u32) -> Self {
-        self.respawns = n;
-        self
-    }
-
-    /// The most tasks submitted and not yet finished (default 65,536):
-    /// past it, `submit` waits for tasks to finish, so a driver that
-    /// submits faster than the workers run keeps bounded memory.
-    #[must_use]
-    pub fn max_unfinished(mut self, n: usize) -> Self {
-        self.max_unfinished = n.max(1);
-        self
-    }
-
-    /// Starts the workers, connects to every one, and starts the actors.
-    ///
-    /// # Errors
-    /// [`Error::Cluster`] naming the worker that could not be started or
-    /// reached (spawned workers are stopped again).
-    pub fn start(self) -> Result<Cluster, Error> {
-        Cluster::start(self)
-    }
-}
 
 /// A worker of the cluster, as its handshake described it.
 #[derive(Debug, Clone)]
@@ -280,32 +60,32 @@ pub struct Scope(ScopeId);
 
 /// A set of workers and the orchestrator driving them.
 pub struct Cluster {
-    runtime: Option<Runtime>,
-    cmds: mpsc::Sender<Cmd>,
-    endpoints: Vec<mpsc::Sender<EpCmd>>,
-    workers: Vec<WorkerInfo>,
+    pub(crate) runtime: Option<Runtime>,
+    pub(crate) cmds: mpsc::Sender<Cmd>,
+    pub(crate) endpoints: Vec<mpsc::Sender<EpCmd>>,
+    pub(crate) workers: Vec<WorkerInfo>,
     /// Callable name → (version, handle, canonical descriptor), highest
     /// version last.
-    callables: BTreeMap<String, Vec<(u32, KernelHandle, String)>>,
-    mint: IdentityMint,
-    released: mpsc::UnboundedSender<Released>,
-    local: Option<Arc<Mutex<LocalWorkers>>>,
+    pub(crate) callables: BTreeMap<String, Vec<(u32, KernelHandle, String)>>,
+    pub(crate) mint: IdentityMint,
+    pub(crate) released: mpsc::UnboundedSender<Released>,
+    pub(crate) local: Option<Arc<Mutex<LocalWorkers>>>,
     /// Per worker, the callables it offers.
-    offers: Vec<std::collections::HashSet<KernelHandle>>,
+    pub(crate) offers: Vec<std::collections::HashSet<KernelHandle>>,
     /// Per worker, whether it is up and how many times it was lost.
-    lives: Vec<std::sync::Arc<Life>>,
+    pub(crate) lives: Vec<std::sync::Arc<Life>>,
     /// The retry policy ([`ClusterBuilder::retry`]).
-    retries: u32,
+    pub(crate) retries: u32,
     /// Bounds the tasks submitted and not finished.
-    gate: std::sync::Arc<strata_core::Gate>,
+    pub(crate) gate: std::sync::Arc<strata_core::Gate>,
     /// The next task id; held while a submit is handed to the DAG actor,
     /// so that ids reach it in increasing order.
-    next_id: std::sync::Mutex<u64>,
+    pub(crate) next_id: std::sync::Mutex<u64>,
     /// The current run: run buffers of earlier runs are refused.
-    run: std::sync::atomic::AtomicU64,
+    pub(crate) run: std::sync::atomic::AtomicU64,
     /// Per worker, whether this run allocated run buffers there (only
     /// those workers are told when the run ends).
-    run_used: Vec<std::sync::atomic::AtomicBool>,
+    pub(crate) run_used: Vec<std::sync::atomic::AtomicBool>,
 }
 
 impl std::fmt::Debug for Cluster {
@@ -320,222 +100,6 @@ impl Cluster {
     /// Settings for a new cluster.
     pub fn builder() -> ClusterBuilder {
         ClusterBuilder::default()
-    }
-
-    fn start(b: ClusterBuilder) -> Result<Cluster, Error> {
-        let origin = std::time::Instant::now();
-        if b.local == 0 && b.remotes.is_empty() {
-            return Err(Error::Cluster(
-                "no workers: ask for local workers or connect to some".into(),
-            ));
-        }
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .thread_name("strata-orchestrator")
-            .enable_all()
-            .build()
-            .map_err(|e| Error::Cluster(format!("cannot start the runtime: {e}")))?;
-        // Every worker to connect to, with the pid of those spawned here.
-        let mut targets: Vec<(Remote, Option<Spawned>)> = Vec::new();
-        let local = if b.local > 0 {
-            let binary = b.binary.clone().or_else(default_worker_binary).ok_or_else(|| {
-                Error::Cluster(
-                    "cannot find the strata binary to spawn workers: set STRATA_BIN or use ClusterBuilder::worker_binary".into(),
-                )
-            })?;
-            let (lw, eps) = LocalWorkers::spawn(&binary, b.local, &b.device, b.ready_timeout)?;
-            for ((ep, pid), log) in eps.into_iter().zip(lw.pids()).zip(lw.logs()) {
-                let r = Remote {
-                    endpoint: ep,
-                    token: None,
-                    tls: None,
-                };
-                targets.push((r, Some(Spawned { pid, log })));
-            }
-            Some(Arc::new(Mutex::new(lw)))
-        } else {
-            None
-        };
-        for r in &b.remotes {
-            targets.push((r.clone(), None));
-        }
-
-        let interval_ms = u32::try_from(b.health_interval.as_millis().max(1)).unwrap_or(u32::MAX);
-        let connected = runtime.block_on(async {
-            let mut out = Vec::new();
-            for (i, (r, pid)) in targets.iter().enumerate() {
-                let ep = &r.endpoint;
-                let dial = connect(ep, r.token.as_deref(), r.tls.as_ref(), interval_ms);
-                let c = tokio::time::timeout(DIAL_LIMIT, dial)
-                    .await
-                    .unwrap_or_else(|_| {
-                        Err(format!(
-                            "no answer within {DIAL_LIMIT:?} (connection, handshake and streams)"
-                        ))
-                    })
-                    .map_err(|why| {
-                        let log = match (&local, pid) {
-                            (Some(lw), Some(_)) => {
-                                let lw = lw.lock().unwrap_or_else(|e| e.into_inner());
-                                format!("; its log:\n{}", lw.log_tail(i))
-                            }
-                            _ => String::new(),
-                        };
-                        Error::Cluster(format!("worker {i} ({ep}): {why}{log}"))
-                    })?;
-                out.push(c);
-            }
-            Ok::<_, Error>(out)
-        })?;
-
-        // Endpoint actors spawn their reader and health tasks when built.
-        let guard = runtime.enter();
-        let (up_tx, up_rx) = mpsc::unbounded_channel();
-        let (released_tx, released_rx) = mpsc::unbounded_channel();
-        let mut workers = Vec::new();
-        let mut callables: BTreeMap<String, Vec<(u32, KernelHandle, String)>> = BTreeMap::new();
-        let mut ep_txs = Vec::new();
-        let mut ep_refs = Vec::new();
-        let mut connected_offers = Vec::new();
-        let mut actors = Vec::new();
-        let mut lives = Vec::new();
-        for (i, ((r, pid), c)) in targets.iter().zip(connected).enumerate() {
-            let ep = &r.endpoint;
-            let id =
-                WorkerId(u32::try_from(i).map_err(|_| Error::Cluster("too many workers".into()))?);
-            let hs = c
-                .client
-                .handshake_info()
-                .cloned()
-                .ok_or_else(|| Error::Cluster(format!("worker {i}: no handshake")))?;
-            connected_offers.push(hs.callables.iter().map(|c| c.handle).collect());
-            for cinfo in &hs.callables {
-                let v = callables.entry(cinfo.name.clone()).or_default();
-                if !v.iter().any(|(ver, _, _)| *ver == cinfo.version) {
-                    v.push((cinfo.version, cinfo.handle, cinfo.signature.clone()));
-                    v.sort_by_key(|(ver, _, _)| *ver);
-                }
-            }
-            workers.push(WorkerInfo {
-                id,
-                endpoint: ep.to_string(),
-                chip: hs.chip_id,
-                device: hs.device_spec.clone(),
-                memory: hs.device_memory,
-                lanes: hs.lanes,
-                fd_passing: c.fd.is_some(),
-                pid: pid.as_ref().map(|s| s.pid),
-                callables: hs
-                    .callables
-                    .iter()
-                    .map(|c| format!("{}@{}", c.name, c.version))
-                    .collect(),
-            });
-            let (tx, rx) = mpsc::channel(256);
-            ep_txs.push(tx.clone());
-            ep_refs.push(EndpointRef {
-                tx,
-                name: ep.to_string(),
-                rejoins: 0,
-            });
-            let _ = up_tx.send(Notice::WorkerUp {
-                worker: id,
-                callables: hs
-                    .callables
-                    .iter()
-                    .map(|c| strata_core::CallableId(c.handle.0))
-                    .collect(),
-                window: b.window,
-            });
-            // A worker spawned here is killed when lost, and restarted on
-            // its socket while the respawn budget lasts; one the cluster
-            // connected to is dialed again and may rejoin.
-            let rejoin = Some(Rejoin {
-                endpoint: ep.clone(),
-                token: r.token.clone(),
-                tls: r.tls.clone(),
-                health_ms: interval_ms,
-                window: b.window,
-            });
-            let respawn = match (&local, pid) {
-                (Some(lw), Some(_)) if b.respawns > 0 => Some(Respawn {
-                    local: Arc::clone(lw),
-                    chip: i,
-                    left: b.respawns,
-                }),
-                _ => None,
-            };
-            let life = std::sync::Arc::new(Life::new(pid.as_ref().map(|s| s.pid)));
-            lives.push(std::sync::Arc::clone(&life));
-            actors.push((
-                EndpointActor::new(
-                    id,
-                    ep.to_string(),
-                    c,
-                    up_tx.clone(),
-                    b.health_deadline,
-                    pid.clone(),
-                    life,
-                    rejoin,
-                    respawn,
-                ),
-                rx,
-            ));
-        }
-        drop(up_tx);
-        let (cmd_tx, cmd_rx) = mpsc::channel(1024);
-        for (actor, rx) in actors {
-            tokio::spawn(actor.run(rx));
-        }
-        let gate = std::sync::Arc::new(strata_core::Gate::new(b.max_unfinished));
-        tokio::spawn(
-            DagActor::new(
-                ep_refs,
-                b.trace,
-                origin,
-                std::sync::Arc::clone(&gate),
-                b.quarantine,
-            )
-            .run(cmd_rx, up_rx),
-        );
-        tokio::spawn(buffers::run(released_rx, ep_txs.clone()));
-        drop(guard);
-        for w in &workers {
-            tracing::info!(
-                "{} up: {} chip {} device {} ({} callables, {})",
-                w.id,
-                w.endpoint,
-                w.chip,
-                w.device,
-                w.callables.len(),
-                if w.fd_passing {
-                    "buffers by fd"
-                } else {
-                    "bytes staged"
-                }
-            );
-        }
-        let owner: [u8; 8] = rand::random();
-        let offers = connected_offers;
-        Ok(Cluster {
-            lives,
-            offers,
-            retries: b.retries,
-            gate,
-            next_id: std::sync::Mutex::new(1),
-            run: std::sync::atomic::AtomicU64::new(0),
-            run_used: (0..workers.len())
-                .map(|_| std::sync::atomic::AtomicBool::new(false))
-                .collect(),
-            runtime: Some(runtime),
-            cmds: cmd_tx,
-            endpoints: ep_txs,
-            workers,
-            callables,
-            mint: IdentityMint::new(owner),
-            released: released_tx,
-            local,
-        })
     }
 
     /// The workers, by id.
@@ -571,7 +135,7 @@ impl Cluster {
             if std::time::Instant::now() >= deadline {
                 return Err(Error::Worker {
                     worker,
-                    reason: format!("not up within {limit:?}"),
+                    error: LinkError::TimedOut(format!("not up within {limit:?}")),
                 });
             }
             std::thread::sleep(Duration::from_millis(5));
@@ -590,7 +154,7 @@ impl Cluster {
     fn ask_endpoint<T>(
         &self,
         worker: WorkerId,
-        make: impl FnOnce(oneshot::Sender<Result<T, String>>) -> EpCmd,
+        make: impl FnOnce(oneshot::Sender<Result<T, LinkError>>) -> EpCmd,
     ) -> Result<T, Error> {
         not_async()?;
         let ep = self
@@ -601,7 +165,7 @@ impl Cluster {
         ep.blocking_send(make(tx)).map_err(|_| Error::Closed)?;
         rx.blocking_recv()
             .map_err(|_| Error::Closed)?
-            .map_err(|reason| Error::Worker { worker, reason })
+            .map_err(|error| Error::Worker { worker, error })
     }
 
     /// A zeroed host buffer of `nbytes`, readable and writable by tasks.
@@ -706,7 +270,7 @@ impl Cluster {
         })?;
         let addr = std::num::NonZeroU64::new(addr).ok_or_else(|| Error::Worker {
             worker,
-            reason: "device address 0".into(),
+            error: LinkError::Internal("device address 0".into()),
         })?;
         let desc = BufferDescriptor::new(
             identity,

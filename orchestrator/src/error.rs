@@ -24,12 +24,12 @@ pub enum Error {
     #[error("submit: {0}")]
     Submit(String),
     /// A worker refused or failed a control call.
-    #[error("{worker}: {reason}")]
+    #[error("{worker}: {error}")]
     Worker {
         /// The worker.
         worker: WorkerId,
-        /// Why.
-        reason: String,
+        /// Why: lost, unreachable, refused (and why), timed out...
+        error: crate::link::LinkError,
     },
     /// A task of the run did not succeed.
     #[error(transparent)]

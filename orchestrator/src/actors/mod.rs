@@ -32,6 +32,7 @@ use tokio::sync::oneshot;
 use crate::RunSummary;
 use crate::buffer::{Backing, Buffer};
 use crate::error::{Error, RunError};
+use crate::link::LinkError;
 
 /// One tensor argument with what keeps its memory alive.
 #[derive(Debug, Clone)]
@@ -179,27 +180,27 @@ pub(crate) enum EpCmd {
         identity: CanonicalIdentity,
         nbytes: u64,
         region: strata_chip::Region,
-        reply: oneshot::Sender<Result<u64, String>>,
+        reply: oneshot::Sender<Result<u64, LinkError>>,
     },
     /// Ends the session's run on the worker (its run buffers retire).
     EndRun {
-        reply: oneshot::Sender<Result<strata_proto::convert::RunEnd, String>>,
+        reply: oneshot::Sender<Result<strata_proto::convert::RunEnd, LinkError>>,
     },
     DeviceFree(CanonicalIdentity),
     CopyToDevice {
         identity: CanonicalIdentity,
         offset: u64,
         data: Vec<u8>,
-        reply: oneshot::Sender<Result<(), String>>,
+        reply: oneshot::Sender<Result<(), LinkError>>,
     },
     CopyFromDevice {
         identity: CanonicalIdentity,
         offset: u64,
         len: u64,
-        reply: oneshot::Sender<Result<Vec<u8>, String>>,
+        reply: oneshot::Sender<Result<Vec<u8>, LinkError>>,
     },
     Stats {
-        reply: oneshot::Sender<Result<WorkerStats, String>>,
+        reply: oneshot::Sender<Result<WorkerStats, LinkError>>,
     },
     Shutdown {
         reply: oneshot::Sender<()>,

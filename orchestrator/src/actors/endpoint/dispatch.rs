@@ -1,0 +1,263 @@
+//! Members to the worker and completions back: buffers imported by fd on
+//! first use (shared memory), view bytes staged with each task and landed
+//! from each completion (staged links), batches kept under the message
+//! limit.
+
+use std::collections::{HashMap, HashSet};
+use std::os::fd::BorrowedFd;
+use std::sync::Arc;
+
+use strata_proto::TaskId as WireTaskId;
+use strata_proto::convert::{TaskCompletion, TaskOutcome, TaskRequest};
+use strata_wire::{ArgTag, BufferDescriptor, CanonicalIdentity, TaskArgs, Tensor};
+use tracing::warn;
+
+use super::EndpointActor;
+use crate::actors::{DispatchItem, Notice, Report};
+use crate::buffer::{Backing, HostShared};
+use crate::link::Memory;
+
+/// A member on the worker.
+pub(super) struct InFlight {
+    task: strata_core::TaskId,
+    member: usize,
+    /// Host views whose bytes travel (staged links): argument index,
+    /// view, buffer, whether the task writes it.
+    staged: Vec<(u32, Tensor, Arc<HostShared>, bool)>,
+    sent: u64,
+}
+
+impl EndpointActor {
+    fn finish(&self, item: &DispatchItem, result: Result<(), String>) {
+        let _ = self.up.send(Notice::Finished {
+            task: item.task,
+            member: item.member,
+            result,
+            report: Report::default(),
+        });
+    }
+
+    fn staged(&self) -> bool {
+        self.link.facts().memory == Memory::Staged
+    }
+
+    pub(super) async fn dispatch(&mut self, items: Vec<DispatchItem>) {
+        let refused = match self.import_new(&items).await {
+            Ok(r) => r,
+            Err(cause) => return self.lost(cause),
+        };
+        // Batches stay under the message limit; one task over it fails
+        // alone (its bytes could never travel) instead of breaking the
+        // connection for everyone.
+        let room = self.link.facts().max_message.saturating_sub(64 * 1024);
+        let mut batches: Vec<Vec<TaskRequest>> = vec![Vec::new()];
+        let mut size = 0usize;
+        for item in &items {
+            let (req, f) = match self.request(item, &refused) {
+                Ok(r) => r,
+                Err(cause) => {
+                    self.finish(item, Err(cause));
+                    continue;
+                }
+            };
+            let back: u64 = f
+                .staged
+                .iter()
+                .filter(|(_, _, _, writes)| *writes)
+                .map(|(_, view, _, _)| strata_chip::staging::packed_len(view))
+                .sum();
+            let bytes = wire_size(&req).max(usize::try_from(back).unwrap_or(usize::MAX));
+            if bytes > room {
+                self.finish(
+                    item,
+                    Err(format!(
+                        "the task's arguments take {bytes} bytes on the wire, more than the {} a message to {} may hold: split the views, or use a worker on this host (buffers by fd)",
+                        room, self.name
+                    )),
+                );
+                continue;
+            }
+            if size + bytes > room {
+                batches.push(Vec::new());
+                size = 0;
+            }
+            size += bytes;
+            self.in_flight.insert(item.task.0, f);
+            batches.last_mut().expect("a batch").push(req);
+        }
+        for batch in batches.into_iter().filter(|b| !b.is_empty()) {
+            if let Err(e) = self.link.send(batch).await {
+                return self.lost(format!("sending tasks: {e}"));
+            }
+        }
+    }
+
+    /// Passes the memfd of every host buffer these members use that the
+    /// worker has not imported yet (shared-memory links). Returns the
+    /// buffers it refused, with why; an error when the link itself failed.
+    async fn import_new(
+        &mut self,
+        items: &[DispatchItem],
+    ) -> Result<HashMap<CanonicalIdentity, String>, String> {
+        let mut refused = HashMap::new();
+        if self.staged() {
+            return Ok(refused);
+        }
+        let mut new: Vec<Arc<HostShared>> = Vec::new();
+        let mut seen = HashSet::new();
+        for item in items {
+            for a in item.args.iter() {
+                if let Backing::Host(h) = &a.backing {
+                    let id = *h.descriptor().identity();
+                    if !self.imported.contains(&id) && seen.insert(id) {
+                        new.push(Arc::clone(h));
+                    }
+                }
+            }
+        }
+        for chunk in new.chunks(strata_proto::MAX_FDS_PER_MESSAGE) {
+            // Imported as the buffer's own descriptor, so that tasks may use
+            // it through narrowed views whichever task comes first.
+            let buffers: Vec<(BufferDescriptor, BorrowedFd<'_>)> =
+                chunk.iter().map(|h| (*h.descriptor(), h.fd())).collect();
+            let results = self
+                .link
+                .import(&buffers)
+                .await
+                .map_err(|e| format!("fd channel: {e}"))?;
+            let mut bytes = 0u64;
+            for (h, r) in chunk.iter().zip(results) {
+                let id = *h.descriptor().identity();
+                match r {
+                    Ok(()) => {
+                        self.imported.insert(id);
+                        h.imported_by(self.id);
+                        bytes += h.descriptor().nbytes();
+                    }
+                    Err(why) => {
+                        warn!(worker = %self.id, buffer = %id, %why, "buffer refused");
+                        refused.insert(id, why);
+                    }
+                }
+            }
+            let _ = self.up.send(Notice::Imported { bytes });
+        }
+        Ok(refused)
+    }
+
+    fn request(
+        &self,
+        item: &DispatchItem,
+        refused: &HashMap<CanonicalIdentity, String>,
+    ) -> Result<(TaskRequest, InFlight), String> {
+        let staged_link = self.staged();
+        let mut tensors = Vec::with_capacity(item.args.len());
+        let mut tags = Vec::with_capacity(item.args.len());
+        let mut inline = Vec::with_capacity(item.args.len());
+        let mut staged = Vec::new();
+        let mut sent = 0u64;
+        for (i, a) in item.args.iter().enumerate() {
+            tensors.push(a.tensor);
+            tags.push(a.tag);
+            match &a.backing {
+                Backing::Host(h) if staged_link => {
+                    let data = if a.tag == ArgTag::Output {
+                        Vec::new()
+                    } else {
+                        h.pack(&a.tensor)
+                            .map_err(|e| format!("argument {i}: staging: {e}"))?
+                    };
+                    sent += data.len() as u64;
+                    inline.push(Some(data));
+                    staged.push((i as u32, a.tensor, Arc::clone(h), a.tag.writes()));
+                }
+                Backing::Host(h) => {
+                    if let Some(why) = refused.get(h.descriptor().identity()) {
+                        return Err(format!(
+                            "argument {i}: the worker refused buffer {}: {why}",
+                            h.descriptor().identity()
+                        ));
+                    }
+                    inline.push(None);
+                }
+                Backing::Device(_) => inline.push(None),
+            }
+        }
+        let args = TaskArgs::new(tensors, item.scalars.to_vec()).map_err(|e| e.to_string())?;
+        Ok((
+            TaskRequest {
+                id: WireTaskId(item.task.0),
+                callable: item.callable,
+                args,
+                tags,
+                inline,
+            },
+            InFlight {
+                task: item.task,
+                member: item.member,
+                staged,
+                sent,
+            },
+        ))
+    }
+
+    pub(super) fn complete(&mut self, batch: Vec<TaskCompletion>) {
+        if self.dead {
+            return;
+        }
+        for c in batch {
+            let Some(f) = self.in_flight.remove(&c.id.0) else {
+                warn!(worker = %self.id, task = c.id.0, "completion for an unknown task");
+                continue;
+            };
+            let mut report = Report {
+                sent: f.sent,
+                returned: 0,
+                staged: c.staged_in + c.staged_out,
+                lane: c.lane,
+                queued_ns: c.queued_ns,
+                busy_ns: c.busy_ns,
+                received: None,
+            };
+            let result = match c.outcome {
+                TaskOutcome::Failure(cause) => Err(cause),
+                TaskOutcome::Success => land(&f, &c.outputs, &mut report.returned),
+            };
+            report.received = Some(std::time::Instant::now());
+            let _ = self.up.send(Notice::Finished {
+                task: f.task,
+                member: f.member,
+                result,
+                report,
+            });
+        }
+    }
+}
+
+/// Writes the bytes a staged worker sent back into the host buffers; every
+/// argument the task writes must have come back.
+fn land(f: &InFlight, outputs: &[(u32, Vec<u8>)], returned: &mut u64) -> Result<(), String> {
+    for (index, view, host, writes) in &f.staged {
+        let out = outputs.iter().find(|(i, _)| i == index);
+        match out {
+            Some((_, bytes)) => {
+                host.unpack(view, bytes)
+                    .map_err(|e| format!("argument {index}: writing back: {e}"))?;
+                *returned += bytes.len() as u64;
+            }
+            None if *writes => {
+                return Err(format!(
+                    "argument {index}: the worker sent no bytes for a view the task writes"
+                ));
+            }
+            None => {}
+        }
+    }
+    Ok(())
+}
+
+/// About how many bytes a task takes in a message.
+fn wire_size(req: &TaskRequest) -> usize {
+    let inline: usize = req.inline.iter().flatten().map(|d| d.len() + 16).sum();
+    req.args.encoded_len() + req.tags.len() + inline + 64
+}

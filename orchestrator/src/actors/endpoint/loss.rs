@@ -1,0 +1,373 @@
+//! Losing a worker, looking for the fence of each loss, and rejoining.
+//!
+//! A lost worker the cluster connected to (not spawned) may come back: a
+//! restarted process on the same address, the same process once a cut
+//! connection heals, or an in-process worker resumed. The endpoint keeps
+//! dialing it (50 ms, doubling to 1 s); when a link opens and the worker
+//! still offers every callable it offered at the start, the endpoint
+//! starts afresh (nothing imported, nothing in flight) and reports it up
+//! again. A spawned worker is restarted while the respawn budget lasts.
+//!
+//! Fences (DESIGN §7). A loss is fenced when it happens if the worker
+//! cannot touch task memory any more: a staged link (it only held copies,
+//! and late completions are dropped) or a spawned process the endpoint
+//! killed and saw gone. Otherwise the engine quarantines what was in
+//! flight, and the endpoint looks for a fence in two ways, reporting
+//! [`Notice::Fenced`] with the loss's number as soon as either succeeds:
+//! 1. the worker process is seen dead: its pid (from `SO_PEERCRED` on the
+//!    fd channel, or the one the cluster spawned) is gone, a zombie, or a
+//!    different process (another start time) — checked every 20 ms on a
+//!    thread of its own, off the async runtime;
+//! 2. the same worker comes back (same `instance` when the link opens):
+//!    the redial names the lost session, which the worker ends at once
+//!    (its queued tasks never start), and the endpoint polls the session's
+//!    state until the worker reports it ended with nothing running. A
+//!    different instance (a restarted process) proves nothing about the
+//!    old one; 1 still may.
+//!
+//! Killing a spawned process and waiting for it, and reading its log, also
+//! happen off the runtime ([`tokio::task::spawn_blocking`]).
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+use tracing::{debug, info, warn};
+
+use super::{EndpointActor, FENCE_POLL, Internal, Respawn, Spawned};
+use crate::actors::Notice;
+use crate::actors::fence::{Process, Unfenced};
+use crate::link::{Dialer, LinkEvent, Memory, WorkerLink};
+
+/// Something looking for a fence: a task on the runtime (a session poll)
+/// or a thread of its own (a process watch).
+pub(super) enum Fencer {
+    Task(JoinHandle<()>),
+    Thread(Arc<AtomicBool>),
+}
+
+impl Fencer {
+    /// Stops looking.
+    pub(super) fn cancel(&self) {
+        match self {
+            Fencer::Task(t) => t.abort(),
+            Fencer::Thread(stop) => stop.store(true, Ordering::Release),
+        }
+    }
+}
+
+impl EndpointActor {
+    /// The worker is lost (`cause` says how). Reports it down once — after
+    /// killing a spawned process and waiting for it, off the runtime — and
+    /// starts dialing it again.
+    pub(super) fn lost(&mut self, cause: String) {
+        if self.dead {
+            return;
+        }
+        self.dead = true;
+        self.life.lost();
+        self.lost_at = Some(Instant::now());
+        let _ = self.lost_tx.send(true);
+        self.link.close();
+        self.in_flight.clear();
+        self.imported.clear();
+        // A staged link only ever held copies of task bytes, and their
+        // completions are dropped from here on: it cannot touch memory.
+        let staged = self.link.facts().memory == Memory::Staged;
+        let Some(s) = self.spawned.clone() else {
+            return self.report_loss(cause, staged);
+        };
+        // The cluster spawned it: make sure a hung process cannot wake up
+        // and write into buffers later, and wait (briefly) until it is
+        // gone, which is what makes a rerun elsewhere safe. A crashed
+        // worker's last words are the likeliest explanation of the loss.
+        let tx = self.internal_tx.clone();
+        tokio::task::spawn_blocking(move || {
+            let mut fenced = staged;
+            if let Ok(pid) = i32::try_from(s.pid) {
+                let _ = nix::sys::signal::kill(
+                    nix::unistd::Pid::from_raw(pid),
+                    nix::sys::signal::Signal::SIGKILL,
+                );
+                fenced |= wait_gone(s.pid, Duration::from_secs(1));
+            }
+            let tail = crate::local::tail(&s.log);
+            let last: Vec<&str> = tail.lines().filter(|l| !l.trim().is_empty()).collect();
+            let cause = if last.is_empty() {
+                cause
+            } else {
+                let last = &last[last.len().saturating_sub(3)..];
+                format!("{cause}; its log ends: {}", last.join(" | "))
+            };
+            let _ = tx.send(Internal::Examined { cause, fenced });
+        });
+    }
+
+    /// Reports a loss to the DAG actor (fenced or not) and starts looking
+    /// for its fence and dialing the worker again.
+    pub(super) fn report_loss(&mut self, cause: String, fenced: bool) {
+        warn!(worker = %self.id, name = %self.name, %cause, fenced, "worker lost");
+        self.losses += 1;
+        if !fenced {
+            let f = self.link.facts();
+            self.unfenced.push(Unfenced {
+                epoch: self.losses,
+                session: f.session,
+                instance: f.instance,
+            });
+            if let Some(p) = self.process {
+                self.watch_process(p, self.losses);
+            }
+        }
+        let _ = self.up.send(Notice::WorkerDown {
+            worker: self.id,
+            cause,
+            fenced,
+        });
+        self.redial();
+    }
+
+    /// Proof came that loss `epoch`'s tasks ended: tell the engine, once.
+    pub(super) fn fenced(&mut self, epoch: u64) {
+        let Some(at) = self.unfenced.iter().position(|u| u.epoch == epoch) else {
+            return;
+        };
+        self.unfenced.remove(at);
+        // The other ways of looking for this fence have nothing left to do.
+        self.fencers.retain(|(e, f)| {
+            if *e == epoch {
+                f.cancel();
+            }
+            *e != epoch
+        });
+        info!(worker = %self.id, name = %self.name, epoch, "loss fenced");
+        let _ = self.up.send(Notice::Fenced {
+            worker: self.id,
+            epoch,
+        });
+    }
+
+    /// Watches `process`, on a thread of its own, until it ends; then
+    /// reports loss `epoch` fenced.
+    fn watch_process(&mut self, process: Process, epoch: u64) {
+        let tx = self.internal_tx.clone();
+        let stop = Arc::new(AtomicBool::new(false));
+        let stopped = Arc::clone(&stop);
+        let spawned = std::thread::Builder::new()
+            .name(format!("strata-fence-{}", self.id.0))
+            .spawn(move || {
+                while !stopped.load(Ordering::Acquire) {
+                    if process.ended() {
+                        let _ = tx.send(Internal::Fenced(epoch));
+                        return;
+                    }
+                    std::thread::sleep(FENCE_POLL);
+                }
+            });
+        match spawned {
+            Ok(_) => self.fencers.push((epoch, Fencer::Thread(stop))),
+            Err(e) => warn!(worker = %self.id, error = %e, "cannot start a process watch"),
+        }
+    }
+
+    /// Polls the worker (the same one, back) until it reports the session
+    /// of `u` ended with nothing running, then reports `u`'s loss fenced.
+    /// Gives up when the worker is lost again or no longer knows the
+    /// session (which proves nothing).
+    fn poll_session(&mut self, u: Unfenced) {
+        let tx = self.internal_tx.clone();
+        let link = Arc::clone(&self.link);
+        let mut lost = self.lost_rx.clone();
+        let task = tokio::spawn(async move {
+            loop {
+                let state = tokio::select! {
+                    s = link.session_state(u.session) => s,
+                    _ = lost.wait_for(|l| *l) => return,
+                };
+                match state {
+                    Ok(s) if s.is_fenced() => {
+                        let _ = tx.send(Internal::Fenced(u.epoch));
+                        return;
+                    }
+                    Ok(s) if !s.known => return,
+                    Ok(_) => {}
+                    Err(e) => {
+                        debug!(session = %u.session, error = %e, "session state");
+                        return;
+                    }
+                }
+                tokio::time::sleep(FENCE_POLL).await;
+            }
+        });
+        self.fencers.push((u.epoch, Fencer::Task(task)));
+    }
+
+    /// Starts dialing a lost worker the cluster connected to, or
+    /// restarting one it spawned (while the respawn budget lasts).
+    fn redial(&mut self) {
+        let Some(dialer) = self.rejoin.clone() else {
+            return;
+        };
+        let tx = self.internal_tx.clone();
+        let (id, name) = (self.id, self.name.clone());
+        if self.spawned.is_some() {
+            let Some(respawn) = self.respawn.as_mut().filter(|s| s.left > 0) else {
+                return;
+            };
+            respawn.left -= 1;
+            let respawn = respawn.clone();
+            self.dialer = Some(tokio::spawn(async move {
+                match restart(&respawn).await {
+                    Ok((link, events, spawned)) => {
+                        let _ = tx.send(Internal::Redialed(link, events, Some(spawned)));
+                    }
+                    Err(e) => warn!(worker = %id, %name, error = %e, "could not restart"),
+                }
+            }));
+            return;
+        }
+        // The redial names the session just lost: a worker that is the
+        // same one ends it at once (none of its queued tasks starts).
+        let previous = self.unfenced.last().map(|u| u.session);
+        self.dialer = Some(tokio::spawn(async move {
+            let mut pause = Duration::from_millis(50);
+            loop {
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(Duration::from_secs(1));
+                let (etx, erx) = mpsc::unbounded_channel();
+                match dialer.dial(previous, etx).await {
+                    Ok(link) => {
+                        let _ = tx.send(Internal::Redialed(link, erx, None));
+                        return;
+                    }
+                    Err(e) => debug!(worker = %id, %name, error = %e, "not back yet"),
+                }
+            }
+        }));
+    }
+
+    /// A lost worker answered again: it rejoins if it still offers what it
+    /// offered at the start.
+    pub(super) fn redialed(
+        &mut self,
+        link: Arc<dyn WorkerLink>,
+        events: mpsc::UnboundedReceiver<LinkEvent>,
+        spawned: Option<Spawned>,
+    ) {
+        self.dialer = None;
+        if !self.dead {
+            return;
+        }
+        if let Some(s) = spawned {
+            self.life.set_pid(s.pid);
+            self.spawned = Some(s);
+        }
+        let offered: HashSet<_> = link.facts().callables.iter().map(|c| c.handle).collect();
+        let missing = self.offers.difference(&offered).count();
+        if missing > 0 {
+            warn!(
+                worker = %self.id,
+                name = %self.name,
+                missing,
+                "back but lacks callables it offered at the start; not rejoining it (dialing again)"
+            );
+            link.close();
+            return self.redial();
+        }
+        self.process = link
+            .facts()
+            .pid
+            .or_else(|| self.spawned.as_ref().map(|s| s.pid))
+            .and_then(Process::of);
+        self.link = link;
+        self.link_events = events;
+        self.imported.clear();
+        self.in_flight.clear();
+        self.rejoins += 1;
+        self.dead = false;
+        let _ = self.lost_tx.send(false);
+        self.life.back();
+        // The same worker is back: ask it about every session lost without
+        // a fence (the redial already ended the last one).
+        let instance = self.link.facts().instance;
+        let same: Vec<Unfenced> = self
+            .unfenced
+            .iter()
+            .copied()
+            .filter(|u| u.instance == instance)
+            .collect();
+        for u in same {
+            self.poll_session(u);
+        }
+        let away = self.lost_at.take().map(|t| t.elapsed()).unwrap_or_default();
+        info!(
+            worker = %self.id,
+            name = %self.name,
+            away_ms = away.as_secs_f64() * 1e3,
+            "rejoined"
+        );
+        let callables = self
+            .offers
+            .iter()
+            .map(|h| strata_core::CallableId(h.0))
+            .collect();
+        let _ = self.up.send(Notice::WorkerUp {
+            worker: self.id,
+            callables,
+            window: self.window,
+        });
+    }
+}
+
+type Restarted = (
+    Arc<dyn WorkerLink>,
+    mpsc::UnboundedReceiver<LinkEvent>,
+    Spawned,
+);
+
+/// Restarts a spawned worker on its socket and opens a link to it.
+async fn restart(respawn: &Respawn) -> Result<Restarted, String> {
+    let (local, chip) = (Arc::clone(&respawn.local), respawn.chip);
+    let (endpoint, spawned) = tokio::task::spawn_blocking(move || {
+        let lock = || local.lock().unwrap_or_else(|e| e.into_inner());
+        let (starting, timeout) = {
+            let mut lw = lock();
+            (lw.start(chip)?, lw.ready_timeout())
+        };
+        // No lock held while it starts: the cluster may be stopping.
+        let line = starting.wait(timeout);
+        let mut lw = lock();
+        let endpoint = lw.endpoint_of(chip, line, timeout)?;
+        let pid = lw
+            .pid(chip)
+            .ok_or_else(|| crate::error::Error::Cluster("no process".into()))?;
+        let log = lw.log_path(chip).unwrap_or_default();
+        Ok::<_, crate::error::Error>((endpoint, Spawned { pid, log }))
+    })
+    .await
+    .map_err(|e| e.to_string())?
+    .map_err(|e| e.to_string())?;
+    let mut dial = respawn.dial.clone();
+    dial.endpoint = endpoint;
+    let (tx, rx) = mpsc::unbounded_channel();
+    let link = dial.dial(None, tx).await.map_err(|e| e.to_string())?;
+    Ok((link, rx, spawned))
+}
+
+/// Waits up to `limit` for process `pid` to be dead (a zombie or gone).
+/// Blocks: call it off the async runtime.
+fn wait_gone(pid: u32, limit: Duration) -> bool {
+    let deadline = Instant::now() + limit;
+    loop {
+        if crate::actors::fence::is_dead(pid) {
+            return true;
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}

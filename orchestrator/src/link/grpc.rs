@@ -1,0 +1,359 @@
+//! The gRPC link: a worker process reached over gRPC, with its fd side
+//! channel when it listens on a Unix socket.
+
+use std::os::fd::BorrowedFd;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use strata_chip::Region;
+use strata_proto::convert::{RunEnd, SessionState, TaskRequest, WorkerStats};
+use strata_wire::{BufferDescriptor, CanonicalIdentity};
+use strata_worker::client::TaskSender;
+use strata_worker::fdchan::FdChannel;
+use strata_worker::{ClientError, ClientTls, Endpoint, SessionId, WorkerClient};
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+use tonic::Code;
+
+use super::{BoxFuture, Dialer, Facts, LinkError, LinkEvent, Memory, Offer, Refusal, WorkerLink};
+
+/// Longest a connection attempt may take, handshake and streams included.
+pub(crate) const DIAL_LIMIT: Duration = Duration::from_secs(5);
+
+/// Dials a worker at an address.
+#[derive(Debug, Clone)]
+pub(crate) struct GrpcDialer {
+    pub(crate) endpoint: Endpoint,
+    pub(crate) token: Option<String>,
+    pub(crate) tls: Option<ClientTls>,
+    /// Health beats every this many milliseconds ...
+    pub(crate) health_ms: u32,
+    /// ... and the worker is unhealthy when none came for this long.
+    pub(crate) health_deadline: Duration,
+}
+
+impl Dialer for GrpcDialer {
+    fn dial(
+        &self,
+        previous: Option<SessionId>,
+        events: mpsc::UnboundedSender<LinkEvent>,
+    ) -> BoxFuture<'_, Result<Arc<dyn WorkerLink>, LinkError>> {
+        Box::pin(async move {
+            match tokio::time::timeout(DIAL_LIMIT, self.connect(previous, events)).await {
+                Ok(r) => r.map(|l| Arc::new(l) as Arc<dyn WorkerLink>),
+                Err(_) => Err(LinkError::TimedOut(format!(
+                    "no answer within {DIAL_LIMIT:?} (connection, handshake and streams)"
+                ))),
+            }
+        })
+    }
+
+    fn address(&self) -> String {
+        self.endpoint.to_string()
+    }
+}
+
+impl GrpcDialer {
+    async fn connect(
+        &self,
+        previous: Option<SessionId>,
+        events: mpsc::UnboundedSender<LinkEvent>,
+    ) -> Result<GrpcLink, LinkError> {
+        let mut client =
+            WorkerClient::connect_with(&self.endpoint, self.token.as_deref(), self.tls.as_ref())
+                .await
+                .map_err(|e| link_error("connect", e))?;
+        let hs = client
+            .handshake_after(previous)
+            .await
+            .map_err(|e| link_error("handshake", e))?;
+        let fd = match self.endpoint {
+            Endpoint::Unix(_) => Some(
+                client
+                    .fd_channel()
+                    .await
+                    .map_err(|e| link_error("fd channel", e))?,
+            ),
+            Endpoint::Tcp(_) => None,
+        };
+        let (sender, mut completions) = client
+            .open_tasks()
+            .await
+            .map_err(|e| link_error("task stream", e))?
+            .split();
+        let mut health = client
+            .health(self.health_ms)
+            .await
+            .map_err(|e| link_error("health stream", e))?;
+        let reader = {
+            let tx = events.clone();
+            tokio::spawn(async move {
+                loop {
+                    match completions.next().await {
+                        Ok(Some(batch)) => {
+                            if tx.send(LinkEvent::Completions(batch)).is_err() {
+                                return;
+                            }
+                        }
+                        Ok(None) => return drop(tx.send(LinkEvent::Closed(None))),
+                        Err(e) => {
+                            let e = link_error("task stream", e);
+                            return drop(tx.send(LinkEvent::Closed(Some(e))));
+                        }
+                    }
+                }
+            })
+        };
+        let deadline = self.health_deadline;
+        let watch = tokio::spawn(async move {
+            let cause = loop {
+                match tokio::time::timeout(deadline, health.next()).await {
+                    Ok(Ok(Some(_))) => {}
+                    Ok(Ok(None)) => break "the worker ended its health stream".to_owned(),
+                    Ok(Err(e)) => break format!("health stream broke: {e}"),
+                    Err(_) => {
+                        break format!(
+                            "no health beat for {} ms (hung or unreachable)",
+                            deadline.as_millis()
+                        );
+                    }
+                }
+            };
+            let _ = events.send(LinkEvent::Unhealthy(cause));
+        });
+        let max_message = usize::try_from(hs.max_message_bytes)
+            .unwrap_or(usize::MAX)
+            .min(strata_proto::DEFAULT_MAX_MESSAGE_BYTES);
+        let facts = Facts {
+            session: hs.session,
+            instance: hs.instance,
+            chip_id: hs.chip_id,
+            device_spec: hs.device_spec.clone(),
+            device_memory: hs.device_memory,
+            lanes: hs.lanes,
+            callables: hs
+                .callables
+                .iter()
+                .map(|c| Offer {
+                    handle: c.handle,
+                    name: c.name.clone(),
+                    version: c.version,
+                    signature: c.signature.clone(),
+                })
+                .collect(),
+            max_message,
+            memory: if fd.is_some() {
+                Memory::Shared
+            } else {
+                Memory::Staged
+            },
+            pid: fd.as_ref().and_then(FdChannel::peer_pid),
+        };
+        Ok(GrpcLink {
+            client,
+            facts,
+            sender: Mutex::new(Some(Arc::new(sender))),
+            fd: fd.map(tokio::sync::Mutex::new),
+            tasks: Mutex::new(vec![reader, watch]),
+        })
+    }
+}
+
+/// One session on a worker process over gRPC.
+#[derive(Debug)]
+pub(crate) struct GrpcLink {
+    client: WorkerClient,
+    facts: Facts,
+    /// `None` once closed: the task stream ends, and with it the session.
+    sender: Mutex<Option<Arc<TaskSender>>>,
+    fd: Option<tokio::sync::Mutex<FdChannel>>,
+    /// The completion reader and the health watch.
+    tasks: Mutex<Vec<JoinHandle<()>>>,
+}
+
+impl GrpcLink {
+    fn client(&self) -> WorkerClient {
+        self.client.clone()
+    }
+}
+
+impl WorkerLink for GrpcLink {
+    fn facts(&self) -> &Facts {
+        &self.facts
+    }
+
+    fn send(&self, tasks: Vec<TaskRequest>) -> BoxFuture<'_, Result<(), LinkError>> {
+        let sender = self
+            .sender
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        Box::pin(async move {
+            let Some(sender) = sender else {
+                return Err(LinkError::Lost("the session is closed".into()));
+            };
+            sender
+                .send(&tasks)
+                .await
+                .map_err(|e| link_error("sending tasks", e))
+        })
+    }
+
+    fn import<'a>(
+        &'a self,
+        buffers: &'a [(BufferDescriptor, BorrowedFd<'a>)],
+    ) -> BoxFuture<'a, Result<Vec<Result<(), String>>, LinkError>> {
+        Box::pin(async move {
+            let Some(fd) = &self.fd else {
+                return Err(LinkError::Internal(
+                    "this worker is reached over TCP: buffers travel as bytes, not by fd".into(),
+                ));
+            };
+            let grants: Vec<BufferDescriptor> = buffers.iter().map(|(d, _)| *d).collect();
+            let fds: Vec<BorrowedFd<'_>> = buffers.iter().map(|(_, f)| *f).collect();
+            let results = fd
+                .lock()
+                .await
+                .import_as(&grants, &fds)
+                .await
+                .map_err(|e| LinkError::Unreachable(format!("fd channel: {e}")))?;
+            if results.len() != grants.len() {
+                return Err(LinkError::Internal(format!(
+                    "fd channel: {} results for {} buffers",
+                    results.len(),
+                    grants.len()
+                )));
+            }
+            Ok(results)
+        })
+    }
+
+    fn release_imports(&self, ids: Vec<CanonicalIdentity>) -> BoxFuture<'_, Result<(), LinkError>> {
+        let mut c = self.client();
+        Box::pin(async move {
+            c.release_imports(&ids)
+                .await
+                .map(drop)
+                .map_err(|e| link_error("release imports", e))
+        })
+    }
+
+    fn device_alloc(
+        &self,
+        identity: CanonicalIdentity,
+        nbytes: u64,
+        region: Region,
+    ) -> BoxFuture<'_, Result<u64, LinkError>> {
+        let mut c = self.client();
+        Box::pin(async move {
+            c.device_alloc(&identity, nbytes, region)
+                .await
+                .map_err(|e| link_error("device alloc", e))
+        })
+    }
+
+    fn device_free(&self, identity: CanonicalIdentity) -> BoxFuture<'_, Result<(), LinkError>> {
+        let mut c = self.client();
+        Box::pin(async move {
+            c.device_free(&identity)
+                .await
+                .map_err(|e| link_error("device free", e))
+        })
+    }
+
+    fn end_run(&self) -> BoxFuture<'_, Result<RunEnd, LinkError>> {
+        let mut c = self.client();
+        Box::pin(async move { c.end_run().await.map_err(|e| link_error("end run", e)) })
+    }
+
+    fn copy_to_device(
+        &self,
+        identity: CanonicalIdentity,
+        offset: u64,
+        data: Vec<u8>,
+    ) -> BoxFuture<'_, Result<(), LinkError>> {
+        let mut c = self.client();
+        Box::pin(async move {
+            c.copy_to_device(&identity, offset, data)
+                .await
+                .map_err(|e| link_error("copy to device", e))
+        })
+    }
+
+    fn copy_from_device(
+        &self,
+        identity: CanonicalIdentity,
+        offset: u64,
+        len: u64,
+    ) -> BoxFuture<'_, Result<Vec<u8>, LinkError>> {
+        let mut c = self.client();
+        Box::pin(async move {
+            c.copy_from_device(&identity, offset, len)
+                .await
+                .map_err(|e| link_error("copy from device", e))
+        })
+    }
+
+    fn stats(&self) -> BoxFuture<'_, Result<WorkerStats, LinkError>> {
+        let mut c = self.client();
+        Box::pin(async move { c.stats().await.map_err(|e| link_error("stats", e)) })
+    }
+
+    fn session_state(&self, session: SessionId) -> BoxFuture<'_, Result<SessionState, LinkError>> {
+        let mut c = self.client();
+        Box::pin(async move {
+            c.session_state(session)
+                .await
+                .map_err(|e| link_error("session state", e))
+        })
+    }
+
+    fn close(&self) {
+        *self.sender.lock().unwrap_or_else(|e| e.into_inner()) = None;
+        for t in self
+            .tasks
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .drain(..)
+        {
+            t.abort();
+        }
+    }
+}
+
+impl Drop for GrpcLink {
+    fn drop(&mut self) {
+        self.close();
+    }
+}
+
+/// The one mapping from client errors (gRPC statuses among them) to link
+/// errors; `what` names the call.
+pub(crate) fn link_error(what: &str, e: ClientError) -> LinkError {
+    match e {
+        ClientError::Status(s) => {
+            let msg = s.message().to_owned();
+            match s.code() {
+                Code::InvalidArgument | Code::OutOfRange => {
+                    LinkError::Refused(Refusal::Invalid(msg))
+                }
+                Code::NotFound => LinkError::Refused(Refusal::NotFound(msg)),
+                Code::AlreadyExists => LinkError::Refused(Refusal::AlreadyExists(msg)),
+                Code::FailedPrecondition => LinkError::Refused(Refusal::Precondition(msg)),
+                Code::ResourceExhausted => LinkError::Refused(Refusal::Exhausted(msg)),
+                Code::DeadlineExceeded => LinkError::TimedOut(format!("{what}: {msg}")),
+                Code::Unauthenticated | Code::PermissionDenied => {
+                    LinkError::Auth(format!("{what}: {msg}"))
+                }
+                Code::Unavailable | Code::Cancelled | Code::Aborted => {
+                    LinkError::Unreachable(format!("{what}: {msg}"))
+                }
+                _ => LinkError::Internal(format!("{what}: {msg}")),
+            }
+        }
+        ClientError::Connect { .. } | ClientError::Io(_) => {
+            LinkError::Unreachable(format!("{what}: {e}"))
+        }
+        other => LinkError::Internal(format!("{what}: {other}")),
+    }
+}

@@ -1,0 +1,206 @@
+//! The worker link: one trait for everything the orchestrator asks of a
+//! worker, whatever carries it.
+//!
+//! A [`Dialer`] opens a [`WorkerLink`] — one session on one worker — and
+//! hands the link's [`LinkEvent`]s (completions, the end of the session,
+//! a health deadline that passed) to the endpoint actor's channel. The
+//! actor drives everything else through the link: task batches, buffer
+//! imports by fd, control calls, session state. Two kinds exist:
+//! - [`grpc`]: a worker process over gRPC, with its fd side channel when it
+//!   listens on a Unix socket (the link passes host buffers by fd) or the
+//!   bytes of every view staged with the task over TCP;
+//! - [`inproc`]: a worker node inside this process
+//!   ([`strata_worker::InProcessWorker`]), reached by calls.
+//!
+//! The endpoint actor (`actors::endpoint`) knows no transport; tests run it
+//! over in-process links without spawning a process.
+
+pub(crate) mod grpc;
+pub(crate) mod inproc;
+
+use std::fmt;
+use std::future::Future;
+use std::os::fd::BorrowedFd;
+use std::pin::Pin;
+use std::sync::Arc;
+
+use strata_chip::{KernelHandle, Region};
+use strata_proto::convert::{InstanceId, RunEnd, SessionState, TaskCompletion, TaskRequest, WorkerStats};
+use strata_wire::{BufferDescriptor, CanonicalIdentity};
+use strata_worker::SessionId;
+use tokio::sync::mpsc;
+
+/// A boxed future, as the link's methods return them (object safety).
+pub(crate) type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// How host buffers reach a worker.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Memory {
+    /// It maps them by fd: tasks read and write the driver's bytes.
+    Shared,
+    /// Each task carries the bytes of the views it reads, and its
+    /// completion the bytes of the views it writes.
+    Staged,
+}
+
+/// One callable a worker offers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Offer {
+    pub(crate) handle: KernelHandle,
+    pub(crate) name: String,
+    pub(crate) version: u32,
+    pub(crate) signature: String,
+}
+
+/// What a worker told when the link opened.
+#[derive(Debug, Clone)]
+pub(crate) struct Facts {
+    /// The session the link holds.
+    pub(crate) session: SessionId,
+    /// The worker process (or in-process node): equal across two links
+    /// exactly when the same one served both.
+    pub(crate) instance: InstanceId,
+    pub(crate) chip_id: u32,
+    pub(crate) device_spec: String,
+    pub(crate) device_memory: u64,
+    pub(crate) lanes: u32,
+    pub(crate) callables: Vec<Offer>,
+    /// The largest message both sides accept (bytes staged with a batch
+    /// of tasks stay under it).
+    pub(crate) max_message: usize,
+    pub(crate) memory: Memory,
+    /// The worker's process, when the link can see it (`SO_PEERCRED` on a
+    /// Unix socket); never this process.
+    pub(crate) pid: Option<u32>,
+}
+
+/// What a link reports by itself, on the actor's event channel.
+#[derive(Debug)]
+pub(crate) enum LinkEvent {
+    /// Members finished.
+    Completions(Vec<TaskCompletion>),
+    /// The worker ended the session, or the connection broke (why).
+    Closed(Option<LinkError>),
+    /// No sign of life within the health deadline, or the worker halted.
+    Unhealthy(String),
+}
+
+/// Why a call on a link failed: what a program can match on.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum LinkError {
+    /// The worker could not be reached, or the connection broke.
+    #[error("unreachable: {0}")]
+    Unreachable(String),
+    /// The worker was lost while the call waited (or before it was made).
+    #[error("lost ({0})")]
+    Lost(String),
+    /// The worker refused the call.
+    #[error("{0}")]
+    Refused(Refusal),
+    /// No answer in time.
+    #[error("timed out: {0}")]
+    TimedOut(String),
+    /// The worker refused our credentials.
+    #[error("authentication: {0}")]
+    Auth(String),
+    /// Anything else the worker reported (a bug on one side).
+    #[error("internal: {0}")]
+    Internal(String),
+}
+
+/// Why a worker refused a call, with its message.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum Refusal {
+    /// An argument it cannot accept (range, size, a malformed field).
+    #[error("{0}")]
+    Invalid(String),
+    /// What the call names does not exist (a device buffer not allocated,
+    /// an unknown session).
+    #[error("{0}")]
+    NotFound(String),
+    /// It already exists (a device buffer allocated twice).
+    #[error("{0}")]
+    AlreadyExists(String),
+    /// Not now (a run buffer whose run ended, a session that ended).
+    #[error("{0}")]
+    Precondition(String),
+    /// Out of device memory or another resource.
+    #[error("{0}")]
+    Exhausted(String),
+}
+
+/// One session on one worker.
+pub(crate) trait WorkerLink: Send + Sync + fmt::Debug + 'static {
+    /// What the worker told when the link opened.
+    fn facts(&self) -> &Facts;
+
+    /// Sends members to run; each completes as a [`LinkEvent::Completions`].
+    fn send(&self, tasks: Vec<TaskRequest>) -> BoxFuture<'_, Result<(), LinkError>>;
+
+    /// Passes host buffers by fd (links with [`Memory::Shared`]), each as
+    /// its descriptor: one result per buffer (a refusal says why).
+    fn import<'a>(
+        &'a self,
+        buffers: &'a [(BufferDescriptor, BorrowedFd<'a>)],
+    ) -> BoxFuture<'a, Result<Vec<Result<(), String>>, LinkError>>;
+
+    /// Lets go of imported buffers.
+    fn release_imports(&self, ids: Vec<CanonicalIdentity>) -> BoxFuture<'_, Result<(), LinkError>>;
+
+    /// Allocates a device buffer; returns its device address.
+    fn device_alloc(
+        &self,
+        identity: CanonicalIdentity,
+        nbytes: u64,
+        region: Region,
+    ) -> BoxFuture<'_, Result<u64, LinkError>>;
+
+    /// Frees a device buffer.
+    fn device_free(&self, identity: CanonicalIdentity) -> BoxFuture<'_, Result<(), LinkError>>;
+
+    /// Ends the session's run (its run buffers retire).
+    fn end_run(&self) -> BoxFuture<'_, Result<RunEnd, LinkError>>;
+
+    /// Writes bytes into a device buffer.
+    fn copy_to_device(
+        &self,
+        identity: CanonicalIdentity,
+        offset: u64,
+        data: Vec<u8>,
+    ) -> BoxFuture<'_, Result<(), LinkError>>;
+
+    /// Reads bytes of a device buffer.
+    fn copy_from_device(
+        &self,
+        identity: CanonicalIdentity,
+        offset: u64,
+        len: u64,
+    ) -> BoxFuture<'_, Result<Vec<u8>, LinkError>>;
+
+    /// The worker's figures.
+    fn stats(&self) -> BoxFuture<'_, Result<WorkerStats, LinkError>>;
+
+    /// What the worker knows of `session` (a session this client lost).
+    fn session_state(&self, session: SessionId) -> BoxFuture<'_, Result<SessionState, LinkError>>;
+
+    /// Ends the session: the worker releases its imports and device
+    /// buffers; its queued tasks never start. Idempotent.
+    fn close(&self);
+}
+
+/// Opens links to one worker.
+pub(crate) trait Dialer: Send + Sync + fmt::Debug + 'static {
+    /// Opens a session, naming `previous`, a session this client lost on
+    /// the worker (which the worker then ends at once), and reports the
+    /// link's events on `events`.
+    fn dial(
+        &self,
+        previous: Option<SessionId>,
+        events: mpsc::UnboundedSender<LinkEvent>,
+    ) -> BoxFuture<'_, Result<Arc<dyn WorkerLink>, LinkError>>;
+
+    /// Where the worker is, for messages (`unix:/…`, `tcp:…`, `in-process:0`).
+    fn address(&self) -> String;
+}

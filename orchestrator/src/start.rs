@@ -1,0 +1,508 @@
+//! [`ClusterBuilder`]: a cluster's settings, and how [`Cluster`] starts —
+//! workers spawned, started in this process or connected to, one
+//! [`WorkerLink`](crate::link::WorkerLink) each, and the actors wired
+//! together on the cluster's runtime.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use strata_chip::{KernelHandle, Registry};
+use strata_core::WorkerId;
+use strata_wire::IdentityMint;
+use strata_worker::{ClientTls, Endpoint, InProcessWorker};
+use tokio::sync::mpsc;
+
+use crate::actors::dag::{DagActor, EndpointRef};
+use crate::actors::endpoint::{EndpointActor, Life, Respawn, Setup, Spawned};
+use crate::actors::{Notice, buffers};
+use crate::cluster::{Cluster, WorkerInfo};
+use crate::error::Error;
+use crate::link::grpc::GrpcDialer;
+use crate::link::inproc::InProcessDialer;
+use crate::link::{Dialer, Memory, WorkerLink};
+use crate::local::{LocalWorkers, default_worker_binary};
+
+/// How a remote worker is reached.
+#[derive(Debug, Clone)]
+struct Remote {
+    endpoint: Endpoint,
+    token: Option<String>,
+    tls: Option<ClientTls>,
+}
+
+/// What happens to work that needs bytes a lost task may still write.
+///
+/// A task running on a worker that is lost *without a fence* — one the
+/// cluster did not spawn (so cannot kill and see dead) and that hangs or
+/// is cut off over a Unix socket — may still be writing its outputs. Those
+/// bytes are quarantined: a later task that writes them is not
+/// dispatched, readers are skipped (the task failed), and the driver's own
+/// reads and writes of them are refused. The fence is proof that the task
+/// can no longer write: the worker process is seen dead, or it comes back
+/// and proves that the old session's tasks have all ended. Then the
+/// quarantine lifts and what waited runs.
+///
+/// The default is [`Quarantine::Wait`] for 30 s: the usual unfenced loss
+/// is a stall (a paused or overloaded process, a debugger) or a restart,
+/// which the endpoint turns into a fence within moments of the worker
+/// answering again, and waiting lets the job finish correctly without the
+/// user resubmitting anything; the deadline keeps a worker that never
+/// comes back from hanging the job. [`Quarantine::FailAtOnce`] is for jobs
+/// that would rather fail fast and resubmit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Quarantine {
+    /// Tasks that write quarantined bytes wait for the fence, at most this
+    /// long; then they fail with ENDPOINT_FAILURE naming the quarantine,
+    /// the lost worker and the lost task (and later writers of those bytes
+    /// are refused until a late fence).
+    Wait(Duration),
+    /// They fail at once, as after the deadline above.
+    FailAtOnce,
+}
+
+impl Default for Quarantine {
+    fn default() -> Self {
+        Quarantine::Wait(Duration::from_secs(30))
+    }
+}
+
+/// Settings of a [`Cluster`]; [`ClusterBuilder::start`] starts it.
+#[derive(Debug, Clone)]
+pub struct ClusterBuilder {
+    local: usize,
+    device: String,
+    binary: Option<PathBuf>,
+    remotes: Vec<Remote>,
+    window: usize,
+    health_interval: Duration,
+    health_deadline: Duration,
+    ready_timeout: Duration,
+    trace: bool,
+    retries: u32,
+    respawns: u32,
+    max_unfinished: usize,
+    quarantine: Quarantine,
+    in_process: usize,
+    kernels: Kernels,
+}
+
+/// The kernels of in-process workers.
+#[derive(Clone, Default)]
+struct Kernels(Option<Registry>);
+
+impl std::fmt::Debug for Kernels {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.0 {
+            Some(r) => write!(f, "Kernels({} kernels)", r.len()),
+            None => f.write_str("Kernels(builtins)"),
+        }
+    }
+}
+
+impl Default for ClusterBuilder {
+    fn default() -> Self {
+        ClusterBuilder {
+            local: 0,
+            device: "sim".into(),
+            binary: None,
+            remotes: Vec::new(),
+            window: 64,
+            health_interval: Duration::from_millis(100),
+            health_deadline: Duration::from_millis(1000),
+            ready_timeout: Duration::from_secs(30),
+            trace: false,
+            retries: 0,
+            respawns: 0,
+            max_unfinished: 65_536,
+            quarantine: Quarantine::default(),
+            in_process: 0,
+            kernels: Kernels::default(),
+        }
+    }
+}
+
+impl ClusterBuilder {
+    /// Spawns `n` local workers (chips 0..n) on private Unix sockets.
+    #[must_use]
+    pub fn local(mut self, n: usize) -> Self {
+        self.local = n;
+        self
+    }
+
+    /// Starts `n` workers inside this process (chips 0..n): the same
+    /// worker node as a `strata worker` process, reached by calls instead
+    /// of gRPC. Host buffers are still passed by fd and mapped by
+    /// identity, so tasks touch the driver's bytes. The mode a notebook or
+    /// a test reaches for first; it mixes with spawned and connected
+    /// workers (in-process ones get the ids after the spawned ones).
+    #[must_use]
+    pub fn in_process(mut self, n: usize) -> Self {
+        self.in_process = n;
+        self
+    }
+
+    /// The kernels of in-process workers (default: the built-in ones).
+    #[must_use]
+    pub fn kernels(mut self, kernels: Registry) -> Self {
+        self.kernels = Kernels(Some(kernels));
+        self
+    }
+
+    /// The device spec of spawned and in-process workers (default `sim`), such as
+    /// `sim:mem=1GiB,mode=unified,lanes=1`.
+    #[must_use]
+    pub fn device(mut self, spec: impl Into<String>) -> Self {
+        self.device = spec.into();
+        self
+    }
+
+    /// The `strata` binary to spawn workers with (default:
+    /// [`default_worker_binary`]).
+    #[must_use]
+    pub fn worker_binary(mut self, path: impl Into<PathBuf>) -> Self {
+        self.binary = Some(path.into());
+        self
+    }
+
+    /// Connects to a running worker: `unix:PATH` (same host, buffers passed
+    /// by fd) or `tcp:HOST:PORT` (bytes staged), with a bearer token.
+    ///
+    /// # Errors
+    /// A malformed address.
+    pub fn connect(mut self, address: &str, token: Option<&str>) -> Result<Self, Error> {
+        let endpoint = address.parse().map_err(Error::Cluster)?;
+        self.remotes.push(Remote {
+            endpoint,
+            token: token.map(str::to_owned),
+            tls: None,
+        });
+        Ok(self)
+    }
+
+    /// Connects to a running TCP worker with TLS (client certificate) and
+    /// optionally a token.
+    ///
+    /// # Errors
+    /// A malformed address.
+    pub fn connect_tls(
+        mut self,
+        address: &str,
+        token: Option<&str>,
+        tls: ClientTls,
+    ) -> Result<Self, Error> {
+        let endpoint = address.parse().map_err(Error::Cluster)?;
+        self.remotes.push(Remote {
+            endpoint,
+            token: token.map(str::to_owned),
+            tls: Some(tls),
+        });
+        Ok(self)
+    }
+
+    /// The most members in flight on one worker (default 64).
+    #[must_use]
+    pub fn window(mut self, n: usize) -> Self {
+        self.window = n.max(1);
+        self
+    }
+
+    /// Health beats every `interval`; a worker silent for `deadline` is
+    /// lost (defaults 100 ms and 1 s).
+    #[must_use]
+    pub fn health(mut self, interval: Duration, deadline: Duration) -> Self {
+        self.health_interval = interval;
+        self.health_deadline = deadline;
+        self
+    }
+
+    /// Records where and when every task ran, and its dependency edges,
+    /// for [`Cluster::take_trace`].
+    #[must_use]
+    pub fn trace(mut self, on: bool) -> Self {
+        self.trace = on;
+        self
+    }
+
+    /// The retry policy (off by default): a task whose worker is lost
+    /// while it runs is run again on another worker, up to `retries`
+    /// times, when a rerun is safe — it is a plain task placed by the
+    /// scheduler, every argument it writes is OUTPUT or OUTPUT_EXISTING
+    /// (never INOUT, whose inputs may be half overwritten; no NO_DEP, no
+    /// device buffers), and the lost worker can no longer touch memory
+    /// (the cluster killed it and saw it gone, or it is a TCP worker that
+    /// only held copies). Everything else fails with ENDPOINT_FAILURE.
+    #[must_use]
+    pub fn retry(mut self, retries: u32) -> Self {
+        self.retries = retries;
+        self
+    }
+
+    /// What happens to work that needs bytes a task lost without a fence
+    /// may still write (default [`Quarantine::Wait`] 30 s; see
+    /// [`Quarantine`]).
+    #[must_use]
+    pub fn quarantine(mut self, policy: Quarantine) -> Self {
+        self.quarantine = policy;
+        self
+    }
+
+    /// Restarts a worker this cluster spawned when it is lost (crashed,
+    /// killed, hung), up to `n` times per worker (default 0: a lost
+    /// spawned worker stays gone). The new process starts on the same
+    /// socket, with nothing of the old one's, and rejoins; tasks are
+    /// placed there again. Its tasks at the time of the loss fail (or
+    /// rerun elsewhere under [`ClusterBuilder::retry`]).
+    #[must_use]
+    pub fn respawn(mut self, n: u32) -> Self {
+        self.respawns = n;
+        self
+    }
+
+    /// The most tasks submitted and not yet finished (default 65,536):
+    /// past it, `submit` waits for tasks to finish, so a driver that
+    /// submits faster than the workers run keeps bounded memory.
+    #[must_use]
+    pub fn max_unfinished(mut self, n: usize) -> Self {
+        self.max_unfinished = n.max(1);
+        self
+    }
+
+    /// Starts the workers, connects to every one, and starts the actors.
+    ///
+    /// # Errors
+    /// [`Error::Cluster`] naming the worker that could not be started or
+    /// reached (spawned workers are stopped again).
+    pub fn start(self) -> Result<Cluster, Error> {
+        start(self)
+    }
+}
+
+
+/// One worker to reach at the start.
+struct Target {
+    dialer: Arc<dyn Dialer>,
+    spawned: Option<Spawned>,
+    /// Its index among the spawned workers.
+    local: Option<usize>,
+}
+
+/// Starts the cluster `b` describes.
+fn start(b: ClusterBuilder) -> Result<Cluster, Error> {
+    let origin = std::time::Instant::now();
+    if b.local == 0 && b.in_process == 0 && b.remotes.is_empty() {
+        return Err(Error::Cluster(
+            "no workers: ask for local or in-process workers, or connect to some".into(),
+        ));
+    }
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .thread_name("strata-orchestrator")
+        .enable_all()
+        .build()
+        .map_err(|e| Error::Cluster(format!("cannot start the runtime: {e}")))?;
+    let health_ms = u32::try_from(b.health_interval.as_millis().max(1)).unwrap_or(u32::MAX);
+    let grpc = |endpoint: Endpoint, token: Option<String>, tls: Option<ClientTls>| GrpcDialer {
+        endpoint,
+        token,
+        tls,
+        health_ms,
+        health_deadline: b.health_deadline,
+    };
+    let (targets, local) = targets(&b, &grpc)?;
+
+    // Open every link.
+    let opened = runtime.block_on(async {
+        let mut out = Vec::new();
+        for (i, t) in targets.iter().enumerate() {
+            let (tx, rx) = mpsc::unbounded_channel();
+            let link = t.dialer.dial(None, tx).await.map_err(|why| {
+                let log = match (&local, t.local) {
+                    (Some(lw), Some(l)) => {
+                        let lw = lw.lock().unwrap_or_else(|e| e.into_inner());
+                        format!("; its log:\n{}", lw.log_tail(l))
+                    }
+                    _ => String::new(),
+                };
+                Error::Cluster(format!("worker {i} ({}): {why}{log}", t.dialer.address()))
+            })?;
+            out.push((link, rx));
+        }
+        Ok::<_, Error>(out)
+    })?;
+
+    // Endpoint actors spawn their helpers when built.
+    let guard = runtime.enter();
+    let (up_tx, up_rx) = mpsc::unbounded_channel();
+    let (released_tx, released_rx) = mpsc::unbounded_channel();
+    let mut workers = Vec::new();
+    let mut callables: BTreeMap<String, Vec<(u32, KernelHandle, String)>> = BTreeMap::new();
+    let mut ep_txs = Vec::new();
+    let mut ep_refs = Vec::new();
+    let mut offers = Vec::new();
+    let mut lives = Vec::new();
+    for (i, (t, (link, events))) in targets.into_iter().zip(opened).enumerate() {
+        let id = WorkerId(u32::try_from(i).map_err(|_| Error::Cluster("too many workers".into()))?);
+        let name = t.dialer.address();
+        let info = worker_info(id, &name, link.as_ref(), t.spawned.as_ref().map(|s| s.pid));
+        offers.push(link.facts().callables.iter().map(|c| c.handle).collect());
+        for c in &link.facts().callables {
+            let v = callables.entry(c.name.clone()).or_default();
+            if !v.iter().any(|(ver, _, _)| *ver == c.version) {
+                v.push((c.version, c.handle, c.signature.clone()));
+                v.sort_by_key(|(ver, _, _)| *ver);
+            }
+        }
+        let (tx, rx) = mpsc::channel(256);
+        ep_txs.push(tx.clone());
+        ep_refs.push(EndpointRef {
+            tx,
+            name: name.clone(),
+            rejoins: 0,
+        });
+        let _ = up_tx.send(Notice::WorkerUp {
+            worker: id,
+            callables: link
+                .facts()
+                .callables
+                .iter()
+                .map(|c| strata_core::CallableId(c.handle.0))
+                .collect(),
+            window: b.window,
+        });
+        // A worker spawned here is killed when lost, and restarted on its
+        // socket while the respawn budget lasts; one the cluster connected
+        // to (or started in this process) is dialed again and may rejoin.
+        let respawn = match (&local, t.local) {
+            (Some(lw), Some(chip)) if b.respawns > 0 => Some(Respawn {
+                local: Arc::clone(lw),
+                chip,
+                left: b.respawns,
+                dial: grpc(Endpoint::Tcp(([127, 0, 0, 1], 0).into()), None, None),
+            }),
+            _ => None,
+        };
+        let life = Arc::new(Life::new(t.spawned.as_ref().map(|s| s.pid)));
+        lives.push(Arc::clone(&life));
+        let actor = EndpointActor::new(Setup {
+            id,
+            name,
+            link,
+            events,
+            rejoin: Some(t.dialer),
+            respawn,
+            spawned: t.spawned,
+            life,
+            window: b.window,
+            up: up_tx.clone(),
+        });
+        tokio::spawn(actor.run(rx));
+        tracing::info!(
+            worker = %info.id,
+            endpoint = %info.endpoint,
+            chip = info.chip,
+            device = %info.device,
+            callables = info.callables.len(),
+            fd_passing = info.fd_passing,
+            "worker up"
+        );
+        workers.push(info);
+    }
+    drop(up_tx);
+    let (cmd_tx, cmd_rx) = mpsc::channel(1024);
+    let gate = Arc::new(strata_core::Gate::new(b.max_unfinished));
+    tokio::spawn(
+        DagActor::new(ep_refs, b.trace, origin, Arc::clone(&gate), b.quarantine).run(cmd_rx, up_rx),
+    );
+    tokio::spawn(buffers::run(released_rx, ep_txs.clone()));
+    drop(guard);
+    let owner: [u8; 8] = rand::random();
+    Ok(Cluster {
+        lives,
+        offers,
+        retries: b.retries,
+        gate,
+        next_id: Mutex::new(1),
+        run: std::sync::atomic::AtomicU64::new(0),
+        run_used: (0..workers.len())
+            .map(|_| std::sync::atomic::AtomicBool::new(false))
+            .collect(),
+        runtime: Some(runtime),
+        cmds: cmd_tx,
+        endpoints: ep_txs,
+        workers,
+        callables,
+        mint: IdentityMint::new(owner),
+        released: released_tx,
+        local,
+    })
+}
+
+type LocalHandle = Option<Arc<Mutex<LocalWorkers>>>;
+
+/// Every worker to reach: spawned ones first (started here), then
+/// in-process ones (started here), then those to connect to.
+fn targets(
+    b: &ClusterBuilder,
+    grpc: &dyn Fn(Endpoint, Option<String>, Option<ClientTls>) -> GrpcDialer,
+) -> Result<(Vec<Target>, LocalHandle), Error> {
+    let mut targets = Vec::new();
+    let local = if b.local > 0 {
+        let binary = b.binary.clone().or_else(default_worker_binary).ok_or_else(|| {
+            Error::Cluster(
+                "cannot find the strata binary to spawn workers: set STRATA_BIN or use ClusterBuilder::worker_binary".into(),
+            )
+        })?;
+        let (lw, eps) = LocalWorkers::spawn(&binary, b.local, &b.device, b.ready_timeout)?;
+        for (i, ((ep, pid), log)) in eps.into_iter().zip(lw.pids()).zip(lw.logs()).enumerate() {
+            targets.push(Target {
+                dialer: Arc::new(grpc(ep, None, None)),
+                spawned: Some(Spawned { pid, log }),
+                local: Some(i),
+            });
+        }
+        Some(Arc::new(Mutex::new(lw)))
+    } else {
+        None
+    };
+    for i in 0..b.in_process {
+        let kernels = b.kernels.0.clone().unwrap_or_else(Registry::with_builtins);
+        let chip = u32::try_from(i).map_err(|_| Error::Cluster("too many workers".into()))?;
+        let worker = InProcessWorker::start(chip, &b.device, kernels)
+            .map_err(|e| Error::Cluster(format!("in-process worker {i}: {e}")))?;
+        targets.push(Target {
+            dialer: Arc::new(InProcessDialer { worker, index: i }),
+            spawned: None,
+            local: None,
+        });
+    }
+    for r in &b.remotes {
+        targets.push(Target {
+            dialer: Arc::new(grpc(r.endpoint.clone(), r.token.clone(), r.tls.clone())),
+            spawned: None,
+            local: None,
+        });
+    }
+    Ok((targets, local))
+}
+
+/// A worker as its link describes it.
+fn worker_info(id: WorkerId, name: &str, link: &dyn WorkerLink, pid: Option<u32>) -> WorkerInfo {
+    let f = link.facts();
+    WorkerInfo {
+        id,
+        endpoint: name.to_owned(),
+        chip: f.chip_id,
+        device: f.device_spec.clone(),
+        memory: f.device_memory,
+        lanes: f.lanes,
+        fd_passing: f.memory == Memory::Shared,
+        pid,
+        callables: f
+            .callables
+            .iter()
+            .map(|c| format!("{}@{}", c.name, c.version))
+            .collect(),
+    }
+}

@@ -86,6 +86,8 @@ pub struct Cluster {
     /// Per worker, whether this run allocated run buffers there (only
     /// those workers are told when the run ends).
     pub(crate) run_used: Vec<std::sync::atomic::AtomicBool>,
+    /// Per worker, the node itself when it runs in this process.
+    pub(crate) in_process: Vec<Option<strata_worker::InProcessWorker>>,
 }
 
 impl std::fmt::Debug for Cluster {
@@ -100,6 +102,13 @@ impl Cluster {
     /// Settings for a new cluster.
     pub fn builder() -> ClusterBuilder {
         ClusterBuilder::default()
+    }
+
+    /// The worker node of `worker`, when it runs in this process
+    /// ([`ClusterBuilder::in_process`]): its figures, and `halt`/`resume`
+    /// to see how a job rides out a lost worker.
+    pub fn in_process_worker(&self, worker: WorkerId) -> Option<&strata_worker::InProcessWorker> {
+        self.in_process.get(worker.0 as usize)?.as_ref()
     }
 
     /// The workers, by id.

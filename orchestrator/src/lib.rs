@@ -45,6 +45,9 @@ mod start;
 mod task;
 pub mod trace;
 
+#[cfg(test)]
+mod tests;
+
 pub use buffer::{Buffer, View};
 pub use cluster::{Cluster, ClusterBuilder, Quarantine, Scope, WorkerInfo};
 pub use error::{Error, RunError};

@@ -283,6 +283,8 @@ impl ClusterBuilder {
 /// One worker to reach at the start.
 struct Target {
     dialer: Arc<dyn Dialer>,
+    /// The node, for an in-process worker.
+    node: Option<InProcessWorker>,
     spawned: Option<Spawned>,
     /// Its index among the spawned workers.
     local: Option<usize>,
@@ -342,9 +344,11 @@ fn start(b: ClusterBuilder) -> Result<Cluster, Error> {
     let mut ep_refs = Vec::new();
     let mut offers = Vec::new();
     let mut lives = Vec::new();
+    let mut in_process = Vec::new();
     for (i, (t, (link, events))) in targets.into_iter().zip(opened).enumerate() {
         let id = WorkerId(u32::try_from(i).map_err(|_| Error::Cluster("too many workers".into()))?);
         let name = t.dialer.address();
+        in_process.push(t.node.clone());
         let info = worker_info(id, &name, link.as_ref(), t.spawned.as_ref().map(|s| s.pid));
         offers.push(link.facts().callables.iter().map(|c| c.handle).collect());
         for c in &link.facts().callables {
@@ -436,6 +440,7 @@ fn start(b: ClusterBuilder) -> Result<Cluster, Error> {
         mint: IdentityMint::new(owner),
         released: released_tx,
         local,
+        in_process,
     })
 }
 
@@ -458,6 +463,7 @@ fn targets(
         for (i, ((ep, pid), log)) in eps.into_iter().zip(lw.pids()).zip(lw.logs()).enumerate() {
             targets.push(Target {
                 dialer: Arc::new(grpc(ep, None, None)),
+                node: None,
                 spawned: Some(Spawned { pid, log }),
                 local: Some(i),
             });
@@ -472,7 +478,11 @@ fn targets(
         let worker = InProcessWorker::start(chip, &b.device, kernels)
             .map_err(|e| Error::Cluster(format!("in-process worker {i}: {e}")))?;
         targets.push(Target {
-            dialer: Arc::new(InProcessDialer { worker, index: i }),
+            dialer: Arc::new(InProcessDialer {
+                worker: worker.clone(),
+                index: i,
+            }),
+            node: Some(worker),
             spawned: None,
             local: None,
         });
@@ -480,6 +490,7 @@ fn targets(
     for r in &b.remotes {
         targets.push(Target {
             dialer: Arc::new(grpc(r.endpoint.clone(), r.token.clone(), r.tls.clone())),
+            node: None,
             spawned: None,
             local: None,
         });

@@ -276,6 +276,46 @@ fn differential_through_real_workers_matches_sequential_execution() {
 }
 
 #[test]
+fn differential_through_in_process_workers_matches_sequential_execution() {
+    let seeds: u64 = std::env::var("STRATA_INPROC_DIFF_SEEDS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(64);
+    // Three worker nodes in this process, two lanes each, small windows so
+    // orders vary; buffers passed by fd and mapped by each node.
+    let cluster = Cluster::builder()
+        .in_process(3)
+        .kernels(strata_tests::kernels::registry().unwrap())
+        .device("sim:lanes=2")
+        .window(3)
+        .start()
+        .unwrap();
+    assert!(cluster.workers().iter().all(|w| w.pid.is_none() && w.fd_passing));
+    let mut total = 0usize;
+    for seed in 0..seeds {
+        let mut rng = Rng(0x1a9c_0000 + seed);
+        let program = without_fp4(sim::random_program(&mut rng, 80));
+        let want = sim::run_sequential(&program);
+        let (buffers, tasks) = remap(&program, &cluster);
+        submit_program(&cluster, &program, tasks, |_| {});
+        let summary = cluster
+            .wait_all()
+            .unwrap_or_else(|e| panic!("seed {seed}: {e}"));
+        assert_eq!(summary.succeeded as usize, program.tasks.len());
+        for (d, b) in program.buffers.iter().zip(&buffers) {
+            assert_eq!(
+                b.to_bytes().unwrap(),
+                want[d.identity()],
+                "seed {seed}: buffer {} differs from sequential execution",
+                d.identity()
+            );
+        }
+        total += program.tasks.len();
+    }
+    eprintln!("differential through 3 in-process workers: {seeds} seeds, {total} tasks, identical");
+}
+
+#[test]
 fn a_killed_worker_is_named_within_two_seconds_and_the_rest_goes_on() {
     let cluster = local(3, test_worker_bin());
     let victim = cluster.workers()[1].clone();

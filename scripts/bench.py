@@ -25,6 +25,9 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCENARIOS = ["throughput", "latency", "stencil", "handoff", "remote"]
+# The same scenarios with worker nodes inside the driver's process
+# (ClusterBuilder::in_process): strata's figures only, beside the process ones.
+IN_PROCESS = [f"{s}-in-process" for s in SCENARIOS if s != "remote"]
 
 
 def log(msg):
@@ -165,7 +168,7 @@ def markdown(rows, targets, peers, meta):
         k = (r.get("scenario"), r.get("variant"))
         if k not in keys:
             keys.append(k)
-    order = {s: i for i, s in enumerate(SCENARIOS)}
+    order = {s: i for i, s in enumerate(SCENARIOS + IN_PROCESS)}
     keys.sort(key=lambda k: order.get(k[0], len(order)))
     for sc, var in keys:
         def val(system):
@@ -270,7 +273,7 @@ def main():
     print(md)
     log(f"done in {meta['seconds']} s; results in {a.out}")
     if a.check:
-        missing = [s for s in SCENARIOS if not pick(rows, "strata", s)]
+        missing = [s for s in SCENARIOS + IN_PROCESS if not pick(rows, "strata", s)]
         wrong = [f"{r['scenario']}/{r['variant']}: {r.get('detail')}" for r in rows
                  if r.get("system") == "strata" and not r.get("ok")]
         if missing or wrong or peers.get("strata"):

@@ -24,34 +24,10 @@ use crate::actors::{ArgRef, Cmd, EpCmd, MemberSpec, TaskSpec};
 use crate::buffer::{Backing, Buffer, DeviceShared, HostShared, Released};
 use crate::error::Error;
 use crate::link::LinkError;
+use crate::link::WorkerInfo;
 use crate::local::LocalWorkers;
-pub use crate::start::{ClusterBuilder, Quarantine};
 use crate::task::{Task, TaskHandle};
 use crate::trace::Trace;
-
-/// A worker of the cluster, as its handshake described it.
-#[derive(Debug, Clone)]
-pub struct WorkerInfo {
-    /// Its id in this cluster.
-    pub id: WorkerId,
-    /// Where it is reached.
-    pub endpoint: String,
-    /// Its chip id.
-    pub chip: u32,
-    /// Its canonical device spec.
-    pub device: String,
-    /// Device memory, bytes.
-    pub memory: u64,
-    /// Kernel lanes.
-    pub lanes: u32,
-    /// Whether buffers reach it by fd (Unix socket) rather than staged bytes.
-    pub fd_passing: bool,
-    /// Its process id, when this cluster spawned it (the first one: a
-    /// respawned worker's is [`Cluster::worker_pid`]).
-    pub pid: Option<u32>,
-    /// `name@version` of every callable it offers.
-    pub callables: Vec<String>,
-}
 
 /// A scope: buffers registered in it are released once it has ended and
 /// no unfinished task uses them.
@@ -99,11 +75,6 @@ impl std::fmt::Debug for Cluster {
 }
 
 impl Cluster {
-    /// Settings for a new cluster.
-    pub fn builder() -> ClusterBuilder {
-        ClusterBuilder::default()
-    }
-
     /// The worker node of `worker`, when it runs in this process
     /// ([`ClusterBuilder::in_process`]): its figures, and `halt`/`resume`
     /// to see how a job rides out a lost worker.

@@ -17,12 +17,13 @@ use tokio::sync::mpsc;
 use crate::actors::dag::{DagActor, EndpointRef};
 use crate::actors::endpoint::{EndpointActor, Life, Respawn, Setup, Spawned};
 use crate::actors::{Notice, buffers};
-use crate::cluster::{Cluster, WorkerInfo};
+use crate::cluster::Cluster;
 use crate::error::Error;
 use crate::link::grpc::GrpcDialer;
 use crate::link::inproc::InProcessDialer;
-use crate::link::{Dialer, Memory, WorkerLink};
+use crate::link::{Dialer, WorkerInfo};
 use crate::local::{LocalWorkers, default_worker_binary};
+use crate::policy::Quarantine;
 
 /// How a remote worker is reached.
 #[derive(Debug, Clone)]
@@ -30,42 +31,6 @@ struct Remote {
     endpoint: Endpoint,
     token: Option<String>,
     tls: Option<ClientTls>,
-}
-
-/// What happens to work that needs bytes a lost task may still write.
-///
-/// A task running on a worker that is lost *without a fence* — one the
-/// cluster did not spawn (so cannot kill and see dead) and that hangs or
-/// is cut off over a Unix socket — may still be writing its outputs. Those
-/// bytes are quarantined: a later task that writes them is not
-/// dispatched, readers are skipped (the task failed), and the driver's own
-/// reads and writes of them are refused. The fence is proof that the task
-/// can no longer write: the worker process is seen dead, or it comes back
-/// and proves that the old session's tasks have all ended. Then the
-/// quarantine lifts and what waited runs.
-///
-/// The default is [`Quarantine::Wait`] for 30 s: the usual unfenced loss
-/// is a stall (a paused or overloaded process, a debugger) or a restart,
-/// which the endpoint turns into a fence within moments of the worker
-/// answering again, and waiting lets the job finish correctly without the
-/// user resubmitting anything; the deadline keeps a worker that never
-/// comes back from hanging the job. [`Quarantine::FailAtOnce`] is for jobs
-/// that would rather fail fast and resubmit.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Quarantine {
-    /// Tasks that write quarantined bytes wait for the fence, at most this
-    /// long; then they fail with ENDPOINT_FAILURE naming the quarantine,
-    /// the lost worker and the lost task (and later writers of those bytes
-    /// are refused until a late fence).
-    Wait(Duration),
-    /// They fail at once, as after the deadline above.
-    FailAtOnce,
-}
-
-impl Default for Quarantine {
-    fn default() -> Self {
-        Quarantine::Wait(Duration::from_secs(30))
-    }
 }
 
 /// Settings of a [`Cluster`]; [`ClusterBuilder::start`] starts it.
@@ -279,6 +244,12 @@ impl ClusterBuilder {
     }
 }
 
+impl Cluster {
+    /// Settings for a new cluster.
+    pub fn builder() -> ClusterBuilder {
+        ClusterBuilder::default()
+    }
+}
 
 /// One worker to reach at the start.
 struct Target {
@@ -349,7 +320,7 @@ fn start(b: ClusterBuilder) -> Result<Cluster, Error> {
         let id = WorkerId(u32::try_from(i).map_err(|_| Error::Cluster("too many workers".into()))?);
         let name = t.dialer.address();
         in_process.push(t.node.clone());
-        let info = worker_info(id, &name, link.as_ref(), t.spawned.as_ref().map(|s| s.pid));
+        let info = WorkerInfo::of(id, &name, link.as_ref(), t.spawned.as_ref().map(|s| s.pid));
         offers.push(link.facts().callables.iter().map(|c| c.handle).collect());
         for c in &link.facts().callables {
             let v = callables.entry(c.name.clone()).or_default();
@@ -496,24 +467,4 @@ fn targets(
         });
     }
     Ok((targets, local))
-}
-
-/// A worker as its link describes it.
-fn worker_info(id: WorkerId, name: &str, link: &dyn WorkerLink, pid: Option<u32>) -> WorkerInfo {
-    let f = link.facts();
-    WorkerInfo {
-        id,
-        endpoint: name.to_owned(),
-        chip: f.chip_id,
-        device: f.device_spec.clone(),
-        memory: f.device_memory,
-        lanes: f.lanes,
-        fd_passing: f.memory == Memory::Shared,
-        pid,
-        callables: f
-            .callables
-            .iter()
-            .map(|c| format!("{}@{}", c.name, c.version))
-            .collect(),
-    }
 }

@@ -14,8 +14,8 @@ use std::time::Instant;
 use serde_json::{Value, json};
 use strata_core::{Outcome, TaskId, WorkerId};
 
-use crate::cluster::WorkerInfo;
 use crate::error::Error;
+use crate::link::WorkerInfo;
 
 /// One member of a traced task, as it ran.
 #[derive(Debug, Clone, PartialEq)]

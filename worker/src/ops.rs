@@ -185,7 +185,8 @@ impl Node {
         let n = usize::try_from(len)
             .map_err(|_| NodeError::Invalid(format!("len {len} does not fit in memory")))?;
         let mut data = vec![0u8; n];
-        self.device.copy_from_device(&buf.block, offset, &mut data)?;
+        self.device
+            .copy_from_device(&buf.block, offset, &mut data)?;
         Ok(data)
     }
 

@@ -62,7 +62,7 @@ pub(crate) struct DagActor {
     /// it has definitively ended on its worker.
     quarantined: HashMap<TaskId, Vec<std::sync::Arc<[super::ArgRef]>>>,
     /// What to do with work that waits on quarantined bytes.
-    policy: crate::Quarantine,
+    policy: crate::policy::Quarantine,
     /// Losses waiting for their fence, with the moment they are given up on.
     deadlines: Vec<(Instant, WorkerId, u64)>,
 }
@@ -73,7 +73,7 @@ impl DagActor {
         tracing: bool,
         origin: Instant,
         gate: std::sync::Arc<strata_core::Gate>,
-        policy: crate::Quarantine,
+        policy: crate::policy::Quarantine,
     ) -> Self {
         DagActor {
             engine: Engine::new(),
@@ -163,10 +163,10 @@ impl DagActor {
                 let epoch = self.engine.losses(worker);
                 if !fenced {
                     match self.policy {
-                        crate::Quarantine::Wait(limit) => {
+                        crate::policy::Quarantine::Wait(limit) => {
                             self.deadlines.push((Instant::now() + limit, worker, epoch));
                         }
-                        crate::Quarantine::FailAtOnce => {
+                        crate::policy::Quarantine::FailAtOnce => {
                             let why = format!(
                                 "{} lost without a fence, and the cluster fails what waits \
                                  on its bytes at once (Quarantine::FailAtOnce)",
@@ -467,8 +467,8 @@ impl DagActor {
         let mut actions = Vec::new();
         for (_, worker, epoch) in due {
             let limit = match self.policy {
-                crate::Quarantine::Wait(limit) => limit,
-                crate::Quarantine::FailAtOnce => Duration::ZERO,
+                crate::policy::Quarantine::Wait(limit) => limit,
+                crate::policy::Quarantine::FailAtOnce => Duration::ZERO,
             };
             let why = format!(
                 "{} gave no proof within {} ms that the task ended (Quarantine::Wait)",

@@ -54,7 +54,8 @@ impl Dialer for InProcessDialer {
             let mut halted = self.worker.halted();
             let watch = tokio::spawn(async move {
                 if halted.wait_for(|h| *h).await.is_ok() {
-                    let _ = events.send(LinkEvent::Unhealthy("the in-process worker halted".into()));
+                    let _ =
+                        events.send(LinkEvent::Unhealthy("the in-process worker halted".into()));
                 }
             });
             let f = self.worker.facts();
@@ -117,9 +118,7 @@ impl InProcessLink {
         &self,
         call: impl FnOnce(&InProcessSession) -> Result<T, NodeError>,
     ) -> BoxFuture<'_, Result<T, LinkError>> {
-        let r = self
-            .session()
-            .and_then(|s| call(&s).map_err(node_error));
+        let r = self.session().and_then(|s| call(&s).map_err(node_error));
         Box::pin(std::future::ready(r))
     }
 }
@@ -142,9 +141,9 @@ impl WorkerLink for InProcessLink {
             let owned = buffers
                 .iter()
                 .map(|(d, fd)| {
-                    fd.try_clone_to_owned()
-                        .map(|fd| (*d, fd))
-                        .map_err(|e| LinkError::Internal(format!("dup of buffer {}: {e}", d.identity())))
+                    fd.try_clone_to_owned().map(|fd| (*d, fd)).map_err(|e| {
+                        LinkError::Internal(format!("dup of buffer {}: {e}", d.identity()))
+                    })
                 })
                 .collect::<Result<Vec<_>, _>>()?;
             self.session()?.import(owned).map_err(node_error)

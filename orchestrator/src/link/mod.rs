@@ -25,7 +25,10 @@ use std::pin::Pin;
 use std::sync::Arc;
 
 use strata_chip::{KernelHandle, Region};
-use strata_proto::convert::{InstanceId, RunEnd, SessionState, TaskCompletion, TaskRequest, WorkerStats};
+use strata_core::WorkerId;
+use strata_proto::convert::{
+    InstanceId, RunEnd, SessionState, TaskCompletion, TaskRequest, WorkerStats,
+};
 use strata_wire::{BufferDescriptor, CanonicalIdentity};
 use strata_worker::SessionId;
 use tokio::sync::mpsc;
@@ -203,4 +206,56 @@ pub(crate) trait Dialer: Send + Sync + fmt::Debug + 'static {
 
     /// Where the worker is, for messages (`unix:/…`, `tcp:…`, `in-process:0`).
     fn address(&self) -> String;
+}
+
+/// A worker of the cluster, as its handshake described it.
+#[derive(Debug, Clone)]
+pub struct WorkerInfo {
+    /// Its id in this cluster.
+    pub id: WorkerId,
+    /// Where it is reached.
+    pub endpoint: String,
+    /// Its chip id.
+    pub chip: u32,
+    /// Its canonical device spec.
+    pub device: String,
+    /// Device memory, bytes.
+    pub memory: u64,
+    /// Kernel lanes.
+    pub lanes: u32,
+    /// Whether buffers reach it by fd (Unix socket) rather than staged bytes.
+    pub fd_passing: bool,
+    /// Its process id, when this cluster spawned it (the first one: a
+    /// respawned worker's is [`Cluster::worker_pid`](crate::Cluster::worker_pid)).
+    pub pid: Option<u32>,
+    /// `name@version` of every callable it offers.
+    pub callables: Vec<String>,
+}
+
+impl WorkerInfo {
+    /// Worker `id`, reached at `endpoint`, as `link` describes it; `pid`
+    /// when the cluster spawned it.
+    pub(crate) fn of(
+        id: WorkerId,
+        endpoint: &str,
+        link: &dyn WorkerLink,
+        pid: Option<u32>,
+    ) -> Self {
+        let f = link.facts();
+        WorkerInfo {
+            id,
+            endpoint: endpoint.to_owned(),
+            chip: f.chip_id,
+            device: f.device_spec.clone(),
+            memory: f.device_memory,
+            lanes: f.lanes,
+            fd_passing: f.memory == Memory::Shared,
+            pid,
+            callables: f
+                .callables
+                .iter()
+                .map(|c| format!("{}@{}", c.name, c.version))
+                .collect(),
+        }
+    }
 }

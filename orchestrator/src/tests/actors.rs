@@ -190,8 +190,15 @@ fn a_waiting_task_cancels_and_a_running_one_does_not() {
     let s = c.wait_all().unwrap();
     assert_eq!((s.succeeded, s.cancelled), (1, 1));
     let e = c.wait(b).unwrap_err();
-    assert!(matches!(&e, Error::Run(r) if r.outcome == Outcome::Cancelled), "{e}");
-    assert_eq!(y.read::<f32>().unwrap(), vec![0.0; 8], "the cancelled copy never ran");
+    assert!(
+        matches!(&e, Error::Run(r) if r.outcome == Outcome::Cancelled),
+        "{e}"
+    );
+    assert_eq!(
+        y.read::<f32>().unwrap(),
+        vec![0.0; 8],
+        "the cancelled copy never ran"
+    );
 }
 
 #[test]

@@ -88,19 +88,38 @@ fn emit(
     ok
 }
 
-fn local(n: usize, device: &str) -> Result<Cluster, String> {
-    Cluster::builder()
-        .local(n)
-        .worker_binary(worker_binary())
-        .device(device)
-        .window(256)
-        .start()
-        .map_err(|e| e.to_string())
+/// Where a scenario's workers run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    /// One `strata-test-worker` process per chip, buffers passed by fd.
+    Process,
+    /// Worker nodes inside this process (`ClusterBuilder::in_process`).
+    InProcess,
 }
 
-fn throughput(quick: bool) -> Result<bool, String> {
+impl Mode {
+    /// The scenario's name in the results: `-in-process` marks the second.
+    fn name(self, scenario: &str) -> String {
+        match self {
+            Mode::Process => scenario.to_owned(),
+            Mode::InProcess => format!("{scenario}-in-process"),
+        }
+    }
+}
+
+fn local(mode: Mode, n: usize, device: &str) -> Result<Cluster, String> {
+    let b = Cluster::builder().device(device).window(256);
+    match mode {
+        Mode::Process => b.local(n).worker_binary(worker_binary()),
+        Mode::InProcess => b.in_process(n).kernels(strata_tests::kernels::registry()?),
+    }
+    .start()
+    .map_err(|e| e.to_string())
+}
+
+fn throughput(mode: Mode, quick: bool) -> Result<bool, String> {
     let n: u64 = if quick { 10_000 } else { 100_000 };
-    let cluster = local(2, "sim:mode=unified")?;
+    let cluster = local(mode, 2, "sim:mode=unified")?;
     for _ in 0..1000 {
         cluster
             .submit(Task::new("noop"))
@@ -117,7 +136,7 @@ fn throughput(quick: bool) -> Result<bool, String> {
     let s = cluster.wait_all().map_err(|e| e.to_string())?;
     let wall = t0.elapsed();
     Ok(emit(
-        "throughput",
+        &mode.name("throughput"),
         "tasks",
         json!({"tasks": n, "workers": 2}),
         n as f64 / wall.as_secs_f64(),
@@ -160,9 +179,9 @@ fn hash_kernel(task: u64, args: &[(&[u64], bool, bool)]) -> Vec<Vec<u64>> {
         .collect()
 }
 
-fn latency(quick: bool) -> Result<bool, String> {
+fn latency(mode: Mode, quick: bool) -> Result<bool, String> {
     let n: u64 = if quick { 1_000 } else { 10_000 };
-    let cluster = local(2, "sim:mode=unified")?;
+    let cluster = local(mode, 2, "sim:mode=unified")?;
     let cell = cluster.buffer(8).map_err(|e| e.to_string())?;
     let v = cell.tensor(&[1], DType::U64).map_err(|e| e.to_string())?;
     let run = |count: u64, base: u64| -> Result<Duration, String> {
@@ -188,7 +207,7 @@ fn latency(quick: bool) -> Result<bool, String> {
     }
     let got = cell.to_vec::<u64>().map_err(|e| e.to_string())?;
     Ok(emit(
-        "latency",
+        &mode.name("latency"),
         "data",
         json!({"tasks": n, "workers": 2}),
         wall.as_secs_f64() * 1e6 / n as f64,
@@ -198,13 +217,13 @@ fn latency(quick: bool) -> Result<bool, String> {
     ))
 }
 
-fn stencil(quick: bool) -> Result<bool, String> {
+fn stencil(mode: Mode, quick: bool) -> Result<bool, String> {
     let ks: &[u32] = if quick {
         &[16, 256]
     } else {
         &[16, 64, 256, 1024, 4096]
     };
-    let cluster = local(2, "sim:mode=unified")?;
+    let cluster = local(mode, 2, "sim:mode=unified")?;
     let tile = 64u32;
     let mut all_ok = true;
     for &k in ks {
@@ -263,7 +282,7 @@ fn stencil(quick: bool) -> Result<bool, String> {
         let got = buf.to_vec::<u64>().map_err(|e| e.to_string())?;
         let ok = got == mem.concat() && s.succeeded == id;
         all_ok &= emit(
-            "stencil",
+            &mode.name("stencil"),
             &format!("k={k}"),
             json!({"tiles": k, "steps": steps, "tasks": id, "tile_bytes": tile * 8, "workers": 2}),
             wall.as_secs_f64() * 1e6 / id as f64,
@@ -307,8 +326,8 @@ fn sizes(quick: bool, full: &[(u64, &'static str)]) -> Vec<(u64, &'static str)> 
     }
 }
 
-fn handoff(quick: bool) -> Result<bool, String> {
-    let cluster = local(1, "sim:mode=unified")?;
+fn handoff(mode: Mode, quick: bool) -> Result<bool, String> {
+    let cluster = local(mode, 1, "sim:mode=unified")?;
     let w = cluster.workers()[0].id;
     let mut all_ok = true;
     for (bytes, label) in sizes(
@@ -328,13 +347,13 @@ fn handoff(quick: bool) -> Result<bool, String> {
         let copied =
             st.staged_to_device + st.staged_to_host + st.copied_to_device + st.copied_to_host;
         all_ok &= emit(
-            "handoff",
+            &mode.name("handoff"),
             label,
             json!({"bytes": bytes, "repetitions": reps}),
             median(samples).as_secs_f64() * 1e3,
             "ms",
             copied == 0,
-            &format!("local worker, fd passed, unified device; {copied} bytes copied"),
+            &format!("{mode:?} worker, fd passed, unified device; {copied} bytes copied"),
         );
     }
     Ok(all_ok)
@@ -402,17 +421,31 @@ fn main() {
     let mut ok = true;
     for s in &opts.scenarios {
         let r = match s.as_str() {
-            "throughput" => throughput(opts.quick),
-            "latency" => latency(opts.quick),
-            "stencil" => stencil(opts.quick),
-            "handoff" => handoff(opts.quick),
-            _ => remote(opts.quick),
+            "throughput" => [
+                throughput(Mode::Process, opts.quick),
+                throughput(Mode::InProcess, opts.quick),
+            ],
+            "latency" => [
+                latency(Mode::Process, opts.quick),
+                latency(Mode::InProcess, opts.quick),
+            ],
+            "stencil" => [
+                stencil(Mode::Process, opts.quick),
+                stencil(Mode::InProcess, opts.quick),
+            ],
+            "handoff" => [
+                handoff(Mode::Process, opts.quick),
+                handoff(Mode::InProcess, opts.quick),
+            ],
+            _ => [remote(opts.quick), Ok(true)],
         };
-        match r {
-            Ok(good) => ok &= good,
-            Err(e) => {
-                ok = false;
-                emit(s, "error", json!({}), 0.0, "", false, &e);
+        for (mode, r) in [Mode::Process, Mode::InProcess].into_iter().zip(r) {
+            match r {
+                Ok(good) => ok &= good,
+                Err(e) => {
+                    ok = false;
+                    emit(&mode.name(s), "error", json!({}), 0.0, "", false, &e);
+                }
             }
         }
     }

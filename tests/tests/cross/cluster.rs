@@ -290,7 +290,12 @@ fn differential_through_in_process_workers_matches_sequential_execution() {
         .window(3)
         .start()
         .unwrap();
-    assert!(cluster.workers().iter().all(|w| w.pid.is_none() && w.fd_passing));
+    assert!(
+        cluster
+            .workers()
+            .iter()
+            .all(|w| w.pid.is_none() && w.fd_passing)
+    );
     let mut total = 0usize;
     for seed in 0..seeds {
         let mut rng = Rng(0x1a9c_0000 + seed);

@@ -283,11 +283,7 @@ impl EndpointActor {
     }
 
     /// Runs a call whose result nobody waits for, off the actor's loop.
-    fn detached(
-        &self,
-        what: String,
-        call: crate::link::BoxFuture<'static, Result<(), LinkError>>,
-    ) {
+    fn detached(&self, what: String, call: crate::link::BoxFuture<'static, Result<(), LinkError>>) {
         let mut lost = self.lost_rx.clone();
         tokio::spawn(async move {
             tokio::select! {
@@ -328,12 +324,18 @@ impl EndpointActor {
                 }
                 let what = format!("{}: release of {} imports", self.id, ids.len());
                 let link = Arc::clone(&self.link);
-                self.detached(what, Box::pin(async move { link.release_imports(ids).await }));
+                self.detached(
+                    what,
+                    Box::pin(async move { link.release_imports(ids).await }),
+                );
             }
             EpCmd::DeviceFree(identity) => {
                 let what = format!("{}: device free of {identity}", self.id);
                 let link = Arc::clone(&self.link);
-                self.detached(what, Box::pin(async move { link.device_free(identity).await }));
+                self.detached(
+                    what,
+                    Box::pin(async move { link.device_free(identity).await }),
+                );
             }
             EpCmd::DeviceAlloc {
                 identity,

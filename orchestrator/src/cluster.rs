@@ -50,7 +50,7 @@ pub struct Cluster {
     pub(crate) offers: Vec<std::collections::HashSet<KernelHandle>>,
     /// Per worker, whether it is up and how many times it was lost.
     pub(crate) lives: Vec<std::sync::Arc<Life>>,
-    /// The retry policy ([`ClusterBuilder::retry`]).
+    /// The retry policy ([`crate::ClusterBuilder::retry`]).
     pub(crate) retries: u32,
     /// Bounds the tasks submitted and not finished.
     pub(crate) gate: std::sync::Arc<strata_core::Gate>,
@@ -76,7 +76,7 @@ impl std::fmt::Debug for Cluster {
 
 impl Cluster {
     /// The worker node of `worker`, when it runs in this process
-    /// ([`ClusterBuilder::in_process`]): its figures, and `halt`/`resume`
+    /// ([`crate::ClusterBuilder::in_process`]): its figures, and `halt`/`resume`
     /// to see how a job rides out a lost worker.
     pub fn in_process_worker(&self, worker: WorkerId) -> Option<&strata_worker::InProcessWorker> {
         self.in_process.get(worker.0 as usize)?.as_ref()
@@ -664,7 +664,7 @@ impl Cluster {
 
     /// The tasks finished since the last call (or since the start), with
     /// where and when they ran; `None` unless the cluster was built with
-    /// [`ClusterBuilder::trace`].
+    /// [`crate::ClusterBuilder::trace`].
     ///
     /// # Errors
     /// [`Error::Closed`].

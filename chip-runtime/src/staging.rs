@@ -9,117 +9,7 @@
 
 use strata_wire::Tensor;
 
-/// Calls `f(offset, len)` for runs of bytes that together are exactly the
-/// bytes the view touches (offsets from the view's first byte). Axes are
-/// walked from the largest stride to the smallest so that runs come in
-/// increasing order and adjacent ones merge; a view whose elements repeat
-/// (overlapping strides) may report a byte more than once, which is harmless
-/// for copies.
-pub fn for_each_run(view: &Tensor, mut f: impl FnMut(usize, usize)) {
-    if view.is_contiguous() {
-        f(0, view.extent_bytes() as usize);
-        return;
-    }
-    let n = view.ndims();
-    let mut order: [usize; 5] = [0, 1, 2, 3, 4];
-    order[..n].sort_by_key(|&k| std::cmp::Reverse(view.strides()[k]));
-    let shape: Vec<u32> = order[..n].iter().map(|&k| view.shape()[k]).collect();
-    let strides: Vec<u32> = order[..n].iter().map(|&k| view.strides()[k]).collect();
-    let bits = view.dtype().bits() as usize;
-    // Rows along the last axis are one run when its stride is 1 (whole
-    // bytes only); otherwise each element is its own run.
-    let (inner_count, inner_run) = if strides[n - 1] == 1 && bits >= 8 {
-        (1, shape[n - 1] as usize * bits / 8)
-    } else {
-        (shape[n - 1] as usize, 0)
-    };
-    let mut pending: Option<(usize, usize)> = None;
-    let mut emit = |off: usize, len: usize, f: &mut dyn FnMut(usize, usize)| match pending {
-        Some((s, l)) if s + l == off => pending = Some((s, l + len)),
-        Some((s, l)) if off >= s && off + len <= s + l => {}
-        Some((s, l)) => {
-            f(s, l);
-            pending = Some((off, len));
-        }
-        None => pending = Some((off, len)),
-    };
-    let mut idx = [0usize; 5];
-    loop {
-        let base: usize = (0..n - 1).map(|k| idx[k] * strides[k] as usize).sum();
-        for j in 0..inner_count {
-            let elem = base + j * strides[n - 1] as usize;
-            if inner_run > 0 {
-                emit(elem * bits / 8, inner_run, &mut f);
-            } else {
-                // Sub-byte elements live in byte ⌊bit / 8⌋.
-                let first = elem * bits / 8;
-                let last = (elem * bits + bits - 1) / 8;
-                emit(first, last - first + 1, &mut f);
-            }
-        }
-        let mut axis = n - 1;
-        loop {
-            if axis == 0 {
-                if let Some((s, l)) = pending {
-                    f(s, l);
-                }
-                return;
-            }
-            axis -= 1;
-            idx[axis] += 1;
-            if idx[axis] < shape[axis] as usize {
-                break;
-            }
-            idx[axis] = 0;
-        }
-    }
-}
-
-/// Bytes in the packed form of a view: the sum of its runs' lengths.
-pub fn packed_len(view: &Tensor) -> u64 {
-    let mut n = 0u64;
-    for_each_run(view, |_, len| n += len as u64);
-    n
-}
-
-/// [`packed_len`] for a view from an untrusted peer: `None` without
-/// walking it when it has more than `max_elements` elements (a view with
-/// overlapping strides can have 2^64 of them over a few bytes, and the
-/// walk visits every one).
-pub fn packed_len_bounded(view: &Tensor, max_elements: u64) -> Option<u64> {
-    if view.element_count() > max_elements {
-        return None;
-    }
-    Some(packed_len(view))
-}
-
-/// Copies the view's bytes out of `extent` (the view's bytes from its first
-/// byte, laid out as in the buffer) into a packed string, run after run.
-///
-/// # Panics
-/// When `extent` is shorter than the view's extent.
-pub fn pack(view: &Tensor, extent: &[u8]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(packed_len(view) as usize);
-    for_each_run(view, |off, len| {
-        out.extend_from_slice(&extent[off..off + len])
-    });
-    out
-}
-
-/// Copies a packed string back into `extent` (laid out from the view's
-/// first byte). Returns `false`, copying nothing, when `packed` is not
-/// exactly [`packed_len`] bytes or `extent` is short.
-pub fn unpack(view: &Tensor, packed: &[u8], extent: &mut [u8]) -> bool {
-    if packed.len() as u64 != packed_len(view) || (extent.len() as u64) < view.extent_bytes() {
-        return false;
-    }
-    let mut at = 0;
-    for_each_run(view, |off, len| {
-        extent[off..off + len].copy_from_slice(&packed[at..at + len]);
-        at += len;
-    });
-    true
-}
+pub use strata_wire::geometry::{for_each_run, pack, packed_len, packed_len_bounded, unpack};
 
 /// Copies the view's bytes from `src` to `dst`, both laid out from the
 /// view's first byte; returns the bytes copied.
@@ -165,7 +55,13 @@ mod tests {
                 assert_eq!(got, byte_set(&v).unwrap(), "{class:?} {v:?}");
                 // pack ∘ unpack restores the view's bytes.
                 let extent: Vec<u8> = (0..v.extent_bytes()).map(|i| (i * 7 % 251) as u8).collect();
-                let packed = pack(&v, &extent);
+                let packed = pack(&v, &extent).expect("the whole extent packs");
+                if let Some(short) = extent.len().checked_sub(1) {
+                    assert!(
+                        pack(&v, &extent[..short]).is_none(),
+                        "a short extent is refused"
+                    );
+                }
                 assert_eq!(packed.len() as u64, packed_len(&v));
                 let mut back = vec![0u8; extent.len()];
                 assert!(unpack(&v, &packed, &mut back));

@@ -3,8 +3,8 @@
 
 use std::fmt;
 
-use strata_chip::{KernelHandle, Region};
 use strata_wire::{ArgTag, CanonicalIdentity, TaskArgs};
+use strata_wire::{KernelHandle, Region};
 
 use crate::pb;
 
@@ -205,7 +205,7 @@ impl TryFrom<pb::Task> for TaskRequest {
             } else {
                 item.data.len() as u64 * 2
             };
-            let Some(want) = strata_chip::staging::packed_len_bounded(view, cap) else {
+            let Some(want) = strata_wire::geometry::packed_len_bounded(view, cap) else {
                 return Err(ConvertError::new(
                     field,
                     format!(
@@ -369,11 +369,11 @@ impl From<TaskCompletion> for pb::Completion {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct WorkerStats {
     /// Persistent region of the device arena.
-    pub persistent: strata_chip::arena::RegionStats,
+    pub persistent: strata_wire::RegionStats,
     /// Run region.
-    pub run: strata_chip::arena::RegionStats,
+    pub run: strata_wire::RegionStats,
     /// Scratch region.
-    pub scratch: strata_chip::arena::RegionStats,
+    pub scratch: strata_wire::RegionStats,
     /// Bytes staged host → device for kernel arguments.
     pub staged_to_device: u64,
     /// Bytes staged device → host.
@@ -399,7 +399,7 @@ pub struct WorkerStats {
 fn region_stats(
     field: &str,
     r: Option<pb::RegionStats>,
-) -> Result<strata_chip::arena::RegionStats, ConvertError> {
+) -> Result<strata_wire::RegionStats, ConvertError> {
     let r = r.ok_or_else(|| ConvertError::new(field, "missing"))?;
     if r.in_use > r.capacity || r.peak > r.capacity {
         return Err(ConvertError::new(
@@ -410,7 +410,7 @@ fn region_stats(
             ),
         ));
     }
-    Ok(strata_chip::arena::RegionStats {
+    Ok(strata_wire::RegionStats {
         capacity: r.capacity,
         in_use: r.in_use,
         peak: r.peak,
@@ -444,7 +444,7 @@ impl TryFrom<pb::StatsReply> for WorkerStats {
 
 impl From<WorkerStats> for pb::StatsReply {
     fn from(s: WorkerStats) -> Self {
-        let region = |r: strata_chip::arena::RegionStats| pb::RegionStats {
+        let region = |r: strata_wire::RegionStats| pb::RegionStats {
             capacity: r.capacity,
             in_use: r.in_use,
             peak: r.peak,

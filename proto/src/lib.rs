@@ -14,7 +14,7 @@
 //! let t = Tensor::row_major(test_buffer(64), 0, &[16], DType::F32).unwrap();
 //! let req = TaskRequest {
 //!     id: TaskId(7),
-//!     callable: strata_chip::KernelHandle([1; 16]),
+//!     callable: strata_wire::KernelHandle([1; 16]),
 //!     args: TaskArgs::new(vec![t], vec![]).unwrap(),
 //!     tags: vec![ArgTag::Output],
 //!     inline: vec![None],

@@ -55,6 +55,7 @@ mod backing;
 mod chip_tensor;
 mod codec;
 mod descriptor;
+mod device;
 mod dtype;
 mod error;
 mod identity;
@@ -66,10 +67,12 @@ mod task_args;
 mod tensor;
 
 pub mod check;
+pub mod geometry;
 
 pub use backing::{BackendKind, Backing, MAX_BODY_LEN, ShmName};
 pub use chip_tensor::ChipTensor;
 pub use descriptor::{Access, AddressSpace, BufferDescriptor, DESCRIPTOR_MAGIC, DESCRIPTOR_SIZE};
+pub use device::{KernelHandle, Region, RegionStats};
 pub use dtype::DType;
 pub use error::{Error, FieldValue};
 pub use identity::{CanonicalIdentity, IDENTITY_SIZE};

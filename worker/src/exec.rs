@@ -320,18 +320,25 @@ fn complete(
     match outcome {
         Err(e) => failure(id, e.to_string()),
         Ok(r) => {
-            let outputs = inline
+            let packed: Option<Vec<(u32, Vec<u8>)>> = inline
                 .iter()
                 .filter(|a| a.written)
                 .map(|a| {
                     let all = a.host.to_vec();
                     let first = usize::try_from(a.view.byte_offset()).unwrap_or(usize::MAX);
-                    (
-                        a.index,
-                        staging::pack(&a.view, all.get(first..).unwrap_or_default()),
-                    )
+                    staging::pack(&a.view, all.get(first..).unwrap_or_default())
+                        .map(|bytes| (a.index, bytes))
                 })
                 .collect();
+            // The inline copy was sized from the view when the task
+            // arrived, so it always holds the view's extent; a short one
+            // is a bug on this side, reported rather than sent truncated.
+            let Some(outputs) = packed else {
+                return failure(
+                    id,
+                    "an output's inline copy is shorter than its view".into(),
+                );
+            };
             TaskCompletion {
                 id,
                 outcome: TaskOutcome::Success,

@@ -35,8 +35,6 @@
 mod bump;
 mod pool;
 
-use std::fmt;
-
 pub(crate) use bump::Bump;
 pub(crate) use pool::Pool;
 
@@ -45,33 +43,7 @@ use crate::Error;
 /// Block alignment and allocation unit, in bytes.
 pub const UNIT: u64 = crate::spec::BLOCK_ALIGN;
 
-/// Which part of device memory a block comes from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Region {
-    /// User device buffers, individually freed.
-    Persistent,
-    /// Bump-allocated, reset as a whole when a run ends.
-    Run,
-    /// Per-kernel temporaries and staged copies.
-    Scratch,
-}
-
-impl Region {
-    /// Lowercase name.
-    pub const fn name(self) -> &'static str {
-        match self {
-            Region::Persistent => "persistent",
-            Region::Run => "run",
-            Region::Scratch => "scratch",
-        }
-    }
-}
-
-impl fmt::Display for Region {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
-    }
-}
+pub use strata_wire::{Region, RegionStats};
 
 /// A live allocation: `len` bytes at `offset` from the start of device
 /// memory (64-byte aligned).
@@ -86,23 +58,6 @@ pub struct Block {
     /// For a run block, the run it belongs to (the run region's reset
     /// count when it was carved, mod 2^32); 0 for other regions.
     pub epoch: u32,
-}
-
-/// Counters of one region.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct RegionStats {
-    /// Bytes the region manages.
-    pub capacity: u64,
-    /// Bytes in live blocks (rounded up to 64 per block).
-    pub in_use: u64,
-    /// Highest `in_use` seen.
-    pub peak: u64,
-    /// Successful allocations.
-    pub allocs: u64,
-    /// Frees (for the run region: resets).
-    pub frees: u64,
-    /// Allocations refused for lack of space.
-    pub failed: u64,
 }
 
 /// Counters of all three regions.

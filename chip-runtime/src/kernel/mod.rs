@@ -17,8 +17,6 @@ pub mod view;
 pub mod builtin;
 pub(crate) mod gemm;
 
-use std::fmt;
-
 use sha2::{Digest, Sha256};
 use strata_wire::{Access, DType, Tensor};
 
@@ -42,6 +40,7 @@ pub fn check_launch(
 ) -> Result<(), crate::Error> {
     validate_launch(kernel, args, scalars)
 }
+pub use strata_wire::KernelHandle;
 pub use view::{Geometry, Scratch, View, ViewMut};
 
 /// Which dtypes an argument accepts.
@@ -192,26 +191,6 @@ impl KernelDescriptor {
         let mut h = [0u8; 16];
         h.copy_from_slice(&digest[..16]);
         KernelHandle(h)
-    }
-}
-
-/// A callable's handle: the first 16 bytes of the SHA-256 of its canonical
-/// descriptor.
-#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct KernelHandle(pub [u8; 16]);
-
-impl fmt::Display for KernelHandle {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        for b in self.0 {
-            write!(f, "{b:02x}")?;
-        }
-        Ok(())
-    }
-}
-
-impl fmt::Debug for KernelHandle {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "KernelHandle({self})")
     }
 }
 

@@ -1,5 +1,5 @@
-//! `strata-orchestrator`: the driver side of strata, and the `strata`
-//! command-line tool.
+//! `strata-orchestrator`: the driver side of strata, as a library (the
+//! `strata` command line is `strata-cli`, on top of it).
 //!
 //! A driver starts a [`Cluster`] (spawning local workers, or connecting to
 //! running ones by `unix:` or `tcp:` address), creates [`Buffer`]s and
@@ -32,15 +32,13 @@
 
 mod actors;
 mod buffer;
-pub mod cli;
 mod cluster;
 pub mod demo;
 mod error;
-pub mod graph;
 mod link;
 mod local;
 mod mapping;
-mod npy;
+pub mod npy;
 mod policy;
 mod start;
 mod task;

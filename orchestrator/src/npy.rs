@@ -14,7 +14,7 @@ use crate::cluster::Cluster;
 use crate::error::Error;
 
 /// NumPy's type string for a dtype strata shares with it.
-pub(crate) fn type_str(dtype: DType) -> Option<&'static str> {
+pub fn type_str(dtype: DType) -> Option<&'static str> {
     Some(match dtype {
         DType::F32 => "<f4",
         DType::F16 => "<f2",
@@ -31,7 +31,8 @@ pub(crate) fn type_str(dtype: DType) -> Option<&'static str> {
     })
 }
 
-pub(crate) fn dtype_of(type_str: &str) -> Option<DType> {
+/// The dtype of a NumPy type string (`<f4`, `|u1`, `=i8`...), if strata has it.
+pub fn dtype_of(type_str: &str) -> Option<DType> {
     let t = type_str.replacen('=', "<", 1);
     let t = match t.as_bytes() {
         [b'<', rest @ ..] if rest.ends_with(b"1") => format!("|{}", &t[1..]),

@@ -35,7 +35,7 @@ pub fn strata_bin() -> PathBuf {
     let bin = dir.join("strata");
     assert!(
         bin.exists(),
-        "the strata binary is not built at {}: run `cargo build -p strata-orchestrator` (`cargo test --workspace` builds it)",
+        "the strata binary is not built at {}: run `cargo build -p strata-cli` (`cargo test --workspace` builds it)",
         bin.display()
     );
     bin

@@ -6,13 +6,14 @@ use std::process::ExitCode;
 use clap::Args;
 
 use crate::graph::{Graph, Signature};
-use crate::{Cluster, Error, RunSummary};
+use strata_orchestrator::{Cluster, Error, RunSummary};
 
 /// Options of `strata run`.
 #[derive(Debug, Clone, Args)]
 #[command(after_help = "Examples:
   strata run examples/graphs/tiled_matmul.json
   strata run job.json --local 2 --trace job-trace.json
+  strata run job.json --in-process             # the --local chips inside this process
   strata run job.json --workers tcp:10.0.0.2:7420,tcp:10.0.0.3:7420 --token-file token
 
 Exit status: 0 when every task succeeded and every output matched its
@@ -26,6 +27,10 @@ pub struct RunArgs {
     #[arg(long, default_value_t = 4, conflicts_with = "workers",
           value_parser = clap::value_parser!(u32).range(1..=64))]
     pub local: u32,
+    /// Run the `--local` chips inside this process (the same worker node,
+    /// reached by calls instead of gRPC; buffers still passed by fd).
+    #[arg(long, conflicts_with = "workers")]
+    pub in_process: bool,
     /// Running workers to use instead, comma-separated (unix:PATH or tcp:HOST:PORT).
     #[arg(long)]
     pub workers: Option<String>,
@@ -114,11 +119,14 @@ pub fn run(args: &RunArgs) -> ExitCode {
                 eprintln!("strata run: {shown}: {e}");
                 return ExitCode::from(2);
             }
-            Cluster::builder()
-                .local(args.local as usize)
-                .device(&args.device)
+            let b = Cluster::builder().device(&args.device);
+            if args.in_process {
+                b.in_process(args.local as usize)
+            } else {
+                b.local(args.local as usize)
+            }
         }
-        Some(list) => match super::demo::builder(list, &args.auth, &args.device) {
+        Some(list) => match super::demo::builder(list, false, &args.auth, &args.device) {
             Ok(b) => b,
             Err(e) => {
                 eprintln!("strata run: {e}");
@@ -131,8 +139,8 @@ pub fn run(args: &RunArgs) -> ExitCode {
         .retry(args.retry)
         .respawn(args.respawn)
         .quarantine(match args.quarantine_wait_ms {
-            0 => crate::Quarantine::FailAtOnce,
-            ms => crate::Quarantine::Wait(std::time::Duration::from_millis(ms)),
+            0 => strata_orchestrator::Quarantine::FailAtOnce,
+            ms => strata_orchestrator::Quarantine::Wait(std::time::Duration::from_millis(ms)),
         });
     let cluster = match builder.start() {
         Ok(c) => c,

@@ -6,14 +6,15 @@ use std::process::ExitCode;
 
 use clap::Args;
 
-use crate::demo::{JobReport, matmul_softmax_reduce};
-use crate::{Cluster, ClusterBuilder};
+use strata_orchestrator::demo::{JobReport, matmul_softmax_reduce};
+use strata_orchestrator::{Cluster, ClusterBuilder};
 
 /// Options of `strata demo`.
 #[derive(Debug, Clone, Args)]
 #[command(after_help = "Examples:
   strata demo                                   # 4 local chips, 1024x1024 in 64x64 tiles (4,144 tasks)
   strata demo --workers 2 --size 512 --tile 32
+  strata demo --in-process                      # 4 chips inside this process: no worker processes, no sockets
   strata demo --trace run.json                  # then open run.json in https://ui.perfetto.dev
   strata demo --workers unix:/run/strata/chip0.sock,tcp:10.0.0.2:7420 --token-file token")]
 pub struct DemoArgs {
@@ -21,6 +22,10 @@ pub struct DemoArgs {
     /// running workers to use instead (unix:PATH or tcp:HOST:PORT).
     #[arg(long, default_value = "4")]
     pub workers: String,
+    /// Run the `--workers N` chips inside this process (the same worker
+    /// node, reached by calls instead of gRPC; buffers still passed by fd).
+    #[arg(long)]
+    pub in_process: bool,
     /// How to authenticate to running TCP workers.
     #[command(flatten)]
     pub auth: RemoteAuth,
@@ -63,7 +68,7 @@ pub struct RemoteAuth {
 }
 
 impl RemoteAuth {
-    fn tls(&self) -> Result<Option<crate::ClientTls>, String> {
+    fn tls(&self) -> Result<Option<strata_orchestrator::ClientTls>, String> {
         let (Some(ca), Some(cert), Some(key), Some(domain)) = (
             &self.tls_ca,
             &self.tls_cert,
@@ -75,7 +80,7 @@ impl RemoteAuth {
         let read = |p: &PathBuf, what: &str| {
             std::fs::read(p).map_err(|e| format!("--{what} {}: {e}", p.display()))
         };
-        Ok(Some(crate::ClientTls {
+        Ok(Some(strata_orchestrator::ClientTls {
             ca_pem: read(ca, "tls-ca")?,
             cert_pem: read(cert, "tls-cert")?,
             key_pem: read(key, "tls-key")?,
@@ -84,9 +89,12 @@ impl RemoteAuth {
     }
 }
 
-/// Where the workers come from, from `--workers` (and credentials).
+/// Where the workers come from, from `--workers` (and credentials):
+/// `n` local workers (processes, or inside this one with `in_process`),
+/// or running ones by address.
 pub(crate) fn builder(
     workers: &str,
+    in_process: bool,
     auth: &RemoteAuth,
     device: &str,
 ) -> Result<ClusterBuilder, String> {
@@ -96,7 +104,16 @@ pub(crate) fn builder(
         if !(1..=64).contains(&n) {
             return Err(format!("--workers {n}: between 1 and 64 local workers"));
         }
-        return Ok(b.local(n));
+        return Ok(if in_process {
+            b.in_process(n)
+        } else {
+            b.local(n)
+        });
+    }
+    if in_process {
+        return Err(format!(
+            "--in-process runs a number of chips in this process, not running workers ({workers})"
+        ));
     }
     let token = match token_file {
         Some(p) => Some(
@@ -129,14 +146,14 @@ pub fn run(args: &DemoArgs) -> ExitCode {
         );
         return ExitCode::from(2);
     }
-    let builder = match builder(&args.workers, &args.auth, &args.device) {
+    let builder = match builder(&args.workers, args.in_process, &args.auth, &args.device) {
         Ok(b) => b.trace(args.trace.is_some()),
         Err(e) => {
             eprintln!("strata demo: {e}");
             return ExitCode::from(2);
         }
     };
-    let result = (|| -> Result<(JobReport, bool), crate::Error> {
+    let result = (|| -> Result<(JobReport, bool), strata_orchestrator::Error> {
         let cluster = builder.start()?;
         let w = cluster.workers();
         say!(

@@ -184,3 +184,55 @@ fn demo_refuses_a_tile_that_does_not_divide_the_size() {
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("does not divide"));
 }
+
+#[test]
+fn demo_in_process_runs_the_job_without_worker_processes() {
+    let out = strata(&[
+        "demo",
+        "--in-process",
+        "--workers",
+        "2",
+        "--size",
+        "128",
+        "--tile",
+        "32",
+        "--quiet",
+    ]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains("result check: passed"), "{stdout}");
+}
+
+#[test]
+fn demo_in_process_refuses_worker_addresses() {
+    let out = strata(&["demo", "--in-process", "--workers", "unix:/nope.sock"]);
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("--in-process"), "{stderr}");
+}
+
+#[test]
+fn run_in_process_runs_a_graph_file_and_checks_its_outputs() {
+    let dir = tempfile::tempdir().unwrap();
+    let graph = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/graphs/tiled_matmul.json");
+    let out = strata(&[
+        "run",
+        "--in-process",
+        "--local",
+        "2",
+        "--quiet",
+        "--out-dir",
+        dir.path().to_str().unwrap(),
+        graph.to_str().unwrap(),
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(dir.path().join("out/tiled_matmul_c.npy").is_file());
+}

@@ -9,5 +9,5 @@ use std::process::ExitCode;
 static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() -> ExitCode {
-    strata_orchestrator::cli::run(strata_orchestrator::cli::Cli::parse())
+    strata_cli::cmd::run(strata_cli::cmd::Cli::parse())
 }

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use indicatif::{ProgressBar, ProgressStyle};
 
-use crate::Cluster;
+use strata_orchestrator::Cluster;
 
 /// Whether to draw progress: stderr is a terminal and not `--quiet`.
 pub(crate) fn wanted(quiet: bool) -> bool {

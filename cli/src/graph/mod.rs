@@ -1,0 +1,194 @@
+//! Graph files: a job as JSON (buffers with initial contents, views, tasks,
+//! outputs written as `.npy`, optional expectations), checked whole before
+//! anything starts, then run on a [`Cluster`](strata_orchestrator::Cluster). The format is documented in
+//! `docs/graph-format.md`.
+//!
+//! Every problem is reported with the JSON path of what is wrong, such as
+//! `tasks[3].args[1].view: unknown view "c0"`.
+
+//!
+//! The folder follows a graph's life: [`parse`] reads the JSON into a
+//! [`Graph`] (every field checked, views fitted to their buffers),
+//! [`check`] runs the submit-time checks of every task before anything
+//! starts (and, given the callables' signatures, every launch), `init`
+//! fills the buffers, and [`run`] submits the tasks through the same
+//! `Cluster::submit` a Rust driver uses, then writes and checks the
+//! outputs.
+
+use std::path::{Path, PathBuf};
+
+use strata_wire::{Access, ArgTag, DType};
+
+pub mod check;
+mod init;
+pub mod parse;
+pub mod run;
+
+pub use check::Signature;
+pub use run::{Around, GraphRun};
+
+/// A graph file's problem: where (a JSON path) and what.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{path}: {what}")]
+pub struct GraphError {
+    /// The JSON path, such as `tasks[3].args[1].view`.
+    pub path: String,
+    /// What is wrong.
+    pub what: String,
+}
+
+fn err<T>(path: impl Into<String>, what: impl Into<String>) -> Result<T, GraphError> {
+    Err(GraphError {
+        path: path.into(),
+        what: what.into(),
+    })
+}
+
+/// How a buffer starts.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Init {
+    /// All zero bytes.
+    Zeros,
+    /// Every element this value.
+    Const(f64),
+    /// Uniform in `[low, high)` from a seed (integers: whole numbers).
+    Random {
+        /// Seed.
+        seed: u64,
+        /// Lower bound.
+        low: f64,
+        /// Upper bound (exclusive).
+        high: f64,
+    },
+    /// The array of a `.npy` file.
+    Npy(PathBuf),
+}
+
+/// A buffer of the graph.
+#[derive(Debug, Clone)]
+pub struct BufferDef {
+    /// Its name.
+    pub name: String,
+    /// Size in bytes.
+    pub nbytes: u64,
+    /// Element shape and dtype, when given (the buffer is then also a view).
+    pub layout: Option<(Vec<u32>, DType)>,
+    /// What tasks may do with it.
+    pub access: Access,
+    /// On this worker's device, or in host memory.
+    pub device: Option<u32>,
+    /// Initial contents.
+    pub init: Init,
+}
+
+/// A view of the graph.
+#[derive(Debug, Clone)]
+pub struct ViewDef {
+    /// Its name.
+    pub name: String,
+    /// Index of its buffer.
+    pub buffer: usize,
+    /// Byte offset.
+    pub byte_offset: u64,
+    /// Shape.
+    pub shape: Vec<u32>,
+    /// Element strides.
+    pub strides: Vec<u32>,
+    /// Dtype.
+    pub dtype: DType,
+}
+
+/// A scalar as written.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ScalarDef {
+    /// A plain number, encoded by the callable's scalar kind.
+    Number(serde_json::Number),
+    /// Explicitly unsigned.
+    U64(u64),
+    /// Explicitly signed.
+    I64(i64),
+    /// Explicitly floating point.
+    F64(f64),
+}
+
+/// A task of the graph.
+#[derive(Debug, Clone)]
+pub struct TaskDef {
+    /// Its JSON path (`tasks[i]`), for messages.
+    pub path: String,
+    /// Its name, if given.
+    pub name: Option<String>,
+    /// The callable, `name` or `name@version`.
+    pub callable: String,
+    /// Views (indices) and tags.
+    pub args: Vec<(usize, ArgTag)>,
+    /// Scalars.
+    pub scalars: Vec<ScalarDef>,
+    /// Worker index, if placed.
+    pub worker: Option<u32>,
+    /// Earlier tasks (indices) it runs after.
+    pub after: Vec<usize>,
+}
+
+/// What an output must hold.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Expect {
+    /// Every element equals this value.
+    Const(f64),
+    /// These values, row-major.
+    Values(Vec<f64>),
+    /// The array of this `.npy` file.
+    Npy(PathBuf),
+}
+
+/// An output of the graph.
+#[derive(Debug, Clone)]
+pub struct OutputDef {
+    /// Its JSON path (`outputs[i]`).
+    pub path: String,
+    /// The view (index) to write.
+    pub view: usize,
+    /// Where.
+    pub npy: PathBuf,
+    /// What it must hold, within `tolerance`.
+    pub expect: Option<(Expect, f64)>,
+}
+
+/// A parsed, checked graph.
+#[derive(Debug, Clone)]
+pub struct Graph {
+    /// Buffers, in file order.
+    pub buffers: Vec<BufferDef>,
+    /// Views: first one per buffer with a layout (named as the buffer),
+    /// then the `views` section.
+    pub views: Vec<ViewDef>,
+    /// Tasks, in submission order.
+    pub tasks: Vec<TaskDef>,
+    /// Outputs.
+    pub outputs: Vec<OutputDef>,
+}
+
+impl Graph {
+    /// Reads and checks the graph file at `path` (relative paths inside it
+    /// are relative to its folder).
+    ///
+    /// # Errors
+    /// The first problem, with its JSON path (`$` for the file itself).
+    pub fn load(path: &Path) -> Result<Graph, GraphError> {
+        Graph::load_with(path, None)
+    }
+
+    /// As [`Graph::load`], writing outputs with relative paths under
+    /// `out_dir` instead of the graph's folder.
+    ///
+    /// # Errors
+    /// As [`Graph::load`].
+    pub fn load_with(path: &Path, out_dir: Option<&Path>) -> Result<Graph, GraphError> {
+        let text = std::fs::read_to_string(path)
+            .or_else(|e| err("$", format!("{}: {e}", path.display())))?;
+        let json: serde_json::Value = serde_json::from_str(&text)
+            .or_else(|e| err("$", format!("{}: not JSON: {e}", path.display())))?;
+        let dir = path.parent().map(Path::to_path_buf).unwrap_or_default();
+        Graph::from_json(&json, &dir, out_dir.unwrap_or(&dir))
+    }
+}

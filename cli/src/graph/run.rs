@@ -1,0 +1,196 @@
+//! A checked graph run on a cluster: buffers made and filled, every task
+//! submitted through `Cluster::submit` in file order, outputs written as
+//! `.npy` and checked against their expectations.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+
+use strata_orchestrator::{Buffer, Cluster, Error, RunSummary, Task, TaskHandle, View, WorkerId};
+
+use super::check::Signature;
+use super::init::{decode, encode, uniform};
+use super::{Expect, Graph, Init};
+
+/// Wraps the submit-and-wait part of [`Graph::run`] (the CLI draws a
+/// progress bar around it).
+pub type Around<'a> =
+    &'a dyn Fn(&mut dyn FnMut() -> Result<RunSummary, Error>) -> Result<RunSummary, Error>;
+
+/// What a graph run did.
+#[derive(Debug, Clone)]
+pub struct GraphRun {
+    /// The run's figures.
+    pub summary: RunSummary,
+    /// Output files written.
+    pub outputs: Vec<PathBuf>,
+    /// Outputs whose expectation failed: path and why.
+    pub mismatches: Vec<String>,
+}
+
+impl Graph {
+    /// Creates the buffers on `cluster`, submits every task in order,
+    /// waits, writes the outputs and checks their expectations.
+    /// `around` wraps the submit-and-wait part (for a progress bar).
+    ///
+    /// # Errors
+    /// A buffer that cannot be made or filled, a refused task (naming its
+    /// JSON path), the run's first failure, or an output file.
+    pub fn run(&self, cluster: &Cluster, around: Around<'_>) -> Result<GraphRun, Error> {
+        let mut buffers: Vec<Buffer> = Vec::with_capacity(self.buffers.len());
+        for b in &self.buffers {
+            let buf = match b.device {
+                Some(w) => cluster.device_buffer(WorkerId(w), b.nbytes)?,
+                None => cluster.buffer_with(b.nbytes, b.access)?,
+            };
+            let bytes = match (&b.init, &b.layout) {
+                (Init::Zeros, _) => {
+                    if b.device.is_some() {
+                        Some(vec![0u8; usize::try_from(b.nbytes).unwrap_or(usize::MAX)])
+                    } else {
+                        None
+                    }
+                }
+                (Init::Const(c), Some((shape, dtype))) => {
+                    let n = shape.iter().map(|&d| d as usize).product();
+                    Some(encode(*dtype, std::iter::repeat_n(*c, n), false))
+                }
+                (Init::Random { seed, low, high }, Some((shape, dtype))) => {
+                    let n = shape.iter().map(|&d| d as usize).product();
+                    Some(encode(*dtype, uniform(*seed, n, *low, *high), true))
+                }
+                (Init::Npy(path), _) => {
+                    let loaded = cluster.buffer_from_npy(path)?;
+                    Some(loaded.buffer().to_bytes()?)
+                }
+                _ => None,
+            };
+            if let Some(bytes) = bytes {
+                if b.device.is_some() {
+                    cluster.write_device(&buf, 0, &bytes)?;
+                } else {
+                    buf.write_bytes(0, &bytes)?;
+                }
+            }
+            buffers.push(buf);
+        }
+        let views: Vec<View> = self
+            .views
+            .iter()
+            .map(|v| buffers[v.buffer].view(v.byte_offset, &v.shape, &v.strides, v.dtype))
+            .collect::<Result<_, _>>()?;
+        let sigs: HashMap<&str, Signature> = self
+            .tasks
+            .iter()
+            .map(|t| {
+                let sig = cluster
+                    .callable_signature(&t.callable)
+                    .and_then(|s| Signature::parse(&s).map_err(Error::Submit))?;
+                Ok((t.callable.as_str(), sig))
+            })
+            .collect::<Result<_, Error>>()?;
+        let handles: std::cell::RefCell<Vec<TaskHandle>> =
+            std::cell::RefCell::new(Vec::with_capacity(self.tasks.len()));
+        let mut submit_all = || -> Result<RunSummary, Error> {
+            let mut handles = handles.borrow_mut();
+            for t in &self.tasks {
+                let mut task = Task::new(t.callable.clone());
+                for &(v, tag) in &t.args {
+                    task = task.arg(&views[v], tag);
+                }
+                let sig = &sigs[t.callable.as_str()];
+                for (s, k) in t.scalars.iter().zip(&sig.scalars) {
+                    let bits = self
+                        .encode_scalar(t, s, *k)
+                        .map_err(|e| Error::Submit(format!("{}: {e}", t.path)))?;
+                    task = task.scalar_u64(bits);
+                }
+                if let Some(w) = t.worker {
+                    task = task.on(WorkerId(w));
+                }
+                for &j in &t.after {
+                    task = task.after(handles[j]);
+                }
+                let h = cluster.submit(task).map_err(|e| match e {
+                    Error::Submit(m) => Error::Submit(format!("{}: {m}", t.path)),
+                    other => other,
+                })?;
+                handles.push(h);
+            }
+            cluster.wait_all()
+        };
+        let summary = around(&mut submit_all).map_err(|e| match e {
+            // Name the failed task by its place in the file too.
+            Error::Run(mut r) => {
+                if let Some(i) = handles.borrow().iter().position(|h| h.id() == r.task) {
+                    r.callable = format!("{}, tasks[{i}]", r.callable);
+                }
+                Error::Run(r)
+            }
+            other => other,
+        })?;
+        let mut outputs = Vec::new();
+        let mut mismatches = Vec::new();
+        for o in &self.outputs {
+            let view = &views[o.view];
+            if let Some(dir) = o.npy.parent() {
+                if !dir.as_os_str().is_empty() {
+                    std::fs::create_dir_all(dir).map_err(|e| Error::Npy {
+                        path: dir.display().to_string(),
+                        reason: e.to_string(),
+                    })?;
+                }
+            }
+            view.save_npy(&o.npy)?;
+            outputs.push(o.npy.clone());
+            if let Some((expect, tol)) = &o.expect {
+                let got = decode(view.dtype(), &view.read_elements()?);
+                let want: Vec<f64> = match expect {
+                    Expect::Const(c) => vec![*c; got.len()],
+                    Expect::Values(v) => v.clone(),
+                    Expect::Npy(p) => {
+                        let e = cluster.buffer_from_npy(p)?;
+                        decode(e.dtype(), &e.read_elements()?)
+                    }
+                };
+                let bad = |g: f64, w: f64| {
+                    let d = (g - w).abs();
+                    !(g == w || d <= *tol)
+                };
+                // The first NaN mismatch, else the largest difference.
+                let worst = got
+                    .iter()
+                    .zip(&want)
+                    .enumerate()
+                    .filter(|(_, (g, w))| bad(**g, **w))
+                    .max_by(|a, b| {
+                        let da = (a.1.0 - a.1.1).abs();
+                        let db = (b.1.0 - b.1.1).abs();
+                        match (da.is_nan(), db.is_nan()) {
+                            (true, true) => b.0.cmp(&a.0),
+                            (true, false) => std::cmp::Ordering::Greater,
+                            (false, true) => std::cmp::Ordering::Less,
+                            (false, false) => da.total_cmp(&db).then(b.0.cmp(&a.0)),
+                        }
+                    });
+                if got.len() != want.len() {
+                    mismatches.push(format!(
+                        "{}: {} elements, expected {}",
+                        o.path,
+                        got.len(),
+                        want.len()
+                    ));
+                } else if let Some((i, (g, w))) = worst {
+                    mismatches.push(format!(
+                        "{}: element {i} is {g}, expected {w} (tolerance {tol})",
+                        o.path
+                    ));
+                }
+            }
+        }
+        Ok(GraphRun {
+            summary,
+            outputs,
+            mismatches,
+        })
+    }
+}

@@ -338,12 +338,7 @@ fn start(b: ClusterBuilder) -> Result<Cluster, Error> {
         });
         let _ = up_tx.send(Notice::WorkerUp {
             worker: id,
-            callables: link
-                .facts()
-                .callables
-                .iter()
-                .map(|c| strata_core::CallableId(c.handle.0))
-                .collect(),
+            callables: link.facts().callables.iter().map(|c| c.handle).collect(),
             window: b.window,
         });
         // A worker spawned here is killed when lost, and restarted on its

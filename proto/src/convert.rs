@@ -4,19 +4,9 @@
 use std::fmt;
 
 use strata_wire::{ArgTag, CanonicalIdentity, TaskArgs};
-use strata_wire::{KernelHandle, Region};
+use strata_wire::{KernelHandle, Region, TaskId};
 
 use crate::pb;
-
-/// A task's id, chosen by the client, echoed in its completion.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct TaskId(pub u64);
-
-impl fmt::Display for TaskId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "task {}", self.0)
-    }
-}
 
 /// A message field that broke a rule.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

@@ -35,7 +35,8 @@ pub mod pb {
     tonic::include_proto!("strata.worker.v1");
 }
 
-pub use convert::{ConvertError, TaskId};
+pub use convert::ConvertError;
+pub use strata_wire::TaskId;
 
 /// The protocol version this build speaks; a handshake with any other is
 /// refused.

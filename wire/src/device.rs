@@ -1,9 +1,22 @@
-//! Names of device-side things that cross process boundaries: a callable's
-//! handle and the regions of a chip's memory with their counters. They are
-//! defined here, not in the chip runtime, so that the protocol layer
-//! (`strata-proto`) depends on the wire format alone.
+//! Names that cross process boundaries: a task's id, a callable's handle
+//! and the regions of a chip's memory with their counters. They are
+//! defined here, not in the chip runtime or the orchestrator's cores, so
+//! that every layer — the protocol (`strata-proto`, which depends on the
+//! wire format alone), the cores, the worker, the driver — names them with
+//! one type.
 
 use std::fmt;
+
+/// A task, numbered by the driver in submission order and echoed by the
+/// worker in its completion (the DAG requires increasing ids).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct TaskId(pub u64);
+
+impl fmt::Display for TaskId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "task {}", self.0)
+    }
+}
 
 /// A callable's handle: the first 16 bytes of the SHA-256 of its canonical
 /// descriptor.

@@ -72,7 +72,7 @@ pub mod geometry;
 pub use backing::{BackendKind, Backing, MAX_BODY_LEN, ShmName};
 pub use chip_tensor::ChipTensor;
 pub use descriptor::{Access, AddressSpace, BufferDescriptor, DESCRIPTOR_MAGIC, DESCRIPTOR_SIZE};
-pub use device::{KernelHandle, Region, RegionStats};
+pub use device::{KernelHandle, Region, RegionStats, TaskId};
 pub use dtype::DType;
 pub use error::{Error, FieldValue};
 pub use identity::{CanonicalIdentity, IDENTITY_SIZE};

@@ -28,7 +28,7 @@ use std::collections::HashMap;
 use strata_wire::CanonicalIdentity;
 
 use crate::dag::{Born, Dag, NewTask, SubmitError, Transition};
-use crate::ids::{CallableId, ScopeId, TaskId, WorkerId};
+use crate::ids::{KernelHandle, ScopeId, TaskId, WorkerId};
 use crate::sched::{self, FirstError, MemberInfo, Outcome, Scheduler};
 
 /// What the engine asks its owner to do.
@@ -88,7 +88,7 @@ pub enum Event {
         /// The worker.
         worker: WorkerId,
         /// Its callables.
-        callables: Vec<CallableId>,
+        callables: Vec<KernelHandle>,
         /// Its in-flight window.
         window: usize,
     },
@@ -180,7 +180,7 @@ impl Engine {
     pub fn worker_up(
         &mut self,
         worker: WorkerId,
-        callables: impl IntoIterator<Item = CallableId>,
+        callables: impl IntoIterator<Item = KernelHandle>,
         window: usize,
     ) -> Vec<Action> {
         let out = self.sched.worker_up(worker, callables, window);

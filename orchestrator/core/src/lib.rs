@@ -44,5 +44,5 @@ pub use dag::{Dag, SubmitError};
 pub use engine::{Action, Engine, Event, Loss, Submission};
 pub use gate::Gate;
 pub use holders::Holders;
-pub use ids::{CallableId, ScopeId, TaskId, WorkerId};
+pub use ids::{KernelHandle, ScopeId, TaskId, WorkerId};
 pub use sched::{Outcome, Placement, Scheduler};

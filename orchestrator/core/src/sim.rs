@@ -22,11 +22,11 @@ use strata_wire::{
 
 use crate::dag::{Arg, NewTask};
 use crate::engine::{Action, Engine, Event, Submission};
-use crate::ids::{CallableId, TaskId, WorkerId};
+use crate::ids::{KernelHandle, TaskId, WorkerId};
 use crate::sched::{MemberInfo, Outcome, Placement};
 
 /// The callable every simulated task uses.
-pub const CALLABLE: CallableId = CallableId([0x5a; 16]);
+pub const CALLABLE: KernelHandle = KernelHandle([0x5a; 16]);
 
 /// One task of a program.
 #[derive(Debug, Clone)]

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use strata_core::dag::{Arg, NewTask};
 use strata_core::sched::MemberInfo;
-use strata_core::{Action, CallableId, Engine, Outcome, Submission, TaskId, WorkerId};
+use strata_core::{Action, Engine, Outcome, Submission, TaskId, WorkerId};
 use strata_wire::CanonicalIdentity;
 use tokio::sync::{mpsc, oneshot};
 use tracing::debug;
@@ -239,7 +239,7 @@ impl DagActor {
                     .members
                     .iter()
                     .map(|m| MemberInfo {
-                        callable: CallableId(m.callable.0),
+                        callable: m.callable,
                         placement: m.placement,
                         device_buffers: m.device_buffers.clone(),
                     })

@@ -24,7 +24,7 @@ pub(crate) mod endpoint;
 pub(crate) mod fence;
 
 use strata_chip::KernelHandle;
-use strata_core::{CallableId, Placement, ScopeId, TaskId, WorkerId};
+use strata_core::{Placement, ScopeId, TaskId, WorkerId};
 use strata_proto::convert::WorkerStats;
 use strata_wire::{ArgTag, CanonicalIdentity, Tensor};
 use tokio::sync::oneshot;
@@ -131,7 +131,7 @@ pub(crate) struct Report {
 pub(crate) enum Notice {
     WorkerUp {
         worker: WorkerId,
-        callables: Vec<CallableId>,
+        callables: Vec<KernelHandle>,
         window: usize,
     },
     WorkerDown {

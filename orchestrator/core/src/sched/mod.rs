@@ -37,7 +37,7 @@ use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 
 use strata_wire::CanonicalIdentity;
 
-use crate::ids::{CallableId, TaskId, WorkerId};
+use crate::ids::{KernelHandle, TaskId, WorkerId};
 
 /// Where a member should run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -52,7 +52,7 @@ pub enum Placement {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct MemberInfo {
     /// The callable.
-    pub callable: CallableId,
+    pub callable: KernelHandle,
     /// Where it should run.
     pub placement: Placement,
     /// DEVICE buffers it uses (a hint for placement).
@@ -90,7 +90,7 @@ pub struct FirstError {
     /// The task.
     pub task: TaskId,
     /// Its callable (of the member that failed).
-    pub callable: CallableId,
+    pub callable: KernelHandle,
     /// The worker it failed on, if it got one.
     pub worker: Option<WorkerId>,
     /// The outcome.
@@ -121,7 +121,7 @@ pub enum Action {
 #[derive(Debug)]
 struct Worker {
     up: bool,
-    callables: HashSet<CallableId>,
+    callables: HashSet<KernelHandle>,
     window: usize,
     in_flight: usize,
     queue: VecDeque<TaskId>,
@@ -172,7 +172,7 @@ impl Scheduler {
     pub fn worker_up(
         &mut self,
         worker: WorkerId,
-        callables: impl IntoIterator<Item = CallableId>,
+        callables: impl IntoIterator<Item = KernelHandle>,
         window: usize,
     ) -> Vec<Action> {
         let w = self.workers.entry(worker).or_insert_with(|| Worker {
@@ -528,7 +528,7 @@ impl Scheduler {
     pub fn note_failure(
         &mut self,
         task: TaskId,
-        callable: CallableId,
+        callable: KernelHandle,
         worker: Option<WorkerId>,
         outcome: &Outcome,
     ) {

@@ -3,7 +3,7 @@
 use strata_core::dag::{Arg, Born, NewTask, Transition, edge};
 use strata_core::engine::{Action, Submission};
 use strata_core::sched::{MemberInfo, Outcome, Placement};
-use strata_core::{CallableId, Dag, Engine, Loss, TaskId, WorkerId};
+use strata_core::{Dag, Engine, KernelHandle, Loss, TaskId, WorkerId};
 use strata_wire::{
     Access, AddressSpace, ArgTag, Backing, BufferDescriptor, CanonicalIdentity, DType, Tensor,
 };
@@ -325,8 +325,8 @@ fn scopes_release_when_ended_and_unused() {
     );
 }
 
-const K: CallableId = CallableId([1; 16]);
-const OTHER: CallableId = CallableId([2; 16]);
+const K: KernelHandle = KernelHandle([1; 16]);
+const OTHER: KernelHandle = KernelHandle([2; 16]);
 
 fn submission(id: u64, args: &[(Tensor, ArgTag)], placement: Placement) -> Submission {
     Submission {

@@ -7,7 +7,6 @@ use std::collections::{HashMap, HashSet};
 use std::os::fd::BorrowedFd;
 use std::sync::Arc;
 
-use strata_proto::TaskId as WireTaskId;
 use strata_proto::convert::{TaskCompletion, TaskOutcome, TaskRequest};
 use strata_wire::{ArgTag, BufferDescriptor, CanonicalIdentity, TaskArgs, Tensor};
 use tracing::warn;
@@ -186,7 +185,7 @@ impl EndpointActor {
         let args = TaskArgs::new(tensors, item.scalars.to_vec()).map_err(|e| e.to_string())?;
         Ok((
             TaskRequest {
-                id: WireTaskId(item.task.0),
+                id: item.task,
                 callable: item.callable,
                 args,
                 tags,

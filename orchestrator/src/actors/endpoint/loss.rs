@@ -309,11 +309,7 @@ impl EndpointActor {
             away_ms = away.as_secs_f64() * 1e3,
             "rejoined"
         );
-        let callables = self
-            .offers
-            .iter()
-            .map(|h| strata_core::CallableId(h.0))
-            .collect();
+        let callables = self.offers.iter().copied().collect();
         let _ = self.up.send(Notice::WorkerUp {
             worker: self.id,
             callables,

@@ -454,22 +454,35 @@ impl Cluster {
     /// Checks a task where it is submitted — the DAG's submit-time rules
     /// and its placement against the workers' callables — numbers it and
     /// hands it to the DAG actor without waiting for an answer.
-    fn submit_spec(&self, spec: TaskSpec) -> Result<TaskHandle, Error> {
+    fn submit_spec(
+        &self,
+        spec: TaskSpec,
+        after: Vec<TaskId>,
+        retries: u32,
+    ) -> Result<TaskHandle, Error> {
         not_async()?;
         self.check_placement(&spec)?;
         self.gate.enter().map_err(|_| Error::Closed)?;
-        let r = self.submit_entered(spec);
+        let r = self.submit_entered(spec, after, retries);
         if r.is_err() {
             self.gate.leave(1);
         }
         r
     }
 
-    /// [`Cluster::submit_spec`] once the task holds its place in the gate.
-    fn submit_entered(&self, spec: TaskSpec) -> Result<TaskHandle, Error> {
+    /// [`Cluster::submit_spec`] once the task holds its place in the gate:
+    /// the one place a task becomes what the engine takes. Its DAG view is
+    /// built and checked here, once ([`strata_core::Dag::check`]); the DAG
+    /// actor inserts the checked task as it is.
+    fn submit_entered(
+        &self,
+        spec: TaskSpec,
+        after: Vec<TaskId>,
+        retries: u32,
+    ) -> Result<TaskHandle, Error> {
         let mut next = self.next_id.lock().unwrap_or_else(|e| e.into_inner());
         let id = TaskId(*next);
-        let probe = strata_core::dag::NewTask {
+        let task = strata_core::dag::NewTask {
             id,
             members: spec
                 .members
@@ -485,11 +498,24 @@ impl Cluster {
                 })
                 .collect(),
             scalars: spec.members.iter().map(|m| m.scalars.len()).collect(),
-            after: spec.after.clone(),
+            after,
         };
-        strata_core::Dag::check(&probe).map_err(|e| Error::Submit(e.what))?;
+        let task = strata_core::Dag::check(task).map_err(|e| Error::Submit(e.what))?;
+        let submission = strata_core::Submission {
+            task,
+            members: spec
+                .members
+                .iter()
+                .map(|m| strata_core::sched::MemberInfo {
+                    callable: m.callable,
+                    placement: m.placement,
+                    device_buffers: m.device_buffers.clone(),
+                })
+                .collect(),
+            retries,
+        };
         self.cmds
-            .blocking_send(Cmd::Submit { id, spec })
+            .blocking_send(Cmd::Submit { spec, submission })
             .map_err(|_| Error::Closed)?;
         *next += 1;
         Ok(TaskHandle(id))
@@ -558,11 +584,14 @@ impl Cluster {
                     ArgTag::Input | ArgTag::Output | ArgTag::OutputExisting
                 )
             });
-        self.submit_spec(TaskSpec {
-            members: vec![member],
+        let retries = if rerunnable { self.retries } else { 0 };
+        self.submit_spec(
+            TaskSpec {
+                members: vec![member],
+            },
             after,
-            retries: if rerunnable { self.retries } else { 0 },
-        })
+            retries,
+        )
     }
 
     /// Submits a group: one member per worker, launched all-or-nothing
@@ -581,11 +610,7 @@ impl Cluster {
         }
         after.sort_unstable();
         after.dedup();
-        self.submit_spec(TaskSpec {
-            members: specs,
-            after,
-            retries: 0,
-        })
+        self.submit_spec(TaskSpec { members: specs }, after, 0)
     }
 
     /// Waits for one task.

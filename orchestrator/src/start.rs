@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use strata_chip::{KernelHandle, Registry};
-use strata_core::WorkerId;
+use strata_core::{Event, WorkerId};
 use strata_wire::IdentityMint;
 use strata_worker::{ClientTls, Endpoint, InProcessWorker};
 use tokio::sync::mpsc;
@@ -336,11 +336,11 @@ fn start(b: ClusterBuilder) -> Result<Cluster, Error> {
             name: name.clone(),
             rejoins: 0,
         });
-        let _ = up_tx.send(Notice::WorkerUp {
+        let _ = up_tx.send(Notice::Event(Event::WorkerUp {
             worker: id,
             callables: link.facts().callables.iter().map(|c| c.handle).collect(),
             window: b.window,
-        });
+        }));
         // A worker spawned here is killed when lost, and restarted on its
         // socket while the respawn budget lasts; one the cluster connected
         // to (or started in this process) is dialed again and may rejoin.

@@ -14,11 +14,11 @@ use super::{Graph, GraphError, ScalarDef, TaskDef, err};
 
 impl Graph {
     /// The submit-time checks of every task (grants, arguments of a task
-    /// sharing bytes where one is written, limits), run on a DAG of this
-    /// graph alone, so a bad task is named before anything starts.
+    /// sharing bytes where one is written, limits) — the same
+    /// [`Dag::check`] a cluster runs when the task is submitted, on
+    /// stand-in buffers — so a bad task is named before anything starts.
     pub(super) fn dry_run(&self) -> Result<(), GraphError> {
         let probe = Probe::new(self);
-        let mut dag = Dag::new();
         for (i, t) in self.tasks.iter().enumerate() {
             let args = t
                 .args
@@ -63,7 +63,7 @@ impl Graph {
                 scalars: vec![t.scalars.len()],
                 after: t.after.iter().map(|&j| TaskId(j as u64 + 1)).collect(),
             };
-            dag.insert(task).map_err(|e| GraphError {
+            Dag::check(task).map_err(|e| GraphError {
                 path: t.path.clone(),
                 what: e.what,
             })?;

@@ -101,7 +101,10 @@ fn throughput(c: &mut Criterion) {
                                 tag: ArgTag::Input,
                             },
                         ];
-                        black_box(dag.insert(NewTask::single(TaskId(id), args)).unwrap());
+                        black_box(
+                            dag.check_and_insert(NewTask::single(TaskId(id), args))
+                                .unwrap(),
+                        );
                         live.push_back(TaskId(id));
                         if live.len() > WINDOW {
                             let old = live.pop_front().unwrap();
@@ -133,7 +136,7 @@ fn per_access(c: &mut Criterion) {
                     break 'fill;
                 }
                 id += 1;
-                dag.insert(NewTask::single(
+                dag.check_and_insert(NewTask::single(
                     TaskId(id),
                     vec![Arg {
                         tensor: grid.tile(i, j),
@@ -149,7 +152,7 @@ fn per_access(c: &mut Criterion) {
                 let t = rng.range(0, k - 1);
                 let tile = grid.tile(t / side, t % side);
                 id += 1;
-                dag.insert(NewTask::single(
+                dag.check_and_insert(NewTask::single(
                     TaskId(id),
                     vec![Arg {
                         tensor: tile,

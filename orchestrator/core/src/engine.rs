@@ -1,8 +1,12 @@
 //! The DAG builder and the scheduler, composed: what the orchestrator's
-//! DAG/scheduler actor owns. Calls go in, [`Action`]s come out; no IO, no
-//! clocks.
+//! DAG/scheduler actor owns. [`Event`]s go in through one door,
+//! [`Engine::on_event`], and [`Action`]s come out; no IO, no clocks. The
+//! orchestrator's actor and the differential simulator (`sim`) enter by
+//! that same door; everything else on an engine only reads.
 //!
-//! Flow: `submit` checks placement and inserts into the DAG; a ready task
+//! Flow: a submission (a task already checked, [`CheckedTask`]) has its
+//! placement checked against the workers up and is inserted into the DAG
+//! ([`Action::Accepted`] with its edges, or [`Action::Refused`]); a ready task
 //! goes to the scheduler, which dispatches it when its worker has room.
 //! `finished` (one call per member) ends a task in the scheduler, then in
 //! the DAG (complete or fail), whose transitions make more tasks ready or
@@ -27,61 +31,21 @@ use std::collections::HashMap;
 
 use strata_wire::CanonicalIdentity;
 
-use crate::dag::{Born, Dag, NewTask, SubmitError, Transition};
+pub use crate::action::{Action, Edges, Loss, Refusal};
+use crate::dag::{Born, CheckedTask, Dag, SubmitError, Transition};
 use crate::ids::{KernelHandle, ScopeId, TaskId, WorkerId};
-use crate::sched::{self, FirstError, MemberInfo, Outcome, Scheduler};
-
-/// What the engine asks its owner to do.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Action {
-    /// Send member `member` of `task` to `worker`.
-    Dispatch {
-        /// The task.
-        task: TaskId,
-        /// Which member.
-        member: usize,
-        /// Where.
-        worker: WorkerId,
-    },
-    /// The task is finished, with this outcome.
-    Done {
-        /// The task.
-        task: TaskId,
-        /// How it ended.
-        outcome: Outcome,
-    },
-    /// A scoped buffer is no longer used: release it.
-    Release(CanonicalIdentity),
-    /// The task was running on a worker lost without a fence: the bytes it
-    /// writes are quarantined until [`Action::Lifted`]. Comes before the
-    /// task's `Done` (if it is done now; a task allowed to retry waits).
-    Quarantined {
-        /// The task.
-        task: TaskId,
-        /// The loss.
-        loss: Loss,
-    },
-    /// The loss that quarantined the task's bytes is fenced: the task can
-    /// no longer write them.
-    Lifted {
-        /// The task.
-        task: TaskId,
-    },
-}
-
-/// One loss of a worker: the worker and how many times it had been lost
-/// by then (1 for the first loss).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct Loss {
-    /// The worker.
-    pub worker: WorkerId,
-    /// Its loss count at this loss.
-    pub epoch: u64,
-}
+use crate::sched::{FirstError, MemberInfo, Outcome, Scheduler};
 
 /// Something that happened, for [`Engine::on_event`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Event {
+    /// The driver submitted a task: [`Action::Accepted`] (then what it
+    /// started) or [`Action::Refused`].
+    Submit(Submission),
+    /// The driver cancels a task that has not started: its `Done` as
+    /// [`Outcome::Cancelled`] (and what that skips), or
+    /// [`Action::Refused`] when it is running, finished or unknown.
+    Cancel(TaskId),
     /// A worker came up (or back) offering these callables, taking at most
     /// `window` tasks at a time.
     WorkerUp {
@@ -92,12 +56,17 @@ pub enum Event {
         /// Its in-flight window.
         window: usize,
     },
-    /// A worker was lost.
-    WorkerDown {
+    /// A worker was lost (`cause` says how); `fenced` when it can no
+    /// longer touch task memory, so that tasks allowed to retry are placed
+    /// again. Otherwise what it was running is quarantined (module docs)
+    /// under this loss, numbered [`Engine::losses`] after it.
+    WorkerLost {
         /// The worker.
         worker: WorkerId,
         /// Why.
         cause: String,
+        /// It can no longer touch task memory.
+        fenced: bool,
     },
     /// A member of a dispatched task reported.
     Finished {
@@ -108,20 +77,66 @@ pub enum Event {
         /// Its result; the error is the cause.
         result: Result<(), String>,
     },
+    /// Loss `epoch` of `worker` is fenced: its tasks can no longer write.
+    /// Their quarantine lifts (once every loss that touched them is
+    /// fenced): writers that waited go on, tasks allowed to retry are
+    /// placed again. Unknown or repeated fences do nothing.
+    Fenced {
+        /// The worker.
+        worker: WorkerId,
+        /// Which of its losses.
+        epoch: u64,
+    },
+    /// The fence of loss `epoch` of `worker` is given up on (`why` says
+    /// why, e.g. the deadline that passed). Its tasks waiting to retry
+    /// fail; writers waiting on its quarantined bytes fail, and later ones
+    /// are refused, with a cause naming the quarantine, the worker and the
+    /// lost task. A later fence still lifts it.
+    Abandoned {
+        /// The worker.
+        worker: WorkerId,
+        /// Which of its losses.
+        epoch: u64,
+        /// Why.
+        why: String,
+    },
+    /// Where a DEVICE buffer lives (or no longer does): a placement hint.
+    DeviceBuffer {
+        /// The worker whose memory holds it.
+        worker: WorkerId,
+        /// The buffer.
+        identity: CanonicalIdentity,
+        /// Whether it is there now.
+        present: bool,
+    },
+    /// The driver opens a scope: [`Action::ScopeOpened`].
+    OpenScope,
+    /// The driver registers a buffer in a scope ([`Action::Refused`] for
+    /// an unknown or ended scope).
+    ScopeBuffer {
+        /// The scope.
+        scope: ScopeId,
+        /// The buffer.
+        identity: CanonicalIdentity,
+    },
+    /// The driver ends a scope: its buffers no live task uses are
+    /// released ([`Action::Refused`] for an unknown or ended scope).
+    EndScope(ScopeId),
 }
 
-/// A task to submit: the DAG's view plus, per member, callable and placement.
+/// A task to submit: the DAG's view, checked, plus per member callable
+/// and placement.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Submission {
-    /// The DAG's view (id, member arguments, `after`).
-    pub task: NewTask,
+    /// The DAG's view (id, member arguments, `after`), checked where it
+    /// was built ([`Dag::check`]).
+    pub task: CheckedTask,
     /// Per member: callable, placement, device buffers.
     pub members: Vec<MemberInfo>,
+    /// Times it may run again elsewhere if its worker is lost while it
+    /// runs (see [`Scheduler::allow_retries`]).
+    pub retries: u32,
 }
-
-/// A task's predecessors with the kinds of each edge (bits of
-/// [`crate::dag::edge`]).
-pub type Edges = Vec<(TaskId, u8)>;
 
 /// DAG + scheduler.
 #[derive(Debug, Default)]
@@ -159,45 +174,63 @@ impl Engine {
         self.sched.first_error()
     }
 
-    /// Applies one event and returns what to do next.
+    /// Applies one event and returns what to do next: the one way to
+    /// drive an engine.
     pub fn on_event(&mut self, event: Event) -> Vec<Action> {
         match event {
+            Event::Submit(s) => match self.on_submit(s) {
+                Ok(actions) => actions,
+                Err(e) => vec![Action::Refused(Refusal::Submit(e))],
+            },
+            Event::Cancel(task) => self
+                .on_cancel(task)
+                .unwrap_or_else(|why| vec![Action::Refused(Refusal::Cancel { task, why })]),
             Event::WorkerUp {
                 worker,
                 callables,
                 window,
-            } => self.worker_up(worker, callables, window),
-            Event::WorkerDown { worker, cause } => self.worker_down(worker, &cause),
+            } => {
+                let out = self.sched.worker_up(worker, callables, window);
+                self.after_sched(out)
+            }
+            Event::WorkerLost {
+                worker,
+                cause,
+                fenced,
+            } => self.on_worker_lost(worker, &cause, fenced),
             Event::Finished {
                 task,
                 member,
                 result,
-            } => self.finished(task, member, result),
+            } => {
+                let out = self.sched.finished(task, member, result);
+                self.after_sched(out)
+            }
+            Event::Fenced { worker, epoch } => self.on_fence(worker, epoch),
+            Event::Abandoned { worker, epoch, why } => self.on_abandon(worker, epoch, &why),
+            Event::DeviceBuffer {
+                worker,
+                identity,
+                present,
+            } => {
+                self.sched.device_buffer(worker, identity, present);
+                Vec::new()
+            }
+            Event::OpenScope => vec![Action::ScopeOpened(self.dag.open_scope())],
+            Event::ScopeBuffer { scope, identity } => {
+                match self.dag.scope_buffer(scope, identity) {
+                    Ok(()) => Vec::new(),
+                    Err(why) => vec![Action::Refused(Refusal::Scope { scope, why })],
+                }
+            }
+            Event::EndScope(scope) => match self.dag.end_scope(scope) {
+                Ok(t) => self.transitions(t),
+                Err(why) => vec![Action::Refused(Refusal::Scope { scope, why })],
+            },
         }
     }
 
-    /// A worker came up (or back).
-    pub fn worker_up(
-        &mut self,
-        worker: WorkerId,
-        callables: impl IntoIterator<Item = KernelHandle>,
-        window: usize,
-    ) -> Vec<Action> {
-        let out = self.sched.worker_up(worker, callables, window);
-        self.after_sched(out)
-    }
-
-    /// A worker was lost.
-    pub fn worker_down(&mut self, worker: WorkerId, cause: &str) -> Vec<Action> {
-        let out = self.sched.worker_down(worker, cause);
-        self.after_sched(out)
-    }
-
-    /// A worker was lost; `fenced` when it can no longer touch task
-    /// memory, so that tasks allowed to retry are placed again. Otherwise
-    /// what it was running is quarantined (module docs) under this loss,
-    /// numbered [`Engine::losses`] after the call.
-    pub fn worker_lost(&mut self, worker: WorkerId, cause: &str, fenced: bool) -> Vec<Action> {
+    fn on_worker_lost(&mut self, worker: WorkerId, cause: &str, fenced: bool) -> Vec<Action> {
         let epoch = {
             let e = self.losses.entry(worker).or_insert(0);
             *e += 1;
@@ -239,11 +272,8 @@ impl Engine {
         tasks
     }
 
-    /// Loss `epoch` of `worker` is fenced: its tasks can no longer write.
-    /// Their quarantine lifts (once every loss that touched them is
-    /// fenced): writers that waited go on, tasks allowed to retry are
-    /// placed again. Unknown or repeated fences do nothing.
-    pub fn fence(&mut self, worker: WorkerId, epoch: u64) -> Vec<Action> {
+    /// [`Event::Fenced`].
+    fn on_fence(&mut self, worker: WorkerId, epoch: u64) -> Vec<Action> {
         let loss = Loss { worker, epoch };
         self.abandoned.remove(&loss);
         let mut out = Vec::new();
@@ -271,12 +301,8 @@ impl Engine {
         out
     }
 
-    /// Gives up on the fence of loss `epoch` of `worker` (`why` says why,
-    /// e.g. the deadline that passed). Its tasks waiting to retry fail;
-    /// writers waiting on its quarantined bytes fail, and later ones are
-    /// refused, with a cause naming the quarantine, the worker and the lost
-    /// task. A later [`Engine::fence`] still lifts it.
-    pub fn abandon(&mut self, worker: WorkerId, epoch: u64, why: &str) -> Vec<Action> {
+    /// [`Event::Abandoned`].
+    fn on_abandon(&mut self, worker: WorkerId, epoch: u64, why: &str) -> Vec<Action> {
         let loss = Loss { worker, epoch };
         let tasks = self.tasks_of(loss);
         if tasks.is_empty() {
@@ -322,45 +348,18 @@ impl Engine {
         }
     }
 
-    /// Lets a submitted task be run again elsewhere, up to `retries`
-    /// times, if its worker is lost while it runs (see
-    /// [`Scheduler::allow_retries`]).
-    pub fn allow_retries(&mut self, task: TaskId, retries: u32) {
-        self.sched.allow_retries(task, retries);
-    }
-
-    /// Records where a DEVICE buffer lives (placement hint).
-    pub fn device_buffer(&mut self, worker: WorkerId, identity: CanonicalIdentity, present: bool) {
-        self.sched.device_buffer(worker, identity, present);
-    }
-
-    /// Submits a task.
-    ///
-    /// # Errors
-    /// The DAG's submit checks, or a placement that cannot work (unknown
-    /// worker, callable not registered there or anywhere, members that do
-    /// not match).
-    pub fn submit(&mut self, s: Submission) -> Result<Vec<Action>, SubmitError> {
-        self.submit_with_edges(s).map(|(actions, _)| actions)
-    }
-
-    /// Submits a task and also returns its edges: each live predecessor
-    /// with the kinds of the edge (bits of [`crate::dag::edge`]).
-    ///
-    /// # Errors
-    /// As [`Engine::submit`].
-    pub fn submit_with_edges(
-        &mut self,
-        s: Submission,
-    ) -> Result<(Vec<Action>, Edges), SubmitError> {
-        let id = s.task.id;
-        if s.members.len() != s.task.members.len() {
+    /// [`Event::Submit`]: the placement against the workers up, then the
+    /// DAG (which checks only that ids increase: the rest was checked when
+    /// the task was built).
+    fn on_submit(&mut self, s: Submission) -> Result<Vec<Action>, SubmitError> {
+        let id = s.task.id();
+        if s.members.len() != s.task.task().members.len() {
             return Err(SubmitError {
                 task: id,
                 what: format!(
                     "{} member placements for {} members",
                     s.members.len(),
-                    s.task.members.len()
+                    s.task.task().members.len()
                 ),
             });
         }
@@ -368,44 +367,39 @@ impl Engine {
             .check_placeable(&s.members)
             .map_err(|what| SubmitError { task: id, what })?;
         let inserted = self.dag.insert(s.task)?;
-        let actions = match inserted.born {
-            Born::Skipped { because } => vec![Action::Done {
+        let mut out = vec![Action::Accepted {
+            task: id,
+            edges: inserted.edges,
+        }];
+        match inserted.born {
+            Born::Skipped { because } => out.push(Action::Done {
                 task: id,
                 outcome: Outcome::Skipped { because },
-            }],
-            Born::Quarantined { lost } => vec![Action::Done {
+            }),
+            Born::Quarantined { lost } => out.push(Action::Done {
                 task: id,
                 outcome: Outcome::EndpointFailure(self.quarantine_cause(lost)),
-            }],
+            }),
             Born::Waiting => {
                 self.sched.submit(id, s.members);
-                Vec::new()
+                if s.retries > 0 {
+                    self.sched.allow_retries(id, s.retries);
+                }
             }
             Born::Ready => {
                 self.sched.submit(id, s.members);
-                let out = self.sched.ready(id);
-                self.after_sched(out)
+                if s.retries > 0 {
+                    self.sched.allow_retries(id, s.retries);
+                }
+                let ready = self.sched.ready(id);
+                out.extend(self.after_sched(ready));
             }
-        };
-        Ok((actions, inserted.edges))
+        }
+        Ok(out)
     }
 
-    /// A member reported its result.
-    pub fn finished(
-        &mut self,
-        task: TaskId,
-        member: usize,
-        result: Result<(), String>,
-    ) -> Vec<Action> {
-        let out = self.sched.finished(task, member, result);
-        self.after_sched(out)
-    }
-
-    /// Cancels a task that has not started.
-    ///
-    /// # Errors
-    /// When it is running, finished or unknown.
-    pub fn cancel(&mut self, task: TaskId) -> Result<Vec<Action>, String> {
+    /// [`Event::Cancel`].
+    fn on_cancel(&mut self, task: TaskId) -> Result<Vec<Action>, String> {
         let transitions = self.dag.cancel(task)?;
         let cancelled = self.sched.cancel(task)?;
         let mut out = self.after_sched(cancelled);
@@ -413,42 +407,16 @@ impl Engine {
         Ok(out)
     }
 
-    /// Opens a scope.
-    pub fn open_scope(&mut self) -> ScopeId {
-        self.dag.open_scope()
-    }
-
-    /// Registers a buffer in a scope.
-    ///
-    /// # Errors
-    /// An unknown or ended scope.
-    pub fn scope_buffer(
-        &mut self,
-        scope: ScopeId,
-        identity: CanonicalIdentity,
-    ) -> Result<(), String> {
-        self.dag.scope_buffer(scope, identity)
-    }
-
-    /// Ends a scope.
-    ///
-    /// # Errors
-    /// An unknown or ended scope.
-    pub fn end_scope(&mut self, scope: ScopeId) -> Result<Vec<Action>, String> {
-        let t = self.dag.end_scope(scope)?;
-        Ok(self.transitions(t))
-    }
-
     /// Follows scheduler actions through the DAG until nothing changes:
     /// dispatches mark tasks running; finished tasks complete or fail in the
     /// DAG, whose transitions feed the scheduler again.
-    fn after_sched(&mut self, mut pending: Vec<sched::Action>) -> Vec<Action> {
+    fn after_sched(&mut self, mut pending: Vec<Action>) -> Vec<Action> {
         let mut out = Vec::new();
         while !pending.is_empty() {
             let mut next = Vec::new();
             for a in pending {
                 match a {
-                    sched::Action::Dispatch {
+                    Action::Dispatch {
                         task,
                         member,
                         worker,
@@ -462,7 +430,7 @@ impl Engine {
                             worker,
                         });
                     }
-                    sched::Action::Done { task, outcome } => {
+                    Action::Done { task, outcome } => {
                         let transitions = if outcome.is_success() {
                             self.dag.complete(task)
                         } else if outcome == Outcome::Cancelled {
@@ -475,6 +443,8 @@ impl Engine {
                         out.push(Action::Done { task, outcome });
                         next.extend(self.apply(transitions.unwrap_or_default(), &mut out));
                     }
+                    // The scheduler asks for nothing else.
+                    other => out.push(other),
                 }
             }
             pending = next;
@@ -492,7 +462,7 @@ impl Engine {
     /// Feeds DAG transitions to the scheduler: ready tasks are placed (the
     /// scheduler's actions are returned), skipped ones finish, released
     /// buffers are reported in `out`.
-    fn apply(&mut self, ts: Vec<Transition>, out: &mut Vec<Action>) -> Vec<sched::Action> {
+    fn apply(&mut self, ts: Vec<Transition>, out: &mut Vec<Action>) -> Vec<Action> {
         let mut sched_actions = Vec::new();
         for t in ts {
             match t {

@@ -24,13 +24,14 @@
 //! let mut dag = Dag::new();
 //! let w = |id, r| NewTask::single(TaskId(id), vec![Arg { tensor: row(r), tag: ArgTag::Output }]);
 //! let r = |id, r| NewTask::single(TaskId(id), vec![Arg { tensor: row(r), tag: ArgTag::Input }]);
-//! dag.insert(w(1, 0)).unwrap();
-//! dag.insert(w(2, 1)).unwrap();
-//! let reader = dag.insert(r(3, 1)).unwrap();
+//! dag.check_and_insert(w(1, 0)).unwrap();
+//! dag.check_and_insert(w(2, 1)).unwrap();
+//! let reader = dag.check_and_insert(r(3, 1)).unwrap();
 //! assert_eq!(reader.edges.len(), 1, "reads row 1: after task 2 only");
 //! assert_eq!(reader.edges[0].0, TaskId(2));
 //! ```
 
+pub mod action;
 pub mod dag;
 pub mod engine;
 pub mod gate;
@@ -40,8 +41,9 @@ pub mod sched;
 pub mod sim;
 mod sync;
 
-pub use dag::{Dag, SubmitError};
-pub use engine::{Action, Engine, Event, Loss, Submission};
+pub use action::{Action, Edges, Loss, Refusal};
+pub use dag::{CheckedTask, Dag, SubmitError};
+pub use engine::{Engine, Event, Submission};
 pub use gate::Gate;
 pub use holders::Holders;
 pub use ids::{KernelHandle, ScopeId, TaskId, WorkerId};

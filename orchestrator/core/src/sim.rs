@@ -157,8 +157,7 @@ fn random_task(rng: &mut Rng, layouts: &[Layout], id: TaskId, members: usize) ->
     // Keep only tasks the submit checks accept, and groups whose members
     // neither read nor write what another member writes (so that member
     // order cannot matter to the oracle).
-    let mut probe = crate::Dag::new();
-    probe.insert(task).ok()?;
+    crate::Dag::check(task).ok()?;
     if members > 1 {
         for (m1, a1) in all.iter().enumerate() {
             for (m2, a2) in all.iter().enumerate() {
@@ -383,15 +382,23 @@ pub struct RunStats {
     pub max_in_flight: usize,
 }
 
-/// A program's task as the engine takes it, placed by the scheduler.
-fn submission(t: &ProgTask) -> Submission {
-    Submission {
-        task: NewTask {
-            id: t.id,
-            members: t.members.clone(),
-            scalars: vec![0; t.members.len()],
-            after: t.after.clone(),
-        },
+/// A program's task as the engine takes it, placed by the scheduler and
+/// checked as a driver checks it.
+///
+/// # Panics
+/// When the task does not pass the submit checks (the generator keeps
+/// only tasks that do).
+fn submission(t: &ProgTask, retries: u32) -> Event {
+    let task = crate::Dag::check(NewTask {
+        id: t.id,
+        members: t.members.clone(),
+        scalars: vec![0; t.members.len()],
+        after: t.after.clone(),
+    })
+    .expect("the generator keeps tasks that pass the checks");
+    Event::Submit(Submission {
+        task,
+        retries,
         members: t
             .members
             .iter()
@@ -401,6 +408,25 @@ fn submission(t: &ProgTask) -> Submission {
                 device_buffers: vec![],
             })
             .collect(),
+    })
+}
+
+/// The engine's answer to a submission the run expects it to take.
+///
+/// # Panics
+/// When it refused the task.
+fn accepted(actions: Vec<Action>) -> Vec<Action> {
+    if let Some(Action::Refused(r)) = actions.first() {
+        panic!("the engine refused a task: {r}");
+    }
+    actions
+}
+
+fn worker_up(worker: u32, window: usize) -> Event {
+    Event::WorkerUp {
+        worker: WorkerId(worker),
+        callables: vec![CALLABLE],
+        window,
     }
 }
 
@@ -422,7 +448,7 @@ pub fn run_engine(p: &Program, workers: u32, rng: &mut Rng) -> (Memory, RunStats
             .unwrap_or(1),
     );
     for w in 0..workers {
-        pending.extend(engine.worker_up(WorkerId(w), [CALLABLE], rng.range(1, 4) as usize));
+        pending.extend(engine.on_event(worker_up(w, rng.range(1, 4) as usize)));
     }
     let members: HashMap<TaskId, Vec<Vec<Arg>>> =
         p.tasks.iter().map(|t| (t.id, t.members.clone())).collect();
@@ -446,10 +472,12 @@ pub fn run_engine(p: &Program, workers: u32, rng: &mut Rng) -> (Memory, RunStats
                     assert_eq!(outcome, Outcome::Success, "{task} did not succeed");
                     *done += 1;
                 }
-                Action::Release(_) => {}
+                Action::Release(_) | Action::Accepted { .. } => {}
                 Action::Quarantined { task, .. } | Action::Lifted { task } => {
                     panic!("{task} was quarantined, but no worker is lost in this run")
                 }
+                Action::Refused(r) => panic!("refused: {r}"),
+                Action::ScopeOpened(_) => unreachable!("the run opens no scope"),
             }
         }
     };
@@ -464,7 +492,7 @@ pub fn run_engine(p: &Program, workers: u32, rng: &mut Rng) -> (Memory, RunStats
         if submit {
             let t = &p.tasks[next];
             next += 1;
-            let actions = engine.submit(submission(t)).expect("submit");
+            let actions = accepted(engine.on_event(submission(t, 0)));
             handle(actions, &mem, &mut in_flight, &mut done);
         } else {
             assert!(
@@ -605,7 +633,7 @@ pub fn run_engine_with_faults(p: &Program, workers: u32, rng: &mut Rng) -> Fault
     );
     let mut pending = Vec::new();
     for w in 0..workers {
-        pending.extend(engine.worker_up(WorkerId(w), [CALLABLE], rng.range(1, 4) as usize));
+        pending.extend(engine.on_event(worker_up(w, rng.range(1, 4) as usize)));
     }
     let members: HashMap<TaskId, Vec<Vec<Arg>>> =
         p.tasks.iter().map(|t| (t.id, t.members.clone())).collect();
@@ -645,7 +673,9 @@ pub fn run_engine_with_faults(p: &Program, workers: u32, rng: &mut Rng) -> Fault
                     );
                 }
                 Action::Quarantined { .. } => *quarantined += 1,
-                Action::Release(_) | Action::Lifted { .. } => {}
+                Action::Release(_) | Action::Lifted { .. } | Action::Accepted { .. } => {}
+                Action::Refused(r) => panic!("refused: {r}"),
+                Action::ScopeOpened(_) => unreachable!("the run opens no scope"),
             }
         }
     };
@@ -667,7 +697,11 @@ pub fn run_engine_with_faults(p: &Program, workers: u32, rng: &mut Rng) -> Fault
                 in_flight.drain(..).partition(|m| m.2 == WorkerId(0));
             in_flight = stay;
             late = gone.into_iter().map(|m| m.3).collect();
-            engine.worker_lost(WorkerId(0), "stopped", false)
+            engine.on_event(Event::WorkerLost {
+                worker: WorkerId(0),
+                cause: "stopped".into(),
+                fenced: false,
+            })
         } else if lost && !fenced && rng.range(0, 8) == 0 {
             // Part of a late write lands.
             if let Some(w) = late.pop() {
@@ -681,27 +715,29 @@ pub fn run_engine_with_faults(p: &Program, workers: u32, rng: &mut Rng) -> Fault
             Vec::new()
         } else if lost && !fenced && !abandoned && rng.range(0, 40) == 0 {
             abandoned = true;
-            engine.abandon(WorkerId(0), 1, "gave up")
+            engine.on_event(Event::Abandoned {
+                worker: WorkerId(0),
+                epoch: 1,
+                why: "gave up".into(),
+            })
         } else if lost && !fenced && late.is_empty() && rng.range(0, 10) == 0 {
             fenced = true;
-            engine.fence(WorkerId(0), 1)
+            engine.on_event(Event::Fenced {
+                worker: WorkerId(0),
+                epoch: 1,
+            })
         } else if lost && !back && rng.range(0, 20) == 0 {
             back = true;
-            engine.worker_up(WorkerId(0), [CALLABLE], 2)
+            engine.on_event(worker_up(0, 2))
         } else if next < p.tasks.len() && (in_flight.is_empty() || rng.range(0, 2) > 0) {
             let t = &p.tasks[next];
             next += 1;
-            let id = t.id;
-            let a = engine.submit(submission(t)).expect("submit");
-            if rng.range(0, 4) == 0
+            let retry = rng.range(0, 4) == 0
                 && t.members.len() == 1
                 && t.members[0]
                     .iter()
-                    .all(|a| !matches!(a.tag, ArgTag::InOut | ArgTag::NoDep))
-            {
-                engine.allow_retries(id, 1);
-            }
-            a
+                    .all(|a| !matches!(a.tag, ArgTag::InOut | ArgTag::NoDep));
+            accepted(engine.on_event(submission(t, u32::from(retry))))
         } else if !in_flight.is_empty() {
             let i = (rng.next_u64() % in_flight.len() as u64) as usize;
             let (task, member, _, writes) = in_flight.swap_remove(i);

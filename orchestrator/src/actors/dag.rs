@@ -1,13 +1,13 @@
 //! The DAG/scheduler actor: owns the [`Engine`] (dependency inference and
 //! scheduling), the records of unfinished tasks (which hold their buffers
-//! alive), and everyone waiting for results.
+//! alive), and everyone waiting for results. It drives the engine only
+//! through [`Engine::on_event`], the door the differential simulator uses
+//! too, and carries out the [`Action`]s that come back.
 
 use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, Instant};
 
-use strata_core::dag::{Arg, NewTask};
-use strata_core::sched::MemberInfo;
-use strata_core::{Action, Engine, Outcome, Submission, TaskId, WorkerId};
+use strata_core::{Action, Engine, Event, Outcome, Refusal, TaskId, WorkerId};
 use strata_wire::CanonicalIdentity;
 use tokio::sync::{mpsc, oneshot};
 use tracing::debug;
@@ -141,158 +141,101 @@ impl DagActor {
     }
 
     async fn on_notice(&mut self, up: Notice) {
-        let actions = match up {
-            Notice::WorkerUp {
-                worker,
-                callables,
-                window,
-            } => {
-                if let Some(ep) = self.endpoints.get_mut(worker.0 as usize) {
-                    if self.engine.scheduler().knows(worker) {
-                        ep.rejoins += 1;
-                    }
-                }
-                self.engine.worker_up(worker, callables, window)
-            }
-            Notice::WorkerDown {
-                worker,
-                cause,
-                fenced,
-            } => {
-                let mut actions = self.engine.worker_lost(worker, &cause, fenced);
-                let epoch = self.engine.losses(worker);
-                if !fenced {
-                    match self.policy {
-                        crate::policy::Quarantine::Wait(limit) => {
-                            self.deadlines.push((Instant::now() + limit, worker, epoch));
-                        }
-                        crate::policy::Quarantine::FailAtOnce => {
-                            let why = format!(
-                                "{} lost without a fence, and the cluster fails what waits \
-                                 on its bytes at once (Quarantine::FailAtOnce)",
-                                self.worker_name(worker)
-                            );
-                            actions.extend(self.engine.abandon(worker, epoch, &why));
-                        }
-                    }
-                }
-                actions
-            }
-            Notice::Fenced { worker, epoch } => {
-                debug!("{worker}: loss {epoch} fenced");
-                self.deadlines
-                    .retain(|&(_, w, e)| (w, e) != (worker, epoch));
-                self.engine.fence(worker, epoch)
-            }
-            Notice::Finished {
-                task,
-                member,
-                result,
-                report,
-            } => {
+        let event = match up {
+            Notice::Event(event) => event,
+            Notice::Completed { event, report } => {
                 for s in [&mut self.run, &mut self.totals] {
                     s.sent_bytes += report.sent;
                     s.returned_bytes += report.returned;
                     s.staged_bytes += report.staged;
                 }
-                if let Some(slot) = self
-                    .records
-                    .get_mut(&task)
-                    .and_then(|r| r.reports.get_mut(member))
-                {
-                    *slot = Some(report);
+                if let Event::Finished { task, member, .. } = &event {
+                    if let Some(slot) = self
+                        .records
+                        .get_mut(task)
+                        .and_then(|r| r.reports.get_mut(*member))
+                    {
+                        *slot = Some(report);
+                    }
                 }
-                self.engine.finished(task, member, result)
+                event
             }
             Notice::Imported { bytes } => {
                 self.run.fd_bytes += bytes;
                 self.totals.fd_bytes += bytes;
-                Vec::new()
+                return;
             }
         };
+        match &event {
+            Event::WorkerUp { worker, .. } => {
+                if let Some(ep) = self.endpoints.get_mut(worker.0 as usize) {
+                    if self.engine.scheduler().knows(*worker) {
+                        ep.rejoins += 1;
+                    }
+                }
+            }
+            Event::Fenced { worker, epoch } => {
+                debug!(%worker, epoch, "loss fenced");
+                self.deadlines
+                    .retain(|&(_, w, e)| (w, e) != (*worker, *epoch));
+            }
+            _ => {}
+        }
+        let lost = match &event {
+            Event::WorkerLost {
+                worker,
+                fenced: false,
+                ..
+            } => Some(*worker),
+            _ => None,
+        };
+        let mut actions = self.engine.on_event(event);
+        // A loss without a fence: wait for the fence (up to the policy's
+        // limit), or give up on it at once.
+        if let Some(worker) = lost {
+            let epoch = self.engine.losses(worker);
+            match self.policy {
+                crate::policy::Quarantine::Wait(limit) => {
+                    self.deadlines.push((Instant::now() + limit, worker, epoch));
+                }
+                crate::policy::Quarantine::FailAtOnce => {
+                    let why = format!(
+                        "{} lost without a fence, and the cluster fails what waits \
+                         on its bytes at once (Quarantine::FailAtOnce)",
+                        self.worker_name(worker)
+                    );
+                    actions.extend(
+                        self.engine
+                            .on_event(Event::Abandoned { worker, epoch, why }),
+                    );
+                }
+            }
+        }
         self.act(actions).await;
     }
 
     async fn on_cmd(&mut self, cmd: Cmd) {
         match cmd {
-            Cmd::Submit { id, spec } => {
+            Cmd::Submit { spec, submission } => {
+                let id = submission.task.id();
                 self.next_id = self.next_id.max(id.0 + 1);
-                let task = NewTask {
+                let n = spec.members.len();
+                // The record first: the engine's answer (accepted, maybe
+                // dispatched or done at once; or refused) acts on it.
+                self.records.insert(
                     id,
-                    members: spec
-                        .members
-                        .iter()
-                        .map(|m| {
-                            m.args
-                                .iter()
-                                .map(|a| Arg {
-                                    tensor: a.tensor,
-                                    tag: a.tag,
-                                })
-                                .collect()
-                        })
-                        .collect(),
-                    scalars: spec.members.iter().map(|m| m.scalars.len()).collect(),
-                    after: spec.after.clone(),
-                };
-                let members = spec
-                    .members
-                    .iter()
-                    .map(|m| MemberInfo {
-                        callable: m.callable,
-                        placement: m.placement,
-                        device_buffers: m.device_buffers.clone(),
-                    })
-                    .collect();
-                let submitted = Instant::now();
-                match self.engine.submit_with_edges(Submission { task, members }) {
-                    Err(e) => {
-                        // The driver checked the task; what is left to
-                        // refuse here depends on the run (no worker up
-                        // offering the callable): it fails the task.
-                        let err = RunError {
-                            task: id,
-                            callable: spec
-                                .members
-                                .first()
-                                .map(|m| m.name.clone())
-                                .unwrap_or_default(),
-                            worker: None,
-                            outcome: Outcome::TaskFailure(format!("refused: {}", e.what)),
-                        };
-                        for s in [&mut self.run, &mut self.totals] {
-                            s.submitted += 1;
-                            s.failed += 1;
-                        }
-                        self.first_error.get_or_insert_with(|| err.clone());
-                        self.failed.insert(id, err);
-                        self.gate.leave(1);
-                        self.settle();
-                    }
-                    Ok((actions, edges)) => {
-                        if spec.retries > 0 {
-                            self.engine.allow_retries(id, spec.retries);
-                        }
-                        for s in [&mut self.run, &mut self.totals] {
-                            s.submitted += 1;
-                            s.edges += edges.len() as u64;
-                        }
-                        let n = spec.members.len();
-                        self.records.insert(
-                            id,
-                            Record {
-                                spec,
-                                workers: vec![None; n],
-                                waiters: Vec::new(),
-                                submitted,
-                                edges,
-                                dispatched: vec![None; n],
-                                reports: vec![None; n],
-                            },
-                        );
-                        self.act(actions).await;
-                    }
-                }
+                    Record {
+                        spec,
+                        workers: vec![None; n],
+                        waiters: Vec::new(),
+                        submitted: Instant::now(),
+                        edges: Vec::new(),
+                        dispatched: vec![None; n],
+                        reports: vec![None; n],
+                    },
+                );
+                let actions = self.engine.on_event(Event::Submit(submission));
+                self.act(actions).await;
             }
             Cmd::Wait { task, reply } => {
                 if let Some(r) = self.records.get_mut(&task) {
@@ -315,41 +258,56 @@ impl DagActor {
                 self.all_waiters.push(reply);
                 self.settle();
             }
-            Cmd::Cancel { task, reply } => match self.engine.cancel(task) {
-                Ok(actions) => {
-                    let _ = reply.send(Ok(()));
-                    self.act(actions).await;
+            Cmd::Cancel { task, reply } => {
+                let actions = self.engine.on_event(Event::Cancel(task));
+                match refused(&actions) {
+                    Some(r) => {
+                        let _ = reply.send(Err(Error::Submit(r.to_string())));
+                    }
+                    None => {
+                        let _ = reply.send(Ok(()));
+                        self.act(actions).await;
+                    }
                 }
-                Err(e) => {
-                    let _ = reply.send(Err(Error::Submit(format!("cannot cancel {task}: {e}"))));
-                }
-            },
+            }
             Cmd::OpenScope { reply } => {
-                let _ = reply.send(self.engine.open_scope());
+                for a in self.engine.on_event(Event::OpenScope) {
+                    if let Action::ScopeOpened(scope) = a {
+                        let _ = reply.send(scope);
+                        break;
+                    }
+                }
             }
             Cmd::ScopeBuffer {
                 scope,
                 buffer,
                 reply,
             } => {
-                let r = self
-                    .engine
-                    .scope_buffer(scope, buffer.identity())
-                    .map_err(|e| Error::Submit(format!("scope: {e}")));
-                if r.is_ok() {
-                    self.scoped.insert(buffer.identity(), buffer);
-                }
+                let actions = self.engine.on_event(Event::ScopeBuffer {
+                    scope,
+                    identity: buffer.identity(),
+                });
+                let r = match refused(&actions) {
+                    Some(r) => Err(Error::Submit(r.to_string())),
+                    None => {
+                        self.scoped.insert(buffer.identity(), buffer);
+                        Ok(())
+                    }
+                };
                 let _ = reply.send(r);
             }
-            Cmd::EndScope { scope, reply } => match self.engine.end_scope(scope) {
-                Ok(actions) => {
-                    let _ = reply.send(Ok(()));
-                    self.act(actions).await;
+            Cmd::EndScope { scope, reply } => {
+                let actions = self.engine.on_event(Event::EndScope(scope));
+                match refused(&actions) {
+                    Some(r) => {
+                        let _ = reply.send(Err(Error::Submit(r.to_string())));
+                    }
+                    None => {
+                        let _ = reply.send(Ok(()));
+                        self.act(actions).await;
+                    }
                 }
-                Err(e) => {
-                    let _ = reply.send(Err(Error::Submit(format!("scope: {e}"))));
-                }
-            },
+            }
             Cmd::Totals { reply } => {
                 let _ = reply.send(self.totals.clone());
             }
@@ -368,6 +326,19 @@ impl DagActor {
         let mut batches: BTreeMap<WorkerId, Vec<DispatchItem>> = BTreeMap::new();
         for a in actions {
             match a {
+                Action::Accepted { task, edges } => {
+                    for s in [&mut self.run, &mut self.totals] {
+                        s.submitted += 1;
+                        s.edges += edges.len() as u64;
+                    }
+                    if let Some(r) = self.records.get_mut(&task) {
+                        r.edges = edges;
+                    }
+                }
+                Action::Refused(Refusal::Submit(e)) => self.refused(e),
+                // Refusals of the driver's calls are answered where the
+                // call is (they come alone).
+                Action::Refused(_) | Action::ScopeOpened(_) => {}
                 Action::Dispatch {
                     task,
                     member,
@@ -475,9 +446,43 @@ impl DagActor {
                 self.worker_name(worker),
                 limit.as_millis()
             );
-            actions.extend(self.engine.abandon(worker, epoch, &why));
+            actions.extend(
+                self.engine
+                    .on_event(Event::Abandoned { worker, epoch, why }),
+            );
         }
         self.act(actions).await;
+    }
+
+    /// The engine refused a submission (what is left to refuse after the
+    /// driver's checks depends on the run, such as no worker up offering
+    /// the callable): the task fails.
+    fn refused(&mut self, e: strata_core::SubmitError) {
+        let Some(record) = self.records.remove(&e.task) else {
+            return;
+        };
+        let err = RunError {
+            task: e.task,
+            callable: record
+                .spec
+                .members
+                .first()
+                .map(|m| m.name.clone())
+                .unwrap_or_default(),
+            worker: None,
+            outcome: Outcome::TaskFailure(format!("refused: {}", e.what)),
+        };
+        for s in [&mut self.run, &mut self.totals] {
+            s.submitted += 1;
+            s.failed += 1;
+        }
+        self.first_error.get_or_insert_with(|| err.clone());
+        self.failed.insert(e.task, err);
+        self.gate.leave(1);
+        for w in record.waiters {
+            let _ = w.send(Err(self.failed[&e.task].clone()));
+        }
+        self.settle();
     }
 
     fn done(&mut self, task: TaskId, outcome: Outcome) {
@@ -600,6 +605,14 @@ fn task_trace(
         edges: r.edges.clone(),
         members,
     }
+}
+
+/// The refusal an answer of the engine holds, if it is one.
+fn refused(actions: &[Action]) -> Option<&Refusal> {
+    actions.iter().find_map(|a| match a {
+        Action::Refused(r) => Some(r),
+        _ => None,
+    })
 }
 
 /// Sleeps until `at` (the branch that awaits it is disabled for `None`).

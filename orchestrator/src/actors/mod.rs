@@ -24,7 +24,7 @@ pub(crate) mod endpoint;
 pub(crate) mod fence;
 
 use strata_chip::KernelHandle;
-use strata_core::{Placement, ScopeId, TaskId, WorkerId};
+use strata_core::{Event, Placement, ScopeId, Submission, TaskId};
 use strata_proto::convert::WorkerStats;
 use strata_wire::{ArgTag, CanonicalIdentity, Tensor};
 use tokio::sync::oneshot;
@@ -54,24 +54,23 @@ pub(crate) struct MemberSpec {
     pub(crate) device_buffers: Vec<CanonicalIdentity>,
 }
 
-/// A task, resolved by the driver.
+/// A task, resolved by the driver: what its dispatches carry and what
+/// keeps its buffers alive (the engine's view of it is the
+/// [`Submission`] beside it).
 #[derive(Debug)]
 pub(crate) struct TaskSpec {
     pub(crate) members: Vec<MemberSpec>,
-    pub(crate) after: Vec<TaskId>,
-    /// Times it may run again elsewhere if its worker is lost (0 unless
-    /// the retry policy is on and the task qualifies).
-    pub(crate) retries: u32,
 }
 
 /// Driver → DAG actor.
 #[derive(Debug)]
 pub(crate) enum Cmd {
-    /// A task the driver checked and numbered; refusals here (which the
-    /// driver's checks make rare) become the task's failure.
+    /// A task the driver built, checked and numbered, as the engine takes
+    /// it; refusals here (which depend on the workers up, and the driver's
+    /// checks make rare) become the task's failure.
     Submit {
-        id: TaskId,
         spec: TaskSpec,
+        submission: Submission,
     },
     Wait {
         task: TaskId,
@@ -126,31 +125,17 @@ pub(crate) struct Report {
     pub(crate) received: Option<std::time::Instant>,
 }
 
-/// Endpoints (and the cluster's start) → DAG actor.
+/// Endpoints (and the cluster's start) → DAG actor: the engine's own
+/// events, as they happened.
 #[derive(Debug)]
 pub(crate) enum Notice {
-    WorkerUp {
-        worker: WorkerId,
-        callables: Vec<KernelHandle>,
-        window: usize,
-    },
-    WorkerDown {
-        worker: WorkerId,
-        cause: String,
-        /// It can no longer touch task memory (killed and gone, or its
-        /// tasks' bytes were staged copies).
-        fenced: bool,
-    },
-    /// The `epoch`-th loss of `worker` (its count of losses at that loss),
-    /// which was not fenced then, is fenced now: the tasks it had in
-    /// flight can no longer write.
-    Fenced { worker: WorkerId, epoch: u64 },
-    Finished {
-        task: TaskId,
-        member: usize,
-        result: Result<(), String>,
-        report: Report,
-    },
+    /// A worker came up or back ([`Event::WorkerUp`]), was lost
+    /// ([`Event::WorkerLost`]), or a loss of it was fenced
+    /// ([`Event::Fenced`]).
+    Event(Event),
+    /// A member's completion ([`Event::Finished`]), with what the worker
+    /// reported beside its result.
+    Completed { event: Event, report: Report },
     /// Bytes of buffers passed to a worker by fd.
     Imported { bytes: u64 },
 }

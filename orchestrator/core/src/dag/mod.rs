@@ -70,7 +70,7 @@ use strata_wire::{ArgTag, CanonicalIdentity, Footprint, Overlap, Tensor};
 
 use crate::ids::{ScopeId, TaskId};
 use index::{BufferIndex, Kind};
-pub use submit::SubmitError;
+pub use submit::{CheckedTask, SubmitError};
 
 /// Edge kinds, as bits.
 pub mod edge {
@@ -263,30 +263,35 @@ impl Dag {
         self.nodes.contains_key(&id)
     }
 
-    /// Checks a task (the rules in `submit.rs`) and, if it passes, records it and
-    /// returns its edges.
-    ///
-    /// # Errors
-    /// [`SubmitError`] naming the member, argument and rule; nothing is
-    /// recorded then.
-    pub fn insert(&mut self, task: NewTask) -> Result<Inserted, SubmitError> {
-        self.insert_checked(task)
-    }
-
     /// The submit-time checks of `task` that depend on nothing but the
-    /// task itself (all but the increasing-id rule): what
-    /// [`Dag::insert`] would refuse it for, without a DAG. A driver runs
-    /// them where the task is submitted, so that it can hand the task on
-    /// without waiting for the DAG's answer.
+    /// task itself (the rules in `submit.rs`, all but the increasing-id
+    /// rule): made once, where the task is built; the [`CheckedTask`] is
+    /// their proof, and [`Dag::insert`] takes it without checking again.
     ///
     /// # Errors
-    /// As [`Dag::insert`].
-    pub fn check(task: &NewTask) -> Result<(), SubmitError> {
-        submit::check(task, None)
+    /// [`SubmitError`] naming the member, argument and rule.
+    pub fn check(task: NewTask) -> Result<CheckedTask, SubmitError> {
+        submit::check(task)
     }
 
-    fn insert_checked(&mut self, task: NewTask) -> Result<Inserted, SubmitError> {
-        submit::check(&task, self.last)?;
+    /// [`Dag::check`], then [`Dag::insert`]: for a DAG used on its own.
+    ///
+    /// # Errors
+    /// As the two.
+    pub fn check_and_insert(&mut self, task: NewTask) -> Result<Inserted, SubmitError> {
+        let checked = Dag::check(task)?;
+        self.insert(checked)
+    }
+
+    /// Records a checked task and returns its edges. Only the rule that
+    /// depends on the DAG is checked here: ids increase.
+    ///
+    /// # Errors
+    /// [`SubmitError`] for an id not above every id inserted before;
+    /// nothing is recorded then.
+    pub fn insert(&mut self, task: CheckedTask) -> Result<Inserted, SubmitError> {
+        submit::check_order(task.id(), self.last)?;
+        let task = task.into_inner();
         let id = task.id;
         self.last = Some(id);
         self.stats.inserted += 1;

@@ -1,5 +1,11 @@
 //! Submit-time checks: refused before anything is recorded.
 //!
+//! All but the first depend on the task alone and are made once, by
+//! [`check`] (what [`super::Dag::check`] runs where the task is built);
+//! the only proof that they passed is a [`CheckedTask`], which nothing
+//! else can make, so the DAG inserts one without checking it again. The
+//! first depends on the DAG and is all [`super::Dag::insert`] checks.
+//!
 //! 1. ids increase (submission order);
 //! 2. at most 256 tensors and 128 scalars per member, at least one member;
 //! 3. every tag that reads needs a grant that allows reading, every tag that
@@ -29,18 +35,49 @@ pub struct SubmitError {
     pub what: String,
 }
 
-pub(super) fn check(task: &NewTask, last: Option<TaskId>) -> Result<(), SubmitError> {
+/// A task that passed the submit-time checks of the task alone. Only
+/// [`super::Dag::check`] makes one.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CheckedTask(NewTask);
+
+impl CheckedTask {
+    /// The task.
+    pub fn task(&self) -> &NewTask {
+        &self.0
+    }
+
+    /// Its id.
+    pub fn id(&self) -> TaskId {
+        self.0.id
+    }
+
+    pub(super) fn into_inner(self) -> NewTask {
+        self.0
+    }
+}
+
+/// Rule 1: `id` comes after `last`.
+pub(super) fn check_order(id: TaskId, last: Option<TaskId>) -> Result<(), SubmitError> {
+    match last {
+        Some(last) if id <= last => Err(SubmitError {
+            task: id,
+            what: format!("ids must increase: {last} was submitted already"),
+        }),
+        _ => Ok(()),
+    }
+}
+
+/// Rules 2 to 5.
+pub(super) fn check(task: NewTask) -> Result<CheckedTask, SubmitError> {
+    check_alone(&task)?;
+    Ok(CheckedTask(task))
+}
+
+fn check_alone(task: &NewTask) -> Result<(), SubmitError> {
     let bad = |what: String| SubmitError {
         task: task.id,
         what,
     };
-    if let Some(last) = last {
-        if task.id <= last {
-            return Err(bad(format!(
-                "ids must increase: {last} was submitted already"
-            )));
-        }
-    }
     if task.members.is_empty() {
         return Err(bad("a task has at least one member".into()));
     }

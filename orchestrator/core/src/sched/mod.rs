@@ -97,26 +97,7 @@ pub struct FirstError {
     pub outcome: Outcome,
 }
 
-/// What the scheduler asks its owner to do.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Action {
-    /// Send member `member` of `task` to `worker`.
-    Dispatch {
-        /// The task.
-        task: TaskId,
-        /// Which member.
-        member: usize,
-        /// Where.
-        worker: WorkerId,
-    },
-    /// The task is finished.
-    Done {
-        /// The task.
-        task: TaskId,
-        /// How.
-        outcome: Outcome,
-    },
-}
+pub use crate::action::Action;
 
 #[derive(Debug)]
 struct Worker {

@@ -1,9 +1,9 @@
 //! The cores' behaviour, one rule at a time.
 
 use strata_core::dag::{Arg, Born, NewTask, Transition, edge};
-use strata_core::engine::{Action, Submission};
+use strata_core::engine::{Action, Event, Submission};
 use strata_core::sched::{MemberInfo, Outcome, Placement};
-use strata_core::{Dag, Engine, KernelHandle, Loss, TaskId, WorkerId};
+use strata_core::{Dag, Engine, KernelHandle, Loss, Refusal, TaskId, WorkerId};
 use strata_wire::{
     Access, AddressSpace, ArgTag, Backing, BufferDescriptor, CanonicalIdentity, DType, Tensor,
 };
@@ -43,7 +43,7 @@ fn task(id: u64, args: &[(Tensor, ArgTag)]) -> NewTask {
 
 fn preds(dag: &mut Dag, t: NewTask) -> Vec<(u64, u8)> {
     let mut e: Vec<(u64, u8)> = dag
-        .insert(t)
+        .check_and_insert(t)
         .unwrap()
         .edges
         .into_iter()
@@ -125,15 +125,16 @@ fn raw_waw_war_and_output_orders_after_readers() {
 fn completion_releases_and_leaves_the_index() {
     let b = buffer(1, Access::ReadWrite);
     let mut dag = Dag::new();
-    dag.insert(task(1, &[(row(b, 0), ArgTag::Output)])).unwrap();
+    dag.check_and_insert(task(1, &[(row(b, 0), ArgTag::Output)]))
+        .unwrap();
     assert_eq!(
-        dag.insert(task(2, &[(row(b, 0), ArgTag::Input)]))
+        dag.check_and_insert(task(2, &[(row(b, 0), ArgTag::Input)]))
             .unwrap()
             .born,
         Born::Waiting
     );
     assert_eq!(
-        dag.insert(task(3, &[(row(b, 1), ArgTag::Input)]))
+        dag.check_and_insert(task(3, &[(row(b, 1), ArgTag::Input)]))
             .unwrap()
             .born,
         Born::Ready
@@ -148,7 +149,7 @@ fn completion_releases_and_leaves_the_index() {
     assert_eq!((dag.live(), dag.entries()), (0, 0));
     // A finished writer adds no edge.
     assert_eq!(
-        dag.insert(task(4, &[(row(b, 0), ArgTag::Input)]))
+        dag.check_and_insert(task(4, &[(row(b, 0), ArgTag::Input)]))
             .unwrap()
             .edges,
         vec![]
@@ -159,14 +160,16 @@ fn completion_releases_and_leaves_the_index() {
 fn failure_skips_data_consumers_and_poisons_later_readers() {
     let b = buffer(1, Access::ReadWrite);
     let mut dag = Dag::new();
-    dag.insert(task(1, &[(row(b, 0), ArgTag::Output)])).unwrap();
-    dag.insert(task(
+    dag.check_and_insert(task(1, &[(row(b, 0), ArgTag::Output)]))
+        .unwrap();
+    dag.check_and_insert(task(
         2,
         &[(row(b, 0), ArgTag::Input), (row(b, 1), ArgTag::Output)],
     ))
     .unwrap(); // RAW on 1
-    dag.insert(task(3, &[(row(b, 1), ArgTag::Input)])).unwrap(); // RAW on 2
-    dag.insert(task(4, &[(rows(b, 0, 1), ArgTag::OutputExisting)]))
+    dag.check_and_insert(task(3, &[(row(b, 1), ArgTag::Input)]))
+        .unwrap(); // RAW on 2
+    dag.check_and_insert(task(4, &[(rows(b, 0, 1), ArgTag::OutputExisting)]))
         .unwrap(); // WAW on 1, WAR on 2
     dag.start(TaskId(1)).unwrap();
     let t = dag.fail(TaskId(1)).unwrap();
@@ -189,21 +192,22 @@ fn failure_skips_data_consumers_and_poisons_later_readers() {
     // skipped task 2) is skipped at once, a reader of row 0 is not.
     dag.complete(TaskId(4)).unwrap();
     assert_eq!(
-        dag.insert(task(5, &[(row(b, 1), ArgTag::Input)]))
+        dag.check_and_insert(task(5, &[(row(b, 1), ArgTag::Input)]))
             .unwrap()
             .born,
         Born::Skipped { because: TaskId(1) }
     );
     assert_eq!(
-        dag.insert(task(6, &[(row(b, 0), ArgTag::Input)]))
+        dag.check_and_insert(task(6, &[(row(b, 0), ArgTag::Input)]))
             .unwrap()
             .born,
         Born::Ready
     );
     // A write covering the poisoned row cleans it.
-    dag.insert(task(7, &[(row(b, 1), ArgTag::Output)])).unwrap();
+    dag.check_and_insert(task(7, &[(row(b, 1), ArgTag::Output)]))
+        .unwrap();
     assert_eq!(
-        dag.insert(task(8, &[(row(b, 1), ArgTag::Input)]))
+        dag.check_and_insert(task(8, &[(row(b, 1), ArgTag::Input)]))
             .unwrap()
             .born,
         Born::Waiting
@@ -212,7 +216,7 @@ fn failure_skips_data_consumers_and_poisons_later_readers() {
     let mut t = task(9, &[(row(b, 9), ArgTag::Input)]);
     t.after = vec![TaskId(2)];
     assert_eq!(
-        dag.insert(t).unwrap().born,
+        dag.check_and_insert(t).unwrap().born,
         Born::Skipped { because: TaskId(1) }
     );
     dag.check_invariants().unwrap();
@@ -222,8 +226,10 @@ fn failure_skips_data_consumers_and_poisons_later_readers() {
 fn cancel_only_before_running() {
     let b = buffer(1, Access::ReadWrite);
     let mut dag = Dag::new();
-    dag.insert(task(1, &[(row(b, 0), ArgTag::Output)])).unwrap();
-    dag.insert(task(2, &[(row(b, 0), ArgTag::Input)])).unwrap();
+    dag.check_and_insert(task(1, &[(row(b, 0), ArgTag::Output)]))
+        .unwrap();
+    dag.check_and_insert(task(2, &[(row(b, 0), ArgTag::Input)]))
+        .unwrap();
     dag.start(TaskId(1)).unwrap();
     assert!(
         dag.cancel(TaskId(1))
@@ -243,7 +249,7 @@ fn submit_checks_refuse_before_recording() {
     let ro = buffer(2, Access::Read);
     let wo = buffer(3, Access::Write);
     let mut dag = Dag::new();
-    let err = |dag: &mut Dag, t: NewTask| dag.insert(t).unwrap_err().to_string();
+    let err = |dag: &mut Dag, t: NewTask| dag.check_and_insert(t).unwrap_err().to_string();
     assert!(
         err(&mut dag, task(1, &[(row(ro, 0), ArgTag::Output)]))
             .contains("tagged OUTPUT but the buffer grants READ")
@@ -268,7 +274,7 @@ fn submit_checks_refuse_before_recording() {
         );
     }
     // Two reads of the same bytes are fine.
-    dag.insert(task(
+    dag.check_and_insert(task(
         1,
         &[(rows(b, 0, 2), ArgTag::Input), (row(b, 1), ArgTag::Input)],
     ))
@@ -300,7 +306,7 @@ fn submit_checks_refuse_before_recording() {
         scalars: vec![0, 0],
         after: vec![],
     };
-    dag.insert(g).unwrap();
+    dag.check_and_insert(g).unwrap();
     assert_eq!(dag.live(), 2);
 }
 
@@ -312,7 +318,8 @@ fn scopes_release_when_ended_and_unused() {
     let s = dag.open_scope();
     dag.scope_buffer(s, *b.identity()).unwrap();
     dag.scope_buffer(s, *c.identity()).unwrap();
-    dag.insert(task(1, &[(row(b, 0), ArgTag::Output)])).unwrap();
+    dag.check_and_insert(task(1, &[(row(b, 0), ArgTag::Output)]))
+        .unwrap();
     assert_eq!(
         dag.end_scope(s).unwrap(),
         vec![Transition::Release(*c.identity())],
@@ -328,14 +335,117 @@ fn scopes_release_when_ended_and_unused() {
 const K: KernelHandle = KernelHandle([1; 16]);
 const OTHER: KernelHandle = KernelHandle([2; 16]);
 
-fn submission(id: u64, args: &[(Tensor, ArgTag)], placement: Placement) -> Submission {
-    Submission {
+fn submission(id: u64, args: &[(Tensor, ArgTag)], placement: Placement) -> Sub {
+    Sub {
         task: task(id, args),
         members: vec![MemberInfo {
             callable: K,
             placement,
             device_buffers: vec![],
         }],
+        retries: 0,
+    }
+}
+
+/// `s`, allowed to run again elsewhere up to `n` times.
+fn retrying(mut s: Sub, n: u32) -> Sub {
+    s.retries = n;
+    s
+}
+
+/// A submission as these tests write it: the task unchecked, checked on
+/// its way in as a driver checks it.
+struct Sub {
+    task: NewTask,
+    members: Vec<MemberInfo>,
+    retries: u32,
+}
+
+/// The engine driven through its one door, [`Engine::on_event`], in the
+/// shapes these tests read best.
+trait Drive {
+    fn submit(&mut self, s: Sub) -> Result<Vec<Action>, Refusal>;
+    fn cancel(&mut self, task: TaskId) -> Result<Vec<Action>, Refusal>;
+    fn worker_up(
+        &mut self,
+        worker: WorkerId,
+        callables: impl IntoIterator<Item = KernelHandle>,
+        window: usize,
+    ) -> Vec<Action>;
+    fn worker_lost(&mut self, worker: WorkerId, cause: &str, fenced: bool) -> Vec<Action>;
+    fn finished(&mut self, task: TaskId, member: usize, result: Result<(), String>) -> Vec<Action>;
+    fn fence(&mut self, worker: WorkerId, epoch: u64) -> Vec<Action>;
+    fn abandon(&mut self, worker: WorkerId, epoch: u64, why: &str) -> Vec<Action>;
+    fn device_buffer(&mut self, worker: WorkerId, identity: CanonicalIdentity, present: bool);
+}
+
+/// An answer without its `Accepted` (these tests read edges from the
+/// DAG), or the refusal it holds.
+fn answer(mut actions: Vec<Action>) -> Result<Vec<Action>, Refusal> {
+    match actions.first() {
+        Some(Action::Refused(r)) => Err(r.clone()),
+        Some(Action::Accepted { .. }) => {
+            actions.remove(0);
+            Ok(actions)
+        }
+        _ => Ok(actions),
+    }
+}
+
+impl Drive for Engine {
+    fn submit(&mut self, s: Sub) -> Result<Vec<Action>, Refusal> {
+        let task = Dag::check(s.task)?;
+        answer(self.on_event(Event::Submit(Submission {
+            task,
+            members: s.members,
+            retries: s.retries,
+        })))
+    }
+    fn cancel(&mut self, task: TaskId) -> Result<Vec<Action>, Refusal> {
+        answer(self.on_event(Event::Cancel(task)))
+    }
+    fn worker_up(
+        &mut self,
+        worker: WorkerId,
+        callables: impl IntoIterator<Item = KernelHandle>,
+        window: usize,
+    ) -> Vec<Action> {
+        self.on_event(Event::WorkerUp {
+            worker,
+            callables: callables.into_iter().collect(),
+            window,
+        })
+    }
+    fn worker_lost(&mut self, worker: WorkerId, cause: &str, fenced: bool) -> Vec<Action> {
+        self.on_event(Event::WorkerLost {
+            worker,
+            cause: cause.into(),
+            fenced,
+        })
+    }
+    fn finished(&mut self, task: TaskId, member: usize, result: Result<(), String>) -> Vec<Action> {
+        self.on_event(Event::Finished {
+            task,
+            member,
+            result,
+        })
+    }
+    fn fence(&mut self, worker: WorkerId, epoch: u64) -> Vec<Action> {
+        self.on_event(Event::Fenced { worker, epoch })
+    }
+    fn abandon(&mut self, worker: WorkerId, epoch: u64, why: &str) -> Vec<Action> {
+        self.on_event(Event::Abandoned {
+            worker,
+            epoch,
+            why: why.into(),
+        })
+    }
+    fn device_buffer(&mut self, worker: WorkerId, identity: CanonicalIdentity, present: bool) {
+        self.on_event(Event::DeviceBuffer {
+            worker,
+            identity,
+            present,
+        });
     }
 }
 
@@ -438,7 +548,7 @@ fn groups_launch_all_or_nothing_on_distinct_workers() {
         ))
         .unwrap();
     assert_eq!(dispatched(&solo), vec![(1, 1)]);
-    let group = Submission {
+    let group = Sub {
         task: NewTask {
             id: TaskId(2),
             members: vec![
@@ -474,6 +584,7 @@ fn groups_launch_all_or_nothing_on_distinct_workers() {
             };
             2
         ],
+        retries: 0,
     };
     // Members read each other's outputs: no self-edge, ready at once, but
     // not launched while worker 1 is full.
@@ -631,22 +742,18 @@ fn a_task_allowed_to_retry_runs_again_elsewhere_only_when_fenced() {
     e.worker_up(WorkerId(1), [K], 1);
     // Task 1 goes to worker 0, task 2 to worker 1; both may retry once.
     let mut out = e
-        .submit(submission(
+        .submit(retrying(
+            submission(1, &[(row(b, 0), ArgTag::Output)], Placement::Any),
             1,
-            &[(row(b, 0), ArgTag::Output)],
-            Placement::Any,
         ))
         .unwrap();
     out.extend(
-        e.submit(submission(
-            2,
-            &[(row(b, 1), ArgTag::Output)],
-            Placement::Any,
+        e.submit(retrying(
+            submission(2, &[(row(b, 1), ArgTag::Output)], Placement::Any),
+            1,
         ))
         .unwrap(),
     );
-    e.allow_retries(TaskId(1), 1);
-    e.allow_retries(TaskId(2), 1);
     assert_eq!(dispatched(&out), vec![(1, 0), (2, 1)]);
     // Worker 0 is lost and known dead: task 1 is queued on worker 1,
     // behind task 2 (window 1), and nothing fails.
@@ -672,13 +779,11 @@ fn a_task_allowed_to_retry_runs_again_elsewhere_only_when_fenced() {
     // worker that may still write) never reruns anything.
     e.worker_up(WorkerId(0), [K], 1);
     let out = e
-        .submit(submission(
-            3,
-            &[(row(b, 2), ArgTag::Output)],
-            Placement::Any,
+        .submit(retrying(
+            submission(3, &[(row(b, 2), ArgTag::Output)], Placement::Any),
+            5,
         ))
         .unwrap();
-    e.allow_retries(TaskId(3), 5);
     let w = dispatched(&out)[0].1;
     let lost = e.worker_lost(WorkerId(w), "no health beat", false);
     assert_eq!(
@@ -704,13 +809,15 @@ fn a_task_allowed_to_retry_runs_again_elsewhere_only_when_fenced() {
     );
     // A task named to a worker is never moved.
     let out = e
-        .submit(submission(
-            4,
-            &[(row(b, 3), ArgTag::Output)],
-            Placement::On(WorkerId(1 - w)),
+        .submit(retrying(
+            submission(
+                4,
+                &[(row(b, 3), ArgTag::Output)],
+                Placement::On(WorkerId(1 - w)),
+            ),
+            5,
         ))
         .unwrap();
-    e.allow_retries(TaskId(4), 5);
     assert_eq!(dispatched(&out), vec![(4, 1 - w)]);
     e.worker_up(WorkerId(w), [K], 1);
     let lost = e.worker_lost(WorkerId(1 - w), "killed", true);
@@ -893,13 +1000,11 @@ fn a_retry_of_a_quarantined_task_waits_for_the_fence() {
     e.worker_up(WorkerId(0), [K], 1);
     e.worker_up(WorkerId(1), [K], 1);
     let out = e
-        .submit(submission(
+        .submit(retrying(
+            submission(1, &[(row(b, 0), ArgTag::Output)], Placement::Any),
             1,
-            &[(row(b, 0), ArgTag::Output)],
-            Placement::Any,
         ))
         .unwrap();
-    e.allow_retries(TaskId(1), 1);
     assert_eq!(dispatched(&out), vec![(1, 0)]);
     // A reader waits on the task, which stays running for the DAG.
     assert!(
@@ -943,7 +1048,7 @@ fn a_group_publishes_one_completion_token() {
         device_buffers: vec![],
     };
     let out = e
-        .submit(Submission {
+        .submit(Sub {
             task: NewTask {
                 id: TaskId(1),
                 members: vec![
@@ -972,6 +1077,7 @@ fn a_group_publishes_one_completion_token() {
                 after: vec![],
             },
             members: vec![member(0), member(1)],
+            retries: 0,
         })
         .unwrap();
     assert_eq!(dispatched(&out), vec![(1, 0), (1, 1)]);

@@ -68,7 +68,7 @@ fn no_missed_edges() {
                 scalars: vec![0; t.members.len()],
                 after: t.after.clone(),
             };
-            let inserted = dag.insert(task).unwrap();
+            let inserted = dag.check_and_insert(task).unwrap();
             for (p, _) in inserted.edges {
                 let i = pos[&p];
                 let row = reach[i].clone();

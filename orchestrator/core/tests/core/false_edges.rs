@@ -58,7 +58,7 @@ fn false_edges(tasks: Vec<Vec<Arg>>) -> (usize, usize) {
         .collect();
     for (j, args) in tasks.into_iter().enumerate() {
         let inserted = dag
-            .insert(NewTask::single(TaskId(j as u64 + 1), args))
+            .check_and_insert(NewTask::single(TaskId(j as u64 + 1), args))
             .unwrap();
         for (p, _) in inserted.edges {
             edges += 1;

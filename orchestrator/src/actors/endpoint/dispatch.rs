@@ -11,6 +11,8 @@ use strata_proto::convert::{TaskCompletion, TaskOutcome, TaskRequest};
 use strata_wire::{ArgTag, BufferDescriptor, CanonicalIdentity, TaskArgs, Tensor};
 use tracing::warn;
 
+use strata_core::Event;
+
 use super::EndpointActor;
 use crate::actors::{DispatchItem, Notice, Report};
 use crate::buffer::{Backing, HostShared};
@@ -28,10 +30,12 @@ pub(super) struct InFlight {
 
 impl EndpointActor {
     fn finish(&self, item: &DispatchItem, result: Result<(), String>) {
-        let _ = self.up.send(Notice::Finished {
-            task: item.task,
-            member: item.member,
-            result,
+        let _ = self.up.send(Notice::Completed {
+            event: Event::Finished {
+                task: item.task,
+                member: item.member,
+                result,
+            },
             report: Report::default(),
         });
     }
@@ -223,10 +227,12 @@ impl EndpointActor {
                 TaskOutcome::Success => land(&f, &c.outputs, &mut report.returned),
             };
             report.received = Some(std::time::Instant::now());
-            let _ = self.up.send(Notice::Finished {
-                task: f.task,
-                member: f.member,
-                result,
+            let _ = self.up.send(Notice::Completed {
+                event: Event::Finished {
+                    task: f.task,
+                    member: f.member,
+                    result,
+                },
                 report,
             });
         }

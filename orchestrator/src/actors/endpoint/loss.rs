@@ -41,6 +41,7 @@ use super::{EndpointActor, FENCE_POLL, Internal, Respawn, Spawned};
 use crate::actors::Notice;
 use crate::actors::fence::{Process, Unfenced};
 use crate::link::{Dialer, LinkEvent, Memory, WorkerLink};
+use strata_core::Event;
 
 /// Something looking for a fence: a task on the runtime (a session poll)
 /// or a thread of its own (a process watch).
@@ -122,11 +123,11 @@ impl EndpointActor {
                 self.watch_process(p, self.losses);
             }
         }
-        let _ = self.up.send(Notice::WorkerDown {
+        let _ = self.up.send(Notice::Event(Event::WorkerLost {
             worker: self.id,
             cause,
             fenced,
-        });
+        }));
         self.redial();
     }
 
@@ -144,10 +145,10 @@ impl EndpointActor {
             *e != epoch
         });
         info!(worker = %self.id, name = %self.name, epoch, "loss fenced");
-        let _ = self.up.send(Notice::Fenced {
+        let _ = self.up.send(Notice::Event(Event::Fenced {
             worker: self.id,
             epoch,
-        });
+        }));
     }
 
     /// Watches `process`, on a thread of its own, until it ends; then
@@ -310,11 +311,11 @@ impl EndpointActor {
             "rejoined"
         );
         let callables = self.offers.iter().copied().collect();
-        let _ = self.up.send(Notice::WorkerUp {
+        let _ = self.up.send(Notice::Event(Event::WorkerUp {
             worker: self.id,
             callables,
             window: self.window,
-        });
+        }));
     }
 }
 

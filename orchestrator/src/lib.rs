@@ -54,8 +54,8 @@ pub use link::{LinkError, Refusal, WorkerInfo};
 pub use local::default_worker_binary;
 pub use policy::Quarantine;
 pub use start::ClusterBuilder;
+pub use strata_client::ClientTls;
 pub use strata_core::{Outcome, TaskId, WorkerId};
-pub use strata_worker::ClientTls;
 pub use task::{Task, TaskHandle};
 pub use trace::Trace;
 

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
-use strata_worker::Endpoint;
+use strata_client::Endpoint;
 use tempfile::TempDir;
 
 use crate::error::Error;

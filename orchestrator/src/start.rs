@@ -9,9 +9,10 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use strata_chip::{KernelHandle, Registry};
+use strata_client::{ClientTls, Endpoint};
 use strata_core::{Event, WorkerId};
 use strata_wire::IdentityMint;
-use strata_worker::{ClientTls, Endpoint, InProcessWorker};
+use strata_worker::InProcessWorker;
 use tokio::sync::mpsc;
 
 use crate::actors::dag::{DagActor, EndpointRef};

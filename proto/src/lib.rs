@@ -28,6 +28,7 @@
 
 pub mod check;
 pub mod convert;
+pub mod fdframe;
 
 /// The generated messages and service stubs.
 #[allow(missing_docs, unreachable_pub, clippy::all, clippy::pedantic)]
@@ -54,6 +55,14 @@ pub const MAX_FD_FRAME_BYTES: usize = 64 * 1024;
 
 /// Most fds one side-channel message may carry.
 pub const MAX_FDS_PER_MESSAGE: usize = 64;
+
+/// HTTP/2 flow-control window of one stream, bytes, on both ends: staged
+/// view bytes are megabytes, and the 64 KiB default window stalls them on
+/// every round trip.
+pub const STREAM_WINDOW: u32 = 16 << 20;
+
+/// HTTP/2 flow-control window of a connection, bytes, on both ends.
+pub const CONNECTION_WINDOW: u32 = 32 << 20;
 
 /// Largest extent of a view whose bytes travel with a task (and largest
 /// span of the inline views of one buffer in one task): the worker makes a

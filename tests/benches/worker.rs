@@ -16,11 +16,11 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
+use strata_client::WorkerClient;
 use strata_proto::TaskId;
 use strata_proto::convert::TaskRequest;
 use strata_tests::WorkerProcess;
 use strata_wire::TaskArgs;
-use strata_worker::WorkerClient;
 
 fn bench(c: &mut Criterion) {
     let worker = WorkerProcess::spawn_unix(

@@ -20,8 +20,8 @@ use std::time::{Duration, Instant};
 use memmap2::MmapMut;
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
+use strata_client::Endpoint;
 use strata_wire::{Access, AddressSpace, Backing, BufferDescriptor, IdentityMint};
-use strata_worker::Endpoint;
 use tempfile::TempDir;
 
 /// The `strata` binary of this build (next to the test executable's

@@ -1,58 +1,12 @@
 //! What a worker is told at startup.
 
-use std::fmt;
-use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::str::FromStr;
 
 use strata_proto::DEFAULT_MAX_MESSAGE_BYTES;
 
-/// Where a worker listens (or a client connects).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Endpoint {
-    /// A Unix socket path.
-    Unix(PathBuf),
-    /// A TCP address.
-    Tcp(SocketAddr),
-}
-
-impl FromStr for Endpoint {
-    type Err = String;
-
-    /// `unix:PATH` or `tcp:HOST:PORT`.
-    fn from_str(s: &str) -> Result<Self, String> {
-        if let Some(path) = s.strip_prefix("unix:") {
-            if path.is_empty() {
-                return Err(format!("{s:?}: unix: needs a socket path"));
-            }
-            return Ok(Endpoint::Unix(PathBuf::from(path)));
-        }
-        if let Some(addr) = s.strip_prefix("tcp:") {
-            if let Ok(a) = addr.parse() {
-                return Ok(Endpoint::Tcp(a));
-            }
-            // A host name: resolved now, first address.
-            use std::net::ToSocketAddrs;
-            return match addr.to_socket_addrs() {
-                Ok(mut found) => found
-                    .next()
-                    .map(Endpoint::Tcp)
-                    .ok_or_else(|| format!("{s:?}: tcp: {addr} resolves to no address")),
-                Err(e) => Err(format!("{s:?}: tcp: needs HOST:PORT ({e})")),
-            };
-        }
-        Err(format!("{s:?} is neither unix:PATH nor tcp:HOST:PORT"))
-    }
-}
-
-impl fmt::Display for Endpoint {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Endpoint::Unix(p) => write!(f, "unix:{}", p.display()),
-            Endpoint::Tcp(a) => write!(f, "tcp:{a}"),
-        }
-    }
-}
+/// Where a worker listens: the client's own [`strata_client::Endpoint`],
+/// so that the address a worker prints is the one a client parses.
+pub use strata_client::Endpoint;
 
 /// Server-side TLS with client certificates.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -141,33 +95,15 @@ mod tests {
     use super::*;
 
     #[test]
-    fn endpoints_parse_and_print() {
-        assert_eq!(
-            "unix:/tmp/w.sock".parse(),
-            Ok(Endpoint::Unix("/tmp/w.sock".into()))
-        );
-        assert_eq!(
-            "tcp:127.0.0.1:0".parse::<Endpoint>().unwrap().to_string(),
-            "tcp:127.0.0.1:0"
-        );
-        assert!(
-            "unix:"
-                .parse::<Endpoint>()
-                .unwrap_err()
-                .contains("needs a socket path")
-        );
-        assert!(
-            "tcp:localhost"
-                .parse::<Endpoint>()
-                .unwrap_err()
-                .contains("HOST:PORT")
-        );
-        assert!("udp:1".parse::<Endpoint>().unwrap_err().contains("neither"));
+    fn the_fd_socket_defaults_to_the_listen_path_plus_fd() {
         let c = WorkerConfig::new("unix:/run/w".parse().unwrap());
         assert_eq!(c.fd_socket_path(), Some(PathBuf::from("/run/w.fd")));
         assert_eq!(
             WorkerConfig::new("tcp:127.0.0.1:1".parse().unwrap()).fd_socket_path(),
             None
         );
+        let mut named = c.clone();
+        named.fd_socket = Some("/run/other.fd".into());
+        assert_eq!(named.fd_socket_path(), Some(PathBuf::from("/run/other.fd")));
     }
 }

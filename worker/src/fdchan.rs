@@ -1,4 +1,7 @@
-//! The fd side channel: buffer fds by SCM_RIGHTS over a Unix socket.
+//! The fd side channel's server end: buffer fds by SCM_RIGHTS over a Unix
+//! socket. The client end is [`strata_client::FdChannel`] (re-exported
+//! here as [`FdChannel`]); the framing both share is
+//! [`strata_proto::fdframe`].
 //!
 //! Framing: each frame is a little-endian u32 length (at most
 //! [`MAX_FD_FRAME_BYTES`]) and that many bytes of an encoded message. The
@@ -17,13 +20,13 @@
 //! says why; the session remembers the reason, so a task that names the
 //! identity later fails with it. Closing the channel ends the session.
 
-use std::io::{self, IoSlice, IoSliceMut};
-use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
-use std::path::Path;
+use std::io::{self, IoSliceMut};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::Arc;
 
-use nix::sys::socket::{ControlMessage, ControlMessageOwned, MsgFlags, recvmsg, sendmsg};
+use nix::sys::socket::{ControlMessageOwned, MsgFlags, recvmsg};
 use prost::Message;
+use strata_proto::fdframe::{self, HEADER_BYTES};
 use strata_proto::{MAX_FD_FRAME_BYTES, MAX_FDS_PER_MESSAGE, PROTOCOL_VERSION, pb};
 use strata_wire::{BufferDescriptor, CanonicalIdentity};
 use strata_worker_core::SessionId;
@@ -31,6 +34,8 @@ use tokio::io::{AsyncWriteExt, Interest};
 use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::watch;
 use tracing::{debug, info, warn};
+
+pub use strata_client::FdChannel;
 
 use crate::listen::peer_is_us;
 use crate::node::Node;
@@ -45,7 +50,7 @@ struct Frame {
 async fn read_frame(stream: &UnixStream) -> io::Result<Option<Frame>> {
     let mut buf: Vec<u8> = Vec::with_capacity(256);
     let mut fds: Vec<OwnedFd> = Vec::new();
-    let mut want = 4usize;
+    let mut want = HEADER_BYTES;
     while buf.len() < want {
         let mut chunk = vec![0u8; (want - buf.len()).min(MAX_FD_FRAME_BYTES)];
         let (n, received, truncated) = stream
@@ -72,19 +77,12 @@ async fn read_frame(stream: &UnixStream) -> io::Result<Option<Frame>> {
             ));
         }
         buf.extend_from_slice(&chunk[..n]);
-        if want == 4 && buf.len() >= 4 {
-            let len = u32::from_le_bytes([buf[0], buf[1], buf[2], buf[3]]) as usize;
-            if len > MAX_FD_FRAME_BYTES {
-                return Err(io::Error::new(
-                    io::ErrorKind::InvalidData,
-                    format!("frame of {len} bytes exceeds the limit of {MAX_FD_FRAME_BYTES}"),
-                ));
-            }
-            want = 4 + len;
+        if want == HEADER_BYTES && buf.len() >= HEADER_BYTES {
+            want = HEADER_BYTES + fdframe::payload_len([buf[0], buf[1], buf[2], buf[3]])?;
         }
     }
     Ok(Some(Frame {
-        payload: buf.split_off(4),
+        payload: buf.split_off(HEADER_BYTES),
         fds,
     }))
 }
@@ -107,32 +105,9 @@ fn recv_with_fds(fd: RawFd, chunk: &mut [u8]) -> io::Result<(usize, Vec<OwnedFd>
     Ok((msg.bytes, owned, msg.flags.contains(MsgFlags::MSG_CTRUNC)))
 }
 
-/// Writes one frame, with `fds` attached to its first byte.
-async fn write_frame(stream: &mut UnixStream, payload: &[u8], fds: &[RawFd]) -> io::Result<()> {
-    let len = u32::try_from(payload.len()).map_err(|_| io::Error::other("frame too large"))?;
-    let mut frame = Vec::with_capacity(4 + payload.len());
-    frame.extend_from_slice(&len.to_le_bytes());
-    frame.extend_from_slice(payload);
-    let sent = stream
-        .async_io(Interest::WRITABLE, || {
-            let cmsgs: Vec<ControlMessage<'_>> = if fds.is_empty() {
-                Vec::new()
-            } else {
-                vec![ControlMessage::ScmRights(fds)]
-            };
-            Ok(sendmsg::<()>(
-                stream.as_raw_fd(),
-                &[IoSlice::new(&frame)],
-                &cmsgs,
-                MsgFlags::MSG_NOSIGNAL,
-                None,
-            )?)
-        })
-        .await?;
-    if sent < frame.len() {
-        stream.write_all(&frame[sent..]).await?;
-    }
-    Ok(())
+/// Writes one frame without fds (the acks: only the client sends fds).
+async fn write_frame(stream: &mut UnixStream, payload: &[u8]) -> io::Result<()> {
+    stream.write_all(&fdframe::encode(payload)?).await
 }
 
 /// Accepts fd-channel connections until shutdown.
@@ -207,7 +182,7 @@ async fn import_loop(stream: &mut UnixStream, node: &Node, session: SessionId) -
                 }],
             },
         };
-        write_frame(stream, &ack.encode_to_vec(), &[]).await?;
+        write_frame(stream, &ack.encode_to_vec()).await?;
     }
     Ok(())
 }
@@ -282,99 +257,4 @@ fn import_grant(
         ));
     }
     Ok(Some(grant))
-}
-
-/// The client end of a worker's fd channel.
-#[derive(Debug)]
-pub struct FdChannel {
-    stream: UnixStream,
-}
-
-impl FdChannel {
-    /// The process id of the worker at the other end, as the kernel reports
-    /// it (`SO_PEERCRED`); `None` when it is not visible from here (another
-    /// pid namespace).
-    pub fn peer_pid(&self) -> Option<u32> {
-        self.stream
-            .peer_cred()
-            .ok()
-            .and_then(|c| c.pid())
-            .and_then(|p| u32::try_from(p).ok())
-            .filter(|p| *p != 0)
-    }
-
-    /// Connects to `path` and introduces `session`.
-    ///
-    /// # Errors
-    /// When the socket cannot be reached.
-    pub async fn connect(path: &Path, session: SessionId) -> io::Result<Self> {
-        let mut stream = UnixStream::connect(path).await?;
-        let hello = pb::FdHello {
-            protocol_version: PROTOCOL_VERSION,
-            session_id: session.0,
-        };
-        write_frame(&mut stream, &hello.encode_to_vec(), &[]).await?;
-        Ok(FdChannel { stream })
-    }
-
-    /// Sends `identities` with `fds` (normally one each, in order) and
-    /// returns the worker's result for each identity: `Ok` or why it was
-    /// refused. Says nothing of what each buffer grants: the first task
-    /// that uses one sets its import descriptor. Prefer
-    /// [`FdChannel::import_as`].
-    ///
-    /// # Errors
-    /// When the channel fails or the worker closes it.
-    pub async fn import(
-        &mut self,
-        identities: &[CanonicalIdentity],
-        fds: &[BorrowedFd<'_>],
-    ) -> io::Result<Vec<Result<(), String>>> {
-        let msg = pb::FdImport {
-            identities: identities.iter().map(|i| i.encode().to_vec()).collect(),
-            descriptors: Vec::new(),
-        };
-        self.send(&msg, fds).await
-    }
-
-    /// Sends the buffers `grants` describe with `fds` (one each, in order),
-    /// each imported as its descriptor says: tasks may use it through that
-    /// descriptor or a narrower one, never a wider one. Returns the
-    /// worker's result for each buffer: `Ok` or why it was refused.
-    ///
-    /// # Errors
-    /// When the channel fails or the worker closes it.
-    pub async fn import_as(
-        &mut self,
-        grants: &[BufferDescriptor],
-        fds: &[BorrowedFd<'_>],
-    ) -> io::Result<Vec<Result<(), String>>> {
-        let msg = pb::FdImport {
-            identities: grants
-                .iter()
-                .map(|d| d.identity().encode().to_vec())
-                .collect(),
-            descriptors: grants.iter().map(|d| d.encode().to_vec()).collect(),
-        };
-        self.send(&msg, fds).await
-    }
-
-    async fn send(
-        &mut self,
-        msg: &pb::FdImport,
-        fds: &[BorrowedFd<'_>],
-    ) -> io::Result<Vec<Result<(), String>>> {
-        let raw: Vec<RawFd> = fds.iter().map(|f| f.as_raw_fd()).collect();
-        write_frame(&mut self.stream, &msg.encode_to_vec(), &raw).await?;
-        let frame = read_frame(&self.stream).await?.ok_or_else(|| {
-            io::Error::new(io::ErrorKind::UnexpectedEof, "worker closed the fd channel")
-        })?;
-        let ack = pb::FdAck::decode(frame.payload.as_slice())
-            .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, format!("FdAck: {e}")))?;
-        Ok(ack
-            .results
-            .into_iter()
-            .map(|r| if r.ok { Ok(()) } else { Err(r.error) })
-            .collect())
-    }
 }

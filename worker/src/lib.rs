@@ -21,28 +21,47 @@
 //!
 //! or embed one: `Worker::new(config).kernel(k)?.bind().await?.serve(shutdown).await`;
 //! or run one inside your process without any socket: [`InProcessWorker`].
+//!
+//! # Features
+//!
+//! `server` (on by default) builds the gRPC server side: [`Worker`],
+//! [`BoundWorker`], the listeners, the token check, the fd channel's
+//! server end and [`cli`]. Without it the crate is the in-process worker
+//! and what it runs on (node, execution, imports), which is all an
+//! orchestrator that only talks to workers needs. The client lives in
+//! `strata-client`; it is re-exported here under its old paths.
 
+#[cfg(feature = "server")]
 mod auth;
+#[cfg(feature = "server")]
 pub mod cli;
-pub mod client;
 pub mod config;
 mod exec;
+#[cfg(feature = "server")]
 pub mod fdchan;
 mod imports;
 mod inproc;
+#[cfg(feature = "server")]
 mod listen;
 mod node;
 mod ops;
+#[cfg(feature = "server")]
 mod server;
+#[cfg(feature = "server")]
 mod service;
 mod tombstones;
 
-pub use client::{ClientError, ClientTls, Handshake, HealthWatch, TaskStream, WorkerClient};
 pub use config::{Auth, Endpoint, TlsFiles, WorkerConfig};
 pub use imports::HostMapping;
 pub use inproc::{InProcessCallable, InProcessFacts, InProcessSession, InProcessWorker};
 pub use ops::NodeError;
+#[cfg(feature = "server")]
 pub use server::{BoundWorker, Worker};
+/// The worker client, now the `strata-client` crate: re-exported so that
+/// `strata_worker::client::…` paths keep compiling. New code imports
+/// `strata_client` directly.
+pub use strata_client as client;
+pub use strata_client::{ClientError, ClientTls, Handshake, HealthWatch, TaskStream, WorkerClient};
 pub use strata_proto::convert::{InstanceId, SessionState};
 pub use strata_worker_core::SessionId;
 

@@ -320,11 +320,17 @@ pub(crate) struct Node {
     /// This process, for clients to tell it from a restarted one.
     pub(crate) instance: InstanceId,
     pub(crate) counters: Counters,
+    // `started`, `fd_socket` and `session_grace` are read by the gRPC
+    // service only (uptime in health beats, the handshake's fd socket, the
+    // grace timer); an in-process worker has none of those.
+    #[cfg_attr(not(feature = "server"), allow(dead_code))]
     pub(crate) started: Instant,
+    #[cfg_attr(not(feature = "server"), allow(dead_code))]
     pub(crate) fd_socket: Option<std::path::PathBuf>,
     pub(crate) max_message_bytes: usize,
     pub(crate) max_in_flight: usize,
     /// How long a session may go without opening its task stream.
+    #[cfg_attr(not(feature = "server"), allow(dead_code))]
     pub(crate) session_grace: std::time::Duration,
 }
 

@@ -10,7 +10,7 @@ use std::sync::atomic::Ordering;
 
 use strata_chip::Region;
 use strata_proto::TaskId;
-use strata_proto::convert::{HealthBeat, RunEnd, TaskCompletion, TaskRequest, WorkerStats};
+use strata_proto::convert::{RunEnd, TaskCompletion, TaskRequest, WorkerStats};
 use strata_wire::{BufferDescriptor, CanonicalIdentity};
 use strata_worker_core::SessionId;
 use tokio::sync::{Semaphore, mpsc};
@@ -220,8 +220,9 @@ impl Node {
     }
 
     /// The `seq`-th health beat of a stream.
-    pub(crate) fn beat(&self, seq: u64) -> HealthBeat {
-        HealthBeat {
+    #[cfg(feature = "server")]
+    pub(crate) fn beat(&self, seq: u64) -> strata_proto::convert::HealthBeat {
+        strata_proto::convert::HealthBeat {
             seq,
             tasks_in_flight: self.tasks_in_flight(),
             uptime_ms: u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX),

@@ -14,6 +14,7 @@ use std::sync::Arc;
 
 use strata_chip::{Device, Kernel, Registry, SimDevice};
 use strata_proto::pb::worker_server::WorkerServer;
+use strata_proto::{CONNECTION_WINDOW, STREAM_WINDOW};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio_stream::StreamExt;
@@ -265,8 +266,3 @@ impl BoundWorker {
         result.map_err(|e| WorkerError::Serve(e.to_string()))
     }
 }
-
-/// HTTP/2 flow-control window of one stream, bytes.
-pub(crate) const STREAM_WINDOW: u32 = 16 << 20;
-/// HTTP/2 flow-control window of a connection, bytes.
-pub(crate) const CONNECTION_WINDOW: u32 = 32 << 20;

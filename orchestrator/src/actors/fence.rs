@@ -9,9 +9,9 @@ pub(crate) struct Unfenced {
     /// The endpoint's loss count at that loss.
     pub(crate) epoch: u64,
     /// The session that was lost.
-    pub(crate) session: strata_worker::SessionId,
+    pub(crate) session: strata_client::SessionId,
     /// The worker process that served it.
-    pub(crate) instance: strata_worker::InstanceId,
+    pub(crate) instance: strata_client::InstanceId,
 }
 
 /// A worker process as seen from here: pid and start time (clock ticks

@@ -6,11 +6,11 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use strata_chip::Region;
+use strata_client::{
+    ClientError, ClientTls, Endpoint, FdChannel, SessionId, TaskSender, WorkerClient,
+};
 use strata_proto::convert::{RunEnd, SessionState, TaskRequest, WorkerStats};
 use strata_wire::{BufferDescriptor, CanonicalIdentity};
-use strata_worker::client::TaskSender;
-use strata_worker::fdchan::FdChannel;
-use strata_worker::{ClientError, ClientTls, Endpoint, SessionId, WorkerClient};
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tonic::Code;

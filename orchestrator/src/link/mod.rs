@@ -25,12 +25,12 @@ use std::pin::Pin;
 use std::sync::Arc;
 
 use strata_chip::{KernelHandle, Region};
+use strata_client::SessionId;
 use strata_core::WorkerId;
 use strata_proto::convert::{
     InstanceId, RunEnd, SessionState, TaskCompletion, TaskRequest, WorkerStats,
 };
 use strata_wire::{BufferDescriptor, CanonicalIdentity};
-use strata_worker::SessionId;
 use tokio::sync::mpsc;
 
 /// A boxed future, as the link's methods return them (object safety).

@@ -1016,7 +1016,7 @@ fn a_killed_driver_leaves_nothing_held_on_its_workers() {
     let stats = || {
         let rt = tokio::runtime::Runtime::new().unwrap();
         rt.block_on(async {
-            let mut c = strata_worker::WorkerClient::connect(&w.endpoint, None)
+            let mut c = strata_client::WorkerClient::connect(&w.endpoint, None)
                 .await
                 .unwrap();
             c.handshake().await.unwrap();

@@ -95,15 +95,15 @@ fn reference(rows: u32, seed: u64) -> Vec<u8> {
 /// session, counted among the worker's sessions).
 struct Probe {
     rt: tokio::runtime::Runtime,
-    client: strata_worker::WorkerClient,
+    client: strata_client::WorkerClient,
 }
 
 impl Probe {
     fn new(endpoint: &str, token: Option<&str>) -> Probe {
-        let ep: strata_worker::Endpoint = endpoint.parse().unwrap();
+        let ep: strata_client::Endpoint = endpoint.parse().unwrap();
         let rt = tokio::runtime::Runtime::new().unwrap();
         let client = rt.block_on(async {
-            let mut c = strata_worker::WorkerClient::connect(&ep, token)
+            let mut c = strata_client::WorkerClient::connect(&ep, token)
                 .await
                 .unwrap();
             c.handshake().await.unwrap();
@@ -385,7 +385,7 @@ fn a_connection_cut_mid_stream_is_detected_and_the_work_finishes_elsewhere() {
     let w0 = WorkerProcess::spawn_tcp(test_worker_bin(), &[], &auth);
     let w1 = WorkerProcess::spawn_tcp(test_worker_bin(), &[], &auth);
     let target = match &w1.endpoint {
-        strata_worker::Endpoint::Tcp(a) => *a,
+        strata_client::Endpoint::Tcp(a) => *a,
         e => panic!("{e}"),
     };
     let proxy = TcpProxy::start(target);

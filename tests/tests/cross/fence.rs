@@ -9,11 +9,11 @@ use std::time::{Duration, Instant};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use strata_chip::KernelHandle;
+use strata_client::{Handshake, SessionId, SessionState, TaskStream, WorkerClient};
 use strata_proto::TaskId;
 use strata_proto::convert::{TaskCompletion, TaskOutcome, TaskRequest};
 use strata_tests::{SharedBuffer, WorkerProcess};
 use strata_wire::{Access, ArgTag, DType, IdentityMint, TaskArgs, Tensor};
-use strata_worker::{Handshake, SessionId, SessionState, TaskStream, WorkerClient};
 
 fn test_worker_bin() -> &'static Path {
     Path::new(env!("CARGO_BIN_EXE_strata-test-worker"))

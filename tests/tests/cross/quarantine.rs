@@ -265,7 +265,7 @@ fn a_link_cut_mid_task_leaves_the_overwrite_in_place() {
     let w0 = WorkerProcess::spawn_tcp(test_worker_bin(), &[], &auth);
     let w1 = WorkerProcess::spawn_unix(test_worker_bin(), &[], &[]);
     let target = match &w0.endpoint {
-        strata_worker::Endpoint::Tcp(a) => *a,
+        strata_client::Endpoint::Tcp(a) => *a,
         e => panic!("{e}"),
     };
     let proxy = TcpProxy::start(target);

@@ -17,6 +17,7 @@ use nix::errno::Errno;
 use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
 use nix::unistd::{Pid, ftruncate};
 use strata_chip::KernelHandle;
+use strata_client::{FdChannel, TaskStream, WorkerClient};
 use strata_proto::TaskId;
 use strata_proto::convert::{TaskCompletion, TaskOutcome, TaskRequest};
 use strata_tests::{SharedBuffer, WorkerProcess, strata_bin};
@@ -24,8 +25,6 @@ use strata_wire::{
     Access, AddressSpace, ArgTag, Backing, BufferDescriptor, DType, IdentityMint, ShmName,
     TaskArgs, Tensor,
 };
-use strata_worker::fdchan::FdChannel;
-use strata_worker::{TaskStream, WorkerClient};
 
 /// Elements of session B's buffer, and how many tasks fill it.
 const B_ELEMS: u64 = 64 * 1024;

@@ -7,11 +7,11 @@ use std::path::Path;
 use std::time::Duration;
 
 use strata_chip::KernelHandle;
+use strata_client::{Handshake, TaskStream, WorkerClient};
 use strata_proto::convert::{TaskCompletion, TaskOutcome, TaskRequest};
 use strata_proto::{TaskId, pb};
 use strata_tests::{SharedBuffer, WorkerProcess, strata_bin};
 use strata_wire::{Access, ArgTag, DType, IdentityMint, TaskArgs, Tensor};
-use strata_worker::{Handshake, TaskStream, WorkerClient};
 
 pub(crate) fn mint() -> IdentityMint {
     IdentityMint::new(rand_owner())
@@ -612,7 +612,7 @@ async fn sigterm_finishes_in_flight_work_and_exits_zero() {
     );
     assert!(status.0.success(), "exit status {:?}", status.0);
     let sock = match &status.1.endpoint {
-        strata_worker::Endpoint::Unix(p) => p.clone(),
+        strata_client::Endpoint::Unix(p) => p.clone(),
         other => panic!("{other}"),
     };
     assert!(!sock.exists(), "socket removed");
@@ -673,7 +673,7 @@ async fn tls_client_certificates() {
     ];
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let w = WorkerProcess::spawn_tcp(&strata_bin(), &["worker"], &args);
-    let tls = |(cert, key): (String, String)| strata_worker::ClientTls {
+    let tls = |(cert, key): (String, String)| strata_client::ClientTls {
         ca_pem: ca.ca.clone().into_bytes(),
         cert_pem: cert.into_bytes(),
         key_pem: key.into_bytes(),
@@ -706,7 +706,7 @@ async fn unix_connections_from_other_uids_are_refused() {
         return;
     }
     let w = WorkerProcess::spawn_unix(&strata_bin(), &["worker"], &[]);
-    let strata_worker::Endpoint::Unix(sock) = w.endpoint.clone() else {
+    let strata_client::Endpoint::Unix(sock) = w.endpoint.clone() else {
         panic!()
     };
     assert_eq!(

@@ -1,54 +1,34 @@
-//! A client of a worker: what the orchestrator's endpoints and the
-//! cross-process tests talk to a worker through.
+//! A connection to one worker: the unary calls, and the doors to the
+//! session's streams and fd channel.
+//!
+//! Cancel safety of the unary calls, in common: dropping one before it
+//! completes resets its HTTP/2 stream. The request may or may not have
+//! reached the worker and taken effect there, and its reply is lost; the
+//! [`WorkerClient`] itself stays usable (its channel is shared and
+//! unaffected). Each call's `# Cancel safety` says what "taken effect"
+//! means for it.
 
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use hyper_util::rt::TokioIo;
-use strata_chip::{KernelHandle, Region};
-use strata_proto::convert::{
-    self, ConvertError, HealthBeat, InstanceId, RunEnd, SessionState, TaskCompletion, TaskRequest,
-    WorkerStats,
+use strata_proto::convert::{self, ConvertError, RunEnd, SessionState, WorkerStats};
+use strata_proto::{
+    CONNECTION_WINDOW, DEFAULT_MAX_MESSAGE_BYTES, PROTOCOL_VERSION, SESSION_HEADER, STREAM_WINDOW,
+    pb,
 };
-use strata_proto::{DEFAULT_MAX_MESSAGE_BYTES, PROTOCOL_VERSION, SESSION_HEADER, pb};
-use strata_wire::CanonicalIdentity;
+use strata_wire::{CanonicalIdentity, Region};
 use strata_worker_core::SessionId;
 use tokio::net::UnixStream;
 use tokio::sync::mpsc;
 use tonic::metadata::MetadataValue;
 use tonic::service::interceptor::InterceptedService;
 use tonic::transport::{Channel, Uri};
-use tonic::{Request, Status, Streaming};
+use tonic::{Request, Status};
+use tracing::debug;
 
-use crate::config::Endpoint;
-use crate::fdchan::FdChannel;
-
-/// Why a client call failed.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum ClientError {
-    /// The worker could not be reached.
-    #[error("cannot connect to {endpoint}: {reason}")]
-    Connect {
-        /// Where.
-        endpoint: String,
-        /// Why.
-        reason: String,
-    },
-    /// The worker refused or failed a call.
-    #[error("worker: {}", .0.message())]
-    Status(#[from] Status),
-    /// The fd channel failed.
-    #[error("fd channel: {0}")]
-    Io(#[from] std::io::Error),
-    /// The worker sent a malformed message.
-    #[error("malformed reply: {0}")]
-    Convert(#[from] ConvertError),
-    /// A call was made out of order.
-    #[error("{0}")]
-    Protocol(String),
-}
+use crate::error::error_chain;
+use crate::{CallableInfo, ClientError, Endpoint, FdChannel, Handshake, HealthWatch, TaskStream};
 
 /// Adds the bearer token and the session id to every call.
 #[derive(Clone, Debug)]
@@ -89,59 +69,6 @@ pub struct ClientTls {
     pub domain: String,
 }
 
-/// One callable a worker offers.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct CallableInfo {
-    /// Its handle.
-    pub handle: KernelHandle,
-    /// Name.
-    pub name: String,
-    /// Version.
-    pub version: u32,
-    /// Canonical descriptor.
-    pub signature: String,
-}
-
-/// What the handshake told us.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Handshake {
-    /// Our session.
-    pub session: SessionId,
-    /// The worker's chip.
-    pub chip_id: u32,
-    /// Device kind.
-    pub device_kind: String,
-    /// Canonical device spec.
-    pub device_spec: String,
-    /// Device memory in bytes.
-    pub device_memory: u64,
-    /// Lanes.
-    pub lanes: u32,
-    /// Callables.
-    pub callables: Vec<CallableInfo>,
-    /// Fd side channel, for Unix workers.
-    pub fd_socket: Option<PathBuf>,
-    /// Largest message the worker accepts.
-    pub max_message_bytes: u64,
-    /// The worker process: equal across two handshakes exactly when the
-    /// same process answered both.
-    pub instance: InstanceId,
-    /// What the worker knew of the previous session named to
-    /// [`WorkerClient::handshake_after`] (which that handshake ended if it
-    /// was live); `None` when none was named.
-    pub previous: Option<SessionState>,
-}
-
-impl Handshake {
-    /// The handle of `name@version`, if the worker offers it.
-    pub fn callable(&self, name: &str, version: u32) -> Option<KernelHandle> {
-        self.callables
-            .iter()
-            .find(|c| c.name == name && c.version == version)
-            .map(|c| c.handle)
-    }
-}
-
 /// A connection to one worker.
 #[derive(Debug, Clone)]
 pub struct WorkerClient {
@@ -156,6 +83,9 @@ impl WorkerClient {
     ///
     /// # Errors
     /// [`ClientError::Connect`].
+    ///
+    /// # Cancel safety
+    /// As [`WorkerClient::connect_with`].
     pub async fn connect(endpoint: &Endpoint, token: Option<&str>) -> Result<Self, ClientError> {
         Self::connect_with(endpoint, token, None).await
     }
@@ -166,6 +96,10 @@ impl WorkerClient {
     /// # Errors
     /// [`ClientError::Connect`], including a TLS handshake the worker
     /// refuses.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: no call has been made yet, so dropping it closes the
+    /// half-made connection and leaves nothing behind on the worker.
     pub async fn connect_with(
         endpoint: &Endpoint,
         token: Option<&str>,
@@ -180,8 +114,8 @@ impl WorkerClient {
                 let path = path.clone();
                 tonic::transport::Endpoint::try_from("http://strata-worker.invalid")
                     .map_err(|e| fail(e.to_string()))?
-                    .initial_stream_window_size(crate::server::STREAM_WINDOW)
-                    .initial_connection_window_size(crate::server::CONNECTION_WINDOW)
+                    .initial_stream_window_size(STREAM_WINDOW)
+                    .initial_connection_window_size(CONNECTION_WINDOW)
                     .connect_with_connector(tower::service_fn(move |_: Uri| {
                         let path = path.clone();
                         async move {
@@ -196,8 +130,8 @@ impl WorkerClient {
                 let mut ep = tonic::transport::Endpoint::try_from(format!("{scheme}://{addr}"))
                     .map_err(|e| fail(e.to_string()))?
                     .tcp_nodelay(true)
-                    .initial_stream_window_size(crate::server::STREAM_WINDOW)
-                    .initial_connection_window_size(crate::server::CONNECTION_WINDOW);
+                    .initial_stream_window_size(STREAM_WINDOW)
+                    .initial_connection_window_size(CONNECTION_WINDOW);
                 if let Some(t) = tls {
                     let cfg = tonic::transport::ClientTlsConfig::new()
                         .ca_certificate(tonic::transport::Certificate::from_pem(&t.ca_pem))
@@ -228,6 +162,7 @@ impl WorkerClient {
         )
         .max_decoding_message_size(DEFAULT_MAX_MESSAGE_BYTES)
         .max_encoding_message_size(DEFAULT_MAX_MESSAGE_BYTES);
+        debug!(%endpoint, tls = tls.is_some(), "connected to worker");
         Ok(WorkerClient {
             stub,
             session,
@@ -240,6 +175,12 @@ impl WorkerClient {
     ///
     /// # Errors
     /// The worker's refusal, or a malformed reply.
+    ///
+    /// # Cancel safety
+    /// Dropped before it completes, the worker may have opened a session
+    /// this client never learns of: the client keeps its previous session
+    /// (or none) and may handshake again; the orphan, which opens no task
+    /// stream, is ended by the worker after its grace period.
     pub async fn handshake(&mut self) -> Result<Handshake, ClientError> {
         self.handshake_with_version(PROTOCOL_VERSION).await
     }
@@ -248,6 +189,9 @@ impl WorkerClient {
     /// that a mismatch is refused).
     ///
     /// # Errors
+    /// As [`WorkerClient::handshake`].
+    ///
+    /// # Cancel safety
     /// As [`WorkerClient::handshake`].
     pub async fn handshake_with_version(&mut self, version: u32) -> Result<Handshake, ClientError> {
         self.open_session(version, None).await
@@ -267,6 +211,11 @@ impl WorkerClient {
     /// # Errors
     /// As [`WorkerClient::handshake`]; a worker that does not report the
     /// previous session is a malformed reply.
+    ///
+    /// # Cancel safety
+    /// As [`WorkerClient::handshake`]; in addition the worker may already
+    /// have ended `previous`. Calling again with the same `previous` is
+    /// safe: ending a session twice is a no-op, and the report is the same.
     pub async fn handshake_after(
         &mut self,
         previous: Option<SessionId>,
@@ -309,12 +258,21 @@ impl WorkerClient {
             device_memory: reply.device_memory,
             lanes: reply.lanes,
             callables,
-            fd_socket: (!reply.fd_socket.is_empty()).then(|| PathBuf::from(reply.fd_socket)),
+            fd_socket: (!reply.fd_socket.is_empty())
+                .then(|| std::path::PathBuf::from(reply.fd_socket)),
             max_message_bytes: reply.max_message_bytes,
             instance: convert::instance("instance", reply.instance)?,
             previous: convert::previous_session(previous.is_some(), reply.previous)?,
         };
         self.session.store(hs.session.0, Ordering::Relaxed);
+        debug!(
+            endpoint = %self.endpoint,
+            session = %hs.session,
+            instance = %hs.instance,
+            callables = hs.callables.len(),
+            fd_channel = hs.fd_socket.is_some(),
+            "session open"
+        );
         self.handshake = Some(hs.clone());
         Ok(hs)
     }
@@ -328,6 +286,11 @@ impl WorkerClient {
     ///
     /// # Errors
     /// Before a handshake, for a TCP worker, or when the socket fails.
+    ///
+    /// # Cancel safety
+    /// Not cancel safe for the session: dropped after the channel's hello
+    /// reached the worker, the worker sees its side channel close and ends
+    /// the session. Handshake again before retrying.
     pub async fn fd_channel(&self) -> Result<FdChannel, ClientError> {
         let hs = self
             .handshake
@@ -343,6 +306,12 @@ impl WorkerClient {
     ///
     /// # Errors
     /// The worker's refusal (no session, a stream already open).
+    ///
+    /// # Cancel safety
+    /// Not cancel safe for the session: dropped before it completes, the
+    /// worker may have opened the stream and then seen its sending half
+    /// close, which ends the session; a second call may also be refused as
+    /// a stream already open. Handshake again before retrying.
     pub async fn open_tasks(&mut self) -> Result<TaskStream, ClientError> {
         let (tx, rx) = mpsc::channel::<pb::TaskBatch>(64);
         let completions = self
@@ -360,6 +329,12 @@ impl WorkerClient {
     ///
     /// # Errors
     /// The worker's refusal (out of memory names the region).
+    ///
+    /// # Cancel safety
+    /// As the unary calls (module docs): the buffer may have been
+    /// allocated with its address lost; a second allocation of the same
+    /// identity is then refused as already allocated, and
+    /// [`WorkerClient::device_free`] (or the end of the session) frees it.
     pub async fn device_alloc(
         &mut self,
         identity: &CanonicalIdentity,
@@ -378,6 +353,10 @@ impl WorkerClient {
     ///
     /// # Errors
     /// The worker's refusal.
+    ///
+    /// # Cancel safety
+    /// As the unary calls (module docs): the buffer may or may not be
+    /// free; calling again either frees it or is refused as not allocated.
     pub async fn device_free(&mut self, identity: &CanonicalIdentity) -> Result<(), ClientError> {
         self.stub
             .device_free(pb::DeviceFreeRequest {
@@ -393,6 +372,10 @@ impl WorkerClient {
     ///
     /// # Errors
     /// The worker's refusal, or a reply that breaks the protocol.
+    ///
+    /// # Cancel safety
+    /// As the unary calls (module docs): the run may have ended with its
+    /// [`RunEnd`] report lost.
     pub async fn end_run(&mut self) -> Result<RunEnd, ClientError> {
         Ok(RunEnd::try_from(
             self.stub.end_run(pb::EndRunRequest {}).await?.into_inner(),
@@ -403,6 +386,10 @@ impl WorkerClient {
     ///
     /// # Errors
     /// The worker's refusal.
+    ///
+    /// # Cancel safety
+    /// As the unary calls (module docs): the bytes may or may not have
+    /// been written; writing them again is harmless.
     pub async fn copy_to_device(
         &mut self,
         identity: &CanonicalIdentity,
@@ -422,6 +409,10 @@ impl WorkerClient {
     ///
     /// # Errors
     /// The worker's refusal.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: reading changes nothing on the worker; a dropped call
+    /// only loses the bytes, which may be read again.
     pub async fn copy_from_device(
         &mut self,
         identity: &CanonicalIdentity,
@@ -440,6 +431,10 @@ impl WorkerClient {
     ///
     /// # Errors
     /// The worker's refusal.
+    ///
+    /// # Cancel safety
+    /// As the unary calls (module docs): some, all or none may have been
+    /// released, and the count is lost; releasing again is harmless.
     pub async fn release_imports(
         &mut self,
         identities: &[CanonicalIdentity],
@@ -454,6 +449,10 @@ impl WorkerClient {
     ///
     /// # Errors
     /// The worker's refusal.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: asking changes nothing; a dropped call loses only its
+    /// answer.
     pub async fn stats(&mut self) -> Result<WorkerStats, ClientError> {
         Ok(WorkerStats::try_from(
             self.stub.stats(pb::StatsRequest {}).await?.into_inner(),
@@ -467,6 +466,10 @@ impl WorkerClient {
     /// # Errors
     /// Before a handshake (no session to ask in), the worker's refusal, or
     /// a malformed reply.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: asking changes nothing; a dropped call loses only its
+    /// answer.
     pub async fn session_state(&mut self, session: SessionId) -> Result<SessionState, ClientError> {
         let reply = self
             .stub
@@ -480,6 +483,9 @@ impl WorkerClient {
     ///
     /// # Errors
     /// The worker's refusal.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: a dropped call loses only the echo.
     pub async fn ping(&mut self, payload: Vec<u8>) -> Result<Vec<u8>, ClientError> {
         Ok(self
             .stub
@@ -493,6 +499,10 @@ impl WorkerClient {
     ///
     /// # Errors
     /// The worker's refusal.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: a dropped call resets the stream it was opening and
+    /// leaves the session as it was; call again.
     pub async fn health(&mut self, interval_ms: u32) -> Result<HealthWatch, ClientError> {
         let beats = self
             .stub
@@ -500,153 +510,5 @@ impl WorkerClient {
             .await?
             .into_inner();
         Ok(HealthWatch { beats })
-    }
-}
-
-/// A worker's health beats.
-#[derive(Debug)]
-pub struct HealthWatch {
-    beats: Streaming<pb::HealthBeat>,
-}
-
-impl HealthWatch {
-    /// The next beat; `None` when the worker ended the stream (shutdown).
-    ///
-    /// # Errors
-    /// A broken stream.
-    pub async fn next(&mut self) -> Result<Option<HealthBeat>, ClientError> {
-        Ok(self.beats.message().await?.map(HealthBeat::from))
-    }
-}
-
-/// The two halves of a session's task stream.
-#[derive(Debug)]
-pub struct TaskStream {
-    tx: Option<mpsc::Sender<pb::TaskBatch>>,
-    completions: Streaming<pb::CompletionBatch>,
-}
-
-impl TaskStream {
-    /// Sends one batch of tasks.
-    ///
-    /// # Errors
-    /// When the stream is closed.
-    pub async fn send(&self, tasks: &[TaskRequest]) -> Result<(), ClientError> {
-        self.send_raw(pb::TaskBatch {
-            tasks: tasks.iter().map(pb::Task::from).collect(),
-        })
-        .await
-    }
-
-    /// Sends a batch as given, unchecked (tests send malformed tasks).
-    ///
-    /// # Errors
-    /// When the stream is closed.
-    pub async fn send_raw(&self, batch: pb::TaskBatch) -> Result<(), ClientError> {
-        let tx = self
-            .tx
-            .as_ref()
-            .ok_or_else(|| ClientError::Protocol("the task stream is closed".into()))?;
-        tx.send(batch)
-            .await
-            .map_err(|_| ClientError::Protocol("the task stream is closed".into()))
-    }
-
-    /// Closes our sending half: the worker finishes what it has, streams the
-    /// completions, and ends the stream (and the session).
-    pub fn close(&mut self) {
-        self.tx = None;
-    }
-
-    /// Splits the stream into its sending half and its completions, so that
-    /// one task can send while another reads.
-    pub fn split(self) -> (TaskSender, Completions) {
-        (
-            TaskSender { tx: self.tx },
-            Completions {
-                completions: self.completions,
-            },
-        )
-    }
-
-    /// The next batch of completions; `None` when the worker ended the stream.
-    ///
-    /// # Errors
-    /// A broken stream or a malformed completion.
-    pub async fn next(&mut self) -> Result<Option<Vec<TaskCompletion>>, ClientError> {
-        match self.completions.message().await? {
-            None => Ok(None),
-            Some(batch) => Ok(Some(
-                batch
-                    .completions
-                    .into_iter()
-                    .map(TaskCompletion::try_from)
-                    .collect::<Result<_, _>>()?,
-            )),
-        }
-    }
-}
-
-/// An error and its sources, on one line (tonic's transport errors hide the
-/// useful part in `source()`).
-fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut cur = e.source();
-    while let Some(c) = cur {
-        s.push_str(": ");
-        s.push_str(&c.to_string());
-        cur = c.source();
-    }
-    s
-}
-
-/// The sending half of a split [`TaskStream`]; dropping it closes the
-/// stream for sending (the worker then finishes and ends the session).
-#[derive(Debug)]
-pub struct TaskSender {
-    tx: Option<mpsc::Sender<pb::TaskBatch>>,
-}
-
-impl TaskSender {
-    /// Sends one batch of tasks.
-    ///
-    /// # Errors
-    /// When the stream is closed.
-    pub async fn send(&self, tasks: &[TaskRequest]) -> Result<(), ClientError> {
-        let tx = self
-            .tx
-            .as_ref()
-            .ok_or_else(|| ClientError::Protocol("the task stream is closed".into()))?;
-        tx.send(pb::TaskBatch {
-            tasks: tasks.iter().map(pb::Task::from).collect(),
-        })
-        .await
-        .map_err(|_| ClientError::Protocol("the task stream is closed".into()))
-    }
-}
-
-/// The completions half of a split [`TaskStream`].
-#[derive(Debug)]
-pub struct Completions {
-    completions: Streaming<pb::CompletionBatch>,
-}
-
-impl Completions {
-    /// The next batch of completions; `None` when the worker ended the
-    /// stream.
-    ///
-    /// # Errors
-    /// A broken stream or a malformed completion.
-    pub async fn next(&mut self) -> Result<Option<Vec<TaskCompletion>>, ClientError> {
-        match self.completions.message().await? {
-            None => Ok(None),
-            Some(batch) => Ok(Some(
-                batch
-                    .completions
-                    .into_iter()
-                    .map(TaskCompletion::try_from)
-                    .collect::<Result<_, _>>()?,
-            )),
-        }
     }
 }

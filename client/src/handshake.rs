@@ -1,0 +1,61 @@
+//! What a handshake tells the client about the worker and its session.
+
+use std::path::PathBuf;
+
+use strata_proto::convert::{InstanceId, SessionState};
+use strata_wire::KernelHandle;
+use strata_worker_core::SessionId;
+
+/// One callable a worker offers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CallableInfo {
+    /// Its handle.
+    pub handle: KernelHandle,
+    /// Name.
+    pub name: String,
+    /// Version.
+    pub version: u32,
+    /// Canonical descriptor.
+    pub signature: String,
+}
+
+/// What the handshake told us.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Handshake {
+    /// Our session.
+    pub session: SessionId,
+    /// The worker's chip.
+    pub chip_id: u32,
+    /// Device kind.
+    pub device_kind: String,
+    /// Canonical device spec.
+    pub device_spec: String,
+    /// Device memory in bytes.
+    pub device_memory: u64,
+    /// Lanes.
+    pub lanes: u32,
+    /// Callables.
+    pub callables: Vec<CallableInfo>,
+    /// Fd side channel, for Unix workers.
+    pub fd_socket: Option<PathBuf>,
+    /// Largest message the worker accepts.
+    pub max_message_bytes: u64,
+    /// The worker process: equal across two handshakes exactly when the
+    /// same process answered both.
+    pub instance: InstanceId,
+    /// What the worker knew of the previous session named to
+    /// [`WorkerClient::handshake_after`](crate::WorkerClient::handshake_after)
+    /// (which that handshake ended if it was live); `None` when none was
+    /// named.
+    pub previous: Option<SessionState>,
+}
+
+impl Handshake {
+    /// The handle of `name@version`, if the worker offers it.
+    pub fn callable(&self, name: &str, version: u32) -> Option<KernelHandle> {
+        self.callables
+            .iter()
+            .find(|c| c.name == name && c.version == version)
+            .map(|c| c.handle)
+    }
+}

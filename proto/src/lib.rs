@@ -26,6 +26,8 @@
 //! assert_eq!(TaskRequest::try_from(bad).unwrap_err().field, "tags[0]");
 //! ```
 
+#![forbid(unsafe_code)]
+
 pub mod check;
 pub mod convert;
 pub mod fdframe;

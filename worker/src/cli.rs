@@ -139,7 +139,7 @@ pub fn run(args: WorkerArgs, kernels: Registry) -> ExitCode {
     match runtime.block_on(serve(args, kernels)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            error!("{e}");
+            error!(error = %e, "worker failed");
             eprintln!("strata worker: {e}");
             ExitCode::FAILURE
         }
@@ -178,7 +178,7 @@ async fn serve(args: WorkerArgs, kernels: Registry) -> Result<(), WorkerError> {
         let _ = writeln!(out, "{line}");
         let _ = out.flush();
     }
-    info!("{line}");
+    info!(ready = %line, "serving");
     let stdin_closed = args.exit_with_stdin;
     bound
         .serve(async move {

@@ -98,6 +98,7 @@ fn recv_with_fds(fd: RawFd, chunk: &mut [u8]) -> io::Result<(usize, Vec<OwnedFd>
             for r in raw {
                 // SAFETY: the kernel just installed this fd in our table for
                 // us; nothing else refers to it, so we take sole ownership.
+                #[allow(unsafe_code)]
                 owned.push(unsafe { OwnedFd::from_raw_fd(r) });
             }
         }

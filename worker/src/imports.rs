@@ -208,6 +208,7 @@ struct ReadOnly(Arc<HostMapping>);
 // SAFETY: delegates the range to the mapping, which upholds the contract
 // for it (see `HostMapping`), and reports it read-only, which only narrows
 // what callers may do.
+#[allow(unsafe_code)]
 unsafe impl HostMemory for ReadOnly {
     fn as_ptr(&self) -> *mut u8 {
         self.0.as_ptr()
@@ -230,6 +231,7 @@ pub struct HostMapping {
 // SAFETY: the mapping lives as long as this value (tasks hold it by Arc
 // while they run), is readable, and writable only when mapped so; strata
 // never creates references into it (MmapRaw hands out raw pointers only).
+#[allow(unsafe_code)]
 unsafe impl HostMemory for HostMapping {
     fn as_ptr(&self) -> *mut u8 {
         self.map.as_mut_ptr()

@@ -31,6 +31,11 @@
 //! orchestrator that only talks to workers needs. The client lives in
 //! `strata-client`; it is re-exported here under its old paths.
 
+// `unsafe` lives in two places only, each allowed where it is: taking
+// ownership of fds the kernel installed (fdchan.rs) and the `HostMemory`
+// contract of a mapped import (imports.rs).
+#![deny(unsafe_code)]
+
 #[cfg(feature = "server")]
 mod auth;
 #[cfg(feature = "server")]

@@ -98,6 +98,11 @@ impl Worker {
     /// # Errors
     /// A bad device spec, an unauthenticated TCP listener without
     /// `insecure`, or a socket that cannot be bound.
+    ///
+    /// # Cancel safety
+    /// Dropping the future before it completes drops the worker; a socket
+    /// it had bound is closed with it (a Unix socket file may be left
+    /// behind, and the next bind on that path removes it).
     pub async fn bind(self) -> Result<BoundWorker, WorkerError> {
         let config = self.config;
         if let Endpoint::Tcp(addr) = &config.listen {
@@ -181,6 +186,12 @@ impl BoundWorker {
     ///
     /// # Errors
     /// When the TLS files cannot be read or the server fails.
+    ///
+    /// # Cancel safety
+    /// Not cancel safe: dropping the future stops serving at once, without
+    /// the orderly shutdown (sessions see their streams break, tasks
+    /// running on the chip finish with nobody to report to). Resolve
+    /// `shutdown` instead and await the future to its end.
     pub async fn serve(
         self,
         shutdown: impl Future<Output = ()> + Send + 'static,

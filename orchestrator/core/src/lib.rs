@@ -31,6 +31,8 @@
 //! assert_eq!(reader.edges[0].0, TaskId(2));
 //! ```
 
+#![forbid(unsafe_code)]
+
 pub mod action;
 pub mod dag;
 pub mod engine;

@@ -378,7 +378,7 @@ impl DagActor {
             let Some(ep) = self.endpoints.get(worker.0 as usize) else {
                 continue;
             };
-            debug!("dispatching {} members to {worker}", items.len());
+            debug!(%worker, members = items.len(), "dispatching");
             // An endpoint that stopped has reported (or will report) its
             // worker down, which fails these members in the engine.
             let dispatch = EpCmd::Dispatch {
@@ -386,7 +386,7 @@ impl DagActor {
                 rejoins: ep.rejoins,
             };
             if ep.tx.send(dispatch).await.is_err() {
-                debug!("{worker} is gone; its dispatches fail with it");
+                debug!(%worker, "endpoint gone; its dispatches fail with it");
             }
         }
         self.settle();

@@ -34,6 +34,8 @@
 //! assert_eq!(*b, "FD", "running tasks keep their mapping");
 //! ```
 
+#![forbid(unsafe_code)]
+
 mod registry;
 mod sync;
 

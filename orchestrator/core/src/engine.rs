@@ -21,9 +21,9 @@
 //! its bytes wait ([`crate::dag::Dag::lose`]). A task allowed to retry
 //! instead waits in the scheduler, still running as far as the DAG
 //! knows. Each loss is numbered per worker (its *epoch*, 1 for the first);
-//! [`Engine::fence`] with that number lifts the quarantine of the loss's
+//! [`Event::Fenced`] with that number lifts the quarantine of the loss's
 //! tasks ([`Action::Lifted`]; waiting writers go on, retries are placed),
-//! and [`Engine::abandon`] gives up on the fence: what waits fails with a
+//! and [`Event::Abandoned`] gives up on the fence: what waits fails with a
 //! cause naming the quarantine, the lost worker and the lost task, and
 //! later writers of those bytes are refused until a late fence.
 

@@ -1,0 +1,73 @@
+//! Scopes: buffers registered in one are released once it has ended and
+//! no live task uses them.
+
+use strata_wire::CanonicalIdentity;
+
+use super::{Dag, Scope, Transition};
+use crate::ids::ScopeId;
+
+impl Dag {
+    /// Opens a scope.
+    pub fn open_scope(&mut self) -> ScopeId {
+        self.next_scope += 1;
+        let id = ScopeId(self.next_scope);
+        self.scopes.insert(id, Scope::default());
+        id
+    }
+
+    /// Registers a buffer as an intermediate of `scope`.
+    ///
+    /// # Errors
+    /// When the scope is unknown or has ended.
+    pub fn scope_buffer(
+        &mut self,
+        scope: ScopeId,
+        identity: CanonicalIdentity,
+    ) -> Result<(), String> {
+        match self.scopes.get_mut(&scope) {
+            Some(s) if !s.ended => {
+                s.buffers.push(identity);
+                self.scope_of.insert(identity, scope);
+                Ok(())
+            }
+            Some(_) => Err(format!("scope {} has ended", scope.0)),
+            None => Err(format!("scope {} is unknown", scope.0)),
+        }
+    }
+
+    /// Ends a scope; its buffers that no live task uses are released now,
+    /// the others when their last user finishes.
+    ///
+    /// # Errors
+    /// When the scope is unknown or already ended.
+    pub fn end_scope(&mut self, scope: ScopeId) -> Result<Vec<Transition>, String> {
+        let s = self
+            .scopes
+            .get_mut(&scope)
+            .ok_or_else(|| format!("scope {} is unknown", scope.0))?;
+        if s.ended {
+            return Err(format!("scope {} has already ended", scope.0));
+        }
+        s.ended = true;
+        let buffers = s.buffers.clone();
+        let mut out = Vec::new();
+        for b in buffers {
+            if self.users.get(&b).copied().unwrap_or(0) == 0 {
+                self.release_buffer(b, &mut out);
+            }
+        }
+        Ok(out)
+    }
+
+    /// Forgets everything about a buffer the caller released (its index,
+    /// poisoned entries included).
+    pub fn forget_buffer(&mut self, identity: &CanonicalIdentity) {
+        if let Some(idx) = self.index.remove(identity) {
+            for (eid, e) in idx.entries() {
+                if let Some(n) = self.nodes.get_mut(&e.task) {
+                    n.entries.retain(|&(i, x)| !(i == *identity && x == *eid));
+                }
+            }
+        }
+    }
+}

@@ -764,7 +764,7 @@ impl Graph {
             };
             dag.insert(task).map_err(|e| GraphError {
                 path: t.path.clone(),
-                what: e.what,
+                what: e.reason.to_string(),
             })?;
         }
         Ok(())
@@ -1381,9 +1381,9 @@ impl Graph {
             .tasks
             .iter()
             .map(|t| {
-                let sig = cluster
-                    .callable_signature(&t.callable)
-                    .and_then(|s| Signature::parse(&s).map_err(Error::Submit))?;
+                let sig = cluster.callable_signature(&t.callable).and_then(|s| {
+                    Signature::parse(&s).map_err(|m| Error::Submit(crate::SubmitError::Job(m)))
+                })?;
                 Ok((t.callable.as_str(), sig))
             })
             .collect::<Result<_, Error>>()?;
@@ -1398,9 +1398,9 @@ impl Graph {
                 }
                 let sig = &sigs[t.callable.as_str()];
                 for (s, k) in t.scalars.iter().zip(&sig.scalars) {
-                    let bits = self
-                        .encode_scalar(t, s, *k)
-                        .map_err(|e| Error::Submit(format!("{}: {e}", t.path)))?;
+                    let bits = self.encode_scalar(t, s, *k).map_err(|e| {
+                        Error::Submit(crate::SubmitError::Job(format!("{}: {e}", t.path)))
+                    })?;
                     task = task.scalar_u64(bits);
                 }
                 if let Some(w) = t.worker {
@@ -1410,7 +1410,10 @@ impl Graph {
                     task = task.after(handles[j]);
                 }
                 let h = cluster.submit(task).map_err(|e| match e {
-                    Error::Submit(m) => Error::Submit(format!("{}: {m}", t.path)),
+                    Error::Submit(m) => Error::Submit(crate::SubmitError::At {
+                        path: t.path.clone(),
+                        error: Box::new(m),
+                    }),
                     other => other,
                 })?;
                 handles.push(h);
@@ -1435,7 +1438,7 @@ impl Graph {
                 if !dir.as_os_str().is_empty() {
                     std::fs::create_dir_all(dir).map_err(|e| Error::Npy {
                         path: dir.display().to_string(),
-                        reason: e.to_string(),
+                        reason: crate::NpyError::Io(e),
                     })?;
                 }
             }

@@ -27,9 +27,9 @@ use std::collections::HashMap;
 
 use strata_wire::CanonicalIdentity;
 
-use crate::dag::{Born, Dag, NewTask, SubmitError, Transition};
+use crate::dag::{Born, Dag, NewTask, ScopeError, SubmitError, SubmitReason, Transition};
 use crate::ids::{CallableId, ScopeId, TaskId, WorkerId};
-use crate::sched::{self, FirstError, MemberInfo, Outcome, Scheduler};
+use crate::sched::{self, CancelError, FirstError, MemberInfo, Outcome, Scheduler};
 
 /// What the engine asks its owner to do.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -357,16 +357,18 @@ impl Engine {
         if s.members.len() != s.task.members.len() {
             return Err(SubmitError {
                 task: id,
-                what: format!(
-                    "{} member placements for {} members",
-                    s.members.len(),
-                    s.task.members.len()
-                ),
+                reason: SubmitReason::PlacementCount {
+                    placements: s.members.len(),
+                    members: s.task.members.len(),
+                },
             });
         }
         self.sched
             .check_placeable(&s.members)
-            .map_err(|what| SubmitError { task: id, what })?;
+            .map_err(|e| SubmitError {
+                task: id,
+                reason: e.into(),
+            })?;
         let inserted = self.dag.insert(s.task)?;
         let actions = match inserted.born {
             Born::Skipped { because } => vec![Action::Done {
@@ -405,7 +407,7 @@ impl Engine {
     ///
     /// # Errors
     /// When it is running, finished or unknown.
-    pub fn cancel(&mut self, task: TaskId) -> Result<Vec<Action>, String> {
+    pub fn cancel(&mut self, task: TaskId) -> Result<Vec<Action>, CancelError> {
         let transitions = self.dag.cancel(task)?;
         let cancelled = self.sched.cancel(task)?;
         let mut out = self.after_sched(cancelled);
@@ -426,7 +428,7 @@ impl Engine {
         &mut self,
         scope: ScopeId,
         identity: CanonicalIdentity,
-    ) -> Result<(), String> {
+    ) -> Result<(), ScopeError> {
         self.dag.scope_buffer(scope, identity)
     }
 
@@ -434,7 +436,7 @@ impl Engine {
     ///
     /// # Errors
     /// An unknown or ended scope.
-    pub fn end_scope(&mut self, scope: ScopeId) -> Result<Vec<Action>, String> {
+    pub fn end_scope(&mut self, scope: ScopeId) -> Result<Vec<Action>, ScopeError> {
         let t = self.dag.end_scope(scope)?;
         Ok(self.transitions(t))
     }

@@ -40,9 +40,9 @@ pub mod sched;
 pub mod sim;
 mod sync;
 
-pub use dag::{Dag, SubmitError};
+pub use dag::{Dag, ScopeError, SubmitError, SubmitReason};
 pub use engine::{Action, Engine, Event, Loss, Submission};
 pub use gate::Gate;
 pub use holders::Holders;
 pub use ids::{CallableId, ScopeId, TaskId, WorkerId};
-pub use sched::{Outcome, Placement, Scheduler};
+pub use sched::{CancelError, Outcome, Placement, PlacementError, Scheduler};

@@ -15,7 +15,7 @@ use tracing::debug;
 use super::{Cmd, DispatchItem, EpCmd, Notice, Report, TaskSpec};
 use crate::RunSummary;
 use crate::buffer::Buffer;
-use crate::error::{Error, RunError};
+use crate::error::{RunError, SubmitError};
 use crate::trace::{MemberTrace, TaskTrace, Trace, micros};
 
 /// An endpoint as the DAG actor sees it.
@@ -202,7 +202,8 @@ impl DagActor {
                 {
                     *slot = Some(report);
                 }
-                self.engine.finished(task, member, result)
+                self.engine
+                    .finished(task, member, result.map_err(|f| f.to_string()))
             }
             Notice::Imported { bytes } => {
                 self.run.fd_bytes += bytes;
@@ -258,7 +259,7 @@ impl DagActor {
                                 .map(|m| m.name.clone())
                                 .unwrap_or_default(),
                             worker: None,
-                            outcome: Outcome::TaskFailure(format!("refused: {}", e.what)),
+                            outcome: Outcome::TaskFailure(format!("refused: {}", e.reason)),
                         };
                         for s in [&mut self.run, &mut self.totals] {
                             s.submitted += 1;
@@ -321,7 +322,7 @@ impl DagActor {
                     self.act(actions).await;
                 }
                 Err(e) => {
-                    let _ = reply.send(Err(Error::Submit(format!("cannot cancel {task}: {e}"))));
+                    let _ = reply.send(Err(SubmitError::Cancel { task, reason: e }.into()));
                 }
             },
             Cmd::OpenScope { reply } => {
@@ -335,7 +336,7 @@ impl DagActor {
                 let r = self
                     .engine
                     .scope_buffer(scope, buffer.identity())
-                    .map_err(|e| Error::Submit(format!("scope: {e}")));
+                    .map_err(|e| SubmitError::Scope(e).into());
                 if r.is_ok() {
                     self.scoped.insert(buffer.identity(), buffer);
                 }
@@ -347,7 +348,7 @@ impl DagActor {
                     self.act(actions).await;
                 }
                 Err(e) => {
-                    let _ = reply.send(Err(Error::Submit(format!("scope: {e}"))));
+                    let _ = reply.send(Err(SubmitError::Scope(e).into()));
                 }
             },
             Cmd::Totals { reply } => {
@@ -435,11 +436,19 @@ impl DagActor {
         let Some(r) = self.records.get(&task) else {
             return;
         };
-        let why = format!(
-            "{task} ({}) was lost on {} without a fence and its worker may still write them",
-            r.spec.members.first().map_or("?", |m| m.name.as_str()),
-            self.worker_name(loss.worker)
-        );
+        let lost = crate::buffer::Loss {
+            task,
+            callable: r
+                .spec
+                .members
+                .first()
+                .map_or_else(|| "?".to_owned(), |m| m.name.clone()),
+            worker: loss.worker,
+            address: self
+                .endpoints
+                .get(loss.worker.0 as usize)
+                .map(|ep| ep.name.clone()),
+        };
         let args: Vec<_> = r
             .spec
             .members
@@ -452,7 +461,7 @@ impl DagActor {
             .filter(|a| a.tag.writes())
         {
             if let crate::buffer::Backing::Host(h) = &a.backing {
-                h.quarantine(task, a.tensor, why.clone());
+                h.quarantine(a.tensor, lost.clone());
             }
         }
         self.quarantined.insert(task, args);

@@ -69,8 +69,24 @@ use std::collections::{HashMap, HashSet};
 use strata_wire::{ArgTag, CanonicalIdentity, Footprint, Overlap, Tensor};
 
 use crate::ids::{ScopeId, TaskId};
+use crate::sched::CancelError;
 use index::{BufferIndex, Kind};
-pub use submit::SubmitError;
+pub use submit::{SubmitError, SubmitReason};
+
+/// Why a scope call was refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ScopeError {
+    /// No such scope was opened.
+    #[error("scope {} is unknown", .0.0)]
+    Unknown(ScopeId),
+    /// A buffer was registered in a scope that has ended.
+    #[error("scope {} has ended", .0.0)]
+    Ended(ScopeId),
+    /// The scope was ended twice.
+    #[error("scope {} has already ended", .0.0)]
+    AlreadyEnded(ScopeId),
+}
 
 /// Edge kinds, as bits.
 pub mod edge {
@@ -511,15 +527,15 @@ impl Dag {
     ///
     /// # Errors
     /// When the task is not live, or already running.
-    pub fn cancel(&mut self, id: TaskId) -> Result<Vec<Transition>, String> {
+    pub fn cancel(&mut self, id: TaskId) -> Result<Vec<Transition>, CancelError> {
         match self.nodes.get(&id).map(|n| n.state) {
-            Some(State::Running) => return Err(format!("{id} is already running")),
-            Some(State::Lost { .. }) => return Err(format!("{id} was lost with its worker")),
-            Some(State::Dead) | None => return Err(format!("{id} is not live")),
+            Some(State::Running) => return Err(CancelError::Running(id)),
+            Some(State::Lost { .. }) => return Err(CancelError::Lost(id)),
+            Some(State::Dead) | None => return Err(CancelError::NotLive(id)),
             _ => {}
         }
         let Some(node) = self.nodes.remove(&id) else {
-            return Err(format!("{id} is not live"));
+            return Err(CancelError::NotLive(id));
         };
         let mut out = Vec::new();
         self.finish_bad(id, id, node, &mut out);
@@ -543,15 +559,15 @@ impl Dag {
         &mut self,
         scope: ScopeId,
         identity: CanonicalIdentity,
-    ) -> Result<(), String> {
+    ) -> Result<(), ScopeError> {
         match self.scopes.get_mut(&scope) {
             Some(s) if !s.ended => {
                 s.buffers.push(identity);
                 self.scope_of.insert(identity, scope);
                 Ok(())
             }
-            Some(_) => Err(format!("scope {} has ended", scope.0)),
-            None => Err(format!("scope {} is unknown", scope.0)),
+            Some(_) => Err(ScopeError::Ended(scope)),
+            None => Err(ScopeError::Unknown(scope)),
         }
     }
 
@@ -560,13 +576,13 @@ impl Dag {
     ///
     /// # Errors
     /// When the scope is unknown or already ended.
-    pub fn end_scope(&mut self, scope: ScopeId) -> Result<Vec<Transition>, String> {
+    pub fn end_scope(&mut self, scope: ScopeId) -> Result<Vec<Transition>, ScopeError> {
         let s = self
             .scopes
             .get_mut(&scope)
-            .ok_or_else(|| format!("scope {} is unknown", scope.0))?;
+            .ok_or(ScopeError::Unknown(scope))?;
         if s.ended {
-            return Err(format!("scope {} has already ended", scope.0));
+            return Err(ScopeError::AlreadyEnded(scope));
         }
         s.ended = true;
         let buffers = s.buffers.clone();

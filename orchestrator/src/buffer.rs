@@ -16,6 +16,7 @@
 //! use the buffer therefore defers the release; it is never refused.
 
 use std::fs::File;
+use std::io;
 use std::os::fd::{AsFd, BorrowedFd};
 use std::os::unix::fs::MetadataExt;
 use std::sync::Arc;
@@ -26,7 +27,7 @@ use strata_core::{Holders, WorkerId};
 use strata_wire::{Access, BufferDescriptor, CanonicalIdentity, DType, Tensor};
 use tokio::sync::mpsc;
 
-use crate::error::Error;
+use crate::error::{BufferError, Error, QuarantinedBytes, ViewError};
 use crate::mapping::{self, SharedMapping};
 
 /// What the buffer manager hears when a buffer's last user let go.
@@ -61,9 +62,19 @@ pub(crate) struct HostShared {
 /// A view of a host buffer quarantined by a lost task.
 #[derive(Debug)]
 struct Mark {
-    task: strata_core::TaskId,
     view: Tensor,
-    why: String,
+    loss: Loss,
+}
+
+/// A task lost without a fence, as the quarantine of its views names it.
+#[derive(Debug, Clone)]
+pub(crate) struct Loss {
+    pub(crate) task: strata_core::TaskId,
+    /// Its callable, `name@version`.
+    pub(crate) callable: String,
+    pub(crate) worker: WorkerId,
+    /// The worker's address, when known.
+    pub(crate) address: Option<String>,
 }
 
 impl std::fmt::Debug for HostShared {
@@ -84,29 +95,33 @@ impl HostShared {
         nbytes: u64,
         access: strata_wire::Access,
         notify: mpsc::UnboundedSender<Released>,
-    ) -> Result<Self, Error> {
+    ) -> Result<Self, BufferError> {
         if nbytes == 0 {
-            return Err(Error::Buffer("a buffer needs at least one byte".into()));
+            return Err(BufferError::Empty);
         }
-        let fail = |what: &str, e: &dyn std::fmt::Display| {
-            Error::Buffer(format!("{what} for a buffer of {nbytes} bytes: {e}"))
+        let fail = |step: &'static str| {
+            move |source: io::Error| BufferError::Memfd {
+                step,
+                nbytes,
+                source,
+            }
         };
         let mfd = memfd::MemfdOptions::default()
             .close_on_exec(true)
             .allow_sealing(true)
             .create("strata-buffer")
-            .map_err(|e| fail("memfd_create", &e))?;
-        mfd.as_file()
-            .set_len(nbytes)
-            .map_err(|e| fail("ftruncate", &e))?;
+            .map_err(memfd_io)
+            .map_err(fail("memfd_create"))?;
+        mfd.as_file().set_len(nbytes).map_err(fail("ftruncate"))?;
         mfd.add_seals(&[
             memfd::FileSeal::SealShrink,
             memfd::FileSeal::SealGrow,
             memfd::FileSeal::SealSeal,
         ])
-        .map_err(|e| fail("sealing the memfd", &e))?;
+        .map_err(memfd_io)
+        .map_err(fail("sealing the memfd"))?;
         let file = mfd.into_file();
-        let meta = file.metadata().map_err(|e| fail("fstat", &e))?;
+        let meta = file.metadata().map_err(fail("fstat"))?;
         let desc = BufferDescriptor::new(
             identity,
             nbytes,
@@ -117,8 +132,8 @@ impl HostShared {
                 st_ino: meta.ino(),
             },
         )
-        .map_err(|e| Error::Buffer(e.to_string()))?;
-        let map = SharedMapping::new(&file).map_err(|e| fail("mmap", &e))?;
+        .map_err(BufferError::Descriptor)?;
+        let map = SharedMapping::new(&file).map_err(fail("mmap"))?;
         Ok(HostShared {
             desc,
             file,
@@ -146,7 +161,7 @@ impl HostShared {
 
     /// The view's bytes, packed run after run (what travels to a remote
     /// worker).
-    pub(crate) fn pack(&self, view: &Tensor) -> Result<Vec<u8>, Error> {
+    pub(crate) fn pack(&self, view: &Tensor) -> Result<Vec<u8>, BufferError> {
         let first = usize::try_from(view.byte_offset()).map_err(|_| too_big())?;
         let mut out = vec![0u8; usize::try_from(staging::packed_len(view)).map_err(|_| too_big())?];
         let mut at = 0usize;
@@ -157,18 +172,18 @@ impl HostShared {
                 at += len;
             }
         });
-        result.map_err(|e| Error::Buffer(e.to_string()))?;
+        result.map_err(|e| self.mapping(e))?;
         Ok(out)
     }
 
     /// Writes a view's packed bytes back, run after run.
-    pub(crate) fn unpack(&self, view: &Tensor, packed: &[u8]) -> Result<(), Error> {
+    pub(crate) fn unpack(&self, view: &Tensor, packed: &[u8]) -> Result<(), BufferError> {
         let want = staging::packed_len(view);
         if packed.len() as u64 != want {
-            return Err(Error::Buffer(format!(
-                "{} bytes for a view of {want} bytes",
-                packed.len()
-            )));
+            return Err(BufferError::PackedLength {
+                got: packed.len(),
+                want,
+            });
         }
         let first = usize::try_from(view.byte_offset()).map_err(|_| too_big())?;
         let mut at = 0usize;
@@ -179,21 +194,29 @@ impl HostShared {
                 at += len;
             }
         });
-        result.map_err(|e| Error::Buffer(e.to_string()))
+        result.map_err(|e| self.mapping(e))
+    }
+
+    /// The mapping refused bytes past its end (its only failure).
+    fn mapping(&self, e: mapping::OutOfRange) -> BufferError {
+        BufferError::OutOfRange {
+            bytes: e.offset as u64..e.end as u64,
+            nbytes: self.desc.nbytes(),
+        }
     }
 
     fn marks(&self) -> std::sync::MutexGuard<'_, Vec<Mark>> {
         self.quarantine.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Quarantines `view`: `task` writes it and was lost without a fence.
-    pub(crate) fn quarantine(&self, task: strata_core::TaskId, view: Tensor, why: String) {
-        self.marks().push(Mark { task, view, why });
+    /// Quarantines `view`: the lost task writes it.
+    pub(crate) fn quarantine(&self, view: Tensor, loss: Loss) {
+        self.marks().push(Mark { view, loss });
     }
 
     /// Lifts what `task` quarantined: it can no longer write.
     pub(crate) fn lift(&self, task: strata_core::TaskId) {
-        self.marks().retain(|m| m.task != task);
+        self.marks().retain(|m| m.loss.task != task);
     }
 
     /// Refuses a driver access to `view`'s bytes while any of them is
@@ -205,7 +228,7 @@ impl HostShared {
             .find(|m| strata_wire::overlap(&m.view, view) != strata_wire::Overlap::Disjoint)
         {
             None => Ok(()),
-            Some(m) => Err(quarantined(self, m)),
+            Some(m) => Err(quarantined(self, m).into()),
         }
     }
 
@@ -218,7 +241,7 @@ impl HostShared {
             start < end && offset < start.saturating_add(m.view.extent_bytes())
         }) {
             None => Ok(()),
-            Some(m) => Err(quarantined(self, m)),
+            Some(m) => Err(quarantined(self, m).into()),
         }
     }
 
@@ -228,7 +251,7 @@ impl HostShared {
         let mut out = vec![0u8; len];
         self.map
             .read(offset, &mut out)
-            .map_err(|e| Error::Buffer(e.to_string()))?;
+            .map_err(|e| self.mapping(e))?;
         Ok(out)
     }
 
@@ -237,7 +260,7 @@ impl HostShared {
         let offset = usize::try_from(offset).map_err(|_| too_big())?;
         self.map
             .write(offset, bytes)
-            .map_err(|e| Error::Buffer(e.to_string()))
+            .map_err(|e| self.mapping(e).into())
     }
 
     pub(crate) fn len(&self) -> usize {
@@ -245,19 +268,27 @@ impl HostShared {
     }
 }
 
-fn quarantined(h: &HostShared, m: &Mark) -> Error {
-    Error::Quarantined(format!(
-        "bytes {}..{} of buffer {} are quarantined: {}; they are refused until the worker is \
-         fenced (seen dead, or back and proving the task ended)",
-        m.view.byte_offset(),
-        m.view.byte_offset().saturating_add(m.view.extent_bytes()),
-        h.desc.identity(),
-        m.why
-    ))
+fn quarantined(h: &HostShared, m: &Mark) -> QuarantinedBytes {
+    let start = m.view.byte_offset();
+    QuarantinedBytes {
+        buffer: *h.desc.identity(),
+        bytes: start..start.saturating_add(m.view.extent_bytes()),
+        task: m.loss.task,
+        callable: m.loss.callable.clone(),
+        worker: m.loss.worker,
+        address: m.loss.address.clone(),
+    }
 }
 
-fn too_big() -> Error {
-    Error::Buffer("offset or length does not fit this machine's address space".into())
+fn too_big() -> BufferError {
+    BufferError::AddressSpace
+}
+
+/// The io error inside a memfd error (every variant holds one).
+fn memfd_io(e: memfd::Error) -> io::Error {
+    match e {
+        memfd::Error::Create(e) | memfd::Error::AddSeals(e) | memfd::Error::GetSeals(e) => e,
+    }
 }
 
 impl Drop for HostShared {
@@ -361,7 +392,7 @@ impl Buffer {
     /// As [`Buffer::tensor`].
     pub fn tensor_at(&self, byte_offset: u64, shape: &[u32], dtype: DType) -> Result<View, Error> {
         let tensor = Tensor::row_major(self.descriptor(), byte_offset, shape, dtype)
-            .map_err(|e| Error::View(e.to_string()))?;
+            .map_err(ViewError::Wire)?;
         Ok(View {
             tensor,
             buffer: self.clone(),
@@ -381,7 +412,7 @@ impl Buffer {
         dtype: DType,
     ) -> Result<View, Error> {
         let tensor = Tensor::new(self.descriptor(), byte_offset, shape, strides, dtype)
-            .map_err(|e| Error::View(e.to_string()))?;
+            .map_err(ViewError::Wire)?;
         Ok(View {
             tensor,
             buffer: self.clone(),
@@ -391,11 +422,11 @@ impl Buffer {
     fn host_shared(&self) -> Result<&Arc<HostShared>, Error> {
         match &self.backing {
             Backing::Host(h) => Ok(h),
-            Backing::Device(d) => Err(Error::Buffer(format!(
-                "buffer {} lives on {}'s device: use Cluster::read_device / write_device",
-                d.desc.identity(),
-                d.worker
-            ))),
+            Backing::Device(d) => Err(BufferError::OnDevice {
+                buffer: *d.desc.identity(),
+                worker: d.worker,
+            }
+            .into()),
         }
     }
 
@@ -424,11 +455,11 @@ impl Buffer {
     pub fn to_vec<T: Pod>(&self) -> Result<Vec<T>, Error> {
         let bytes = self.to_bytes()?;
         if bytes.len() % std::mem::size_of::<T>() != 0 {
-            return Err(Error::Buffer(format!(
-                "{} bytes are not a whole number of {}-byte values",
-                bytes.len(),
-                std::mem::size_of::<T>()
-            )));
+            return Err(BufferError::NotWhole {
+                len: bytes.len(),
+                size: std::mem::size_of::<T>(),
+            }
+            .into());
         }
         Ok(mapping::from_bytes(&bytes))
     }
@@ -500,7 +531,7 @@ impl View {
             .tensor
             .buffer()
             .narrowed(access)
-            .map_err(|e| Error::View(e.to_string()))?;
+            .map_err(ViewError::Wire)?;
         let tensor = Tensor::new(
             buffer,
             self.tensor.byte_offset(),
@@ -508,7 +539,7 @@ impl View {
             self.tensor.strides(),
             self.tensor.dtype(),
         )
-        .map_err(|e| Error::View(e.to_string()))?;
+        .map_err(ViewError::Wire)?;
         Ok(View {
             tensor,
             buffer: self.buffer.clone(),
@@ -537,7 +568,7 @@ impl View {
         dtype: DType,
     ) -> Result<View, Error> {
         let tensor = Tensor::new(*self.tensor.buffer(), byte_offset, shape, strides, dtype)
-            .map_err(|e| Error::View(e.to_string()))?;
+            .map_err(ViewError::Wire)?;
         Ok(View {
             tensor,
             buffer: self.buffer.clone(),
@@ -552,11 +583,11 @@ impl View {
     /// A device buffer or a dtype mismatch.
     pub fn read<T: Element>(&self) -> Result<Vec<T>, Error> {
         if T::DTYPE != self.dtype() {
-            return Err(Error::View(format!(
-                "the view holds {}, not {}",
-                self.dtype().name(),
-                T::DTYPE.name()
-            )));
+            return Err(ViewError::DType {
+                holds: self.dtype(),
+                asked: T::DTYPE,
+            }
+            .into());
         }
         let bytes = self.read_elements()?;
         Ok(mapping::from_bytes(&bytes))
@@ -582,7 +613,7 @@ impl View {
                 i += 1;
             }
         });
-        result.map_err(|e| Error::Buffer(e.to_string()))?;
+        result.map_err(|e| h.mapping(e))?;
         Ok(out)
     }
 
@@ -593,18 +624,18 @@ impl View {
     /// A device buffer, a dtype mismatch or a wrong count.
     pub fn write<T: Element>(&self, values: &[T]) -> Result<(), Error> {
         if T::DTYPE != self.dtype() {
-            return Err(Error::View(format!(
-                "the view holds {}, not {}",
-                self.dtype().name(),
-                T::DTYPE.name()
-            )));
+            return Err(ViewError::DType {
+                holds: self.dtype(),
+                asked: T::DTYPE,
+            }
+            .into());
         }
         if values.len() as u64 != self.tensor.element_count() {
-            return Err(Error::View(format!(
-                "{} values for a view of {} elements",
-                values.len(),
-                self.tensor.element_count()
-            )));
+            return Err(ViewError::Count {
+                values: values.len(),
+                elements: self.tensor.element_count(),
+            }
+            .into());
         }
         let h = self.buffer.host_shared()?;
         h.check_view(&self.tensor)?;
@@ -618,16 +649,13 @@ impl View {
                 i += 1;
             }
         });
-        result.map_err(|e| Error::Buffer(e.to_string()))
+        result.map_err(|e| h.mapping(e).into())
     }
 }
 
-fn elem_bytes(dtype: DType) -> Result<usize, Error> {
+fn elem_bytes(dtype: DType) -> Result<usize, ViewError> {
     match dtype.bits() {
-        4 => Err(Error::View(format!(
-            "{} packs two values per byte; read the buffer's bytes instead",
-            dtype.name()
-        ))),
+        4 => Err(ViewError::SubByte(dtype)),
         bits => Ok(bits as usize / 8),
     }
 }

@@ -22,7 +22,7 @@ use crate::RunSummary;
 use crate::actors::endpoint::Life;
 use crate::actors::{ArgRef, Cmd, EpCmd, MemberSpec, TaskSpec};
 use crate::buffer::{Backing, Buffer, DeviceShared, HostShared, Released};
-use crate::error::Error;
+use crate::error::{BufferError, ClusterError, Error, SubmitError};
 use crate::link::LinkError;
 use crate::link::WorkerInfo;
 use crate::local::LocalWorkers;
@@ -140,7 +140,7 @@ impl Cluster {
         let ep = self
             .endpoints
             .get(worker.0 as usize)
-            .ok_or_else(|| Error::Submit(format!("there is no {worker}")))?;
+            .ok_or(SubmitError::NoWorker { worker })?;
         let (tx, rx) = oneshot::channel();
         ep.blocking_send(make(tx)).map_err(|_| Error::Closed)?;
         rx.blocking_recv()
@@ -161,7 +161,7 @@ impl Cluster {
     /// # Errors
     /// As [`Cluster::buffer`].
     pub fn buffer_with(&self, nbytes: u64, access: Access) -> Result<Buffer, Error> {
-        let identity = self.mint.mint().map_err(|e| Error::Buffer(e.to_string()))?;
+        let identity = self.mint.mint().map_err(BufferError::Identity)?;
         Ok(Buffer::host(HostShared::create(
             identity,
             nbytes,
@@ -235,9 +235,9 @@ impl Cluster {
         let incarnation = self
             .lives
             .get(worker.0 as usize)
-            .ok_or_else(|| Error::Submit(format!("there is no {worker}")))?
+            .ok_or(SubmitError::NoWorker { worker })?
             .incarnation();
-        let identity = self.mint.mint().map_err(|e| Error::Buffer(e.to_string()))?;
+        let identity = self.mint.mint().map_err(BufferError::Identity)?;
         let region = match run {
             Some(_) => strata_chip::Region::Run,
             None => strata_chip::Region::Persistent,
@@ -259,7 +259,7 @@ impl Cluster {
             Access::ReadWrite,
             WireBacking::DeviceMalloc { addr },
         )
-        .map_err(|e| Error::Buffer(e.to_string()))?;
+        .map_err(BufferError::Descriptor)?;
         Ok(Buffer::device(DeviceShared {
             desc,
             worker,
@@ -275,24 +275,25 @@ impl Cluster {
                 self.check_alive(d)?;
                 Ok(d.worker)
             }
-            Backing::Host(_) => Err(Error::Buffer(format!(
-                "buffer {} is a host buffer: read and write it directly",
-                buffer.identity()
-            ))),
+            Backing::Host(_) => Err(BufferError::OnHost {
+                buffer: buffer.identity(),
+            }
+            .into()),
         }
     }
 
     /// Refuses a device buffer whose worker was lost since it was
     /// allocated (its contents went with the worker), and a run buffer
     /// whose run has ended (its memory went with the run).
-    fn check_alive(&self, d: &DeviceShared) -> Result<(), Error> {
+    fn check_alive(&self, d: &DeviceShared) -> Result<(), BufferError> {
         let current = self.current_run();
         if let Some(run) = d.run.filter(|r| *r != current) {
-            return Err(Error::Buffer(format!(
-                "run buffer {} on {} belonged to run {run}, which ended at wait_all (this is run {current}): its device memory went with the run (allocate a new run buffer)",
-                d.desc.identity(),
-                d.worker
-            )));
+            return Err(BufferError::RunEnded {
+                buffer: *d.desc.identity(),
+                worker: d.worker,
+                run,
+                current,
+            });
         }
         let now = self
             .lives
@@ -301,11 +302,10 @@ impl Cluster {
         if now == d.incarnation {
             Ok(())
         } else {
-            Err(Error::Buffer(format!(
-                "device buffer {} was on {}, which was lost since it was allocated: its contents are gone (allocate it again)",
-                d.desc.identity(),
-                d.worker
-            )))
+            Err(BufferError::WorkerLost {
+                buffer: *d.desc.identity(),
+                worker: d.worker,
+            })
         }
     }
 
@@ -367,38 +367,27 @@ impl Cluster {
         let (name, version) = match callable.split_once('@') {
             Some((n, v)) => (
                 n,
-                Some(v.parse::<u32>().map_err(|_| {
-                    Error::Submit(format!(
-                        "callable {callable:?}: the version is not a number"
-                    ))
+                Some(v.parse::<u32>().map_err(|_| SubmitError::BadVersion {
+                    callable: callable.to_owned(),
                 })?),
             ),
             None => (callable, None),
         };
-        let versions = self.callables.get(name).ok_or_else(|| {
-            Error::Submit(format!(
-                "unknown callable {name:?}; the workers offer {}",
-                self.callables
-                    .keys()
-                    .cloned()
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            ))
-        })?;
+        let versions = self
+            .callables
+            .get(name)
+            .ok_or_else(|| SubmitError::UnknownCallable {
+                name: name.to_owned(),
+                offered: self.callables.keys().cloned().collect(),
+            })?;
         let found = match version {
             Some(v) => versions.iter().find(|(ver, _, _)| *ver == v),
             None => versions.last(),
         };
-        let (v, h, sig) = found.ok_or_else(|| {
-            Error::Submit(format!(
-                "callable {name:?} has no version {}; the workers offer {}",
-                version.unwrap_or(0),
-                versions
-                    .iter()
-                    .map(|(v, _, _)| v.to_string())
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            ))
+        let (v, h, sig) = found.ok_or_else(|| SubmitError::UnknownVersion {
+            name: name.to_owned(),
+            version: version.unwrap_or(0),
+            offered: versions.iter().map(|(v, _, _)| *v).collect(),
         })?;
         Ok((*h, format!("{name}@{v}"), sig.clone()))
     }
@@ -411,14 +400,22 @@ impl Cluster {
         for (i, (view, tag)) in task.args.into_iter().enumerate() {
             if let Backing::Device(d) = &view.buffer.backing {
                 self.check_alive(d)
-                    .map_err(|e| Error::Submit(format!("{name}: argument {i}: {e}")))?;
+                    .map_err(|source| SubmitError::DeadArgument {
+                        callable: name.clone(),
+                        arg: i,
+                        source: Box::new(source),
+                    })?;
                 device_buffers.push(*d.desc.identity());
                 match device_on {
                     Some((j, w)) if w != d.worker => {
-                        return Err(Error::Submit(format!(
-                            "{name}: argument {j} lives on {w}'s device and argument {i} on {}'s: a task runs on one worker",
-                            d.worker
-                        )));
+                        return Err(SubmitError::DevicesDiffer {
+                            callable: name,
+                            first: j,
+                            first_worker: w,
+                            second: i,
+                            second_worker: d.worker,
+                        }
+                        .into());
                     }
                     _ => device_on = Some((i, d.worker)),
                 }
@@ -431,9 +428,13 @@ impl Cluster {
         }
         let placement = match (task.on, device_on) {
             (Some(w), Some((i, d))) if w != d => {
-                return Err(Error::Submit(format!(
-                    "{name}: placed on {w}, but argument {i} lives on {d}'s device"
-                )));
+                return Err(SubmitError::PlacedAway {
+                    callable: name,
+                    placed: w,
+                    arg: i,
+                    device: d,
+                }
+                .into());
             }
             (Some(w), _) | (None, Some((_, w))) => Placement::On(w),
             (None, None) => Placement::Any,
@@ -500,7 +501,7 @@ impl Cluster {
             scalars: spec.members.iter().map(|m| m.scalars.len()).collect(),
             after,
         };
-        let task = strata_core::Dag::check(task).map_err(|e| Error::Submit(e.what))?;
+        let task = strata_core::Dag::check(task).map_err(SubmitError::Rejected)?;
         let submission = strata_core::Submission {
             task,
             members: spec
@@ -529,40 +530,46 @@ impl Cluster {
             match member.placement {
                 Placement::On(w) => {
                     let offers = self.offers.get(w.0 as usize).ok_or_else(|| {
-                        Error::Submit(format!(
-                            "{}: member {m}: there is no {w} (the cluster has {})",
-                            member.name,
-                            self.offers.len()
-                        ))
+                        SubmitError::UnknownPlacement {
+                            callable: member.name.clone(),
+                            member: m,
+                            worker: w,
+                            workers: self.offers.len(),
+                        }
                     })?;
                     if !offers.contains(&member.callable) {
-                        return Err(Error::Submit(format!(
-                            "member {m}: {} is not registered on {w}",
-                            member.name
-                        )));
+                        return Err(SubmitError::NotRegistered {
+                            member: m,
+                            callable: member.name.clone(),
+                            worker: w,
+                        }
+                        .into());
                     }
                     if !named.insert(w) {
-                        return Err(Error::Submit(format!(
-                            "member {m}: {w} already runs another member of this group"
-                        )));
+                        return Err(SubmitError::WorkerTaken {
+                            member: m,
+                            worker: w,
+                        }
+                        .into());
                     }
                 }
                 Placement::Any => {
                     if !self.offers.iter().any(|o| o.contains(&member.callable)) {
-                        return Err(Error::Submit(format!(
-                            "member {m}: no worker offers {}",
-                            member.name
-                        )));
+                        return Err(SubmitError::NotOffered {
+                            member: m,
+                            callable: member.name.clone(),
+                        }
+                        .into());
                     }
                 }
             }
         }
         if spec.members.len() > self.offers.len() {
-            return Err(Error::Submit(format!(
-                "a group of {} members needs as many workers; there are {}",
-                spec.members.len(),
-                self.offers.len()
-            )));
+            return Err(SubmitError::GroupTooLarge {
+                members: spec.members.len(),
+                workers: self.offers.len(),
+            }
+            .into());
         }
         Ok(())
     }
@@ -766,9 +773,7 @@ impl Cluster {
 /// stall or panic it).
 fn not_async() -> Result<(), Error> {
     if tokio::runtime::Handle::try_current().is_ok() {
-        return Err(Error::Cluster(
-            "Cluster calls block: call them from a plain thread (or tokio's spawn_blocking), not inside an async runtime".into(),
-        ));
+        return Err(ClusterError::InsideAsync.into());
     }
     Ok(())
 }

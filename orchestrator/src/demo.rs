@@ -65,9 +65,9 @@ pub fn matmul_softmax_reduce(
     seed: u64,
 ) -> Result<JobReport, Error> {
     if tile == 0 || n % tile != 0 {
-        return Err(Error::Submit(format!(
+        return Err(Error::Submit(crate::SubmitError::Job(format!(
             "{n} is not a multiple of the tile {tile}"
-        )));
+        ))));
     }
     let workers: Vec<WorkerId> = cluster.workers().iter().map(|w| w.id).collect();
     let nn = (n as usize) * (n as usize);
@@ -172,9 +172,9 @@ fn max_abs_diff(x: &[f32], y: &[f32]) -> f64 {
 /// A refused submit or a failed task; `n` not a multiple of `tile`.
 pub fn tiled_matmul(cluster: &Cluster, n: u32, tile: u32, seed: u64) -> Result<JobReport, Error> {
     if tile == 0 || n % tile != 0 {
-        return Err(Error::Submit(format!(
+        return Err(Error::Submit(crate::SubmitError::Job(format!(
             "{n} is not a multiple of the tile {tile}"
-        )));
+        ))));
     }
     let nn = (n as usize) * (n as usize);
     let a_host = random_values(seed, nn);

@@ -49,7 +49,10 @@ mod tests;
 
 pub use buffer::{Buffer, View};
 pub use cluster::{Cluster, Scope};
-pub use error::{Error, RunError};
+pub use error::{
+    BufferError, ClusterError, Error, NpyError, QuarantinedBytes, RunError, SubmitError,
+    TraceError, ViewError,
+};
 pub use link::{LinkError, Refusal, WorkerInfo};
 pub use local::default_worker_binary;
 pub use policy::Quarantine;

@@ -14,7 +14,7 @@ use nix::unistd::Pid;
 use strata_client::Endpoint;
 use tempfile::TempDir;
 
-use crate::error::Error;
+use crate::error::ClusterError;
 
 /// The `strata` binary to run workers with: `$STRATA_BIN`, this program
 /// if it is `strata`, a `strata` next to this program or one folder up
@@ -90,12 +90,12 @@ impl LocalWorkers {
         n: usize,
         device: &str,
         timeout: Duration,
-    ) -> Result<(Self, Vec<Endpoint>), Error> {
+    ) -> Result<(Self, Vec<Endpoint>), ClusterError> {
         let dir = tempfile::Builder::new()
             .prefix("strata-")
             .permissions(std::os::unix::fs::PermissionsExt::from_mode(0o700))
             .tempdir()
-            .map_err(|e| Error::Cluster(format!("temporary directory: {e}")))?;
+            .map_err(ClusterError::TempDir)?;
         let mut me = LocalWorkers {
             spawned: Vec::new(),
             dir: Some(dir),
@@ -119,11 +119,9 @@ impl LocalWorkers {
 
     /// Starts (or, after it was lost, restarts) the worker of `chip` on its
     /// socket; [`Starting::wait`] then waits for it.
-    pub(crate) fn start(&mut self, chip: usize) -> Result<Starting, Error> {
+    pub(crate) fn start(&mut self, chip: usize) -> Result<Starting, ClusterError> {
         let Some(dir) = &self.dir else {
-            return Err(Error::Cluster(
-                "the cluster's workers were shut down".into(),
-            ));
+            return Err(ClusterError::WorkersShutDown);
         };
         let sock = dir.path().join(format!("chip{chip}.sock"));
         let log = dir.path().join(format!("chip{chip}.log"));
@@ -132,7 +130,10 @@ impl LocalWorkers {
             .create(true)
             .append(true)
             .open(&log)
-            .map_err(|e| Error::Cluster(format!("{}: {e}", log.display())))?;
+            .map_err(|source| ClusterError::Log {
+                path: log.clone(),
+                source,
+            })?;
         let mut cmd = Command::new(&self.binary);
         cmd.arg("worker")
             .arg("--chip")
@@ -148,9 +149,10 @@ impl LocalWorkers {
         if std::env::var_os("RUST_LOG").is_none() {
             cmd.env("RUST_LOG", "warn");
         }
-        let mut child = cmd
-            .spawn()
-            .map_err(|e| Error::Cluster(format!("cannot start {}: {e}", self.binary.display())))?;
+        let mut child = cmd.spawn().map_err(|source| ClusterError::Spawn {
+            binary: self.binary.clone(),
+            source,
+        })?;
         let stdout = child.stdout.take();
         let stdin = child.stdin.take();
         let (tx, ready) = mpsc::channel::<String>();
@@ -190,29 +192,28 @@ impl LocalWorkers {
         chip: usize,
         line: Option<String>,
         timeout: Duration,
-    ) -> Result<Endpoint, Error> {
+    ) -> Result<Endpoint, ClusterError> {
         let line = line.ok_or_else(|| {
-            let (status, log) = match self.spawned.get_mut(chip) {
+            let (exited, log) = match self.spawned.get_mut(chip) {
                 Some(w) => (w.child.try_wait().ok().flatten(), tail(&w.log)),
                 None => (None, String::new()),
             };
-            Error::Cluster(format!(
-                "local worker {chip} ({}) {}; its log:\n{log}",
-                self.binary.display(),
-                match status {
-                    Some(st) => format!("exited ({st}) before it was ready"),
-                    None => format!("was not ready within {timeout:?}"),
-                },
-            ))
+            ClusterError::NotReady {
+                chip,
+                binary: self.binary.clone(),
+                exited,
+                timeout,
+                log,
+            }
         })?;
-        line.split_whitespace()
+        match line
+            .split_whitespace()
             .find_map(|w| w.strip_prefix("listen="))
             .and_then(|e| e.parse().ok())
-            .ok_or_else(|| {
-                Error::Cluster(format!(
-                    "local worker {chip}: unexpected ready line {line:?}"
-                ))
-            })
+        {
+            Some(endpoint) => Ok(endpoint),
+            None => Err(ClusterError::ReadyLine { chip, line }),
+        }
     }
 
     /// How long a worker may take to be ready.

@@ -17,6 +17,14 @@ use std::io;
 use memmap2::MmapRaw;
 use strata_chip::kernel::Pod;
 
+/// Bytes `offset..end` asked of a mapping that ends before `end`: the only
+/// way a copy in or out of it fails.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct OutOfRange {
+    pub(crate) offset: usize,
+    pub(crate) end: usize,
+}
+
 /// A shared, writable mapping of a whole file.
 pub(crate) struct SharedMapping {
     map: MmapRaw,
@@ -41,22 +49,18 @@ impl SharedMapping {
         self.map.len()
     }
 
-    fn check(&self, offset: usize, len: usize) -> io::Result<()> {
+    fn check(&self, offset: usize, len: usize) -> Result<(), OutOfRange> {
         match offset.checked_add(len) {
             Some(end) if end <= self.map.len() => Ok(()),
-            _ => Err(io::Error::new(
-                io::ErrorKind::InvalidInput,
-                format!(
-                    "bytes {offset}..{} are past the buffer's {} bytes",
-                    offset.saturating_add(len),
-                    self.map.len()
-                ),
-            )),
+            _ => Err(OutOfRange {
+                offset,
+                end: offset.saturating_add(len),
+            }),
         }
     }
 
     /// Copies `dst.len()` bytes at `offset` out of the mapping.
-    pub(crate) fn read(&self, offset: usize, dst: &mut [u8]) -> io::Result<()> {
+    pub(crate) fn read(&self, offset: usize, dst: &mut [u8]) -> Result<(), OutOfRange> {
         self.check(offset, dst.len())?;
         // SAFETY: offset..offset+len lies within the live mapping (checked
         // above; the mapping lives as long as self). The source is only
@@ -73,7 +77,7 @@ impl SharedMapping {
     }
 
     /// Copies `src` into the mapping at `offset`.
-    pub(crate) fn write(&self, offset: usize, src: &[u8]) -> io::Result<()> {
+    pub(crate) fn write(&self, offset: usize, src: &[u8]) -> Result<(), OutOfRange> {
         self.check(offset, src.len())?;
         // SAFETY: as `read`: in bounds of the live, writable mapping; the
         // destination is reached only through this raw pointer.

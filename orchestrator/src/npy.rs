@@ -11,7 +11,7 @@ use strata_wire::DType;
 
 use crate::buffer::View;
 use crate::cluster::Cluster;
-use crate::error::Error;
+use crate::error::{Error, NpyError};
 
 /// NumPy's type string for a dtype strata shares with it.
 pub fn type_str(dtype: DType) -> Option<&'static str> {
@@ -64,57 +64,47 @@ impl Cluster {
     /// [`Error::Npy`] naming the file and what is wrong with it.
     pub fn buffer_from_npy(&self, path: impl AsRef<Path>) -> Result<View, Error> {
         let path = path.as_ref();
-        let bad = |reason: String| Error::Npy {
+        let bad = |reason: NpyError| Error::Npy {
             path: path.display().to_string(),
             reason,
         };
-        let file = File::open(path).map_err(|e| bad(e.to_string()))?;
-        let npy = npyz::NpyFile::new(BufReader::new(file))
-            .map_err(|e| bad(format!("not a .npy file: {e}")))?;
+        let file = File::open(path).map_err(|e| bad(NpyError::Io(e)))?;
+        let npy = npyz::NpyFile::new(BufReader::new(file)).map_err(|e| bad(NpyError::NotNpy(e)))?;
         let ts = match npy.dtype() {
             npyz::DType::Plain(ts) => ts.to_string(),
-            other => return Err(bad(format!("structured dtype {other:?} is not supported"))),
+            other => return Err(bad(NpyError::Structured(format!("{other:?}")))),
         };
-        let dtype = dtype_of(&ts).ok_or_else(|| {
-            bad(format!(
-                "dtype {ts:?} is not supported (little-endian f4, f2, i1-i8, u1-u8, b1)"
-            ))
-        })?;
+        let dtype = dtype_of(&ts).ok_or_else(|| bad(NpyError::UnsupportedDType(ts.clone())))?;
         if npy.order() != npyz::Order::C {
-            return Err(bad(
-                "Fortran-order arrays are not supported; save with C order".into(),
-            ));
+            return Err(bad(NpyError::FortranOrder));
         }
         let shape: Vec<u64> = match npy.shape() {
             [] => vec![1],
             s => s.to_vec(),
         };
         if shape.len() > strata_wire::MAX_DIMS {
-            return Err(bad(format!(
-                "{} dimensions; at most {}",
-                shape.len(),
-                strata_wire::MAX_DIMS
-            )));
+            return Err(bad(NpyError::TooManyDims {
+                dims: shape.len(),
+                max: strata_wire::MAX_DIMS,
+            }));
         }
         let dims = shape
             .iter()
             .map(|&d| match u32::try_from(d) {
                 Ok(d) if d > 0 => Ok(d),
-                _ => Err(bad(format!(
-                    "shape {shape:?}: every dimension must be 1 to 2^32-1"
-                ))),
+                _ => Err(bad(NpyError::BadDimension(shape.clone()))),
             })
             .collect::<Result<Vec<u32>, _>>()?;
         let elem = u64::from(dtype.bits() / 8);
         let nbytes = shape
             .iter()
             .try_fold(elem, |a, &d| a.checked_mul(d))
-            .ok_or_else(|| bad(format!("shape {shape:?} overflows")))?;
-        let len = usize::try_from(nbytes).map_err(|_| bad(format!("{nbytes} bytes")))?;
+            .ok_or_else(|| bad(NpyError::Overflow(shape.clone())))?;
+        let len = usize::try_from(nbytes).map_err(|_| bad(NpyError::TooLarge(nbytes)))?;
         let mut data = vec![0u8; len];
         npy.into_inner()
             .read_exact(&mut data)
-            .map_err(|e| bad(format!("data: expected {nbytes} bytes: {e}")))?;
+            .map_err(|source| bad(NpyError::ShortData { nbytes, source }))?;
         let buffer = self.buffer(nbytes)?;
         buffer.write_bytes(0, &data)?;
         buffer.tensor(&dims, dtype)
@@ -130,25 +120,27 @@ impl View {
     /// A dtype NumPy does not share, a device buffer, or the file.
     pub fn save_npy(&self, path: impl AsRef<Path>) -> Result<(), Error> {
         let path = path.as_ref();
-        let bad = |reason: String| Error::Npy {
+        let bad = |reason: NpyError| Error::Npy {
             path: path.display().to_string(),
             reason,
         };
-        let ts = type_str(self.dtype())
-            .ok_or_else(|| bad(format!("{} has no NumPy dtype", self.dtype().name())))?;
+        let ts = type_str(self.dtype()).ok_or_else(|| bad(NpyError::NoNumpyDType(self.dtype())))?;
         let bytes = self.read_elements()?;
-        let file = File::create(path).map_err(|e| bad(e.to_string()))?;
+        let file = File::create(path).map_err(|e| bad(NpyError::Io(e)))?;
         let mut out = BufWriter::new(file);
         let shape: Vec<u64> = self.shape().iter().map(|&d| u64::from(d)).collect();
-        let dtype = npyz::DType::Plain(ts.parse().map_err(|e| bad(format!("{e}")))?);
+        let dtype = npyz::DType::Plain(
+            ts.parse()
+                .map_err(|e| bad(NpyError::TypeStr(format!("{e}"))))?,
+        );
         npyz::WriteOptions::new_header_only()
             .dtype(dtype)
             .shape(&shape)
             .writer(&mut out)
             .write_header_only()
-            .map_err(|e| bad(e.to_string()))?;
+            .map_err(|e| bad(NpyError::Io(e)))?;
         out.write_all(&bytes)
             .and_then(|()| out.flush())
-            .map_err(|e| bad(e.to_string()))
+            .map_err(|e| bad(NpyError::Io(e)))
     }
 }

@@ -19,7 +19,7 @@ use crate::actors::dag::{DagActor, EndpointRef};
 use crate::actors::endpoint::{EndpointActor, Life, Respawn, Setup, Spawned};
 use crate::actors::{Notice, buffers};
 use crate::cluster::Cluster;
-use crate::error::Error;
+use crate::error::{ClusterError, Error};
 use crate::link::grpc::GrpcDialer;
 use crate::link::inproc::InProcessDialer;
 use crate::link::{Dialer, WorkerInfo};
@@ -138,7 +138,10 @@ impl ClusterBuilder {
     /// # Errors
     /// A malformed address.
     pub fn connect(mut self, address: &str, token: Option<&str>) -> Result<Self, Error> {
-        let endpoint = address.parse().map_err(Error::Cluster)?;
+        let endpoint = address.parse().map_err(|reason| ClusterError::Address {
+            address: address.to_owned(),
+            reason,
+        })?;
         self.remotes.push(Remote {
             endpoint,
             token: token.map(str::to_owned),
@@ -158,7 +161,10 @@ impl ClusterBuilder {
         token: Option<&str>,
         tls: ClientTls,
     ) -> Result<Self, Error> {
-        let endpoint = address.parse().map_err(Error::Cluster)?;
+        let endpoint = address.parse().map_err(|reason| ClusterError::Address {
+            address: address.to_owned(),
+            reason,
+        })?;
         self.remotes.push(Remote {
             endpoint,
             token: token.map(str::to_owned),
@@ -266,16 +272,14 @@ struct Target {
 fn start(b: ClusterBuilder) -> Result<Cluster, Error> {
     let origin = std::time::Instant::now();
     if b.local == 0 && b.in_process == 0 && b.remotes.is_empty() {
-        return Err(Error::Cluster(
-            "no workers: ask for local or in-process workers, or connect to some".into(),
-        ));
+        return Err(ClusterError::NoWorkers.into());
     }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .thread_name("strata-orchestrator")
         .enable_all()
         .build()
-        .map_err(|e| Error::Cluster(format!("cannot start the runtime: {e}")))?;
+        .map_err(ClusterError::Runtime)?;
     let health_ms = u32::try_from(b.health_interval.as_millis().max(1)).unwrap_or(u32::MAX);
     let grpc = |endpoint: Endpoint, token: Option<String>, tls: Option<ClientTls>| GrpcDialer {
         endpoint,
@@ -291,15 +295,20 @@ fn start(b: ClusterBuilder) -> Result<Cluster, Error> {
         let mut out = Vec::new();
         for (i, t) in targets.iter().enumerate() {
             let (tx, rx) = mpsc::unbounded_channel();
-            let link = t.dialer.dial(None, tx).await.map_err(|why| {
+            let link = t.dialer.dial(None, tx).await.map_err(|error| {
                 let log = match (&local, t.local) {
                     (Some(lw), Some(l)) => {
                         let lw = lw.lock().unwrap_or_else(|e| e.into_inner());
-                        format!("; its log:\n{}", lw.log_tail(l))
+                        Some(lw.log_tail(l))
                     }
-                    _ => String::new(),
+                    _ => None,
                 };
-                Error::Cluster(format!("worker {i} ({}): {why}{log}", t.dialer.address()))
+                ClusterError::Unreachable {
+                    index: i,
+                    address: t.dialer.address(),
+                    error,
+                    log,
+                }
             })?;
             out.push((link, rx));
         }
@@ -318,7 +327,7 @@ fn start(b: ClusterBuilder) -> Result<Cluster, Error> {
     let mut lives = Vec::new();
     let mut in_process = Vec::new();
     for (i, (t, (link, events))) in targets.into_iter().zip(opened).enumerate() {
-        let id = WorkerId(u32::try_from(i).map_err(|_| Error::Cluster("too many workers".into()))?);
+        let id = WorkerId(u32::try_from(i).map_err(|_| ClusterError::TooManyWorkers)?);
         let name = t.dialer.address();
         in_process.push(t.node.clone());
         let info = WorkerInfo::of(id, &name, link.as_ref(), t.spawned.as_ref().map(|s| s.pid));
@@ -421,11 +430,11 @@ fn targets(
 ) -> Result<(Vec<Target>, LocalHandle), Error> {
     let mut targets = Vec::new();
     let local = if b.local > 0 {
-        let binary = b.binary.clone().or_else(default_worker_binary).ok_or_else(|| {
-            Error::Cluster(
-                "cannot find the strata binary to spawn workers: set STRATA_BIN or use ClusterBuilder::worker_binary".into(),
-            )
-        })?;
+        let binary = b
+            .binary
+            .clone()
+            .or_else(default_worker_binary)
+            .ok_or(ClusterError::NoBinary)?;
         let (lw, eps) = LocalWorkers::spawn(&binary, b.local, &b.device, b.ready_timeout)?;
         for (i, ((ep, pid), log)) in eps.into_iter().zip(lw.pids()).zip(lw.logs()).enumerate() {
             targets.push(Target {
@@ -441,9 +450,9 @@ fn targets(
     };
     for i in 0..b.in_process {
         let kernels = b.kernels.0.clone().unwrap_or_else(Registry::with_builtins);
-        let chip = u32::try_from(i).map_err(|_| Error::Cluster("too many workers".into()))?;
+        let chip = u32::try_from(i).map_err(|_| ClusterError::TooManyWorkers)?;
         let worker = InProcessWorker::start(chip, &b.device, kernels)
-            .map_err(|e| Error::Cluster(format!("in-process worker {i}: {e}")))?;
+            .map_err(|source| ClusterError::InProcess { index: i, source })?;
         targets.push(Target {
             dialer: Arc::new(InProcessDialer {
                 worker: worker.clone(),

@@ -14,7 +14,7 @@ use std::time::Instant;
 use serde_json::{Value, json};
 use strata_core::{Outcome, TaskId, WorkerId};
 
-use crate::error::Error;
+use crate::error::{Error, TraceError};
 use crate::link::WorkerInfo;
 
 /// One member of a traced task, as it ran.
@@ -189,8 +189,18 @@ impl Trace {
         workers: &[WorkerInfo],
     ) -> Result<(), Error> {
         let path = path.as_ref();
-        let text = serde_json::to_string(&self.to_chrome_json(workers))
-            .map_err(|e| Error::Trace(format!("{}: {e}", path.display())))?;
-        std::fs::write(path, text).map_err(|e| Error::Trace(format!("{}: {e}", path.display())))
+        let text = serde_json::to_string(&self.to_chrome_json(workers)).map_err(|source| {
+            TraceError::Json {
+                path: path.to_owned(),
+                source,
+            }
+        })?;
+        std::fs::write(path, text).map_err(|source| {
+            TraceError::Write {
+                path: path.to_owned(),
+                source,
+            }
+            .into()
+        })
     }
 }

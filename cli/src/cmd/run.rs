@@ -152,7 +152,7 @@ pub fn run(args: &RunArgs) -> ExitCode {
     if args.workers.is_some() {
         let lookup = |name: &str| -> Result<Signature, String> {
             let sig = cluster.callable_signature(name).map_err(|e| match e {
-                Error::Submit(m) => m,
+                Error::Submit(m) => m.to_string(),
                 other => other.to_string(),
             })?;
             Signature::parse(&sig)

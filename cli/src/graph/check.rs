@@ -65,7 +65,7 @@ impl Graph {
             };
             Dag::check(task).map_err(|e| GraphError {
                 path: t.path.clone(),
-                what: e.what,
+                what: e.reason.to_string(),
             })?;
         }
         Ok(())

@@ -5,7 +5,9 @@
 use std::collections::HashMap;
 use std::path::PathBuf;
 
-use strata_orchestrator::{Buffer, Cluster, Error, RunSummary, Task, TaskHandle, View, WorkerId};
+use strata_orchestrator::{
+    Buffer, Cluster, Error, NpyError, RunSummary, SubmitError, Task, TaskHandle, View, WorkerId,
+};
 
 use super::check::Signature;
 use super::init::{decode, encode, uniform};
@@ -82,9 +84,9 @@ impl Graph {
             .tasks
             .iter()
             .map(|t| {
-                let sig = cluster
-                    .callable_signature(&t.callable)
-                    .and_then(|s| Signature::parse(&s).map_err(Error::Submit))?;
+                let sig = cluster.callable_signature(&t.callable).and_then(|s| {
+                    Signature::parse(&s).map_err(|m| Error::Submit(SubmitError::Job(m)))
+                })?;
                 Ok((t.callable.as_str(), sig))
             })
             .collect::<Result<_, Error>>()?;
@@ -101,7 +103,7 @@ impl Graph {
                 for (s, k) in t.scalars.iter().zip(&sig.scalars) {
                     let bits = self
                         .encode_scalar(t, s, *k)
-                        .map_err(|e| Error::Submit(format!("{}: {e}", t.path)))?;
+                        .map_err(|e| Error::Submit(SubmitError::Job(format!("{}: {e}", t.path))))?;
                     task = task.scalar_u64(bits);
                 }
                 if let Some(w) = t.worker {
@@ -111,7 +113,10 @@ impl Graph {
                     task = task.after(handles[j]);
                 }
                 let h = cluster.submit(task).map_err(|e| match e {
-                    Error::Submit(m) => Error::Submit(format!("{}: {m}", t.path)),
+                    Error::Submit(m) => Error::Submit(SubmitError::At {
+                        path: t.path.clone(),
+                        error: Box::new(m),
+                    }),
                     other => other,
                 })?;
                 handles.push(h);
@@ -136,7 +141,7 @@ impl Graph {
                 if !dir.as_os_str().is_empty() {
                     std::fs::create_dir_all(dir).map_err(|e| Error::Npy {
                         path: dir.display().to_string(),
-                        reason: e.to_string(),
+                        reason: NpyError::Io(e),
                     })?;
                 }
             }

@@ -4,9 +4,9 @@
 
 use strata_wire::CanonicalIdentity;
 
-use crate::dag::SubmitError;
+use crate::dag::{ScopeError, SubmitError};
 use crate::ids::{ScopeId, TaskId, WorkerId};
-use crate::sched::Outcome;
+use crate::sched::{CancelError, Outcome};
 
 /// A task's predecessors with the kinds of each edge (bits of
 /// [`crate::dag::edge`]).
@@ -72,21 +72,11 @@ pub enum Refusal {
     #[error(transparent)]
     Submit(#[from] SubmitError),
     /// A cancel: the task is running, finished or unknown.
-    #[error("cannot cancel {task}: {why}")]
-    Cancel {
-        /// The task.
-        task: TaskId,
-        /// Why.
-        why: String,
-    },
+    #[error(transparent)]
+    Cancel(#[from] CancelError),
     /// A scope call: the scope is unknown or ended.
-    #[error("scope {}: {why}", .scope.0)]
-    Scope {
-        /// The scope.
-        scope: ScopeId,
-        /// Why.
-        why: String,
-    },
+    #[error(transparent)]
+    Scope(#[from] ScopeError),
 }
 
 /// One loss of a worker: the worker and how many times it had been lost

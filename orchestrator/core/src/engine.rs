@@ -32,9 +32,9 @@ use std::collections::HashMap;
 use strata_wire::CanonicalIdentity;
 
 pub use crate::action::{Action, Edges, Loss, Refusal};
-use crate::dag::{Born, CheckedTask, Dag, SubmitError, Transition};
+use crate::dag::{Born, CheckedTask, Dag, SubmitError, SubmitReason, Transition};
 use crate::ids::{KernelHandle, ScopeId, TaskId, WorkerId};
-use crate::sched::{FirstError, MemberInfo, Outcome, Scheduler};
+use crate::sched::{CancelError, FirstError, MemberInfo, Outcome, Scheduler};
 
 /// Something that happened, for [`Engine::on_event`].
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -184,7 +184,7 @@ impl Engine {
             },
             Event::Cancel(task) => self
                 .on_cancel(task)
-                .unwrap_or_else(|why| vec![Action::Refused(Refusal::Cancel { task, why })]),
+                .unwrap_or_else(|error| vec![Action::Refused(Refusal::Cancel(error))]),
             Event::WorkerUp {
                 worker,
                 callables,
@@ -220,12 +220,12 @@ impl Engine {
             Event::ScopeBuffer { scope, identity } => {
                 match self.dag.scope_buffer(scope, identity) {
                     Ok(()) => Vec::new(),
-                    Err(why) => vec![Action::Refused(Refusal::Scope { scope, why })],
+                    Err(error) => vec![Action::Refused(Refusal::Scope(error))],
                 }
             }
             Event::EndScope(scope) => match self.dag.end_scope(scope) {
                 Ok(t) => self.transitions(t),
-                Err(why) => vec![Action::Refused(Refusal::Scope { scope, why })],
+                Err(error) => vec![Action::Refused(Refusal::Scope(error))],
             },
         }
     }
@@ -356,16 +356,18 @@ impl Engine {
         if s.members.len() != s.task.task().members.len() {
             return Err(SubmitError {
                 task: id,
-                what: format!(
-                    "{} member placements for {} members",
-                    s.members.len(),
-                    s.task.task().members.len()
-                ),
+                reason: SubmitReason::PlacementCount {
+                    placements: s.members.len(),
+                    members: s.task.task().members.len(),
+                },
             });
         }
         self.sched
             .check_placeable(&s.members)
-            .map_err(|what| SubmitError { task: id, what })?;
+            .map_err(|e| SubmitError {
+                task: id,
+                reason: e.into(),
+            })?;
         let inserted = self.dag.insert(s.task)?;
         let mut out = vec![Action::Accepted {
             task: id,
@@ -399,7 +401,7 @@ impl Engine {
     }
 
     /// [`Event::Cancel`].
-    fn on_cancel(&mut self, task: TaskId) -> Result<Vec<Action>, String> {
+    fn on_cancel(&mut self, task: TaskId) -> Result<Vec<Action>, CancelError> {
         let transitions = self.dag.cancel(task)?;
         let cancelled = self.sched.cancel(task)?;
         let mut out = self.after_sched(cancelled);

@@ -44,9 +44,9 @@ pub mod sim;
 mod sync;
 
 pub use action::{Action, Edges, Loss, Refusal};
-pub use dag::{CheckedTask, Dag, SubmitError};
+pub use dag::{CheckedTask, Dag, ScopeError, SubmitError, SubmitReason};
 pub use engine::{Engine, Event, Submission};
 pub use gate::Gate;
 pub use holders::Holders;
 pub use ids::{KernelHandle, ScopeId, TaskId, WorkerId};
-pub use sched::{Outcome, Placement, Scheduler};
+pub use sched::{CancelError, Outcome, Placement, PlacementError, Scheduler};

@@ -15,7 +15,7 @@ use tracing::debug;
 use super::{Cmd, DispatchItem, EpCmd, Notice, Report, TaskSpec};
 use crate::RunSummary;
 use crate::buffer::Buffer;
-use crate::error::{Error, RunError};
+use crate::error::RunError;
 use crate::trace::{MemberTrace, TaskTrace, Trace, micros};
 
 /// An endpoint as the DAG actor sees it.
@@ -262,7 +262,7 @@ impl DagActor {
                 let actions = self.engine.on_event(Event::Cancel(task));
                 match refused(&actions) {
                     Some(r) => {
-                        let _ = reply.send(Err(Error::Submit(r.to_string())));
+                        let _ = reply.send(Err(r.into()));
                     }
                     None => {
                         let _ = reply.send(Ok(()));
@@ -288,7 +288,7 @@ impl DagActor {
                     identity: buffer.identity(),
                 });
                 let r = match refused(&actions) {
-                    Some(r) => Err(Error::Submit(r.to_string())),
+                    Some(r) => Err(r.into()),
                     None => {
                         self.scoped.insert(buffer.identity(), buffer);
                         Ok(())
@@ -300,7 +300,7 @@ impl DagActor {
                 let actions = self.engine.on_event(Event::EndScope(scope));
                 match refused(&actions) {
                     Some(r) => {
-                        let _ = reply.send(Err(Error::Submit(r.to_string())));
+                        let _ = reply.send(Err(r.into()));
                     }
                     None => {
                         let _ = reply.send(Ok(()));
@@ -406,11 +406,19 @@ impl DagActor {
         let Some(r) = self.records.get(&task) else {
             return;
         };
-        let why = format!(
-            "{task} ({}) was lost on {} without a fence and its worker may still write them",
-            r.spec.members.first().map_or("?", |m| m.name.as_str()),
-            self.worker_name(loss.worker)
-        );
+        let lost = crate::buffer::Loss {
+            task,
+            callable: r
+                .spec
+                .members
+                .first()
+                .map_or_else(|| "?".to_owned(), |m| m.name.clone()),
+            worker: loss.worker,
+            address: self
+                .endpoints
+                .get(loss.worker.0 as usize)
+                .map(|ep| ep.name.clone()),
+        };
         let args: Vec<_> = r
             .spec
             .members
@@ -423,7 +431,7 @@ impl DagActor {
             .filter(|a| a.tag.writes())
         {
             if let crate::buffer::Backing::Host(h) = &a.backing {
-                h.quarantine(task, a.tensor, why.clone());
+                h.quarantine(a.tensor, lost.clone());
             }
         }
         self.quarantined.insert(task, args);
@@ -470,7 +478,7 @@ impl DagActor {
                 .map(|m| m.name.clone())
                 .unwrap_or_default(),
             worker: None,
-            outcome: Outcome::TaskFailure(format!("refused: {}", e.what)),
+            outcome: Outcome::TaskFailure(format!("refused: {}", e.reason)),
         };
         for s in [&mut self.run, &mut self.totals] {
             s.submitted += 1;
@@ -608,9 +616,9 @@ fn task_trace(
 }
 
 /// The refusal an answer of the engine holds, if it is one.
-fn refused(actions: &[Action]) -> Option<&Refusal> {
+fn refused(actions: &[Action]) -> Option<Refusal> {
     actions.iter().find_map(|a| match a {
-        Action::Refused(r) => Some(r),
+        Action::Refused(r) => Some(r.clone()),
         _ => None,
     })
 }

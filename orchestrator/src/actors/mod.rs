@@ -125,6 +125,49 @@ pub(crate) struct Report {
     pub(crate) received: Option<std::time::Instant>,
 }
 
+/// Why a member did not succeed, as its endpoint saw it: the cause of its
+/// TASK_FAILURE.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum MemberFailure {
+    /// The worker ran it and reported a failure (in its words).
+    #[error("{0}")]
+    Reported(String),
+    /// The worker refused to import the buffer of an argument.
+    #[error("argument {arg}: the worker refused buffer {buffer}: {why}")]
+    BufferRefused {
+        arg: usize,
+        buffer: CanonicalIdentity,
+        why: String,
+    },
+    /// The bytes of an argument could not be staged.
+    #[error("argument {arg}: staging: buffer: {source}")]
+    Staging {
+        arg: usize,
+        source: crate::error::BufferError,
+    },
+    /// The wire refused the task's arguments.
+    #[error("{0}")]
+    Args(#[from] strata_wire::Error),
+    /// Its staged bytes do not fit one message to the worker.
+    #[error(
+        "the task's arguments take {bytes} bytes on the wire, more than the {room} a message to {worker} may hold: split the views, or use a worker on this host (buffers by fd)"
+    )]
+    TooLarge {
+        bytes: usize,
+        room: usize,
+        worker: String,
+    },
+    /// Bytes the worker sent back could not be written into the buffer.
+    #[error("argument {arg}: writing back: buffer: {source}")]
+    WriteBack {
+        arg: u32,
+        source: crate::error::BufferError,
+    },
+    /// The worker sent nothing back for a view the task writes.
+    #[error("argument {arg}: the worker sent no bytes for a view the task writes")]
+    NothingBack { arg: u32 },
+}
+
 /// Endpoints (and the cluster's start) → DAG actor: the engine's own
 /// events, as they happened.
 #[derive(Debug)]

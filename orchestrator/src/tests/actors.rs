@@ -147,7 +147,13 @@ fn a_lost_worker_quarantines_its_task_and_rejoins_once_fenced() {
     // A writer of x waits for the fence instead of racing the lost task.
     let writer = c.submit(Task::new("copy").input(&z).output(&x)).unwrap();
     std::thread::sleep(Duration::from_millis(50));
-    assert!(matches!(x.read::<f32>(), Err(Error::Quarantined(_))));
+    let e = x.read::<f32>().unwrap_err();
+    assert!(
+        matches!(&e, Error::Quarantined(q)
+            if q.task == held.id() && q.worker == WorkerId(0) && q.bytes == (0..64)
+                && q.callable.starts_with("t.gate") && q.buffer == x.buffer().identity()),
+        "{e:?}"
+    );
     // Back, the same node reports the lost session ended with nothing
     // running once the kernel returns: that is the fence.
     w0.resume();

@@ -2,3 +2,4 @@
 //! test runs in well under a second.
 
 mod actors;
+mod errors;

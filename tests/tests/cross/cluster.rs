@@ -7,7 +7,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use strata_core::sim::{self, Program};
-use strata_orchestrator::{Buffer, Cluster, Error, Outcome, Task, WorkerId};
+use strata_orchestrator::{Buffer, Cluster, ClusterError, Error, Outcome, Task, WorkerId};
 use strata_tests::kernels::hash_callable;
 use strata_tests::{WorkerProcess, strata_bin};
 use strata_wire::check::Rng;
@@ -70,7 +70,7 @@ fn tiled_matmul_over_two_tcp_workers_with_a_token_stages_bytes() {
         .unwrap()
         .start();
     assert!(
-        matches!(&bad, Err(Error::Cluster(m)) if m.contains(&w0.endpoint.to_string())),
+        matches!(&bad, Err(Error::Cluster(ClusterError::Unreachable { address, .. })) if address.contains(&w0.endpoint.to_string())),
         "{bad:?}"
     );
     let cluster = Cluster::builder()

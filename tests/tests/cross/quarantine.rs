@@ -134,7 +134,7 @@ fn a_hung_unix_worker_s_late_write_never_lands_on_a_reported_result() {
     // The driver's reads and writes of the quarantined bytes are refused.
     let e = s.x.read::<f32>().unwrap_err();
     assert!(
-        matches!(&e, Error::Quarantined(m) if m.contains("test.late_fill") && m.contains("worker 0")),
+        matches!(&e, Error::Quarantined(q) if q.callable.contains("test.late_fill") && q.worker == WorkerId(0) && e.to_string().contains("worker 0")),
         "{e}"
     );
     assert!(matches!(

@@ -72,8 +72,24 @@ use std::collections::HashMap;
 use strata_wire::{ArgTag, CanonicalIdentity, Footprint, Overlap, Tensor};
 
 use crate::ids::{ScopeId, TaskId};
+use crate::sched::CancelError;
 use index::{BufferIndex, Kind};
-pub use submit::{CheckedTask, SubmitError};
+pub use submit::{CheckedTask, SubmitError, SubmitReason};
+
+/// Why a scope call was refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ScopeError {
+    /// No such scope was opened.
+    #[error("scope {} is unknown", .0.0)]
+    Unknown(ScopeId),
+    /// A buffer was registered in a scope that has ended.
+    #[error("scope {} has ended", .0.0)]
+    Ended(ScopeId),
+    /// The scope was ended twice.
+    #[error("scope {} has already ended", .0.0)]
+    AlreadyEnded(ScopeId),
+}
 
 /// Edge kinds, as bits.
 pub mod edge {
@@ -519,15 +535,15 @@ impl Dag {
     ///
     /// # Errors
     /// When the task is not live, or already running.
-    pub fn cancel(&mut self, id: TaskId) -> Result<Vec<Transition>, String> {
+    pub fn cancel(&mut self, id: TaskId) -> Result<Vec<Transition>, CancelError> {
         match self.nodes.get(&id).map(|n| n.state) {
-            Some(State::Running) => return Err(format!("{id} is already running")),
-            Some(State::Lost { .. }) => return Err(format!("{id} was lost with its worker")),
-            Some(State::Dead) | None => return Err(format!("{id} is not live")),
+            Some(State::Running) => return Err(CancelError::Running(id)),
+            Some(State::Lost { .. }) => return Err(CancelError::Lost(id)),
+            Some(State::Dead) | None => return Err(CancelError::NotLive(id)),
             _ => {}
         }
         let Some(node) = self.nodes.remove(&id) else {
-            return Err(format!("{id} is not live"));
+            return Err(CancelError::NotLive(id));
         };
         let mut out = Vec::new();
         self.finish_bad(id, id, node, &mut out);

@@ -3,7 +3,7 @@
 
 use strata_wire::CanonicalIdentity;
 
-use super::{Dag, Scope, Transition};
+use super::{Dag, Scope, ScopeError, Transition};
 use crate::ids::ScopeId;
 
 impl Dag {
@@ -23,15 +23,15 @@ impl Dag {
         &mut self,
         scope: ScopeId,
         identity: CanonicalIdentity,
-    ) -> Result<(), String> {
+    ) -> Result<(), ScopeError> {
         match self.scopes.get_mut(&scope) {
             Some(s) if !s.ended => {
                 s.buffers.push(identity);
                 self.scope_of.insert(identity, scope);
                 Ok(())
             }
-            Some(_) => Err(format!("scope {} has ended", scope.0)),
-            None => Err(format!("scope {} is unknown", scope.0)),
+            Some(_) => Err(ScopeError::Ended(scope)),
+            None => Err(ScopeError::Unknown(scope)),
         }
     }
 
@@ -40,13 +40,13 @@ impl Dag {
     ///
     /// # Errors
     /// When the scope is unknown or already ended.
-    pub fn end_scope(&mut self, scope: ScopeId) -> Result<Vec<Transition>, String> {
+    pub fn end_scope(&mut self, scope: ScopeId) -> Result<Vec<Transition>, ScopeError> {
         let s = self
             .scopes
             .get_mut(&scope)
-            .ok_or_else(|| format!("scope {} is unknown", scope.0))?;
+            .ok_or(ScopeError::Unknown(scope))?;
         if s.ended {
-            return Err(format!("scope {} has already ended", scope.0));
+            return Err(ScopeError::AlreadyEnded(scope));
         }
         s.ended = true;
         let buffers = s.buffers.clone();

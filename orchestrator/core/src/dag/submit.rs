@@ -20,19 +20,96 @@
 //!
 //! Views are in bounds by construction (`Tensor` is validated).
 
-use strata_wire::{Footprint, MAX_SCALARS, MAX_TENSORS, Overlap};
+use strata_wire::{Access, ArgTag, Footprint, MAX_SCALARS, MAX_TENSORS, Overlap};
 
 use super::NewTask;
 use crate::ids::TaskId;
+use crate::sched::PlacementError;
 
-/// Why a task was refused.
+/// Why a task was refused: the task and the rule it breaks.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{task}: {what}")]
+#[error("{task}: {reason}")]
 pub struct SubmitError {
     /// The task.
     pub task: TaskId,
-    /// What is wrong, naming the member and argument.
-    pub what: String,
+    /// The rule it breaks, naming the member and argument.
+    pub reason: SubmitReason,
+}
+
+/// The submit-time rule a task breaks (module docs list them).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum SubmitReason {
+    /// Rule 1: its id is not above the last one submitted.
+    #[error("ids must increase: {last} was submitted already")]
+    IdsMustIncrease {
+        /// The last task submitted.
+        last: TaskId,
+    },
+    /// Rule 2: a task without members.
+    #[error("a task has at least one member")]
+    NoMembers,
+    /// Rule 2: too many tensor arguments in one member.
+    #[error("member {member}: {count} tensor arguments, at most {MAX_TENSORS}")]
+    TooManyTensors {
+        /// The member.
+        member: usize,
+        /// Its tensor arguments.
+        count: usize,
+    },
+    /// Rule 2: too many scalars in one member.
+    #[error("member {member}: {count} scalars, at most {MAX_SCALARS}")]
+    TooManyScalars {
+        /// The member.
+        member: usize,
+        /// Its scalars.
+        count: usize,
+    },
+    /// Rule 3: the tag reads or writes what the view's grant does not allow.
+    #[error("member {member} argument {arg}: tagged {tag} but the buffer grants {}", .granted.name())]
+    NotGranted {
+        /// The member.
+        member: usize,
+        /// The argument.
+        arg: usize,
+        /// Its tag.
+        tag: ArgTag,
+        /// What its view grants.
+        granted: Access,
+    },
+    /// Rule 4: two arguments of one member share a byte and one writes it.
+    #[error(
+        "member {member}: arguments {first} ({first_tag}) and {second} ({second_tag}) share bytes and one of them is written"
+    )]
+    Aliased {
+        /// The member.
+        member: usize,
+        /// The earlier argument.
+        first: usize,
+        /// Its tag.
+        first_tag: ArgTag,
+        /// The later argument.
+        second: usize,
+        /// Its tag.
+        second_tag: ArgTag,
+    },
+    /// Rule 5: an `after` edge to a task that is not earlier.
+    #[error("after names {after}, which is not an earlier task")]
+    AfterNotEarlier {
+        /// The task named.
+        after: TaskId,
+    },
+    /// The engine was given a placement per member, but not as many.
+    #[error("{placements} member placements for {members} members")]
+    PlacementCount {
+        /// Placements given.
+        placements: usize,
+        /// Members of the task.
+        members: usize,
+    },
+    /// The scheduler cannot place it.
+    #[error(transparent)]
+    Unplaceable(#[from] PlacementError),
 }
 
 /// A task that passed the submit-time checks of the task alone. Only
@@ -61,7 +138,7 @@ pub(super) fn check_order(id: TaskId, last: Option<TaskId>) -> Result<(), Submit
     match last {
         Some(last) if id <= last => Err(SubmitError {
             task: id,
-            what: format!("ids must increase: {last} was submitted already"),
+            reason: SubmitReason::IdsMustIncrease { last },
         }),
         _ => Ok(()),
     }
@@ -74,41 +151,37 @@ pub(super) fn check(task: NewTask) -> Result<CheckedTask, SubmitError> {
 }
 
 fn check_alone(task: &NewTask) -> Result<(), SubmitError> {
-    let bad = |what: String| SubmitError {
+    let bad = |reason: SubmitReason| SubmitError {
         task: task.id,
-        what,
+        reason,
     };
     if task.members.is_empty() {
-        return Err(bad("a task has at least one member".into()));
+        return Err(bad(SubmitReason::NoMembers));
     }
     for (m, args) in task.members.iter().enumerate() {
         if args.len() > MAX_TENSORS {
-            return Err(bad(format!(
-                "member {m}: {} tensor arguments, at most {MAX_TENSORS}",
-                args.len()
-            )));
+            return Err(bad(SubmitReason::TooManyTensors {
+                member: m,
+                count: args.len(),
+            }));
         }
         let scalars = task.scalars.get(m).copied().unwrap_or(0);
         if scalars > MAX_SCALARS {
-            return Err(bad(format!(
-                "member {m}: {scalars} scalars, at most {MAX_SCALARS}"
-            )));
+            return Err(bad(SubmitReason::TooManyScalars {
+                member: m,
+                count: scalars,
+            }));
         }
         for (i, a) in args.iter().enumerate() {
             let grant = a.tensor.buffer().access();
-            if a.tag.reads() && !grant.allows_read() {
-                return Err(bad(format!(
-                    "member {m} argument {i}: tagged {} but the buffer grants {}",
-                    a.tag,
-                    grant.name()
-                )));
-            }
-            if a.tag.writes() && !grant.allows_write() {
-                return Err(bad(format!(
-                    "member {m} argument {i}: tagged {} but the buffer grants {}",
-                    a.tag,
-                    grant.name()
-                )));
+            if (a.tag.reads() && !grant.allows_read()) || (a.tag.writes() && !grant.allows_write())
+            {
+                return Err(bad(SubmitReason::NotGranted {
+                    member: m,
+                    arg: i,
+                    tag: a.tag,
+                    granted: grant,
+                }));
             }
         }
         let prints: Vec<Footprint> = args.iter().map(|a| Footprint::of(&a.tensor)).collect();
@@ -116,19 +189,20 @@ fn check_alone(task: &NewTask) -> Result<(), SubmitError> {
             for i in 0..j {
                 let writes = args[i].tag.writes() || args[j].tag.writes();
                 if writes && prints[i].overlap(&prints[j]) != Overlap::Disjoint {
-                    return Err(bad(format!(
-                        "member {m}: arguments {i} ({}) and {j} ({}) share bytes and one of them is written",
-                        args[i].tag, args[j].tag
-                    )));
+                    return Err(bad(SubmitReason::Aliased {
+                        member: m,
+                        first: i,
+                        first_tag: args[i].tag,
+                        second: j,
+                        second_tag: args[j].tag,
+                    }));
                 }
             }
         }
     }
     for a in &task.after {
         if *a >= task.id {
-            return Err(bad(format!(
-                "after names {a}, which is not an earlier task"
-            )));
+            return Err(bad(SubmitReason::AfterNotEarlier { after: *a }));
         }
     }
     Ok(())

@@ -62,6 +62,93 @@ pub struct MemberInfo {
     pub device_buffers: Vec<CanonicalIdentity>,
 }
 
+/// Why the scheduler cannot place a task.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum PlacementError {
+    /// A member is placed on a worker the scheduler does not know.
+    #[error("member {member}: {worker} is unknown")]
+    UnknownWorker {
+        /// The member.
+        member: usize,
+        /// The worker it names.
+        worker: WorkerId,
+    },
+    /// A member is placed on a worker that does not offer its callable.
+    #[error("member {member}: callable {callable} is not registered on {worker}")]
+    NotRegistered {
+        /// The member.
+        member: usize,
+        /// Its callable.
+        callable: KernelHandle,
+        /// The worker it names.
+        worker: WorkerId,
+    },
+    /// Two members of a group are placed on one worker.
+    #[error("member {member}: {worker} already runs another member of this group")]
+    WorkerTaken {
+        /// The later member.
+        member: usize,
+        /// The worker both name.
+        worker: WorkerId,
+    },
+    /// No worker offers a member's callable.
+    #[error("member {member}: no worker offers callable {callable}")]
+    NotOffered {
+        /// The member.
+        member: usize,
+        /// Its callable.
+        callable: KernelHandle,
+    },
+    /// A group has more members than there are workers.
+    #[error("a group of {members} members needs as many workers; there are {workers}")]
+    GroupTooLarge {
+        /// Members of the group.
+        members: usize,
+        /// Workers known.
+        workers: usize,
+    },
+}
+
+/// Why a task cannot be cancelled.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum CancelError {
+    /// No such task is live (never submitted, or finished).
+    #[error("{0} is unknown")]
+    Unknown(TaskId),
+    /// It is not live any more (the DAG retired it).
+    #[error("{0} is not live")]
+    NotLive(TaskId),
+    /// It is running.
+    #[error("{0} is already running")]
+    Running(TaskId),
+    /// It was lost with its worker.
+    #[error("{0} was lost with its worker")]
+    Lost(TaskId),
+    /// It may still run on a worker lost without a fence.
+    #[error("{task} may still be running on {worker}, which was lost without a fence")]
+    Fencing {
+        /// The task.
+        task: TaskId,
+        /// The lost worker.
+        worker: WorkerId,
+    },
+}
+
+impl CancelError {
+    /// The task that was not cancelled.
+    pub fn task(&self) -> TaskId {
+        match self {
+            CancelError::Unknown(t)
+            | CancelError::NotLive(t)
+            | CancelError::Running(t)
+            | CancelError::Lost(t)
+            | CancelError::Fencing { task: t, .. } => *t,
+        }
+    }
+}
+
 /// How a task ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Outcome {
@@ -197,25 +284,27 @@ impl Scheduler {
     ///
     /// # Errors
     /// Why not, naming the member.
-    pub fn check_placeable(&self, members: &[MemberInfo]) -> Result<(), String> {
+    pub fn check_placeable(&self, members: &[MemberInfo]) -> Result<(), PlacementError> {
         let mut named = HashSet::new();
         for (m, info) in members.iter().enumerate() {
             match info.placement {
                 Placement::On(w) => {
-                    let worker = self
-                        .workers
-                        .get(&w)
-                        .ok_or_else(|| format!("member {m}: {w} is unknown"))?;
+                    let worker = self.workers.get(&w).ok_or(PlacementError::UnknownWorker {
+                        member: m,
+                        worker: w,
+                    })?;
                     if !worker.callables.contains(&info.callable) {
-                        return Err(format!(
-                            "member {m}: callable {} is not registered on {w}",
-                            info.callable
-                        ));
+                        return Err(PlacementError::NotRegistered {
+                            member: m,
+                            callable: info.callable,
+                            worker: w,
+                        });
                     }
                     if !named.insert(w) {
-                        return Err(format!(
-                            "member {m}: {w} already runs another member of this group"
-                        ));
+                        return Err(PlacementError::WorkerTaken {
+                            member: m,
+                            worker: w,
+                        });
                     }
                 }
                 Placement::Any => {
@@ -224,20 +313,19 @@ impl Scheduler {
                         .values()
                         .any(|w| w.callables.contains(&info.callable))
                     {
-                        return Err(format!(
-                            "member {m}: no worker offers callable {}",
-                            info.callable
-                        ));
+                        return Err(PlacementError::NotOffered {
+                            member: m,
+                            callable: info.callable,
+                        });
                     }
                 }
             }
         }
         if members.len() > self.workers.len() {
-            return Err(format!(
-                "a group of {} members needs as many workers; there are {}",
-                members.len(),
-                self.workers.len()
-            ));
+            return Err(PlacementError::GroupTooLarge {
+                members: members.len(),
+                workers: self.workers.len(),
+            });
         }
         Ok(())
     }
@@ -467,17 +555,15 @@ impl Scheduler {
     ///
     /// # Errors
     /// When it is running or unknown.
-    pub fn cancel(&mut self, task: TaskId) -> Result<Vec<Action>, String> {
+    pub fn cancel(&mut self, task: TaskId) -> Result<Vec<Action>, CancelError> {
         let state = self
             .tasks
             .get(&task)
             .map(|t| t.state.clone())
-            .ok_or_else(|| format!("{task} is unknown"))?;
+            .ok_or(CancelError::Unknown(task))?;
         match state {
-            State::Running { .. } => Err(format!("{task} is already running")),
-            State::Fencing(w) => Err(format!(
-                "{task} may still be running on {w}, which was lost without a fence"
-            )),
+            State::Running { .. } => Err(CancelError::Running(task)),
+            State::Fencing(worker) => Err(CancelError::Fencing { task, worker }),
             State::Queued(ws) => {
                 for w in ws {
                     if let Some(worker) = self.workers.get_mut(&w) {

@@ -231,11 +231,9 @@ fn cancel_only_before_running() {
     dag.check_and_insert(task(2, &[(row(b, 0), ArgTag::Input)]))
         .unwrap();
     dag.start(TaskId(1)).unwrap();
-    assert!(
-        dag.cancel(TaskId(1))
-            .unwrap_err()
-            .contains("already running")
-    );
+    let e = dag.cancel(TaskId(1)).unwrap_err();
+    assert_eq!(e, strata_core::CancelError::Running(TaskId(1)));
+    assert!(e.to_string().contains("already running"));
     let t = dag.cancel(TaskId(2)).unwrap();
     assert!(t.is_empty());
     assert!(dag.cancel(TaskId(2)).is_err());

@@ -14,9 +14,9 @@ use tracing::warn;
 use strata_core::Event;
 
 use super::EndpointActor;
-use crate::actors::{DispatchItem, Notice, Report};
+use crate::actors::{DispatchItem, MemberFailure, Notice, Report};
 use crate::buffer::{Backing, HostShared};
-use crate::link::Memory;
+use crate::link::{LinkError, Memory};
 
 /// A member on the worker.
 pub(super) struct InFlight {
@@ -29,12 +29,12 @@ pub(super) struct InFlight {
 }
 
 impl EndpointActor {
-    fn finish(&self, item: &DispatchItem, result: Result<(), String>) {
+    fn finish(&self, item: &DispatchItem, result: Result<(), MemberFailure>) {
         let _ = self.up.send(Notice::Completed {
             event: Event::Finished {
                 task: item.task,
                 member: item.member,
-                result,
+                result: result.map_err(|e| e.to_string()),
             },
             report: Report::default(),
         });
@@ -47,7 +47,7 @@ impl EndpointActor {
     pub(super) async fn dispatch(&mut self, items: Vec<DispatchItem>) {
         let refused = match self.import_new(&items).await {
             Ok(r) => r,
-            Err(cause) => return self.lost(cause),
+            Err(e) => return self.lost(format!("fd channel: {e}")),
         };
         // Batches stay under the message limit; one task over it fails
         // alone (its bytes could never travel) instead of breaking the
@@ -73,10 +73,11 @@ impl EndpointActor {
             if bytes > room {
                 self.finish(
                     item,
-                    Err(format!(
-                        "the task's arguments take {bytes} bytes on the wire, more than the {} a message to {} may hold: split the views, or use a worker on this host (buffers by fd)",
-                        room, self.name
-                    )),
+                    Err(MemberFailure::TooLarge {
+                        bytes,
+                        room,
+                        worker: self.name.clone(),
+                    }),
                 );
                 continue;
             }
@@ -101,7 +102,7 @@ impl EndpointActor {
     async fn import_new(
         &mut self,
         items: &[DispatchItem],
-    ) -> Result<HashMap<CanonicalIdentity, String>, String> {
+    ) -> Result<HashMap<CanonicalIdentity, String>, LinkError> {
         let mut refused = HashMap::new();
         if self.staged() {
             return Ok(refused);
@@ -123,11 +124,7 @@ impl EndpointActor {
             // it through narrowed views whichever task comes first.
             let buffers: Vec<(BufferDescriptor, BorrowedFd<'_>)> =
                 chunk.iter().map(|h| (*h.descriptor(), h.fd())).collect();
-            let results = self
-                .link
-                .import(&buffers)
-                .await
-                .map_err(|e| format!("fd channel: {e}"))?;
+            let results = self.link.import(&buffers).await?;
             let mut bytes = 0u64;
             for (h, r) in chunk.iter().zip(results) {
                 let id = *h.descriptor().identity();
@@ -152,7 +149,7 @@ impl EndpointActor {
         &self,
         item: &DispatchItem,
         refused: &HashMap<CanonicalIdentity, String>,
-    ) -> Result<(TaskRequest, InFlight), String> {
+    ) -> Result<(TaskRequest, InFlight), MemberFailure> {
         let staged_link = self.staged();
         let mut tensors = Vec::with_capacity(item.args.len());
         let mut tags = Vec::with_capacity(item.args.len());
@@ -168,7 +165,7 @@ impl EndpointActor {
                         Vec::new()
                     } else {
                         h.pack(&a.tensor)
-                            .map_err(|e| format!("argument {i}: staging: {e}"))?
+                            .map_err(|source| MemberFailure::Staging { arg: i, source })?
                     };
                     sent += data.len() as u64;
                     inline.push(Some(data));
@@ -176,17 +173,18 @@ impl EndpointActor {
                 }
                 Backing::Host(h) => {
                     if let Some(why) = refused.get(h.descriptor().identity()) {
-                        return Err(format!(
-                            "argument {i}: the worker refused buffer {}: {why}",
-                            h.descriptor().identity()
-                        ));
+                        return Err(MemberFailure::BufferRefused {
+                            arg: i,
+                            buffer: *h.descriptor().identity(),
+                            why: why.clone(),
+                        });
                     }
                     inline.push(None);
                 }
                 Backing::Device(_) => inline.push(None),
             }
         }
-        let args = TaskArgs::new(tensors, item.scalars.to_vec()).map_err(|e| e.to_string())?;
+        let args = TaskArgs::new(tensors, item.scalars.to_vec())?;
         Ok((
             TaskRequest {
                 id: item.task,
@@ -223,7 +221,7 @@ impl EndpointActor {
                 received: None,
             };
             let result = match c.outcome {
-                TaskOutcome::Failure(cause) => Err(cause),
+                TaskOutcome::Failure(cause) => Err(MemberFailure::Reported(cause)),
                 TaskOutcome::Success => land(&f, &c.outputs, &mut report.returned),
             };
             report.received = Some(std::time::Instant::now());
@@ -231,7 +229,7 @@ impl EndpointActor {
                 event: Event::Finished {
                     task: f.task,
                     member: f.member,
-                    result,
+                    result: result.map_err(|e| e.to_string()),
                 },
                 report,
             });
@@ -241,19 +239,20 @@ impl EndpointActor {
 
 /// Writes the bytes a staged worker sent back into the host buffers; every
 /// argument the task writes must have come back.
-fn land(f: &InFlight, outputs: &[(u32, Vec<u8>)], returned: &mut u64) -> Result<(), String> {
+fn land(f: &InFlight, outputs: &[(u32, Vec<u8>)], returned: &mut u64) -> Result<(), MemberFailure> {
     for (index, view, host, writes) in &f.staged {
         let out = outputs.iter().find(|(i, _)| i == index);
         match out {
             Some((_, bytes)) => {
                 host.unpack(view, bytes)
-                    .map_err(|e| format!("argument {index}: writing back: {e}"))?;
+                    .map_err(|source| MemberFailure::WriteBack {
+                        arg: *index,
+                        source,
+                    })?;
                 *returned += bytes.len() as u64;
             }
             None if *writes => {
-                return Err(format!(
-                    "argument {index}: the worker sent no bytes for a view the task writes"
-                ));
+                return Err(MemberFailure::NothingBack { arg: *index });
             }
             None => {}
         }

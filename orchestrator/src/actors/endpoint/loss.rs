@@ -40,7 +40,8 @@ use tracing::{debug, info, warn};
 use super::{EndpointActor, FENCE_POLL, Internal, Respawn, Spawned};
 use crate::actors::Notice;
 use crate::actors::fence::{Process, Unfenced};
-use crate::link::{Dialer, LinkEvent, Memory, WorkerLink};
+use crate::error::ClusterError;
+use crate::link::{Dialer, LinkError, LinkEvent, Memory, WorkerLink};
 use strata_core::Event;
 
 /// Something looking for a fence: a task on the runtime (a session poll)
@@ -326,7 +327,7 @@ type Restarted = (
 );
 
 /// Restarts a spawned worker on its socket and opens a link to it.
-async fn restart(respawn: &Respawn) -> Result<Restarted, String> {
+async fn restart(respawn: &Respawn) -> Result<Restarted, RestartError> {
     let (local, chip) = (Arc::clone(&respawn.local), respawn.chip);
     let (endpoint, spawned) = tokio::task::spawn_blocking(move || {
         let lock = || local.lock().unwrap_or_else(|e| e.into_inner());
@@ -338,20 +339,30 @@ async fn restart(respawn: &Respawn) -> Result<Restarted, String> {
         let line = starting.wait(timeout);
         let mut lw = lock();
         let endpoint = lw.endpoint_of(chip, line, timeout)?;
-        let pid = lw
-            .pid(chip)
-            .ok_or_else(|| crate::error::Error::Cluster("no process".into()))?;
+        let pid = lw.pid(chip).ok_or(ClusterError::NoProcess { chip })?;
         let log = lw.log_path(chip).unwrap_or_default();
-        Ok::<_, crate::error::Error>((endpoint, Spawned { pid, log }))
+        Ok::<_, ClusterError>((endpoint, Spawned { pid, log }))
     })
-    .await
-    .map_err(|e| e.to_string())?
-    .map_err(|e| e.to_string())?;
+    .await??;
     let mut dial = respawn.dial.clone();
     dial.endpoint = endpoint;
     let (tx, rx) = mpsc::unbounded_channel();
-    let link = dial.dial(None, tx).await.map_err(|e| e.to_string())?;
+    let link = dial.dial(None, tx).await?;
     Ok((link, rx, spawned))
+}
+
+/// Why a spawned worker could not be restarted.
+#[derive(Debug, thiserror::Error)]
+enum RestartError {
+    /// The process did not start, or was not ready.
+    #[error(transparent)]
+    Start(#[from] ClusterError),
+    /// The blocking task that starts it panicked or was cancelled.
+    #[error("the restart task: {0}")]
+    Join(#[from] tokio::task::JoinError),
+    /// The new process did not answer the dial.
+    #[error(transparent)]
+    Dial(#[from] LinkError),
 }
 
 /// Waits up to `limit` for process `pid` to be dead (a zombie or gone).

@@ -1,6 +1,22 @@
-//! The driver API's errors.
+//! The driver API's errors: one [`Error`] whose variants each hold a
+//! typed reason a program can match on ([`ClusterError`], [`BufferError`],
+//! [`ViewError`], [`QuarantinedBytes`], [`SubmitError`], [`NpyError`],
+//! [`TraceError`], the worker's [`LinkError`], a task's [`RunError`]).
+//! Lower layers' errors (`strata_wire::Error`, `strata_core::SubmitError`,
+//! `std::io::Error`) are kept as they came, not turned into text.
 
+mod buffer;
+mod cluster;
+mod files;
+mod submit;
+
+pub use buffer::{BufferError, QuarantinedBytes, ViewError};
+pub use cluster::ClusterError;
+pub use files::{NpyError, TraceError};
 use strata_core::{Outcome, TaskId, WorkerId};
+pub use submit::SubmitError;
+
+use crate::link::LinkError;
 
 /// Why a driver call failed.
 #[derive(Debug, thiserror::Error)]
@@ -8,28 +24,27 @@ use strata_core::{Outcome, TaskId, WorkerId};
 pub enum Error {
     /// The cluster could not start, or a worker could not be reached.
     #[error("cluster: {0}")]
-    Cluster(String),
+    Cluster(#[from] ClusterError),
     /// A buffer could not be made, read or written.
     #[error("buffer: {0}")]
-    Buffer(String),
+    Buffer(#[from] BufferError),
     /// A view is malformed or does not fit its buffer (names the field).
     #[error("view: {0}")]
-    View(String),
-
+    View(#[from] ViewError),
     /// The bytes are quarantined: a task that writes them was lost without
     /// a fence and its worker may still write them.
     #[error("quarantined: {0}")]
-    Quarantined(String),
-    /// A task was refused at submit time; nothing was queued.
+    Quarantined(#[from] QuarantinedBytes),
+    /// A task (or a call about one) was refused; nothing was queued.
     #[error("submit: {0}")]
-    Submit(String),
+    Submit(#[from] SubmitError),
     /// A worker refused or failed a control call.
     #[error("{worker}: {error}")]
     Worker {
         /// The worker.
         worker: WorkerId,
         /// Why: lost, unreachable, refused (and why), timed out...
-        error: crate::link::LinkError,
+        error: LinkError,
     },
     /// A task of the run did not succeed.
     #[error(transparent)]
@@ -40,11 +55,11 @@ pub enum Error {
         /// The file.
         path: String,
         /// Why.
-        reason: String,
+        reason: NpyError,
     },
     /// A trace could not be written.
     #[error("trace: {0}")]
-    Trace(String),
+    Trace(#[from] TraceError),
     /// The cluster is shut down (or its actors stopped).
     #[error("the cluster is shut down")]
     Closed,

@@ -1,0 +1,178 @@
+//! Why a task, or a call about tasks, was refused.
+
+use strata_core::{CancelError, ScopeError, TaskId, WorkerId};
+
+use super::BufferError;
+
+/// Why a task, or a call about tasks, was refused.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum SubmitError {
+    /// A worker id the cluster does not have.
+    #[error("there is no {worker}")]
+    NoWorker {
+        /// The id.
+        worker: WorkerId,
+    },
+    /// `name@version` whose version is not a number.
+    #[error("callable {callable:?}: the version is not a number")]
+    BadVersion {
+        /// The callable as named.
+        callable: String,
+    },
+    /// A callable no worker offers.
+    #[error("unknown callable {name:?}; the workers offer {}", .offered.join(", "))]
+    UnknownCallable {
+        /// The name.
+        name: String,
+        /// The names the workers offer.
+        offered: Vec<String>,
+    },
+    /// A version of a callable no worker offers.
+    #[error(
+        "callable {name:?} has no version {version}; the workers offer {}",
+        .offered.iter().map(u32::to_string).collect::<Vec<_>>().join(", ")
+    )]
+    UnknownVersion {
+        /// The name.
+        name: String,
+        /// The version asked for.
+        version: u32,
+        /// The versions offered.
+        offered: Vec<u32>,
+    },
+    /// An argument's buffer cannot be used any more (its run ended, or its
+    /// worker was lost).
+    #[error("{callable}: argument {arg}: buffer: {source}")]
+    DeadArgument {
+        /// The task's callable.
+        callable: String,
+        /// The argument.
+        arg: usize,
+        /// Why (boxed: it is the largest reason, and rare).
+        source: Box<BufferError>,
+    },
+    /// Two arguments live on different workers' devices.
+    #[error(
+        "{callable}: argument {first} lives on {first_worker}'s device and argument {second} on {second_worker}'s: a task runs on one worker"
+    )]
+    DevicesDiffer {
+        /// The task's callable.
+        callable: String,
+        /// The earlier argument.
+        first: usize,
+        /// Its worker.
+        first_worker: WorkerId,
+        /// The later argument.
+        second: usize,
+        /// Its worker.
+        second_worker: WorkerId,
+    },
+    /// Placed on one worker with an argument on another's device.
+    #[error("{callable}: placed on {placed}, but argument {arg} lives on {device}'s device")]
+    PlacedAway {
+        /// The task's callable.
+        callable: String,
+        /// Where it was placed.
+        placed: WorkerId,
+        /// The argument.
+        arg: usize,
+        /// Where that argument lives.
+        device: WorkerId,
+    },
+    /// A member placed on a worker the cluster does not have.
+    #[error("{callable}: member {member}: there is no {worker} (the cluster has {workers})")]
+    UnknownPlacement {
+        /// The member's callable.
+        callable: String,
+        /// The member.
+        member: usize,
+        /// The worker named.
+        worker: WorkerId,
+        /// The cluster's workers.
+        workers: usize,
+    },
+    /// A member placed on a worker that does not offer its callable.
+    #[error("member {member}: {callable} is not registered on {worker}")]
+    NotRegistered {
+        /// The member.
+        member: usize,
+        /// Its callable.
+        callable: String,
+        /// The worker named.
+        worker: WorkerId,
+    },
+    /// Two members of a group placed on one worker.
+    #[error("member {member}: {worker} already runs another member of this group")]
+    WorkerTaken {
+        /// The later member.
+        member: usize,
+        /// The worker.
+        worker: WorkerId,
+    },
+    /// No worker offers a member's callable.
+    #[error("member {member}: no worker offers {callable}")]
+    NotOffered {
+        /// The member.
+        member: usize,
+        /// Its callable.
+        callable: String,
+    },
+    /// A group of more members than the cluster has workers.
+    #[error("a group of {members} members needs as many workers; there are {workers}")]
+    GroupTooLarge {
+        /// Members.
+        members: usize,
+        /// Workers.
+        workers: usize,
+    },
+    /// The DAG's submit-time rules refused it (the rule names the member
+    /// and argument).
+    #[error("{}", .0.reason)]
+    Rejected(#[from] strata_core::SubmitError),
+    /// A task that cannot be cancelled.
+    #[error("cannot cancel {task}: {reason}")]
+    Cancel {
+        /// The task.
+        task: TaskId,
+        /// Why.
+        reason: CancelError,
+    },
+    /// An unknown or ended scope.
+    #[error("scope: {0}")]
+    Scope(#[from] ScopeError),
+    /// A refusal of a job built over the cluster, in that job's words
+    /// (the demos, a graph file's task), with where it was.
+    #[error("{0}")]
+    Job(String),
+    /// A refusal of the task at `path` of a graph file.
+    #[error("{path}: {error}")]
+    At {
+        /// Where the task is (`tasks[3]`).
+        path: String,
+        /// Why it was refused.
+        error: Box<SubmitError>,
+    },
+}
+
+impl From<strata_core::Refusal> for SubmitError {
+    fn from(r: strata_core::Refusal) -> Self {
+        match r {
+            strata_core::Refusal::Submit(e) => SubmitError::Rejected(e),
+            strata_core::Refusal::Cancel(reason) => SubmitError::Cancel {
+                task: reason.task(),
+                reason,
+            },
+            strata_core::Refusal::Scope(e) => SubmitError::Scope(e),
+            // Refusal is non-exhaustive; every kind the engine has today
+            // is above.
+            other => SubmitError::Job(other.to_string()),
+        }
+    }
+}
+
+impl From<strata_core::Refusal> for super::Error {
+    fn from(r: strata_core::Refusal) -> Self {
+        super::Error::Submit(r.into())
+    }
+}

@@ -1,0 +1,274 @@
+//! A host buffer's memfd and mapping: created sealed at its size, read
+//! and written by the driver through bounds-checked copies, packed and
+//! unpacked for staged workers, and its quarantined ranges refused.
+
+use std::fs::File;
+use std::io;
+use std::os::fd::{AsFd, BorrowedFd};
+use std::os::unix::fs::MetadataExt;
+
+use strata_chip::staging;
+use strata_core::{Holders, WorkerId};
+use strata_wire::{BufferDescriptor, CanonicalIdentity, Tensor};
+use tokio::sync::mpsc;
+
+use super::Released;
+use crate::error::{BufferError, Error, QuarantinedBytes};
+use crate::mapping::{self, SharedMapping};
+
+/// A host buffer's memfd, mapping and bookkeeping.
+pub(crate) struct HostShared {
+    pub(super) desc: BufferDescriptor,
+    file: File,
+    pub(super) map: SharedMapping,
+    imported_on: Holders,
+    notify: mpsc::UnboundedSender<Released>,
+    /// Views written by tasks lost without a fence, until their quarantine
+    /// lifts: the driver's own reads and writes of those bytes are refused
+    /// (DESIGN §7). Empty but for the rare loss; the DAG actor marks and
+    /// lifts, driver threads check.
+    quarantine: std::sync::Mutex<Vec<Mark>>,
+}
+
+/// A view of a host buffer quarantined by a lost task.
+#[derive(Debug)]
+struct Mark {
+    view: Tensor,
+    loss: Loss,
+}
+
+/// A task lost without a fence, as the quarantine of its views names it.
+#[derive(Debug, Clone)]
+pub(crate) struct Loss {
+    pub(crate) task: strata_core::TaskId,
+    /// Its callable, `name@version`.
+    pub(crate) callable: String,
+    pub(crate) worker: WorkerId,
+    /// The worker's address, when known.
+    pub(crate) address: Option<String>,
+}
+
+impl std::fmt::Debug for HostShared {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "HostBuffer({}, {} B)",
+            self.desc.identity(),
+            self.desc.nbytes()
+        )
+    }
+}
+
+impl HostShared {
+    /// A zeroed memfd of `nbytes`, sealed against resizing, mapped here.
+    pub(crate) fn create(
+        identity: CanonicalIdentity,
+        nbytes: u64,
+        access: strata_wire::Access,
+        notify: mpsc::UnboundedSender<Released>,
+    ) -> Result<Self, BufferError> {
+        if nbytes == 0 {
+            return Err(BufferError::Empty);
+        }
+        let fail = |step: &'static str| {
+            move |source: io::Error| BufferError::Memfd {
+                step,
+                nbytes,
+                source,
+            }
+        };
+        let mfd = memfd::MemfdOptions::default()
+            .close_on_exec(true)
+            .allow_sealing(true)
+            .create("strata-buffer")
+            .map_err(memfd_io)
+            .map_err(fail("memfd_create"))?;
+        mfd.as_file().set_len(nbytes).map_err(fail("ftruncate"))?;
+        mfd.add_seals(&[
+            memfd::FileSeal::SealShrink,
+            memfd::FileSeal::SealGrow,
+            memfd::FileSeal::SealSeal,
+        ])
+        .map_err(memfd_io)
+        .map_err(fail("sealing the memfd"))?;
+        let file = mfd.into_file();
+        let meta = file.metadata().map_err(fail("fstat"))?;
+        let desc = BufferDescriptor::new(
+            identity,
+            nbytes,
+            strata_wire::AddressSpace::Host,
+            access,
+            strata_wire::Backing::Memfd {
+                st_dev: meta.dev(),
+                st_ino: meta.ino(),
+            },
+        )
+        .map_err(BufferError::Descriptor)?;
+        let map = SharedMapping::new(&file).map_err(fail("mmap"))?;
+        Ok(HostShared {
+            desc,
+            file,
+            map,
+            imported_on: Holders::new(),
+            notify,
+            quarantine: std::sync::Mutex::new(Vec::new()),
+        })
+    }
+
+    pub(crate) fn descriptor(&self) -> &BufferDescriptor {
+        &self.desc
+    }
+
+    /// The memfd, to pass to a local worker.
+    pub(crate) fn fd(&self) -> BorrowedFd<'_> {
+        self.file.as_fd()
+    }
+
+    /// Records that `worker` imported the buffer (so it is told to release
+    /// it later).
+    pub(crate) fn imported_by(&self, worker: WorkerId) {
+        self.imported_on.mark(worker);
+    }
+
+    /// The view's bytes, packed run after run (what travels to a remote
+    /// worker).
+    pub(crate) fn pack(&self, view: &Tensor) -> Result<Vec<u8>, BufferError> {
+        let first = usize::try_from(view.byte_offset()).map_err(|_| too_big())?;
+        let mut out = vec![0u8; usize::try_from(staging::packed_len(view)).map_err(|_| too_big())?];
+        let mut at = 0usize;
+        let mut result = Ok(());
+        staging::for_each_run(view, |off, len| {
+            if result.is_ok() {
+                result = self.map.read(first + off, &mut out[at..at + len]);
+                at += len;
+            }
+        });
+        result.map_err(|e| self.mapping(e))?;
+        Ok(out)
+    }
+
+    /// Writes a view's packed bytes back, run after run.
+    pub(crate) fn unpack(&self, view: &Tensor, packed: &[u8]) -> Result<(), BufferError> {
+        let want = staging::packed_len(view);
+        if packed.len() as u64 != want {
+            return Err(BufferError::PackedLength {
+                got: packed.len(),
+                want,
+            });
+        }
+        let first = usize::try_from(view.byte_offset()).map_err(|_| too_big())?;
+        let mut at = 0usize;
+        let mut result = Ok(());
+        staging::for_each_run(view, |off, len| {
+            if result.is_ok() {
+                result = self.map.write(first + off, &packed[at..at + len]);
+                at += len;
+            }
+        });
+        result.map_err(|e| self.mapping(e))
+    }
+
+    /// The mapping refused bytes past its end (its only failure).
+    pub(super) fn mapping(&self, e: mapping::OutOfRange) -> BufferError {
+        BufferError::OutOfRange {
+            bytes: e.offset as u64..e.end as u64,
+            nbytes: self.desc.nbytes(),
+        }
+    }
+
+    fn marks(&self) -> std::sync::MutexGuard<'_, Vec<Mark>> {
+        self.quarantine.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Quarantines `view`: the lost task writes it.
+    pub(crate) fn quarantine(&self, view: Tensor, loss: Loss) {
+        self.marks().push(Mark { view, loss });
+    }
+
+    /// Lifts what `task` quarantined: it can no longer write.
+    pub(crate) fn lift(&self, task: strata_core::TaskId) {
+        self.marks().retain(|m| m.loss.task != task);
+    }
+
+    /// Refuses a driver access to `view`'s bytes while any of them is
+    /// quarantined.
+    pub(super) fn check_view(&self, view: &Tensor) -> Result<(), Error> {
+        let marks = self.marks();
+        match marks
+            .iter()
+            .find(|m| strata_wire::overlap(&m.view, view) != strata_wire::Overlap::Disjoint)
+        {
+            None => Ok(()),
+            Some(m) => Err(quarantined(self, m).into()),
+        }
+    }
+
+    /// As [`HostShared::check_view`], for `len` bytes at `offset`.
+    fn check_range(&self, offset: u64, len: usize) -> Result<(), Error> {
+        let end = offset.saturating_add(len as u64);
+        let marks = self.marks();
+        match marks.iter().find(|m| {
+            let start = m.view.byte_offset();
+            start < end && offset < start.saturating_add(m.view.extent_bytes())
+        }) {
+            None => Ok(()),
+            Some(m) => Err(quarantined(self, m).into()),
+        }
+    }
+
+    pub(crate) fn read(&self, offset: u64, len: usize) -> Result<Vec<u8>, Error> {
+        self.check_range(offset, len)?;
+        let offset = usize::try_from(offset).map_err(|_| too_big())?;
+        let mut out = vec![0u8; len];
+        self.map
+            .read(offset, &mut out)
+            .map_err(|e| self.mapping(e))?;
+        Ok(out)
+    }
+
+    pub(crate) fn write(&self, offset: u64, bytes: &[u8]) -> Result<(), Error> {
+        self.check_range(offset, bytes.len())?;
+        let offset = usize::try_from(offset).map_err(|_| too_big())?;
+        self.map
+            .write(offset, bytes)
+            .map_err(|e| self.mapping(e).into())
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.map.len()
+    }
+}
+
+fn quarantined(h: &HostShared, m: &Mark) -> QuarantinedBytes {
+    let start = m.view.byte_offset();
+    QuarantinedBytes {
+        buffer: *h.desc.identity(),
+        bytes: start..start.saturating_add(m.view.extent_bytes()),
+        task: m.loss.task,
+        callable: m.loss.callable.clone(),
+        worker: m.loss.worker,
+        address: m.loss.address.clone(),
+    }
+}
+
+pub(super) fn too_big() -> BufferError {
+    BufferError::AddressSpace
+}
+
+/// The io error inside a memfd error (every variant holds one).
+fn memfd_io(e: memfd::Error) -> io::Error {
+    match e {
+        memfd::Error::Create(e) | memfd::Error::AddSeals(e) | memfd::Error::GetSeals(e) => e,
+    }
+}
+
+impl Drop for HostShared {
+    fn drop(&mut self) {
+        let workers = self.imported_on.take();
+        // After the cluster is gone nobody listens; the workers are gone too.
+        let _ = self.notify.send(Released::Host {
+            identity: *self.desc.identity(),
+            workers,
+        });
+    }
+}

@@ -1,0 +1,228 @@
+//! Buffers and views, as the driver holds them.
+//!
+//! A host [`Buffer`] is an anonymous memfd, sealed at its size and mapped
+//! shared in the driver, with a fresh identity (this cluster's random
+//! owner id, a counter, generation 1). No named shared memory is created,
+//! so a crash leaves nothing behind in `/dev/shm`. A device buffer
+//! (DEVICE_MALLOC) lives in one worker's device memory and is reached by
+//! identity; a *run* buffer is a device buffer in the run region, whose
+//! memory lives until the run ends (`Cluster::wait_all`), handle or not.
+//!
+//! Lifetime: a buffer is shared by the driver's handles and by every
+//! submitted task that names it, until that task is finished (success,
+//! failure, skip or cancel alike). When the last of them lets go, the
+//! buffer manager is told, and the workers that imported it release their
+//! imports (or free the device block). Dropping a handle while tasks still
+//! use the buffer therefore defers the release; it is never refused.
+
+use std::sync::Arc;
+
+use strata_chip::kernel::Pod;
+use strata_core::WorkerId;
+use strata_wire::{BufferDescriptor, CanonicalIdentity, DType, Tensor};
+use tokio::sync::mpsc;
+
+use crate::error::{BufferError, Error, ViewError};
+use crate::mapping;
+
+mod host;
+mod view;
+
+pub(crate) use host::{HostShared, Loss};
+pub use view::View;
+
+/// What the buffer manager hears when a buffer's last user let go.
+#[derive(Debug)]
+pub(crate) enum Released {
+    /// A host buffer; the workers that imported it.
+    Host {
+        identity: CanonicalIdentity,
+        workers: Vec<WorkerId>,
+    },
+    /// A device buffer on `worker`.
+    Device {
+        identity: CanonicalIdentity,
+        worker: WorkerId,
+    },
+}
+
+/// A device buffer's bookkeeping.
+#[derive(Debug)]
+pub(crate) struct DeviceShared {
+    pub(crate) desc: BufferDescriptor,
+    pub(crate) worker: WorkerId,
+    /// The worker's incarnation when it was allocated (see
+    /// [`crate::Cluster::is_up`]).
+    pub(crate) incarnation: u64,
+    /// For a run buffer, the cluster's run it belongs to (ended by
+    /// `wait_all`); `None` for a persistent device buffer.
+    pub(crate) run: Option<u64>,
+    pub(crate) notify: mpsc::UnboundedSender<Released>,
+}
+
+impl Drop for DeviceShared {
+    fn drop(&mut self) {
+        let _ = self.notify.send(Released::Device {
+            identity: *self.desc.identity(),
+            worker: self.worker,
+        });
+    }
+}
+
+#[derive(Debug, Clone)]
+pub(crate) enum Backing {
+    Host(Arc<HostShared>),
+    Device(Arc<DeviceShared>),
+}
+
+/// A buffer: host memory shared with local workers, or device memory on
+/// one worker. Cheap to clone; the memory lives while any clone or any
+/// unfinished task uses it.
+#[derive(Debug, Clone)]
+pub struct Buffer {
+    pub(crate) backing: Backing,
+}
+
+impl Buffer {
+    pub(crate) fn host(shared: HostShared) -> Self {
+        Buffer {
+            backing: Backing::Host(Arc::new(shared)),
+        }
+    }
+
+    pub(crate) fn device(shared: DeviceShared) -> Self {
+        Buffer {
+            backing: Backing::Device(Arc::new(shared)),
+        }
+    }
+
+    /// Its wire descriptor.
+    pub fn descriptor(&self) -> BufferDescriptor {
+        match &self.backing {
+            Backing::Host(h) => h.desc,
+            Backing::Device(d) => d.desc,
+        }
+    }
+
+    /// Its identity.
+    pub fn identity(&self) -> CanonicalIdentity {
+        *self.descriptor().identity()
+    }
+
+    /// Its size in bytes.
+    pub fn nbytes(&self) -> u64 {
+        self.descriptor().nbytes()
+    }
+
+    /// For a device buffer, the worker whose device holds it.
+    pub fn device_worker(&self) -> Option<WorkerId> {
+        match &self.backing {
+            Backing::Host(_) => None,
+            Backing::Device(d) => Some(d.worker),
+        }
+    }
+
+    /// A row-major view of `shape` elements of `dtype` from byte 0.
+    ///
+    /// # Errors
+    /// [`Error::View`] when it does not fit the buffer (naming the field).
+    pub fn tensor(&self, shape: &[u32], dtype: DType) -> Result<View, Error> {
+        self.tensor_at(0, shape, dtype)
+    }
+
+    /// A row-major view of `shape` elements of `dtype` from `byte_offset`.
+    ///
+    /// # Errors
+    /// As [`Buffer::tensor`].
+    pub fn tensor_at(&self, byte_offset: u64, shape: &[u32], dtype: DType) -> Result<View, Error> {
+        let tensor = Tensor::row_major(self.descriptor(), byte_offset, shape, dtype)
+            .map_err(ViewError::Wire)?;
+        Ok(View {
+            tensor,
+            buffer: self.clone(),
+        })
+    }
+
+    /// A strided view: `shape` elements with element `strides` from
+    /// `byte_offset`.
+    ///
+    /// # Errors
+    /// As [`Buffer::tensor`].
+    pub fn view(
+        &self,
+        byte_offset: u64,
+        shape: &[u32],
+        strides: &[u32],
+        dtype: DType,
+    ) -> Result<View, Error> {
+        let tensor = Tensor::new(self.descriptor(), byte_offset, shape, strides, dtype)
+            .map_err(ViewError::Wire)?;
+        Ok(View {
+            tensor,
+            buffer: self.clone(),
+        })
+    }
+
+    fn host_shared(&self) -> Result<&Arc<HostShared>, Error> {
+        match &self.backing {
+            Backing::Host(h) => Ok(h),
+            Backing::Device(d) => Err(BufferError::OnDevice {
+                buffer: *d.desc.identity(),
+                worker: d.worker,
+            }
+            .into()),
+        }
+    }
+
+    /// `len` bytes at `offset` of a host buffer. Read results after the
+    /// tasks that write them are done ([`crate::Cluster::wait`]).
+    ///
+    /// # Errors
+    /// A device buffer, or bytes past the end.
+    pub fn read_bytes(&self, offset: u64, len: usize) -> Result<Vec<u8>, Error> {
+        self.host_shared()?.read(offset, len)
+    }
+
+    /// The whole host buffer.
+    ///
+    /// # Errors
+    /// A device buffer.
+    pub fn to_bytes(&self) -> Result<Vec<u8>, Error> {
+        let h = self.host_shared()?;
+        h.read(0, h.len())
+    }
+
+    /// The whole host buffer as values of `T`.
+    ///
+    /// # Errors
+    /// A device buffer, or a size that is not a multiple of `T`'s.
+    pub fn to_vec<T: Pod>(&self) -> Result<Vec<T>, Error> {
+        let bytes = self.to_bytes()?;
+        if bytes.len() % std::mem::size_of::<T>() != 0 {
+            return Err(BufferError::NotWhole {
+                len: bytes.len(),
+                size: std::mem::size_of::<T>(),
+            }
+            .into());
+        }
+        Ok(mapping::from_bytes(&bytes))
+    }
+
+    /// Writes `bytes` at `offset` of a host buffer. Write inputs before
+    /// submitting the tasks that read them, or after the tasks that use
+    /// those bytes are done.
+    ///
+    /// # Errors
+    /// A device buffer, or bytes past the end.
+    pub fn write_bytes(&self, offset: u64, bytes: &[u8]) -> Result<(), Error> {
+        self.host_shared()?.write(offset, bytes)
+    }
+
+    /// Writes `values` at byte `offset` of a host buffer.
+    ///
+    /// # Errors
+    /// As [`Buffer::write_bytes`].
+    pub fn write_slice<T: Pod>(&self, offset: u64, values: &[T]) -> Result<(), Error> {
+        self.write_bytes(offset, mapping::as_bytes(values))
+    }
+}

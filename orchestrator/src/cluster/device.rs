@@ -1,0 +1,164 @@
+//! Device buffers: allocated on one worker (persistent, or for the current
+//! run), written and read by control calls, checked alive before a task
+//! or a call uses them.
+
+use strata_core::WorkerId;
+use strata_wire::{Access, AddressSpace, Backing as WireBacking, BufferDescriptor};
+
+use super::Cluster;
+use crate::actors::EpCmd;
+use crate::buffer::{Backing, Buffer, DeviceShared};
+use crate::error::{BufferError, Error, SubmitError};
+use crate::link::LinkError;
+
+impl Cluster {
+    /// A device buffer of `nbytes` in `worker`'s device memory (persistent
+    /// region). Tasks that use it run on that worker.
+    ///
+    /// # Errors
+    /// An unknown worker, or the worker's refusal (out of memory names the
+    /// region).
+    pub fn device_buffer(&self, worker: WorkerId, nbytes: u64) -> Result<Buffer, Error> {
+        self.device_alloc(worker, nbytes, None)
+    }
+
+    /// A device buffer of `nbytes` in `worker`'s *run* region, which lives
+    /// until the current run ends: the next [`Cluster::wait_all`] (or the
+    /// cluster's shutdown). The worker then reclaims the whole run region
+    /// at once — no per-buffer free, no fragmentation — and the buffer is
+    /// refused from then on, by the driver at once ([`Error::Buffer`] or
+    /// [`Error::Submit`] naming the run) and by the worker as a backstop.
+    /// For intermediates of one job; keep data that outlives it in
+    /// [`Cluster::device_buffer`].
+    ///
+    /// # Errors
+    /// As [`Cluster::device_buffer`] (out of memory names the run region).
+    pub fn run_buffer(&self, worker: WorkerId, nbytes: u64) -> Result<Buffer, Error> {
+        let run = self.run.load(std::sync::atomic::Ordering::Acquire);
+        if let Some(used) = self.run_used.get(worker.0 as usize) {
+            used.store(true, std::sync::atomic::Ordering::Release);
+        }
+        self.device_alloc(worker, nbytes, Some(run))
+    }
+
+    /// The number of the current run: 0 at the start, one more after each
+    /// [`Cluster::wait_all`].
+    pub fn current_run(&self) -> u64 {
+        self.run.load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    fn device_alloc(
+        &self,
+        worker: WorkerId,
+        nbytes: u64,
+        run: Option<u64>,
+    ) -> Result<Buffer, Error> {
+        let incarnation = self
+            .lives
+            .get(worker.0 as usize)
+            .ok_or(SubmitError::NoWorker { worker })?
+            .incarnation();
+        let identity = self.mint.mint().map_err(BufferError::Identity)?;
+        let region = match run {
+            Some(_) => strata_chip::Region::Run,
+            None => strata_chip::Region::Persistent,
+        };
+        let addr = self.ask_endpoint(worker, |reply| EpCmd::DeviceAlloc {
+            identity,
+            nbytes,
+            region,
+            reply,
+        })?;
+        let addr = std::num::NonZeroU64::new(addr).ok_or_else(|| Error::Worker {
+            worker,
+            error: LinkError::Internal("device address 0".into()),
+        })?;
+        let desc = BufferDescriptor::new(
+            identity,
+            nbytes,
+            AddressSpace::Device,
+            Access::ReadWrite,
+            WireBacking::DeviceMalloc { addr },
+        )
+        .map_err(BufferError::Descriptor)?;
+        Ok(Buffer::device(DeviceShared {
+            desc,
+            worker,
+            incarnation,
+            run,
+            notify: self.released.clone(),
+        }))
+    }
+
+    fn device_of(&self, buffer: &Buffer) -> Result<WorkerId, Error> {
+        match &buffer.backing {
+            Backing::Device(d) => {
+                self.check_alive(d)?;
+                Ok(d.worker)
+            }
+            Backing::Host(_) => Err(BufferError::OnHost {
+                buffer: buffer.identity(),
+            }
+            .into()),
+        }
+    }
+
+    /// Refuses a device buffer whose worker was lost since it was
+    /// allocated (its contents went with the worker), and a run buffer
+    /// whose run has ended (its memory went with the run).
+    pub(super) fn check_alive(&self, d: &DeviceShared) -> Result<(), BufferError> {
+        let current = self.current_run();
+        if let Some(run) = d.run.filter(|r| *r != current) {
+            return Err(BufferError::RunEnded {
+                buffer: *d.desc.identity(),
+                worker: d.worker,
+                run,
+                current,
+            });
+        }
+        let now = self
+            .lives
+            .get(d.worker.0 as usize)
+            .map_or(u64::MAX, |l| l.incarnation());
+        if now == d.incarnation {
+            Ok(())
+        } else {
+            Err(BufferError::WorkerLost {
+                buffer: *d.desc.identity(),
+                worker: d.worker,
+            })
+        }
+    }
+
+    /// Writes `data` at `offset` of a device buffer. Order it against
+    /// tasks yourself (write before submitting readers; wait for writers).
+    ///
+    /// # Errors
+    /// A host buffer, or the worker's refusal.
+    pub fn write_device(&self, buffer: &Buffer, offset: u64, data: &[u8]) -> Result<(), Error> {
+        let worker = self.device_of(buffer)?;
+        let identity = buffer.identity();
+        let data = data.to_vec();
+        self.ask_endpoint(worker, |reply| EpCmd::CopyToDevice {
+            identity,
+            offset,
+            data,
+            reply,
+        })
+    }
+
+    /// Reads `len` bytes at `offset` of a device buffer.
+    ///
+    /// # Errors
+    /// A host buffer, or the worker's refusal.
+    pub fn read_device(&self, buffer: &Buffer, offset: u64, len: u64) -> Result<Vec<u8>, Error> {
+        let worker = self.device_of(buffer)?;
+        let identity = buffer.identity();
+        self.ask_endpoint(worker, |reply| EpCmd::CopyFromDevice {
+            identity,
+            offset,
+            len,
+            reply,
+        })
+    }
+}

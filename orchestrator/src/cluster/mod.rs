@@ -1,0 +1,386 @@
+//! [`Cluster`]: the driver API. It starts (or connects to) workers, runs
+//! the orchestrator's actors on its own tokio runtime, and offers
+//! blocking calls to create buffers, submit tasks and wait for them.
+//!
+//! Call it from ordinary threads, not from inside an async runtime (its
+//! calls block on the actors' replies).
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use strata_chip::KernelHandle;
+use strata_core::{ScopeId, WorkerId};
+use strata_proto::convert::WorkerStats;
+use strata_wire::{Access, IdentityMint};
+use tokio::runtime::Runtime;
+use tokio::sync::{mpsc, oneshot};
+
+use crate::RunSummary;
+use crate::actors::endpoint::Life;
+use crate::actors::{Cmd, EpCmd};
+use crate::buffer::{Buffer, HostShared, Released};
+use crate::error::{BufferError, ClusterError, Error, SubmitError};
+use crate::link::LinkError;
+use crate::link::WorkerInfo;
+use crate::local::LocalWorkers;
+use crate::task::TaskHandle;
+use crate::trace::Trace;
+
+mod device;
+mod submit;
+
+/// A scope: buffers registered in it are released once it has ended and
+/// no unfinished task uses them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Scope(ScopeId);
+
+/// A set of workers and the orchestrator driving them.
+pub struct Cluster {
+    pub(crate) runtime: Option<Runtime>,
+    pub(crate) cmds: mpsc::Sender<Cmd>,
+    pub(crate) endpoints: Vec<mpsc::Sender<EpCmd>>,
+    pub(crate) workers: Vec<WorkerInfo>,
+    /// Callable name → (version, handle, canonical descriptor), highest
+    /// version last.
+    pub(crate) callables: BTreeMap<String, Vec<(u32, KernelHandle, String)>>,
+    pub(crate) mint: IdentityMint,
+    pub(crate) released: mpsc::UnboundedSender<Released>,
+    pub(crate) local: Option<Arc<Mutex<LocalWorkers>>>,
+    /// Per worker, the callables it offers.
+    pub(crate) offers: Vec<std::collections::HashSet<KernelHandle>>,
+    /// Per worker, whether it is up and how many times it was lost.
+    pub(crate) lives: Vec<std::sync::Arc<Life>>,
+    /// The retry policy ([`crate::ClusterBuilder::retry`]).
+    pub(crate) retries: u32,
+    /// Bounds the tasks submitted and not finished.
+    pub(crate) gate: std::sync::Arc<strata_core::Gate>,
+    /// The next task id; held while a submit is handed to the DAG actor,
+    /// so that ids reach it in increasing order.
+    pub(crate) next_id: std::sync::Mutex<u64>,
+    /// The current run: run buffers of earlier runs are refused.
+    pub(crate) run: std::sync::atomic::AtomicU64,
+    /// Per worker, whether this run allocated run buffers there (only
+    /// those workers are told when the run ends).
+    pub(crate) run_used: Vec<std::sync::atomic::AtomicBool>,
+    /// Per worker, the node itself when it runs in this process.
+    pub(crate) in_process: Vec<Option<strata_worker::InProcessWorker>>,
+}
+
+impl std::fmt::Debug for Cluster {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Cluster")
+            .field("workers", &self.workers.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Cluster {
+    /// The worker node of `worker`, when it runs in this process
+    /// ([`crate::ClusterBuilder::in_process`]): its figures, and `halt`/`resume`
+    /// to see how a job rides out a lost worker.
+    pub fn in_process_worker(&self, worker: WorkerId) -> Option<&strata_worker::InProcessWorker> {
+        self.in_process.get(worker.0 as usize)?.as_ref()
+    }
+
+    /// The workers, by id.
+    pub fn workers(&self) -> &[WorkerInfo] {
+        &self.workers
+    }
+
+    /// The process id of `worker` now, when this cluster spawned it (a
+    /// respawned worker has a new one; [`WorkerInfo::pid`] is the first).
+    pub fn worker_pid(&self, worker: WorkerId) -> Option<u32> {
+        self.lives.get(worker.0 as usize).and_then(|l| l.pid())
+    }
+
+    /// Whether `worker` is up: connected and taking tasks. A lost worker
+    /// the cluster connected to (not one it spawned) is dialed again and
+    /// is up once more when it answers: a restarted process on the same
+    /// address, or the same one after a cut connection heals.
+    pub fn is_up(&self, worker: WorkerId) -> bool {
+        self.lives.get(worker.0 as usize).is_some_and(|l| l.is_up())
+    }
+
+    /// Waits up to `limit` for `worker` to be up.
+    ///
+    /// # Errors
+    /// [`Error::Worker`] when it is not up in time, or there is no such
+    /// worker.
+    pub fn wait_up(&self, worker: WorkerId, limit: Duration) -> Result<(), Error> {
+        let deadline = std::time::Instant::now() + limit;
+        loop {
+            if self.is_up(worker) {
+                return Ok(());
+            }
+            if std::time::Instant::now() >= deadline {
+                return Err(Error::Worker {
+                    worker,
+                    error: LinkError::TimedOut(format!("not up within {limit:?}")),
+                });
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    fn ask<T>(&self, make: impl FnOnce(oneshot::Sender<T>) -> Cmd) -> Result<T, Error> {
+        not_async()?;
+        let (tx, rx) = oneshot::channel();
+        self.cmds
+            .blocking_send(make(tx))
+            .map_err(|_| Error::Closed)?;
+        rx.blocking_recv().map_err(|_| Error::Closed)
+    }
+
+    fn ask_endpoint<T>(
+        &self,
+        worker: WorkerId,
+        make: impl FnOnce(oneshot::Sender<Result<T, LinkError>>) -> EpCmd,
+    ) -> Result<T, Error> {
+        not_async()?;
+        let ep = self
+            .endpoints
+            .get(worker.0 as usize)
+            .ok_or(SubmitError::NoWorker { worker })?;
+        let (tx, rx) = oneshot::channel();
+        ep.blocking_send(make(tx)).map_err(|_| Error::Closed)?;
+        rx.blocking_recv()
+            .map_err(|_| Error::Closed)?
+            .map_err(|error| Error::Worker { worker, error })
+    }
+
+    /// A zeroed host buffer of `nbytes`, readable and writable by tasks.
+    ///
+    /// # Errors
+    /// [`Error::Buffer`] when the memfd cannot be made.
+    pub fn buffer(&self, nbytes: u64) -> Result<Buffer, Error> {
+        self.buffer_with(nbytes, Access::ReadWrite)
+    }
+
+    /// A zeroed host buffer granting tasks `access` only.
+    ///
+    /// # Errors
+    /// As [`Cluster::buffer`].
+    pub fn buffer_with(&self, nbytes: u64, access: Access) -> Result<Buffer, Error> {
+        let identity = self.mint.mint().map_err(BufferError::Identity)?;
+        Ok(Buffer::host(HostShared::create(
+            identity,
+            nbytes,
+            access,
+            self.released.clone(),
+        )?))
+    }
+
+    /// A host buffer holding a copy of `bytes`.
+    ///
+    /// # Errors
+    /// As [`Cluster::buffer`].
+    pub fn buffer_from_bytes(&self, bytes: &[u8]) -> Result<Buffer, Error> {
+        let b = self.buffer(bytes.len() as u64)?;
+        b.write_bytes(0, bytes)?;
+        Ok(b)
+    }
+
+    /// A host buffer holding a copy of `values`.
+    ///
+    /// # Errors
+    /// As [`Cluster::buffer`].
+    pub fn buffer_from_slice<T: strata_chip::kernel::Pod>(
+        &self,
+        values: &[T],
+    ) -> Result<Buffer, Error> {
+        self.buffer_from_bytes(crate::mapping::as_bytes(values))
+    }
+
+    /// A worker's counters (device statistics included).
+    ///
+    /// # Errors
+    /// An unknown or lost worker.
+    pub fn worker_stats(&self, worker: WorkerId) -> Result<WorkerStats, Error> {
+        self.ask_endpoint(worker, |reply| EpCmd::Stats { reply })
+    }
+
+    /// Waits for one task.
+    ///
+    /// # Errors
+    /// [`Error::Run`] when it did not succeed (failed, skipped because a
+    /// producer failed, or cancelled), naming task, callable, worker and
+    /// cause.
+    pub fn wait(&self, task: TaskHandle) -> Result<(), Error> {
+        Ok(self.ask(|reply| Cmd::Wait {
+            task: task.0,
+            reply,
+        })??)
+    }
+
+    /// Waits until every submitted task is finished and returns the run's
+    /// figures; the next call starts a new run. The run's run buffers
+    /// ([`Cluster::run_buffer`]) end with it, whether the run succeeded or
+    /// not: their handles are refused from now on, and each worker they
+    /// lived on retires them (and resets its run region once no other
+    /// session holds run buffers there).
+    ///
+    /// # Errors
+    /// [`Error::Run`] with the first task failure of the run.
+    pub fn wait_all(&self) -> Result<RunSummary, Error> {
+        let summary = self.ask(|reply| Cmd::WaitAll { reply })?;
+        self.end_run();
+        Ok(summary?)
+    }
+
+    /// Ends the current run: refuses its run buffers here at once, then
+    /// tells the workers that hold some. A worker that cannot be told (lost)
+    /// has ended the session, which retires them anyway.
+    fn end_run(&self) {
+        let ended = self.run.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+        for (i, used) in self.run_used.iter().enumerate() {
+            if !used.swap(false, std::sync::atomic::Ordering::AcqRel) {
+                continue;
+            }
+            let Ok(worker) = u32::try_from(i).map(WorkerId) else {
+                continue;
+            };
+            match self.ask_endpoint(worker, |reply| EpCmd::EndRun { reply }) {
+                Ok(end) => tracing::debug!(
+                    %worker,
+                    run = ended,
+                    retired = end.retired,
+                    reset = end.reset,
+                    "run ended"
+                ),
+                Err(e) => {
+                    tracing::debug!(%worker, run = ended, error = %e, "run end not delivered")
+                }
+            }
+        }
+    }
+
+    /// Cancels a task that has not started; its consumers are skipped.
+    ///
+    /// # Errors
+    /// When it is running, finished or unknown.
+    pub fn cancel(&self, task: TaskHandle) -> Result<(), Error> {
+        self.ask(|reply| Cmd::Cancel {
+            task: task.0,
+            reply,
+        })?
+    }
+
+    /// Figures since the cluster started.
+    ///
+    /// # Errors
+    /// [`Error::Closed`].
+    pub fn totals(&self) -> Result<RunSummary, Error> {
+        self.ask(|reply| Cmd::Totals { reply })
+    }
+
+    /// The tasks finished since the last call (or since the start), with
+    /// where and when they ran; `None` unless the cluster was built with
+    /// [`crate::ClusterBuilder::trace`].
+    ///
+    /// # Errors
+    /// [`Error::Closed`].
+    pub fn take_trace(&self) -> Result<Option<Trace>, Error> {
+        self.ask(|reply| Cmd::TakeTrace { reply })
+    }
+
+    /// Opens a scope.
+    ///
+    /// # Errors
+    /// [`Error::Closed`].
+    pub fn open_scope(&self) -> Result<Scope, Error> {
+        self.ask(|reply| Cmd::OpenScope { reply }).map(Scope)
+    }
+
+    /// Registers `buffer` in `scope`: the scope holds it until the scope
+    /// has ended and no unfinished task uses it.
+    ///
+    /// # Errors
+    /// An unknown or ended scope.
+    pub fn scope_buffer(&self, scope: Scope, buffer: &Buffer) -> Result<(), Error> {
+        let buffer = buffer.clone();
+        self.ask(|reply| Cmd::ScopeBuffer {
+            scope: scope.0,
+            buffer,
+            reply,
+        })?
+    }
+
+    /// Ends `scope`.
+    ///
+    /// # Errors
+    /// An unknown or ended scope.
+    pub fn end_scope(&self, scope: Scope) -> Result<(), Error> {
+        self.ask(|reply| Cmd::EndScope {
+            scope: scope.0,
+            reply,
+        })?
+    }
+
+    /// Waits for every task, then stops the actors and the workers this
+    /// cluster spawned.
+    ///
+    /// # Errors
+    /// The run's first task failure (the cluster is stopped anyway).
+    pub fn shutdown(mut self) -> Result<RunSummary, Error> {
+        let r = self.wait_all();
+        self.stop();
+        r
+    }
+
+    /// Stops the actors (closing every session), the runtime, then the
+    /// spawned workers.
+    fn stop(&mut self) {
+        self.gate.close();
+        let Some(runtime) = self.runtime.take() else {
+            return;
+        };
+        if tokio::runtime::Handle::try_current().is_ok() {
+            // Dropped inside an async runtime, where blocking is not
+            // allowed: stop from a plain thread.
+            let local = self.local.take();
+            let cmds = self.cmds.clone();
+            std::thread::scope(|s| {
+                s.spawn(move || stop(runtime, &cmds, local));
+            });
+            return;
+        }
+        stop(runtime, &self.cmds, self.local.take());
+    }
+}
+
+/// Refuses blocking calls made inside an async runtime (they would
+/// stall or panic it).
+fn not_async() -> Result<(), Error> {
+    if tokio::runtime::Handle::try_current().is_ok() {
+        return Err(ClusterError::InsideAsync.into());
+    }
+    Ok(())
+}
+
+/// The shutdown protocol: the DAG actor stops every endpoint (each closes
+/// its task stream and fd channel, ending its worker session), then the
+/// runtime stops, then spawned workers get SIGTERM (SIGKILL after 2 s) and
+/// are reaped.
+fn stop(runtime: Runtime, cmds: &mpsc::Sender<Cmd>, local: Option<Arc<Mutex<LocalWorkers>>>) {
+    tracing::info!("cluster stopping");
+    let (tx, rx) = oneshot::channel();
+    let cmds = cmds.clone();
+    runtime.block_on(async move {
+        if cmds.send(Cmd::Shutdown { reply: tx }).await.is_ok() {
+            let _ = tokio::time::timeout(Duration::from_secs(3), rx).await;
+        }
+    });
+    runtime.shutdown_timeout(Duration::from_secs(1));
+    if let Some(lw) = local {
+        lw.lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .shutdown(Duration::from_secs(2));
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}

@@ -1,0 +1,286 @@
+//! The one place a task becomes what the engine takes: callables
+//! resolved, arguments and placement derived, the DAG's view built and
+//! checked once, numbered and handed to the DAG actor.
+
+use strata_chip::KernelHandle;
+use strata_core::{Placement, TaskId, WorkerId};
+use strata_wire::ArgTag;
+
+use super::{Cluster, not_async};
+use crate::actors::{ArgRef, Cmd, MemberSpec, TaskSpec};
+use crate::buffer::Backing;
+use crate::error::{Error, SubmitError};
+use crate::task::{Task, TaskHandle};
+
+impl Cluster {
+    /// The canonical descriptor of `name` or `name@version` as the workers
+    /// reported it (`name@version(arg:ACCESS:dtypes:rank,…;scalar:kind,…)`).
+    ///
+    /// # Errors
+    /// [`Error::Submit`] for an unknown callable or version.
+    pub fn callable_signature(&self, callable: &str) -> Result<String, Error> {
+        self.resolve_full(callable).map(|(_, _, sig)| sig)
+    }
+
+    /// The handle of `name` or `name@version`, and its qualified name.
+    fn resolve(&self, callable: &str) -> Result<(KernelHandle, String), Error> {
+        self.resolve_full(callable).map(|(h, q, _)| (h, q))
+    }
+
+    fn resolve_full(&self, callable: &str) -> Result<(KernelHandle, String, String), Error> {
+        let (name, version) = match callable.split_once('@') {
+            Some((n, v)) => (
+                n,
+                Some(v.parse::<u32>().map_err(|_| SubmitError::BadVersion {
+                    callable: callable.to_owned(),
+                })?),
+            ),
+            None => (callable, None),
+        };
+        let versions = self
+            .callables
+            .get(name)
+            .ok_or_else(|| SubmitError::UnknownCallable {
+                name: name.to_owned(),
+                offered: self.callables.keys().cloned().collect(),
+            })?;
+        let found = match version {
+            Some(v) => versions.iter().find(|(ver, _, _)| *ver == v),
+            None => versions.last(),
+        };
+        let (v, h, sig) = found.ok_or_else(|| SubmitError::UnknownVersion {
+            name: name.to_owned(),
+            version: version.unwrap_or(0),
+            offered: versions.iter().map(|(v, _, _)| *v).collect(),
+        })?;
+        Ok((*h, format!("{name}@{v}"), sig.clone()))
+    }
+
+    fn member(&self, task: Task) -> Result<(MemberSpec, Vec<TaskId>), Error> {
+        let (callable, name) = self.resolve(&task.callable)?;
+        let mut device_on: Option<(usize, WorkerId)> = None;
+        let mut device_buffers = Vec::new();
+        let mut args = Vec::with_capacity(task.args.len());
+        for (i, (view, tag)) in task.args.into_iter().enumerate() {
+            if let Backing::Device(d) = &view.buffer.backing {
+                self.check_alive(d)
+                    .map_err(|source| SubmitError::DeadArgument {
+                        callable: name.clone(),
+                        arg: i,
+                        source: Box::new(source),
+                    })?;
+                device_buffers.push(*d.desc.identity());
+                match device_on {
+                    Some((j, w)) if w != d.worker => {
+                        return Err(SubmitError::DevicesDiffer {
+                            callable: name,
+                            first: j,
+                            first_worker: w,
+                            second: i,
+                            second_worker: d.worker,
+                        }
+                        .into());
+                    }
+                    _ => device_on = Some((i, d.worker)),
+                }
+            }
+            args.push(ArgRef {
+                tensor: view.tensor,
+                tag,
+                backing: view.buffer.backing,
+            });
+        }
+        let placement = match (task.on, device_on) {
+            (Some(w), Some((i, d))) if w != d => {
+                return Err(SubmitError::PlacedAway {
+                    callable: name,
+                    placed: w,
+                    arg: i,
+                    device: d,
+                }
+                .into());
+            }
+            (Some(w), _) | (None, Some((_, w))) => Placement::On(w),
+            (None, None) => Placement::Any,
+        };
+        Ok((
+            MemberSpec {
+                callable,
+                name,
+                args: args.into(),
+                scalars: task.scalars.into(),
+                placement,
+                device_buffers,
+            },
+            task.after,
+        ))
+    }
+
+    /// Checks a task where it is submitted — the DAG's submit-time rules
+    /// and its placement against the workers' callables — numbers it and
+    /// hands it to the DAG actor without waiting for an answer.
+    fn submit_spec(
+        &self,
+        spec: TaskSpec,
+        after: Vec<TaskId>,
+        retries: u32,
+    ) -> Result<TaskHandle, Error> {
+        not_async()?;
+        self.check_placement(&spec)?;
+        self.gate.enter().map_err(|_| Error::Closed)?;
+        let r = self.submit_entered(spec, after, retries);
+        if r.is_err() {
+            self.gate.leave(1);
+        }
+        r
+    }
+
+    /// [`Cluster::submit_spec`] once the task holds its place in the gate:
+    /// the one place a task becomes what the engine takes. Its DAG view is
+    /// built and checked here, once ([`strata_core::Dag::check`]); the DAG
+    /// actor inserts the checked task as it is.
+    fn submit_entered(
+        &self,
+        spec: TaskSpec,
+        after: Vec<TaskId>,
+        retries: u32,
+    ) -> Result<TaskHandle, Error> {
+        let mut next = self.next_id.lock().unwrap_or_else(|e| e.into_inner());
+        let id = TaskId(*next);
+        let task = strata_core::dag::NewTask {
+            id,
+            members: spec
+                .members
+                .iter()
+                .map(|m| {
+                    m.args
+                        .iter()
+                        .map(|a| strata_core::dag::Arg {
+                            tensor: a.tensor,
+                            tag: a.tag,
+                        })
+                        .collect()
+                })
+                .collect(),
+            scalars: spec.members.iter().map(|m| m.scalars.len()).collect(),
+            after,
+        };
+        let task = strata_core::Dag::check(task).map_err(SubmitError::Rejected)?;
+        let submission = strata_core::Submission {
+            task,
+            members: spec
+                .members
+                .iter()
+                .map(|m| strata_core::sched::MemberInfo {
+                    callable: m.callable,
+                    placement: m.placement,
+                    device_buffers: m.device_buffers.clone(),
+                })
+                .collect(),
+            retries,
+        };
+        self.cmds
+            .blocking_send(Cmd::Submit { spec, submission })
+            .map_err(|_| Error::Closed)?;
+        *next += 1;
+        Ok(TaskHandle(id))
+    }
+
+    /// The scheduler's placement rules, checked against the callables each
+    /// worker reported at the start.
+    fn check_placement(&self, spec: &TaskSpec) -> Result<(), Error> {
+        let mut named = std::collections::HashSet::new();
+        for (m, member) in spec.members.iter().enumerate() {
+            match member.placement {
+                Placement::On(w) => {
+                    let offers = self.offers.get(w.0 as usize).ok_or_else(|| {
+                        SubmitError::UnknownPlacement {
+                            callable: member.name.clone(),
+                            member: m,
+                            worker: w,
+                            workers: self.offers.len(),
+                        }
+                    })?;
+                    if !offers.contains(&member.callable) {
+                        return Err(SubmitError::NotRegistered {
+                            member: m,
+                            callable: member.name.clone(),
+                            worker: w,
+                        }
+                        .into());
+                    }
+                    if !named.insert(w) {
+                        return Err(SubmitError::WorkerTaken {
+                            member: m,
+                            worker: w,
+                        }
+                        .into());
+                    }
+                }
+                Placement::Any => {
+                    if !self.offers.iter().any(|o| o.contains(&member.callable)) {
+                        return Err(SubmitError::NotOffered {
+                            member: m,
+                            callable: member.name.clone(),
+                        }
+                        .into());
+                    }
+                }
+            }
+        }
+        if spec.members.len() > self.offers.len() {
+            return Err(SubmitError::GroupTooLarge {
+                members: spec.members.len(),
+                workers: self.offers.len(),
+            }
+            .into());
+        }
+        Ok(())
+    }
+
+    /// Submits a task. Its dependencies on earlier tasks are inferred from
+    /// the bytes its arguments read and write (plus its `after` edges).
+    ///
+    /// # Errors
+    /// [`Error::Submit`] when it is refused (unknown callable, grant
+    /// mismatch, arguments of the task overlapping where one is written,
+    /// placement that cannot work); nothing is queued then.
+    pub fn submit(&self, task: Task) -> Result<TaskHandle, Error> {
+        let (member, after) = self.member(task)?;
+        let rerunnable = member.placement == Placement::Any
+            && member.device_buffers.is_empty()
+            && member.args.iter().all(|a| {
+                matches!(
+                    a.tag,
+                    ArgTag::Input | ArgTag::Output | ArgTag::OutputExisting
+                )
+            });
+        let retries = if rerunnable { self.retries } else { 0 };
+        self.submit_spec(
+            TaskSpec {
+                members: vec![member],
+            },
+            after,
+            retries,
+        )
+    }
+
+    /// Submits a group: one member per worker, launched all-or-nothing
+    /// (for members that wait for each other). `after` edges of every
+    /// member apply to the group.
+    ///
+    /// # Errors
+    /// As [`Cluster::submit`].
+    pub fn submit_group(&self, members: Vec<Task>) -> Result<TaskHandle, Error> {
+        let mut specs = Vec::with_capacity(members.len());
+        let mut after = Vec::new();
+        for t in members {
+            let (m, a) = self.member(t)?;
+            specs.push(m);
+            after.extend(a);
+        }
+        after.sort_unstable();
+        after.dedup();
+        self.submit_spec(TaskSpec { members: specs }, after, 0)
+    }
+}

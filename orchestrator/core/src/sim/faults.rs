@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use strata_wire::check::Rng;
 use strata_wire::{ArgTag, CanonicalIdentity};
 
-use super::{Memory, Program, Writes, accepted, apply, compute, submission, worker_up};
+use super::{Memory, Program, Writes, apply, compute, submission, worker_up};
 use crate::dag::Arg;
 use crate::engine::{Action, Engine, Event};
 use crate::ids::{TaskId, WorkerId};
@@ -227,7 +227,7 @@ pub fn run_engine_with_faults(p: &Program, workers: u32, rng: &mut Rng) -> Fault
                 && t.members[0]
                     .iter()
                     .all(|a| !matches!(a.tag, ArgTag::InOut | ArgTag::NoDep));
-            accepted(engine.on_event(submission(t, u32::from(retry))))
+            engine.on_event(submission(t, u32::from(retry)))
         } else if !in_flight.is_empty() {
             let i = (rng.next_u64() % in_flight.len() as u64) as usize;
             let (task, member, _, writes) = in_flight.swap_remove(i);

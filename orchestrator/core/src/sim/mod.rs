@@ -414,17 +414,6 @@ fn submission(t: &ProgTask, retries: u32) -> Event {
     })
 }
 
-/// The engine's answer to a submission the run expects it to take.
-///
-/// # Panics
-/// When it refused the task.
-fn accepted(actions: Vec<Action>) -> Vec<Action> {
-    if let Some(Action::Refused(r)) = actions.first() {
-        panic!("the engine refused a task: {r}");
-    }
-    actions
-}
-
 fn worker_up(worker: u32, window: usize) -> Event {
     Event::WorkerUp {
         worker: WorkerId(worker),
@@ -495,7 +484,7 @@ pub fn run_engine(p: &Program, workers: u32, rng: &mut Rng) -> (Memory, RunStats
         if submit {
             let t = &p.tasks[next];
             next += 1;
-            let actions = accepted(engine.on_event(submission(t, 0)));
+            let actions = engine.on_event(submission(t, 0));
             handle(actions, &mem, &mut in_flight, &mut done);
         } else {
             assert!(

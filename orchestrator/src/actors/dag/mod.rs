@@ -15,7 +15,7 @@ use tracing::debug;
 use super::{Cmd, DispatchItem, EpCmd, Notice, Report, TaskSpec};
 use crate::RunSummary;
 use crate::buffer::Buffer;
-use crate::error::RunError;
+use crate::error::{Error, RunError};
 use crate::trace::{TaskTrace, Trace};
 
 mod finish;
@@ -260,18 +260,7 @@ impl DagActor {
                 self.all_waiters.push(reply);
                 self.settle();
             }
-            Cmd::Cancel { task, reply } => {
-                let actions = self.engine.on_event(Event::Cancel(task));
-                match refused(&actions) {
-                    Some(r) => {
-                        let _ = reply.send(Err(r.into()));
-                    }
-                    None => {
-                        let _ = reply.send(Ok(()));
-                        self.act(actions).await;
-                    }
-                }
-            }
+            Cmd::Cancel { task, reply } => self.answer(Event::Cancel(task), reply).await,
             Cmd::OpenScope { reply } => {
                 for a in self.engine.on_event(Event::OpenScope) {
                     if let Action::ScopeOpened(scope) = a {
@@ -298,18 +287,7 @@ impl DagActor {
                 };
                 let _ = reply.send(r);
             }
-            Cmd::EndScope { scope, reply } => {
-                let actions = self.engine.on_event(Event::EndScope(scope));
-                match refused(&actions) {
-                    Some(r) => {
-                        let _ = reply.send(Err(r.into()));
-                    }
-                    None => {
-                        let _ = reply.send(Ok(()));
-                        self.act(actions).await;
-                    }
-                }
-            }
+            Cmd::EndScope { scope, reply } => self.answer(Event::EndScope(scope), reply).await,
             Cmd::Totals { reply } => {
                 let _ = reply.send(self.totals.clone());
             }
@@ -318,6 +296,22 @@ impl DagActor {
                 let _ = reply.send(tasks.map(|tasks| Trace { tasks }));
             }
             Cmd::Shutdown { .. } => unreachable!("handled by run"),
+        }
+    }
+
+    /// A driver's call as an engine event: refused (the reply says why,
+    /// nothing changed), or done (the reply says so, then its actions are
+    /// carried out).
+    async fn answer(&mut self, event: Event, reply: oneshot::Sender<Result<(), Error>>) {
+        let actions = self.engine.on_event(event);
+        match refused(&actions) {
+            Some(r) => {
+                let _ = reply.send(Err(r.into()));
+            }
+            None => {
+                let _ = reply.send(Ok(()));
+                self.act(actions).await;
+            }
         }
     }
 

@@ -5,7 +5,8 @@
 # the DAG's submit gate and buffer holders (strata-orchestrator-core), the
 # worker's import registry (strata-worker-core), the chip's arena pool and
 # run bump, lanes, completion slots and start gates (strata-chip-runtime),
-# the identity mint (strata-wire). Each structure is written against the
+# the identity mint (strata-wire), the task and completion rings
+# (strata-ring). Each structure is written against the
 # crate's `sync` shim, which is std outside loom and loom's types under
 # `--cfg loom`, so the models check the code that ships.
 #

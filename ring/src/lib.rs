@@ -14,7 +14,7 @@
 //! empty are never confused.
 //!
 //! # Wake-ups
-//! A [`Bell`] is one futex word: bit 0 says a waiter is parked (or about
+//! A bell (`Bell`) is one futex word: bit 0 says a waiter is parked (or about
 //! to be), the rest is a sequence. Ringing bumps the sequence and clears
 //! the bit in one read-modify-write, and makes the futex call only when
 //! the bit was set — a busy peer costs one atomic per batch, never a
@@ -234,7 +234,7 @@ pub trait Store: Send + Sync {
 
 /// Memory holding both lanes of a session: the submission lane (driver
 /// to worker) and the completion lane (worker to driver).
-pub trait Memory: Send + Sync + 'static {
+pub trait Memory: Send + Sync + std::fmt::Debug + 'static {
     /// The shared words of a lane.
     fn lane(&self, which: Which) -> &Lane;
     /// The bytes of a lane.
@@ -428,6 +428,31 @@ impl Producer {
                 Waited::TimedOut => return Ok(false),
             }
         }
+    }
+
+    /// Waits until the consumer releases bytes past `tail` (an earlier
+    /// [`Producer::tail`]), the ring closes, or `deadline` passes: what a
+    /// writer that does not hold the producer waits on before trying again.
+    pub fn wait_released(
+        mem: &dyn Memory,
+        which: Which,
+        tail: u64,
+        spin: Spin,
+        deadline: Option<Instant>,
+    ) -> Waited {
+        let lane = mem.lane(which);
+        lane.space.0.wait(
+            spin,
+            deadline,
+            || lane.tail.0.load(Ordering::Acquire) != tail,
+            || lane.is_closed(),
+        )
+    }
+
+    /// The consumer's tail as it stands (unchecked: for
+    /// [`Producer::wait_released`] only).
+    pub fn tail(&self) -> u64 {
+        self.lane().tail.0.load(Ordering::Acquire)
     }
 
     /// The memory this producer writes.

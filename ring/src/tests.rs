@@ -14,6 +14,12 @@ struct Heap {
     bytes: [Bytes; 2],
 }
 
+impl std::fmt::Debug for Heap {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Heap")
+    }
+}
+
 impl Heap {
     fn new(cap: usize) -> Arc<Heap> {
         Arc::new(Heap {

@@ -260,6 +260,7 @@ impl WorkerClient {
             callables,
             fd_socket: (!reply.fd_socket.is_empty())
                 .then(|| std::path::PathBuf::from(reply.fd_socket)),
+            ring: reply.ring,
             max_message_bytes: reply.max_message_bytes,
             instance: convert::instance("instance", reply.instance)?,
             previous: convert::previous_session(previous.is_some(), reply.previous)?,

@@ -98,8 +98,41 @@ impl FdChannel {
         let msg = pb::FdImport {
             identities: identities.iter().map(|i| i.encode().to_vec()).collect(),
             descriptors: Vec::new(),
+            ring: None,
         };
         self.exchange(&msg, fds).await
+    }
+
+    /// Hands the worker the session's ring memfd (`fd`, lanes of
+    /// `submit` and `complete` bytes). `Ok(Ok(()))`: from now on the
+    /// session's tasks and completions travel on the ring; `Ok(Err(why))`:
+    /// the worker refused it (or does not know rings), and the task stream
+    /// carries them as before.
+    ///
+    /// # Errors
+    /// As [`FdChannel::import`].
+    ///
+    /// # Cancel safety
+    /// As [`FdChannel::import_as`].
+    pub async fn attach_ring(
+        &mut self,
+        fd: BorrowedFd<'_>,
+        submit: u32,
+        complete: u32,
+    ) -> io::Result<Result<(), String>> {
+        let msg = pb::FdImport {
+            identities: Vec::new(),
+            descriptors: Vec::new(),
+            ring: Some(pb::FdRing {
+                submit_capacity: submit,
+                complete_capacity: complete,
+            }),
+        };
+        let mut results = self.exchange(&msg, &[fd]).await?;
+        Ok(match (results.pop(), results.is_empty()) {
+            (Some(r), true) => r,
+            _ => Err("the worker did not answer for the ring (it does not take rings)".into()),
+        })
     }
 
     /// Sends the buffers `grants` describe with `fds` (one each, in order),
@@ -127,6 +160,7 @@ impl FdChannel {
                 .map(|d| d.identity().encode().to_vec())
                 .collect(),
             descriptors: grants.iter().map(|d| d.encode().to_vec()).collect(),
+            ring: None,
         };
         self.exchange(&msg, fds).await
     }

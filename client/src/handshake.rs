@@ -38,6 +38,9 @@ pub struct Handshake {
     pub callables: Vec<CallableInfo>,
     /// Fd side channel, for Unix workers.
     pub fd_socket: Option<PathBuf>,
+    /// Whether the worker takes a shared-memory ring for the session's
+    /// tasks ([`crate::FdChannel::attach_ring`]).
+    pub ring: bool,
     /// Largest message the worker accepts.
     pub max_message_bytes: u64,
     /// The worker process: equal across two handshakes exactly when the

@@ -53,7 +53,7 @@ pub use error::{
     BufferError, ClusterError, Error, NpyError, QuarantinedBytes, RunError, SubmitError,
     TraceError, ViewError,
 };
-pub use link::{LinkError, Refusal, WorkerInfo};
+pub use link::{LinkError, Refusal, Transport, WorkerInfo};
 pub use local::default_worker_binary;
 pub use policy::Quarantine;
 pub use start::ClusterBuilder;

@@ -52,6 +52,7 @@ pub struct ClusterBuilder {
     quarantine: Quarantine,
     in_process: usize,
     kernels: Kernels,
+    ring: bool,
 }
 
 /// The kernels of in-process workers.
@@ -85,6 +86,7 @@ impl Default for ClusterBuilder {
             quarantine: Quarantine::default(),
             in_process: 0,
             kernels: Kernels::default(),
+            ring: true,
         }
     }
 }
@@ -106,6 +108,18 @@ impl ClusterBuilder {
     #[must_use]
     pub fn in_process(mut self, n: usize) -> Self {
         self.in_process = n;
+        self
+    }
+
+    /// Whether tasks to workers on Unix sockets (spawned or connected)
+    /// travel on a shared-memory ring when the worker offers one (default
+    /// `true`); with `false`, on the gRPC task stream. Either way gRPC
+    /// carries the handshake, imports, control calls and health, and
+    /// [`WorkerInfo::transport`](crate::WorkerInfo::transport) says what
+    /// each worker got.
+    #[must_use]
+    pub fn ring(mut self, on: bool) -> Self {
+        self.ring = on;
         self
     }
 
@@ -287,6 +301,7 @@ fn start(b: ClusterBuilder) -> Result<Cluster, Error> {
         tls,
         health_ms,
         health_deadline: b.health_deadline,
+        ring: b.ring,
     };
     let (targets, local) = targets(&b, &grpc)?;
 

@@ -67,6 +67,10 @@ pub struct WorkerArgs {
     /// milliseconds (pinged every half of it), ending its sessions.
     #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(2..))]
     pub peer_timeout_ms: u64,
+    /// Never offer local clients the shared-memory ring: their tasks and
+    /// completions travel on the gRPC stream.
+    #[arg(long)]
+    pub no_ring: bool,
 }
 
 impl WorkerArgs {
@@ -110,6 +114,7 @@ impl WorkerArgs {
         c.max_message_bytes = self.max_message_bytes;
         c.session_grace = std::time::Duration::from_millis(self.session_grace_ms);
         c.peer_timeout = std::time::Duration::from_millis(self.peer_timeout_ms);
+        c.ring = !self.no_ring;
         Ok(c)
     }
 }

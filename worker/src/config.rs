@@ -58,6 +58,9 @@ pub struct WorkerConfig {
     /// long is closed, ending its sessions (a driver cut off by the
     /// network, not just killed). Pings go every half of it.
     pub peer_timeout: std::time::Duration,
+    /// Offer local clients a shared-memory ring for their tasks (Unix
+    /// listeners only); when false, tasks always travel on the gRPC stream.
+    pub ring: bool,
 }
 
 impl WorkerConfig {
@@ -73,6 +76,7 @@ impl WorkerConfig {
             max_in_flight: 65_536,
             session_grace: std::time::Duration::from_secs(30),
             peer_timeout: std::time::Duration::from_secs(10),
+            ring: true,
         }
     }
 

@@ -141,7 +141,7 @@ pub(crate) async fn serve(
     }
 }
 
-async fn handle(mut stream: UnixStream, node: &Node) -> io::Result<()> {
+async fn handle(mut stream: UnixStream, node: &Arc<Node>) -> io::Result<()> {
     let Some(first) = read_frame(&stream).await? else {
         return Ok(());
     };
@@ -171,9 +171,34 @@ async fn handle(mut stream: UnixStream, node: &Node) -> io::Result<()> {
     result
 }
 
-async fn import_loop(stream: &mut UnixStream, node: &Node, session: SessionId) -> io::Result<()> {
+async fn import_loop(
+    stream: &mut UnixStream,
+    node: &Arc<Node>,
+    session: SessionId,
+) -> io::Result<()> {
     while let Some(frame) = read_frame(stream).await? {
         let ack = match pb::FdImport::decode(frame.payload.as_slice()) {
+            Ok(pb::FdImport {
+                ring: Some(ring),
+                identities,
+                ..
+            }) => {
+                let outcome = if identities.is_empty() {
+                    crate::ring::attach(node, session, &ring, frame.fds)
+                } else {
+                    Err("a ring frame carries no buffer identities".into())
+                };
+                if let Err(why) = &outcome {
+                    warn!(%session, %why, "ring refused");
+                }
+                pb::FdAck {
+                    results: vec![pb::FdResult {
+                        identity: vec![],
+                        ok: outcome.is_ok(),
+                        error: outcome.err().unwrap_or_default(),
+                    }],
+                }
+            }
             Ok(import) => import_all(node, session, import, frame.fds),
             Err(e) => pb::FdAck {
                 results: vec![pb::FdResult {

@@ -51,6 +51,8 @@ mod listen;
 mod node;
 mod ops;
 #[cfg(feature = "server")]
+mod ring;
+#[cfg(feature = "server")]
 mod server;
 #[cfg(feature = "server")]
 mod service;

@@ -185,12 +185,43 @@ pub(crate) struct Session {
     pub(crate) gate: StartGate,
     /// Tasks received and not yet completed.
     running: AtomicU64,
+    /// Set when the session ends, whoever ends it: the task stream's
+    /// reader watches it, so that a session the worker ends (its ring was
+    /// unusable, its fd channel closed) also ends the driver's lifeline.
+    ended: tokio::sync::watch::Sender<bool>,
+    /// The session's shared-memory ring, once the driver sent one: closed
+    /// when the session ends, which ends its threads.
+    ring: Mutex<Option<Arc<dyn strata_ring::Memory>>>,
 }
 
 /// How many refusal reasons one session keeps.
 const MAX_REMEMBERED_REFUSALS: usize = 1024;
 
 impl Session {
+    /// Takes `ring` as the session's; false if it has one already.
+    #[cfg_attr(not(feature = "server"), allow(dead_code))]
+    pub(crate) fn set_ring(&self, ring: Arc<dyn strata_ring::Memory>) -> bool {
+        let mut slot = self.ring.lock().unwrap_or_else(|e| e.into_inner());
+        if slot.is_some() {
+            return false;
+        }
+        *slot = Some(ring);
+        true
+    }
+
+    /// Fires once the session has ended.
+    #[cfg_attr(not(feature = "server"), allow(dead_code))]
+    pub(crate) fn ended(&self) -> tokio::sync::watch::Receiver<bool> {
+        self.ended.subscribe()
+    }
+
+    fn close_ring(&self) {
+        let ring = self.ring.lock().unwrap_or_else(|e| e.into_inner()).take();
+        if let Some(ring) = ring {
+            strata_ring::close(&*ring);
+        }
+    }
+
     pub(crate) fn device_buffers(
         &self,
     ) -> MutexGuard<'_, HashMap<CanonicalIdentity, Arc<DeviceBuffer>>> {
@@ -329,6 +360,9 @@ pub(crate) struct Node {
     pub(crate) fd_socket: Option<std::path::PathBuf>,
     pub(crate) max_message_bytes: usize,
     pub(crate) max_in_flight: usize,
+    /// Whether sessions may move their tasks onto a shared-memory ring.
+    #[cfg_attr(not(feature = "server"), allow(dead_code))]
+    pub(crate) ring: bool,
     /// How long a session may go without opening its task stream.
     #[cfg_attr(not(feature = "server"), allow(dead_code))]
     pub(crate) session_grace: std::time::Duration,
@@ -367,6 +401,7 @@ impl Node {
             fd_socket,
             max_message_bytes,
             max_in_flight,
+            ring: true,
             session_grace,
         }
     }
@@ -447,6 +482,8 @@ impl Node {
                 .insert(id, Arc::clone(&session), Instant::now());
             session
         };
+        session.close_ring();
+        session.ended.send_replace(true);
         let imports = self.imports.release_session(id);
         // Dropping the map's handles frees each block once no running task
         // holds it.

@@ -296,7 +296,27 @@ pub(crate) struct Intake {
     node: Arc<Node>,
     session: Arc<Session>,
     permits: Arc<Semaphore>,
-    done: mpsc::UnboundedSender<TaskCompletion>,
+    done: Sink,
+}
+
+/// Where an intake's completions go.
+#[derive(Debug, Clone)]
+pub(crate) enum Sink {
+    /// To the session's completion stream (or an in-process caller).
+    Channel(mpsc::UnboundedSender<TaskCompletion>),
+    /// Onto the session's completion lane.
+    #[cfg(feature = "server")]
+    Ring(Arc<crate::ring::Outbox>),
+}
+
+impl Sink {
+    fn send(&self, c: TaskCompletion) {
+        match self {
+            Sink::Channel(tx) => drop(tx.send(c)),
+            #[cfg(feature = "server")]
+            Sink::Ring(out) => out.send(c),
+        }
+    }
 }
 
 impl Intake {
@@ -306,6 +326,11 @@ impl Intake {
         session: Arc<Session>,
         done: mpsc::UnboundedSender<TaskCompletion>,
     ) -> Self {
+        Self::with_sink(node, session, Sink::Channel(done))
+    }
+
+    /// The intake of `session`, completing into `done`.
+    pub(crate) fn with_sink(node: Arc<Node>, session: Arc<Session>, done: Sink) -> Self {
         let permits = Arc::new(Semaphore::new(node.max_in_flight));
         Intake {
             node,
@@ -333,7 +358,7 @@ impl Intake {
             // Its effects are done: no longer running, even for a client
             // that reads the completion first.
             drop(running);
-            let _ = tx.send(c);
+            tx.send(c);
         });
         match req {
             Ok(req) => exec::execute(&self.node, &self.session, req, done),

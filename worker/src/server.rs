@@ -146,7 +146,7 @@ impl Worker {
             }
             None => None,
         };
-        let node = Arc::new(Node::new(
+        let mut node = Node::new(
             config.chip_id,
             device,
             self.kernels,
@@ -154,7 +154,9 @@ impl Worker {
             config.max_message_bytes,
             config.max_in_flight,
             config.session_grace,
-        ));
+        );
+        node.ring = config.ring;
+        let node = Arc::new(node);
         Ok(BoundWorker {
             node,
             listener,

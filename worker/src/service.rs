@@ -236,6 +236,7 @@ impl pb::worker_server::Worker for WorkerService {
             max_message_bytes: self.node.max_message_bytes as u64,
             instance: self.node.instance.0,
             previous: previous.map(pb::PreviousSession::from),
+            ring: self.node.fd_socket.is_some() && self.node.ring,
         }))
     }
 
@@ -262,6 +263,7 @@ impl pb::worker_server::Worker for WorkerService {
         }
         let mut inbound = request.into_inner();
         let (tx, rx) = mpsc::unbounded_channel::<TaskCompletion>();
+        let mut ended = session.ended();
         let intake = Intake::new(Arc::clone(&self.node), session, tx);
         let mut shutdown = self.shutdown.clone();
         tokio::spawn(async move {
@@ -269,6 +271,10 @@ impl pb::worker_server::Worker for WorkerService {
                 let next = tokio::select! {
                     m = inbound.message() => m,
                     _ = shutdown.changed() => break,
+                    // Ended here (its ring refused, its fd channel gone):
+                    // the completion stream ends once no task of the
+                    // session can still complete on it.
+                    _ = ended.wait_for(|e| *e) => break,
                 };
                 let batch = match next {
                     Ok(Some(b)) => b,

@@ -1,5 +1,6 @@
 //! The gRPC link: a worker process reached over gRPC, with its fd side
-//! channel when it listens on a Unix socket.
+//! channel when it listens on a Unix socket, and then its shared-memory
+//! ring for tasks and completions when both sides take one ([`super::ring`]).
 
 use std::os::fd::BorrowedFd;
 use std::sync::{Arc, Mutex};
@@ -15,7 +16,10 @@ use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tonic::Code;
 
-use super::{BoxFuture, Dialer, Facts, LinkError, LinkEvent, Memory, Offer, Refusal, WorkerLink};
+use super::ring::RingPlane;
+use super::{
+    BoxFuture, Dialer, Facts, LinkError, LinkEvent, Memory, Offer, Refusal, Transport, WorkerLink,
+};
 
 /// Longest a connection attempt may take, handshake and streams included.
 pub(crate) const DIAL_LIMIT: Duration = Duration::from_secs(5);
@@ -30,6 +34,9 @@ pub(crate) struct GrpcDialer {
     pub(crate) health_ms: u32,
     /// ... and the worker is unhealthy when none came for this long.
     pub(crate) health_deadline: Duration,
+    /// Move tasks and completions onto a shared-memory ring when the
+    /// worker offers one (Unix sockets only).
+    pub(crate) ring: bool,
 }
 
 impl Dialer for GrpcDialer {
@@ -67,7 +74,7 @@ impl GrpcDialer {
             .handshake_after(previous)
             .await
             .map_err(|e| link_error("handshake", e))?;
-        let fd = match self.endpoint {
+        let mut fd = match self.endpoint {
             Endpoint::Unix(_) => Some(
                 client
                     .fd_channel()
@@ -75,6 +82,12 @@ impl GrpcDialer {
                     .map_err(|e| link_error("fd channel", e))?,
             ),
             Endpoint::Tcp(_) => None,
+        };
+        let ring = match &mut fd {
+            Some(fd) if self.ring && hs.ring => {
+                RingPlane::attach(fd, events.clone()).await?.map(Arc::new)
+            }
+            _ => None,
         };
         let (sender, mut completions) = client
             .open_tasks()
@@ -87,21 +100,25 @@ impl GrpcDialer {
             .map_err(|e| link_error("health stream", e))?;
         let reader = {
             let tx = events.clone();
+            let ring = ring.clone();
             tokio::spawn(async move {
-                loop {
+                let end = loop {
                     match completions.next().await {
                         Ok(Some(batch)) => {
                             if tx.send(LinkEvent::Completions(batch)).is_err() {
                                 return;
                             }
                         }
-                        Ok(None) => return drop(tx.send(LinkEvent::Closed(None))),
-                        Err(e) => {
-                            let e = link_error("task stream", e);
-                            return drop(tx.send(LinkEvent::Closed(Some(e))));
-                        }
+                        Ok(None) => break None,
+                        Err(e) => break Some(link_error("task stream", e)),
                     }
+                };
+                // The completions the worker published on the ring before
+                // the session ended go up before its end does.
+                if let Some(ring) = ring {
+                    ring.close_and_drain().await;
                 }
+                let _ = tx.send(LinkEvent::Closed(end));
             })
         };
         let deadline = self.health_deadline;
@@ -121,9 +138,12 @@ impl GrpcDialer {
             };
             let _ = events.send(LinkEvent::Unhealthy(cause));
         });
-        let max_message = usize::try_from(hs.max_message_bytes)
+        let mut max_message = usize::try_from(hs.max_message_bytes)
             .unwrap_or(usize::MAX)
             .min(strata_proto::DEFAULT_MAX_MESSAGE_BYTES);
+        if let Some(r) = &ring {
+            max_message = max_message.min(r.max_record());
+        }
         let facts = Facts {
             session: hs.session,
             instance: hs.instance,
@@ -148,12 +168,18 @@ impl GrpcDialer {
                 Memory::Staged
             },
             pid: fd.as_ref().and_then(FdChannel::peer_pid),
+            transport: match (&ring, &self.endpoint) {
+                (Some(_), _) => Transport::Ring,
+                (None, Endpoint::Unix(_)) => Transport::GrpcUnix,
+                (None, Endpoint::Tcp(_)) => Transport::GrpcTcp,
+            },
         };
         Ok(GrpcLink {
             client,
             facts,
             sender: Mutex::new(Some(Arc::new(sender))),
             fd: fd.map(tokio::sync::Mutex::new),
+            ring,
             tasks: Mutex::new(vec![reader, watch]),
         })
     }
@@ -167,6 +193,9 @@ pub(crate) struct GrpcLink {
     /// `None` once closed: the task stream ends, and with it the session.
     sender: Mutex<Option<Arc<TaskSender>>>,
     fd: Option<tokio::sync::Mutex<FdChannel>>,
+    /// The session's ring, when tasks and completions travel on it (the
+    /// task stream then only keeps the session alive).
+    ring: Option<Arc<RingPlane>>,
     /// The completion reader and the health watch.
     tasks: Mutex<Vec<JoinHandle<()>>>,
 }
@@ -192,6 +221,9 @@ impl WorkerLink for GrpcLink {
             let Some(sender) = sender else {
                 return Err(LinkError::Lost("the session is closed".into()));
             };
+            if let Some(ring) = &self.ring {
+                return ring.send(&tasks).await;
+            }
             sender
                 .send(&tasks)
                 .await
@@ -310,6 +342,9 @@ impl WorkerLink for GrpcLink {
 
     fn close(&self) {
         *self.sender.lock().unwrap_or_else(|e| e.into_inner()) = None;
+        if let Some(ring) = &self.ring {
+            ring.close();
+        }
         for t in self
             .tasks
             .lock()

@@ -13,7 +13,9 @@ use strata_worker::{InProcessSession, InProcessWorker, NodeError, SessionId};
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
-use super::{BoxFuture, Dialer, Facts, LinkError, LinkEvent, Memory, Offer, Refusal, WorkerLink};
+use super::{
+    BoxFuture, Dialer, Facts, LinkError, LinkEvent, Memory, Offer, Refusal, Transport, WorkerLink,
+};
 
 /// Opens sessions on an in-process worker.
 #[derive(Debug, Clone)]
@@ -79,6 +81,7 @@ impl Dialer for InProcessDialer {
                 max_message: usize::MAX,
                 memory: Memory::Shared,
                 pid: None,
+                transport: Transport::InProcess,
             };
             Ok(Arc::new(InProcessLink {
                 worker: self.worker.clone(),

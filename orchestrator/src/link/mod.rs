@@ -7,8 +7,10 @@
 //! actor drives everything else through the link: task batches, buffer
 //! imports by fd, control calls, session state. Two kinds exist:
 //! - [`grpc`]: a worker process over gRPC, with its fd side channel when it
-//!   listens on a Unix socket (the link passes host buffers by fd) or the
-//!   bytes of every view staged with the task over TCP;
+//!   listens on a Unix socket (the link passes host buffers by fd, and
+//!   tasks and completions travel on a shared-memory ring, [`ring`], when
+//!   the worker offers one) or the bytes of every view staged with the
+//!   task over TCP;
 //! - [`inproc`]: a worker node inside this process
 //!   ([`strata_worker::InProcessWorker`]), reached by calls.
 //!
@@ -17,6 +19,7 @@
 
 pub(crate) mod grpc;
 pub(crate) mod inproc;
+mod ring;
 
 use std::fmt;
 use std::future::Future;
@@ -75,6 +78,34 @@ pub(crate) struct Facts {
     /// The worker's process, when the link can see it (`SO_PEERCRED` on a
     /// Unix socket); never this process.
     pub(crate) pid: Option<u32>,
+    /// What carries the session's tasks.
+    pub(crate) transport: Transport,
+}
+
+/// What carries a worker's tasks and completions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Transport {
+    /// Calls into a worker node inside the driver's process.
+    InProcess,
+    /// A shared-memory ring beside a gRPC control plane over a Unix socket.
+    Ring,
+    /// The gRPC task stream over a Unix socket (the worker offers no ring,
+    /// or the cluster was built without).
+    GrpcUnix,
+    /// The gRPC task stream over TCP, view bytes staged.
+    GrpcTcp,
+}
+
+impl fmt::Display for Transport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Transport::InProcess => "in-process",
+            Transport::Ring => "ring",
+            Transport::GrpcUnix => "grpc-unix",
+            Transport::GrpcTcp => "grpc-tcp",
+        })
+    }
 }
 
 /// What a link reports by itself, on the actor's event channel.
@@ -225,6 +256,8 @@ pub struct WorkerInfo {
     pub lanes: u32,
     /// Whether buffers reach it by fd (Unix socket) rather than staged bytes.
     pub fd_passing: bool,
+    /// What carries its tasks and completions.
+    pub transport: Transport,
     /// Its process id, when this cluster spawned it (the first one: a
     /// respawned worker's is [`Cluster::worker_pid`](crate::Cluster::worker_pid)).
     pub pid: Option<u32>,
@@ -250,6 +283,7 @@ impl WorkerInfo {
             memory: f.device_memory,
             lanes: f.lanes,
             fd_passing: f.memory == Memory::Shared,
+            transport: f.transport,
             pid,
             callables: f
                 .callables

@@ -20,7 +20,7 @@ static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
 use std::time::{Duration, Instant};
 
 use serde_json::json;
-use strata_orchestrator::{Buffer, Cluster, Task, View, WorkerId};
+use strata_orchestrator::{Buffer, Cluster, Task, Transport, View, WorkerId};
 use strata_tests::kernels::fnv;
 use strata_wire::DType;
 
@@ -88,33 +88,63 @@ fn emit(
     ok
 }
 
-/// Where a scenario's workers run.
+/// Where a scenario's workers run, and what link reaches them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Mode {
-    /// One `strata-test-worker` process per chip, buffers passed by fd.
+    /// One `strata-test-worker` process per chip, buffers passed by fd,
+    /// tasks on the shared-memory ring (the default link).
     Process,
+    /// The same processes with tasks on the gRPC stream
+    /// (`ClusterBuilder::ring(false)`).
+    Grpc,
     /// Worker nodes inside this process (`ClusterBuilder::in_process`).
     InProcess,
 }
 
 impl Mode {
-    /// The scenario's name in the results: `-in-process` marks the second.
+    const ALL: [Mode; 3] = [Mode::Process, Mode::Grpc, Mode::InProcess];
+
+    /// The scenario's name in the results: `-grpc` and `-in-process` mark
+    /// the other links.
     fn name(self, scenario: &str) -> String {
         match self {
             Mode::Process => scenario.to_owned(),
+            Mode::Grpc => format!("{scenario}-grpc"),
             Mode::InProcess => format!("{scenario}-in-process"),
+        }
+    }
+
+    /// The link each worker must have.
+    fn transport(self) -> Transport {
+        match self {
+            Mode::Process => Transport::Ring,
+            Mode::Grpc => Transport::GrpcUnix,
+            Mode::InProcess => Transport::InProcess,
         }
     }
 }
 
 fn local(mode: Mode, n: usize, device: &str) -> Result<Cluster, String> {
     let b = Cluster::builder().device(device).window(256);
-    match mode {
+    let cluster = match mode {
         Mode::Process => b.local(n).worker_binary(worker_binary()),
+        Mode::Grpc => b.local(n).worker_binary(worker_binary()).ring(false),
         Mode::InProcess => b.in_process(n).kernels(strata_tests::kernels::registry()?),
     }
     .start()
-    .map_err(|e| e.to_string())
+    .map_err(|e| e.to_string())?;
+    // A figure is only worth its name if the link is the one it says.
+    for w in cluster.workers() {
+        if w.transport != mode.transport() {
+            return Err(format!(
+                "worker {} is reached over {}, not {}",
+                w.id,
+                w.transport,
+                mode.transport()
+            ));
+        }
+    }
+    Ok(cluster)
 }
 
 fn throughput(mode: Mode, quick: bool) -> Result<bool, String> {
@@ -420,31 +450,28 @@ fn main() {
     };
     let mut ok = true;
     for s in &opts.scenarios {
-        let r = match s.as_str() {
-            "throughput" => [
-                throughput(Mode::Process, opts.quick),
-                throughput(Mode::InProcess, opts.quick),
-            ],
-            "latency" => [
-                latency(Mode::Process, opts.quick),
-                latency(Mode::InProcess, opts.quick),
-            ],
-            "stencil" => [
-                stencil(Mode::Process, opts.quick),
-                stencil(Mode::InProcess, opts.quick),
-            ],
-            "handoff" => [
-                handoff(Mode::Process, opts.quick),
-                handoff(Mode::InProcess, opts.quick),
-            ],
-            _ => [remote(opts.quick), Ok(true)],
-        };
-        for (mode, r) in [Mode::Process, Mode::InProcess].into_iter().zip(r) {
+        let modes: &[Mode] = if s == "remote" { &[] } else { &Mode::ALL };
+        let mut runs: Vec<(String, Result<bool, String>)> = modes
+            .iter()
+            .map(|&mode| {
+                let r = match s.as_str() {
+                    "throughput" => throughput(mode, opts.quick),
+                    "latency" => latency(mode, opts.quick),
+                    "stencil" => stencil(mode, opts.quick),
+                    _ => handoff(mode, opts.quick),
+                };
+                (mode.name(s), r)
+            })
+            .collect();
+        if s == "remote" {
+            runs.push((s.clone(), remote(opts.quick)));
+        }
+        for (name, r) in runs {
             match r {
                 Ok(good) => ok &= good,
                 Err(e) => {
                     ok = false;
-                    emit(&mode.name(s), "error", json!({}), 0.0, "", false, &e);
+                    emit(&name, "error", json!({}), 0.0, "", false, &e);
                 }
             }
         }

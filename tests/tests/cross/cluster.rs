@@ -7,7 +7,9 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use strata_core::sim::{self, Program};
-use strata_orchestrator::{Buffer, Cluster, ClusterError, Error, Outcome, Task, WorkerId};
+use strata_orchestrator::{
+    Buffer, Cluster, ClusterError, Error, Outcome, Task, Transport, WorkerId,
+};
 use strata_tests::kernels::hash_callable;
 use strata_tests::{WorkerProcess, strata_bin};
 use strata_wire::check::Rng;
@@ -228,8 +230,9 @@ fn differential_through_real_workers_matches_sequential_execution() {
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(24);
-    // Two workers that pass fds (one unified, one staged) and one reached
-    // by TCP (bytes staged), small windows so orders vary.
+    // Three workers that pass fds (one unified, one staged, both with
+    // their tasks on a ring; one without a ring) and one reached by TCP
+    // (bytes staged), small windows so orders vary.
     let dir = tempfile::tempdir().unwrap();
     let token = dir.path().join("token");
     std::fs::write(&token, "diff").unwrap();
@@ -240,6 +243,7 @@ fn differential_through_real_workers_matches_sequential_execution() {
     );
     let staged =
         WorkerProcess::spawn_unix(test_worker_bin(), &[], &["--device", "sim:mode=staged"]);
+    let no_ring = WorkerProcess::spawn_unix(test_worker_bin(), &[], &["--no-ring"]);
     let cluster = Cluster::builder()
         .local(1)
         .worker_binary(test_worker_bin())
@@ -248,9 +252,23 @@ fn differential_through_real_workers_matches_sequential_execution() {
         .unwrap()
         .connect(&tcp.endpoint.to_string(), Some("diff"))
         .unwrap()
+        .connect(&no_ring.endpoint.to_string(), None)
+        .unwrap()
         .window(3)
         .start()
         .unwrap();
+    // Every link at once: two rings, the gRPC stream over TCP (bytes
+    // staged) and over a Unix socket (a worker that offers no ring).
+    let links: Vec<Transport> = cluster.workers().iter().map(|w| w.transport).collect();
+    assert_eq!(
+        links,
+        [
+            Transport::Ring,
+            Transport::Ring,
+            Transport::GrpcTcp,
+            Transport::GrpcUnix
+        ]
+    );
     let mut total = 0usize;
     for seed in 0..seeds {
         let mut rng = Rng(0x5eed_0000 + seed);
@@ -272,7 +290,7 @@ fn differential_through_real_workers_matches_sequential_execution() {
         }
         total += program.tasks.len();
     }
-    eprintln!("differential through 3 real workers: {seeds} seeds, {total} tasks, identical");
+    eprintln!("differential through 4 real workers: {seeds} seeds, {total} tasks, identical");
 }
 
 #[test]

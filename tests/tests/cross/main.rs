@@ -7,5 +7,6 @@ mod faults;
 mod fence;
 mod graphs;
 mod quarantine;
+mod ring;
 mod seals;
 mod worker;

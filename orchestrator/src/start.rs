@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use strata_chip::{KernelHandle, Registry};
+use strata_chip::Registry;
 use strata_client::{ClientTls, Endpoint};
 use strata_core::{Event, WorkerId};
 use strata_wire::IdentityMint;
@@ -18,7 +18,7 @@ use tokio::sync::mpsc;
 use crate::actors::dag::{DagActor, EndpointRef};
 use crate::actors::endpoint::{EndpointActor, Life, Respawn, Setup, Spawned};
 use crate::actors::{Notice, buffers};
-use crate::cluster::Cluster;
+use crate::cluster::{Cluster, Offered};
 use crate::error::{ClusterError, Error};
 use crate::link::grpc::GrpcDialer;
 use crate::link::inproc::InProcessDialer;
@@ -335,7 +335,7 @@ fn start(b: ClusterBuilder) -> Result<Cluster, Error> {
     let (up_tx, up_rx) = mpsc::unbounded_channel();
     let (released_tx, released_rx) = mpsc::unbounded_channel();
     let mut workers = Vec::new();
-    let mut callables: BTreeMap<String, Vec<(u32, KernelHandle, String)>> = BTreeMap::new();
+    let mut callables: BTreeMap<String, Vec<Offered>> = BTreeMap::new();
     let mut ep_txs = Vec::new();
     let mut ep_refs = Vec::new();
     let mut offers = Vec::new();
@@ -349,9 +349,14 @@ fn start(b: ClusterBuilder) -> Result<Cluster, Error> {
         offers.push(link.facts().callables.iter().map(|c| c.handle).collect());
         for c in &link.facts().callables {
             let v = callables.entry(c.name.clone()).or_default();
-            if !v.iter().any(|(ver, _, _)| *ver == c.version) {
-                v.push((c.version, c.handle, c.signature.clone()));
-                v.sort_by_key(|(ver, _, _)| *ver);
+            if !v.iter().any(|o| o.version == c.version) {
+                v.push(Offered {
+                    version: c.version,
+                    handle: c.handle,
+                    qualified: format!("{}@{}", c.name, c.version).into(),
+                    signature: c.signature.clone(),
+                });
+                v.sort_by_key(|o| o.version);
             }
         }
         let (tx, rx) = mpsc::channel(256);

@@ -27,7 +27,7 @@
 //! cause naming the quarantine, the lost worker and the lost task, and
 //! later writers of those bytes are refused until a late fence.
 
-use std::collections::HashMap;
+use rustc_hash::FxHashMap as HashMap;
 
 use strata_wire::CanonicalIdentity;
 

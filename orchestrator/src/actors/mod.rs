@@ -46,7 +46,8 @@ pub(crate) struct ArgRef {
 #[derive(Debug)]
 pub(crate) struct MemberSpec {
     pub(crate) callable: KernelHandle,
-    pub(crate) name: String,
+    /// `name@version`, shared with the cluster's table.
+    pub(crate) name: std::sync::Arc<str>,
     /// Shared with the dispatches of this member (no copy per dispatch).
     pub(crate) args: std::sync::Arc<[ArgRef]>,
     pub(crate) scalars: std::sync::Arc<[u64]>,

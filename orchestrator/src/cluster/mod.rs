@@ -41,9 +41,8 @@ pub struct Cluster {
     pub(crate) cmds: mpsc::Sender<Cmd>,
     pub(crate) endpoints: Vec<mpsc::Sender<EpCmd>>,
     pub(crate) workers: Vec<WorkerInfo>,
-    /// Callable name → (version, handle, canonical descriptor), highest
-    /// version last.
-    pub(crate) callables: BTreeMap<String, Vec<(u32, KernelHandle, String)>>,
+    /// Callable name → its versions, highest last.
+    pub(crate) callables: BTreeMap<String, Vec<Offered>>,
     pub(crate) mint: IdentityMint,
     pub(crate) released: mpsc::UnboundedSender<Released>,
     pub(crate) local: Option<Arc<Mutex<LocalWorkers>>>,
@@ -73,6 +72,18 @@ impl std::fmt::Debug for Cluster {
             .field("workers", &self.workers.len())
             .finish_non_exhaustive()
     }
+}
+
+/// One version of a callable, as the workers offer it.
+#[derive(Debug, Clone)]
+pub(crate) struct Offered {
+    pub(crate) version: u32,
+    pub(crate) handle: KernelHandle,
+    /// `name@version`, shared by every task that names it (no string is
+    /// built per submit).
+    pub(crate) qualified: Arc<str>,
+    /// The canonical descriptor.
+    pub(crate) signature: String,
 }
 
 impl Cluster {

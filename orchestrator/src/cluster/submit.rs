@@ -2,11 +2,12 @@
 //! resolved, arguments and placement derived, the DAG's view built and
 //! checked once, numbered and handed to the DAG actor.
 
-use strata_chip::KernelHandle;
 use strata_core::{Placement, TaskId, WorkerId};
 use strata_wire::ArgTag;
 
-use super::{Cluster, not_async};
+use std::sync::Arc;
+
+use super::{Cluster, Offered, not_async};
 use crate::actors::{ArgRef, Cmd, MemberSpec, TaskSpec};
 use crate::buffer::Backing;
 use crate::error::{Error, SubmitError};
@@ -19,15 +20,11 @@ impl Cluster {
     /// # Errors
     /// [`Error::Submit`] for an unknown callable or version.
     pub fn callable_signature(&self, callable: &str) -> Result<String, Error> {
-        self.resolve_full(callable).map(|(_, _, sig)| sig)
+        self.resolve(callable).map(|o| o.signature.clone())
     }
 
-    /// The handle of `name` or `name@version`, and its qualified name.
-    fn resolve(&self, callable: &str) -> Result<(KernelHandle, String), Error> {
-        self.resolve_full(callable).map(|(h, q, _)| (h, q))
-    }
-
-    fn resolve_full(&self, callable: &str) -> Result<(KernelHandle, String, String), Error> {
+    /// The offer `name` or `name@version` names.
+    fn resolve(&self, callable: &str) -> Result<&Offered, Error> {
         let (name, version) = match callable.split_once('@') {
             Some((n, v)) => (
                 n,
@@ -45,19 +42,19 @@ impl Cluster {
                 offered: self.callables.keys().cloned().collect(),
             })?;
         let found = match version {
-            Some(v) => versions.iter().find(|(ver, _, _)| *ver == v),
+            Some(v) => versions.iter().find(|o| o.version == v),
             None => versions.last(),
         };
-        let (v, h, sig) = found.ok_or_else(|| SubmitError::UnknownVersion {
+        Ok(found.ok_or_else(|| SubmitError::UnknownVersion {
             name: name.to_owned(),
             version: version.unwrap_or(0),
-            offered: versions.iter().map(|(v, _, _)| *v).collect(),
-        })?;
-        Ok((*h, format!("{name}@{v}"), sig.clone()))
+            offered: versions.iter().map(|o| o.version).collect(),
+        })?)
     }
 
     fn member(&self, task: Task) -> Result<(MemberSpec, Vec<TaskId>), Error> {
-        let (callable, name) = self.resolve(&task.callable)?;
+        let offered = self.resolve(&task.callable)?;
+        let (callable, name) = (offered.handle, Arc::clone(&offered.qualified));
         let mut device_on: Option<(usize, WorkerId)> = None;
         let mut device_buffers = Vec::new();
         let mut args = Vec::with_capacity(task.args.len());
@@ -65,7 +62,7 @@ impl Cluster {
             if let Backing::Device(d) = &view.buffer.backing {
                 self.check_alive(d)
                     .map_err(|source| SubmitError::DeadArgument {
-                        callable: name.clone(),
+                        callable: name.to_string(),
                         arg: i,
                         source: Box::new(source),
                     })?;
@@ -73,7 +70,7 @@ impl Cluster {
                 match device_on {
                     Some((j, w)) if w != d.worker => {
                         return Err(SubmitError::DevicesDiffer {
-                            callable: name,
+                            callable: name.to_string(),
                             first: j,
                             first_worker: w,
                             second: i,
@@ -93,7 +90,7 @@ impl Cluster {
         let placement = match (task.on, device_on) {
             (Some(w), Some((i, d))) if w != d => {
                 return Err(SubmitError::PlacedAway {
-                    callable: name,
+                    callable: name.to_string(),
                     placed: w,
                     arg: i,
                     device: d,
@@ -195,7 +192,7 @@ impl Cluster {
                 Placement::On(w) => {
                     let offers = self.offers.get(w.0 as usize).ok_or_else(|| {
                         SubmitError::UnknownPlacement {
-                            callable: member.name.clone(),
+                            callable: member.name.to_string(),
                             member: m,
                             worker: w,
                             workers: self.offers.len(),
@@ -204,7 +201,7 @@ impl Cluster {
                     if !offers.contains(&member.callable) {
                         return Err(SubmitError::NotRegistered {
                             member: m,
-                            callable: member.name.clone(),
+                            callable: member.name.to_string(),
                             worker: w,
                         }
                         .into());
@@ -221,7 +218,7 @@ impl Cluster {
                     if !self.offers.iter().any(|o| o.contains(&member.callable)) {
                         return Err(SubmitError::NotOffered {
                             member: m,
-                            callable: member.name.clone(),
+                            callable: member.name.to_string(),
                         }
                         .into());
                     }

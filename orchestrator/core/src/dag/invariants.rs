@@ -78,7 +78,7 @@ impl Dag {
                 }
             }
         }
-        let mut users: HashMap<CanonicalIdentity, u32> = HashMap::new();
+        let mut users: rustc_hash::FxHashMap<CanonicalIdentity, u32> = Default::default();
         for n in self.nodes.values() {
             for b in &n.buffers {
                 *users.entry(*b).or_insert(0) += 1;

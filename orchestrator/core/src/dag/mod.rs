@@ -67,7 +67,7 @@ mod quarantine;
 mod scope;
 mod submit;
 
-use std::collections::HashMap;
+use rustc_hash::FxHashMap as HashMap;
 
 use strata_wire::{ArgTag, CanonicalIdentity, Footprint, Overlap, Tensor};
 

@@ -39,7 +39,9 @@ mod queue;
 
 pub use errors::{CancelError, PlacementError};
 
-use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+use std::collections::{BTreeMap, VecDeque};
+
+use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
 
 use strata_wire::CanonicalIdentity;
 
@@ -164,11 +166,11 @@ impl Scheduler {
     ) -> Vec<Action> {
         let w = self.workers.entry(worker).or_insert_with(|| Worker {
             up: true,
-            callables: HashSet::new(),
+            callables: HashSet::default(),
             window: 1,
             in_flight: 0,
             queue: VecDeque::new(),
-            device_buffers: HashSet::new(),
+            device_buffers: HashSet::default(),
         });
         w.up = true;
         w.callables = callables.into_iter().collect();
@@ -201,7 +203,7 @@ impl Scheduler {
     /// # Errors
     /// Why not, naming the member.
     pub fn check_placeable(&self, members: &[MemberInfo]) -> Result<(), PlacementError> {
-        let mut named = HashSet::new();
+        let mut named = HashSet::default();
         for (m, info) in members.iter().enumerate() {
             match info.placement {
                 Placement::On(w) => {

@@ -25,7 +25,7 @@ impl DagActor {
                 .spec
                 .members
                 .first()
-                .map(|m| m.name.clone())
+                .map(|m| m.name.to_string())
                 .unwrap_or_default(),
             worker: None,
             outcome: Outcome::TaskFailure(format!("refused: {}", e.reason)),
@@ -68,7 +68,7 @@ impl DagActor {
                 .map_or((0, None), |(m, w)| (m, Some(w)));
             let err = RunError {
                 task,
-                callable: record.spec.members[member].name.clone(),
+                callable: record.spec.members[member].name.to_string(),
                 worker: worker.map(|w| match self.endpoints.get(w.0 as usize) {
                     Some(ep) => format!("{w} ({})", ep.name),
                     None => w.to_string(),
@@ -155,7 +155,7 @@ fn task_trace(
             .spec
             .members
             .first()
-            .map(|m| m.name.clone())
+            .map(|m| m.name.to_string())
             .unwrap_or_default(),
         outcome,
         submitted_us: micros(origin, r.submitted),

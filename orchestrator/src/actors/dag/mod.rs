@@ -4,7 +4,9 @@
 //! through [`Engine::on_event`], the door the differential simulator uses
 //! too, and carries out the [`Action`]s that come back.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
+
+use rustc_hash::FxHashMap as HashMap;
 use std::time::{Duration, Instant};
 
 use strata_core::{Action, Engine, Event, Outcome, Refusal, TaskId, WorkerId};
@@ -81,17 +83,17 @@ impl DagActor {
             engine: Engine::new(),
             endpoints,
             next_id: 1,
-            records: HashMap::new(),
-            failed: HashMap::new(),
+            records: HashMap::default(),
+            failed: HashMap::default(),
             all_waiters: Vec::new(),
             run: RunSummary::default(),
             first_error: None,
             totals: RunSummary::default(),
-            scoped: HashMap::new(),
+            scoped: HashMap::default(),
             trace: tracing.then(Vec::new),
             origin,
             gate,
-            quarantined: HashMap::new(),
+            quarantined: HashMap::default(),
             policy,
             deadlines: Vec::new(),
         }
@@ -408,7 +410,7 @@ impl DagActor {
                 .spec
                 .members
                 .first()
-                .map_or_else(|| "?".to_owned(), |m| m.name.clone()),
+                .map_or_else(|| "?".to_owned(), |m| m.name.to_string()),
             worker: loss.worker,
             address: self
                 .endpoints

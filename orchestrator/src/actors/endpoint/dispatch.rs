@@ -3,7 +3,7 @@
 //! from each completion (staged links), batches kept under the message
 //! limit.
 
-use std::collections::{HashMap, HashSet};
+use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
 use std::os::fd::BorrowedFd;
 use std::sync::Arc;
 
@@ -103,12 +103,12 @@ impl EndpointActor {
         &mut self,
         items: &[DispatchItem],
     ) -> Result<HashMap<CanonicalIdentity, String>, LinkError> {
-        let mut refused = HashMap::new();
+        let mut refused = HashMap::default();
         if self.staged() {
             return Ok(refused);
         }
         let mut new: Vec<Arc<HostShared>> = Vec::new();
-        let mut seen = HashSet::new();
+        let mut seen = HashSet::default();
         for item in items {
             for a in item.args.iter() {
                 if let Backing::Host(h) = &a.backing {

@@ -28,7 +28,7 @@
 //! Killing a spawned process and waiting for it, and reading its log, also
 //! happen off the runtime ([`tokio::task::spawn_blocking`]).
 
-use std::collections::HashSet;
+use rustc_hash::FxHashSet as HashSet;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};

@@ -18,7 +18,7 @@
 mod dispatch;
 mod loss;
 
-use std::collections::{HashMap, HashSet};
+use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -197,8 +197,8 @@ impl EndpointActor {
             dialer: None,
             lost_at: None,
             rejoins: 0,
-            imported: HashSet::new(),
-            in_flight: HashMap::new(),
+            imported: HashSet::default(),
+            in_flight: HashMap::default(),
             up: s.up,
             spawned: s.spawned,
             dead: false,

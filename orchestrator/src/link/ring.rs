@@ -289,3 +289,108 @@ fn decode(record: &[u8]) -> Result<TaskCompletion, String> {
     let c = pb::Completion::decode(record).map_err(|e| format!("not a completion: {e}"))?;
     TaskCompletion::try_from(c).map_err(|e| e.to_string())
 }
+
+#[cfg(test)]
+mod tests {
+    use strata_proto::TaskId;
+    use strata_proto::convert::TaskOutcome;
+
+    use super::*;
+
+    fn completion(id: u64) -> Vec<u8> {
+        pb::Completion::from(TaskCompletion {
+            id: TaskId(id),
+            outcome: TaskOutcome::Success,
+            lane: 0,
+            queued_ns: 0,
+            busy_ns: 0,
+            kernel_ns: 0,
+            staged_in: 0,
+            staged_out: 0,
+            outputs: Vec::new(),
+        })
+        .encode_to_vec()
+    }
+
+    fn lane_with(records: &[&[u8]]) -> Arc<dyn Memory> {
+        let caps = Capacities {
+            submit: 4096,
+            complete: 4096,
+        };
+        let (ring, _fd) = SharedRing::create(caps).unwrap();
+        let mem: Arc<dyn Memory> = Arc::new(ring);
+        let mut p = Producer::new(Arc::clone(&mem), Which::Complete);
+        for r in records {
+            assert!(p.try_push(r).unwrap());
+        }
+        p.publish();
+        mem
+    }
+
+    fn ids(ev: Option<LinkEvent>) -> Vec<u64> {
+        match ev {
+            Some(LinkEvent::Completions(b)) => b.iter().map(|c| c.id.0).collect(),
+            other => panic!("expected completions, got {other:?}"),
+        }
+    }
+
+    /// A worker that writes garbage on its completion lane is lost (the
+    /// driver is not): the completions before it go up first, then the
+    /// loss, naming the lane; the ring is closed.
+    #[test]
+    fn a_garbage_completion_loses_the_worker_after_the_good_ones() {
+        let (good1, good2) = (completion(1), completion(2));
+        let mem = lane_with(&[&good1, &good2, &[0xff; 9]]);
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let (done, mut drained) = oneshot::channel();
+        read(Consumer::new(Arc::clone(&mem), Which::Complete), &tx, done);
+        assert_eq!(ids(rx.try_recv().ok()), vec![1, 2]);
+        match rx.try_recv() {
+            Ok(LinkEvent::Unhealthy(why)) => {
+                assert!(why.contains("completion ring is unusable"), "{why}");
+                assert!(why.contains("not a completion"), "{why}");
+            }
+            other => panic!("expected the loss, got {other:?}"),
+        }
+        assert!(strata_ring::is_closed(&*mem));
+        assert!(drained.try_recv().is_err(), "the reader has ended");
+    }
+
+    /// A completion that decodes but fails the checks (a failure without
+    /// a cause) loses the worker the same way.
+    #[test]
+    fn an_unchecked_completion_loses_the_worker() {
+        let bad = pb::Completion {
+            task_id: 3,
+            outcome: pb::Outcome::TaskFailure as i32,
+            ..Default::default()
+        }
+        .encode_to_vec();
+        let mem = lane_with(&[&bad]);
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let (done, _drained) = oneshot::channel();
+        read(Consumer::new(mem, Which::Complete), &tx, done);
+        match rx.try_recv() {
+            Ok(LinkEvent::Unhealthy(why)) => assert!(why.contains("cause"), "{why}"),
+            other => panic!("expected the loss, got {other:?}"),
+        }
+    }
+
+    /// Completions the worker published before the ring closed still go
+    /// up, and then the reader ends by itself.
+    #[test]
+    fn completions_published_before_the_close_go_up() {
+        let recs: Vec<Vec<u8>> = (1..=3).map(completion).collect();
+        let refs: Vec<&[u8]> = recs.iter().map(Vec::as_slice).collect();
+        let mem = lane_with(&refs);
+        strata_ring::close(&*mem);
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let (done, _drained) = oneshot::channel();
+        read(Consumer::new(mem, Which::Complete), &tx, done);
+        assert_eq!(ids(rx.try_recv().ok()), vec![1, 2, 3]);
+        assert!(
+            rx.try_recv().is_err(),
+            "nothing else: the end is the lifeline's to report"
+        );
+    }
+}

@@ -8,7 +8,12 @@
 //!
 //! ```text
 //! strata-bench [--quick] [--scenario throughput|latency|stencil|handoff|remote]...
+//!              [--link ring|grpc|in-process]... [--k TILES]...
 //! ```
+//!
+//! Each local scenario runs over every link (worker processes with the
+//! ring, the same with the gRPC stream, in-process workers) unless
+//! `--link` picks some.
 
 use std::path::PathBuf;
 
@@ -27,12 +32,17 @@ use strata_wire::DType;
 struct Opts {
     quick: bool,
     scenarios: Vec<String>,
+    links: Vec<Mode>,
+    /// Stencil tile counts (default: all of them).
+    ks: Vec<u32>,
 }
 
 fn parse() -> Result<Opts, String> {
     let mut o = Opts {
         quick: false,
         scenarios: Vec::new(),
+        links: Vec::new(),
+        ks: Vec::new(),
     };
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
@@ -41,9 +51,26 @@ fn parse() -> Result<Opts, String> {
             "--scenario" => o
                 .scenarios
                 .push(args.next().ok_or("--scenario needs a name")?),
+            "--k" => o.ks.push(
+                args.next()
+                    .and_then(|k| k.parse().ok())
+                    .filter(|&k| k >= 2)
+                    .ok_or("--k needs a tile count of at least 2")?,
+            ),
+            "--link" => {
+                let l = args.next().ok_or("--link needs ring, grpc or in-process")?;
+                o.links.push(match l.as_str() {
+                    "ring" => Mode::Process,
+                    "grpc" => Mode::Grpc,
+                    "in-process" => Mode::InProcess,
+                    other => {
+                        return Err(format!("unknown link {other:?}; ring, grpc or in-process"));
+                    }
+                });
+            }
             "-h" | "--help" => {
                 println!(
-                    "strata-bench [--quick] [--scenario throughput|latency|stencil|handoff|remote]..."
+                    "strata-bench [--quick] [--scenario throughput|latency|stencil|handoff|remote]... [--link ring|grpc|in-process]... [--k TILES]..."
                 );
                 std::process::exit(0);
             }
@@ -58,6 +85,9 @@ fn parse() -> Result<Opts, String> {
     }
     if o.scenarios.is_empty() {
         o.scenarios = ALL.iter().map(|s| (*s).to_owned()).collect();
+    }
+    if o.links.is_empty() {
+        o.links = Mode::ALL.to_vec();
     }
     Ok(o)
 }
@@ -247,8 +277,10 @@ fn latency(mode: Mode, quick: bool) -> Result<bool, String> {
     ))
 }
 
-fn stencil(mode: Mode, quick: bool) -> Result<bool, String> {
-    let ks: &[u32] = if quick {
+fn stencil(mode: Mode, quick: bool, only: &[u32]) -> Result<bool, String> {
+    let ks: &[u32] = if !only.is_empty() {
+        only
+    } else if quick {
         &[16, 256]
     } else {
         &[16, 64, 256, 1024, 4096]
@@ -450,14 +482,14 @@ fn main() {
     };
     let mut ok = true;
     for s in &opts.scenarios {
-        let modes: &[Mode] = if s == "remote" { &[] } else { &Mode::ALL };
+        let modes: &[Mode] = if s == "remote" { &[] } else { &opts.links };
         let mut runs: Vec<(String, Result<bool, String>)> = modes
             .iter()
             .map(|&mode| {
                 let r = match s.as_str() {
                     "throughput" => throughput(mode, opts.quick),
                     "latency" => latency(mode, opts.quick),
-                    "stencil" => stencil(mode, opts.quick),
+                    "stencil" => stencil(mode, opts.quick, &opts.ks),
                     _ => handoff(mode, opts.quick),
                 };
                 (mode.name(s), r)

@@ -148,6 +148,8 @@ pub struct Scheduler {
     workers: BTreeMap<WorkerId, Worker>,
     tasks: HashMap<TaskId, Task>,
     first_error: Option<FirstError>,
+    /// Scratch for `pump` (the workers' queue heads), kept to be reused.
+    heads: Vec<TaskId>,
 }
 
 impl Scheduler {

@@ -70,20 +70,27 @@ impl Scheduler {
 
     /// Dispatches whatever heads its queues and fits.
     pub(super) fn pump(&mut self, out: &mut Vec<Action>) {
+        // The heads' buffer is the scheduler's, reused: pumping runs once
+        // per task event and allocates nothing of its own.
+        let mut heads = std::mem::take(&mut self.heads);
         loop {
             let mut progressed = false;
-            let heads: Vec<TaskId> = self
-                .workers
-                .values()
-                .filter_map(|w| w.queue.front().copied())
-                .collect();
-            for task in heads {
-                let Some(State::Queued(ws)) = self.tasks.get(&task).map(|t| &t.state) else {
+            heads.clear();
+            heads.extend(
+                self.workers
+                    .values()
+                    .filter_map(|w| w.queue.front().copied()),
+            );
+            for &task in &heads {
+                let workers = &mut self.workers;
+                let Some(t) = self.tasks.get_mut(&task) else {
                     continue;
                 };
-                let ws = ws.clone();
+                let State::Queued(ws) = &t.state else {
+                    continue;
+                };
                 let fits = ws.iter().all(|w| {
-                    self.workers.get(w).is_some_and(|x| {
+                    workers.get(w).is_some_and(|x| {
                         x.up && x.in_flight < x.window && x.queue.front() == Some(&task)
                     })
                 });
@@ -91,7 +98,7 @@ impl Scheduler {
                     continue;
                 }
                 for (m, w) in ws.iter().enumerate() {
-                    if let Some(worker) = self.workers.get_mut(w) {
+                    if let Some(worker) = workers.get_mut(w) {
                         worker.queue.pop_front();
                         worker.in_flight += 1;
                     }
@@ -101,7 +108,7 @@ impl Scheduler {
                         worker: *w,
                     });
                 }
-                if let Some(t) = self.tasks.get_mut(&task) {
+                if let State::Queued(ws) = std::mem::replace(&mut t.state, State::Waiting) {
                     let n = ws.len();
                     t.state = State::Running {
                         workers: ws,
@@ -112,6 +119,7 @@ impl Scheduler {
                 progressed = true;
             }
             if !progressed {
+                self.heads = heads;
                 return;
             }
         }

@@ -29,6 +29,7 @@
 #![forbid(unsafe_code)]
 
 pub mod check;
+mod codec;
 pub mod convert;
 pub mod fdframe;
 

@@ -7,12 +7,14 @@ use std::io;
 use std::os::fd::{AsFd, BorrowedFd};
 use std::os::unix::fs::MetadataExt;
 
+use bytes::Bytes;
+
 use strata_chip::staging;
 use strata_core::{Holders, WorkerId};
 use strata_wire::{BufferDescriptor, CanonicalIdentity, Tensor};
 use tokio::sync::mpsc;
 
-use super::Released;
+use super::{Recycler, Released};
 use crate::error::{BufferError, Error, QuarantinedBytes};
 use crate::mapping::{self, SharedMapping};
 
@@ -131,16 +133,17 @@ impl HostShared {
     }
 
     /// The view's bytes, packed run after run (what travels to a remote
-    /// worker), into a string allocated once at its size and not zeroed.
+    /// worker), into a string from `into` (one kept from an earlier task
+    /// when it is large enough, whose pages are already resident), never
+    /// zeroed first.
     /// Long runs are read from the memfd with pread (no faults on the
     /// mapping, no pages allocated for bytes never written), short ones
     /// copied from the mapping (one call each would cost more than it
     /// saves).
-    pub(crate) fn pack(&self, view: &Tensor) -> Result<Vec<u8>, BufferError> {
+    pub(crate) fn pack(&self, view: &Tensor, into: &Recycler) -> Result<Bytes, BufferError> {
         const PREAD_RUN: usize = 64 << 10;
         let first = usize::try_from(view.byte_offset()).map_err(|_| too_big())?;
-        let mut out =
-            Vec::with_capacity(usize::try_from(staging::packed_len(view)).map_err(|_| too_big())?);
+        let mut out = into.take(usize::try_from(staging::packed_len(view)).map_err(|_| too_big())?);
         let mut result = Ok(());
         staging::for_each_run(view, |off, len| {
             if result.is_err() {
@@ -162,7 +165,7 @@ impl HostShared {
             };
         });
         result?;
-        Ok(out)
+        Ok(into.wrap(out))
     }
 
     /// Writes a view's packed bytes back, run after run.

@@ -166,11 +166,9 @@ impl EndpointActor {
                     let data = if a.tag == ArgTag::Output {
                         Bytes::new()
                     } else {
-                        // The packed Vec becomes the message's field as is.
-                        Bytes::from(
-                            h.pack(&a.tensor)
-                                .map_err(|source| MemberFailure::Staging { arg: i, source })?,
-                        )
+                        // Becomes the message's field as is (no copy).
+                        h.pack(&a.tensor, &self.recycler)
+                            .map_err(|source| MemberFailure::Staging { arg: i, source })?
                     };
                     sent += data.len() as u64;
                     inline.push(Some(data));

@@ -232,7 +232,8 @@ impl HostBuffer {
     }
 
     /// The view's bytes, packed run after run into a string allocated
-    /// once at its final size (without zeroing it first).
+    /// at its final size (once, unless the view's elements share bytes),
+    /// without zeroing it first.
     ///
     /// # Errors
     /// [`Error::OutOfRange`] when the view's extent does not fit the
@@ -243,6 +244,9 @@ impl HostBuffer {
         let want = usize::try_from(staging::packed_len(view)).unwrap_or(usize::MAX);
         let mut out: Vec<u8> = Vec::with_capacity(want.min(base.1));
         staging::for_each_run(view, |off, len| {
+            // More than the extent only for a view whose elements share
+            // bytes: its packed form repeats them.
+            out.reserve(len);
             let spare = out.spare_capacity_mut();
             if len <= spare.len() && off.saturating_add(len) <= base.1 {
                 // SAFETY: `off + len` ≤ extent, which `view_range` checked
@@ -344,5 +348,52 @@ unsafe impl HostMemory for HostBytes {
     }
     fn writable(&self) -> bool {
         false
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use strata_wire::check::{Rng, ViewClass, view_pair};
+
+    /// `HostBuffer::pack` and `unpack` agree with the slice versions in
+    /// `staging` on every class of view, and refuse what does not fit.
+    #[test]
+    fn pack_and_unpack_match_the_slice_versions() {
+        let mut rng = Rng(11);
+        for class in ViewClass::ALL {
+            for _ in 0..300 {
+                let (v, _) = view_pair(class, &mut rng);
+                let end = usize::try_from(v.end_byte()).unwrap();
+                let first = usize::try_from(v.byte_offset()).unwrap();
+                let all: Vec<u8> = (0..end).map(|i| (i * 13 % 251) as u8).collect();
+                let host = HostBuffer::from_bytes(&all).unwrap();
+                let packed = host.pack(&v).unwrap();
+                assert_eq!(Some(&packed), staging::pack(&v, &all[first..]).as_ref());
+
+                let back = HostBuffer::new(end).unwrap();
+                back.unpack(&v, &packed).unwrap();
+                let mut want = vec![0u8; end];
+                assert!(staging::unpack(&v, &packed, &mut want[first..]));
+                assert_eq!(back.to_vec(), want, "{class:?} {v:?}");
+
+                if let Some(short) = packed.len().checked_sub(1) {
+                    assert!(back.unpack(&v, &packed[..short]).is_err());
+                }
+                if let Some(small) = end.checked_sub(1).filter(|_| v.extent_bytes() > 0) {
+                    let small = HostBuffer::new(small).unwrap();
+                    assert!(small.pack(&v).is_err());
+                    assert!(small.unpack(&v, &packed).is_err());
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn host_bytes_are_read_only_and_in_place() {
+        let b = Bytes::from(vec![1u8, 2, 3]);
+        let h = HostBytes::new(b.clone());
+        assert_eq!((h.len(), h.writable()), (3, false));
+        assert_eq!(h.as_ptr().cast_const(), b.as_ptr());
     }
 }

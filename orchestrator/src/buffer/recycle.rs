@@ -93,7 +93,8 @@ mod tests {
         let c = b.clone();
         assert_eq!(&b[..], &[5; 1000][..]);
         drop(b);
-        assert_ne!(pool.take(10).as_ptr(), ptr, "still in use by a clone");
+        let other = pool.take(10);
+        assert_ne!(other.as_ptr(), ptr, "still in use by a clone");
         drop(c);
         let again = pool.take(10);
         assert_eq!(again.as_ptr(), ptr, "reused");

@@ -57,6 +57,6 @@ pub use device::{
 };
 pub use error::Error;
 pub use kernel::{Kernel, KernelContext, KernelDescriptor, KernelHandle, Registry};
-pub use memory::{HostBuffer, HostMemory};
+pub use memory::{HostBuffer, HostBytes, HostMemory};
 pub use sim::SimDevice;
 pub use spec::{DeviceSpec, Mode};

@@ -9,7 +9,11 @@
 use std::fmt;
 use std::ptr::NonNull;
 
+use bytes::Bytes;
 use memmap2::MmapMut;
+use strata_wire::Tensor;
+
+use crate::staging;
 
 use crate::Error;
 
@@ -193,6 +197,97 @@ impl HostBuffer {
         self.read(0, self.len).unwrap_or_default()
     }
 
+    /// Copies a view's packed bytes (as [`crate::staging::pack`] lays
+    /// them out) into the view's elements, run after run, straight from
+    /// the packed string: no intermediate copy of the extent.
+    ///
+    /// # Errors
+    /// [`Error::OutOfRange`] when the view's extent does not fit the
+    /// buffer or `packed` is not exactly the view's packed length; nothing
+    /// is copied then.
+    pub fn unpack(&self, view: &Tensor, packed: &[u8]) -> Result<(), Error> {
+        let base = self.view_range(view)?;
+        if packed.len() as u64 != staging::packed_len(view) {
+            return Err(Error::OutOfRange {
+                addr: 0,
+                len: packed.len() as u64,
+                what: "the view's packed bytes",
+            });
+        }
+        let mut at = 0usize;
+        staging::for_each_run(view, |off, len| {
+            let src = at.checked_add(len).and_then(|end| packed.get(at..end));
+            // Runs lie inside the extent (tested against the byte-set
+            // oracle) and their lengths sum to `packed.len()`; checked
+            // again here because it is cheap next to the copy.
+            if let (Some(src), true) = (src, off.saturating_add(len) <= base.1) {
+                // SAFETY: `view_range` checked that the extent starting at
+                // `base.0` lies in the mapping, and `off + len` ≤ extent;
+                // `packed` is caller memory, never this private mapping.
+                unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), base.0.add(off), len) };
+            }
+            at = at.saturating_add(len);
+        });
+        Ok(())
+    }
+
+    /// The view's bytes, packed run after run into a string allocated
+    /// at its final size (once, unless the view's elements share bytes),
+    /// without zeroing it first.
+    ///
+    /// # Errors
+    /// [`Error::OutOfRange`] when the view's extent does not fit the
+    /// buffer (or, which the geometry rules out, its runs do not add up to
+    /// its packed length).
+    pub fn pack(&self, view: &Tensor) -> Result<Vec<u8>, Error> {
+        let base = self.view_range(view)?;
+        let want = usize::try_from(staging::packed_len(view)).unwrap_or(usize::MAX);
+        let mut out: Vec<u8> = Vec::with_capacity(want.min(base.1));
+        staging::for_each_run(view, |off, len| {
+            // More than the extent only for a view whose elements share
+            // bytes: its packed form repeats them.
+            out.reserve(len);
+            let spare = out.spare_capacity_mut();
+            if len <= spare.len() && off.saturating_add(len) <= base.1 {
+                // SAFETY: `off + len` ≤ extent, which `view_range` checked
+                // lies in the mapping; the destination is the Vec's spare
+                // capacity, at least `len` bytes, which cannot overlap the
+                // mapping. Only raw copies read the mapping.
+                unsafe {
+                    std::ptr::copy_nonoverlapping(
+                        base.0.add(off),
+                        spare.as_mut_ptr().cast::<u8>(),
+                        len,
+                    );
+                };
+                // SAFETY: the `len` bytes after the old length were just
+                // written, within the capacity.
+                unsafe { out.set_len(out.len() + len) };
+            }
+        });
+        if out.len() != want {
+            return Err(Error::OutOfRange {
+                addr: view.byte_offset(),
+                len: want as u64,
+                what: "the view's packed bytes",
+            });
+        }
+        Ok(out)
+    }
+
+    /// The first byte of `view`'s extent in this buffer and the extent's
+    /// length, once both are checked to lie inside it.
+    fn view_range(&self, view: &Tensor) -> Result<(*mut u8, usize), Error> {
+        let too_far = || Error::OutOfRange {
+            addr: view.byte_offset(),
+            len: view.extent_bytes(),
+            what: "the host buffer",
+        };
+        let first = usize::try_from(view.byte_offset()).map_err(|_| too_far())?;
+        let extent = usize::try_from(view.extent_bytes()).map_err(|_| too_far())?;
+        Ok((self.range(first, extent)?, extent))
+    }
+
     fn range(&self, offset: usize, len: usize) -> Result<*mut u8, Error> {
         match offset.checked_add(len) {
             Some(end) if end <= self.len => {
@@ -219,5 +314,86 @@ unsafe impl HostMemory for HostBuffer {
     }
     fn writable(&self) -> bool {
         true
+    }
+}
+
+/// Read-only host memory over bytes that came in a message: an input
+/// view's packed bytes are its extent when the view is contiguous, so the
+/// kernel can read them where they were received instead of from a copy.
+#[derive(Clone)]
+pub struct HostBytes(Bytes);
+
+impl HostBytes {
+    /// Host memory over `bytes`, read-only.
+    pub fn new(bytes: Bytes) -> Self {
+        HostBytes(bytes)
+    }
+}
+
+impl fmt::Debug for HostBytes {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "HostBytes({} bytes)", self.0.len())
+    }
+}
+
+// SAFETY: `Bytes` is immutable and keeps its memory alive as long as this
+// value; `writable()` is false, so strata never writes through `as_ptr`
+// (the device refuses a written argument on read-only memory).
+unsafe impl HostMemory for HostBytes {
+    fn as_ptr(&self) -> *mut u8 {
+        self.0.as_ptr().cast_mut()
+    }
+    fn len(&self) -> usize {
+        self.0.len()
+    }
+    fn writable(&self) -> bool {
+        false
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use strata_wire::check::{Rng, ViewClass, view_pair};
+
+    /// `HostBuffer::pack` and `unpack` agree with the slice versions in
+    /// `staging` on every class of view, and refuse what does not fit.
+    #[test]
+    fn pack_and_unpack_match_the_slice_versions() {
+        let mut rng = Rng(11);
+        for class in ViewClass::ALL {
+            for _ in 0..300 {
+                let (v, _) = view_pair(class, &mut rng);
+                let end = usize::try_from(v.end_byte()).unwrap();
+                let first = usize::try_from(v.byte_offset()).unwrap();
+                let all: Vec<u8> = (0..end).map(|i| (i * 13 % 251) as u8).collect();
+                let host = HostBuffer::from_bytes(&all).unwrap();
+                let packed = host.pack(&v).unwrap();
+                assert_eq!(Some(&packed), staging::pack(&v, &all[first..]).as_ref());
+
+                let back = HostBuffer::new(end).unwrap();
+                back.unpack(&v, &packed).unwrap();
+                let mut want = vec![0u8; end];
+                assert!(staging::unpack(&v, &packed, &mut want[first..]));
+                assert_eq!(back.to_vec(), want, "{class:?} {v:?}");
+
+                if let Some(short) = packed.len().checked_sub(1) {
+                    assert!(back.unpack(&v, &packed[..short]).is_err());
+                }
+                if let Some(small) = end.checked_sub(1).filter(|_| v.extent_bytes() > 0) {
+                    let small = HostBuffer::new(small).unwrap();
+                    assert!(small.pack(&v).is_err());
+                    assert!(small.unpack(&v, &packed).is_err());
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn host_bytes_are_read_only_and_in_place() {
+        let b = Bytes::from(vec![1u8, 2, 3]);
+        let h = HostBytes::new(b.clone());
+        assert_eq!((h.len(), h.writable()), (3, false));
+        assert_eq!(h.as_ptr().cast_const(), b.as_ptr());
     }
 }

@@ -400,7 +400,7 @@ impl WorkerClient {
         let req = pb::CopyToDeviceRequest {
             identity: identity.encode().to_vec(),
             offset,
-            data,
+            data: data.into(),
         };
         self.stub.copy_to_device(req).await?;
         Ok(())
@@ -425,7 +425,13 @@ impl WorkerClient {
             offset,
             len,
         };
-        Ok(self.stub.copy_from_device(req).await?.into_inner().data)
+        Ok(self
+            .stub
+            .copy_from_device(req)
+            .await?
+            .into_inner()
+            .data
+            .into())
     }
 
     /// Releases imported buffers; returns how many were imported.

@@ -76,6 +76,33 @@ impl SharedMapping {
         Ok(())
     }
 
+    /// Appends the `len` bytes at `offset` to `out`, without zeroing its
+    /// new capacity first.
+    pub(crate) fn read_append(
+        &self,
+        offset: usize,
+        len: usize,
+        out: &mut Vec<u8>,
+    ) -> Result<(), OutOfRange> {
+        self.check(offset, len)?;
+        out.reserve(len);
+        // SAFETY: the source range lies within the live mapping (checked
+        // above) and is reached only through this raw pointer; the
+        // destination is `out`'s spare capacity, at least `len` bytes
+        // (reserved above), private memory that cannot overlap the mapping.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                self.map.as_ptr().add(offset),
+                out.spare_capacity_mut().as_mut_ptr().cast::<u8>(),
+                len,
+            );
+        }
+        // SAFETY: the `len` bytes after the old length were just written,
+        // within the capacity.
+        unsafe { out.set_len(out.len() + len) };
+        Ok(())
+    }
+
     /// Copies `src` into the mapping at `offset`.
     pub(crate) fn write(&self, offset: usize, src: &[u8]) -> Result<(), OutOfRange> {
         self.check(offset, src.len())?;
@@ -90,6 +117,52 @@ impl SharedMapping {
         }
         Ok(())
     }
+}
+
+/// Appends the `len` bytes of `file` at `offset` to `out`, read with
+/// pread(2) instead of through a mapping: the kernel copies from the page
+/// cache straight into `out`, with no page faults on the driver's mapping
+/// and, where the file has holes (bytes never written), without
+/// allocating pages for them. Worth it for long runs only: one call each.
+///
+/// # Errors
+/// The read's error, or `UnexpectedEof` when the file ends first.
+pub(crate) fn pread_append(
+    file: &File,
+    offset: usize,
+    len: usize,
+    out: &mut Vec<u8>,
+) -> io::Result<()> {
+    use std::os::fd::AsRawFd;
+    out.reserve(len);
+    let mut done = 0usize;
+    while done < len {
+        let at = offset
+            .checked_add(done)
+            .and_then(|a| nix::libc::off_t::try_from(a).ok())
+            .ok_or_else(|| io::Error::from(io::ErrorKind::InvalidInput))?;
+        let spare = out.spare_capacity_mut();
+        let want = (len - done).min(spare.len());
+        // SAFETY: `spare` is `out`'s uninitialized capacity, valid for
+        // writes of `want` ≤ its length bytes; pread writes at most `want`.
+        let n = unsafe { nix::libc::pread(file.as_raw_fd(), spare.as_mut_ptr().cast(), want, at) };
+        match usize::try_from(n) {
+            Ok(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
+            Ok(n) => {
+                // SAFETY: pread initialized the first `n` ≤ `want` bytes
+                // of the spare capacity.
+                unsafe { out.set_len(out.len() + n) };
+                done += n;
+            }
+            Err(_) => {
+                let e = io::Error::last_os_error();
+                if e.kind() != io::ErrorKind::Interrupted {
+                    return Err(e);
+                }
+            }
+        }
+    }
+    Ok(())
 }
 
 /// The bytes of a slice of plain-old-data values (little-endian machine).

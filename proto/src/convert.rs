@@ -3,6 +3,8 @@
 
 use std::fmt;
 
+use bytes::Bytes;
+
 use strata_wire::{ArgTag, CanonicalIdentity, TaskArgs};
 use strata_wire::{KernelHandle, Region, TaskId};
 
@@ -130,7 +132,10 @@ pub struct TaskRequest {
     pub tags: Vec<ArgTag>,
     /// Per tensor: the packed view bytes that travel with the task, if any
     /// (remote workers). Empty for a remote argument the task only writes.
-    pub inline: Vec<Option<Vec<u8>>>,
+    /// Shared, not owned: the driver's packed bytes go into the message,
+    /// and a worker's are slices of the message they came in, without a
+    /// copy either way.
+    pub inline: Vec<Option<Bytes>>,
 }
 
 impl TryFrom<pb::Task> for TaskRequest {
@@ -160,7 +165,7 @@ impl TryFrom<pb::Task> for TaskRequest {
                 })
             })
             .collect::<Result<Vec<_>, _>>()?;
-        let mut inline: Vec<Option<Vec<u8>>> = vec![None; n];
+        let mut inline: Vec<Option<Bytes>> = vec![None; n];
         for (k, item) in t.inline_inputs.into_iter().enumerate() {
             let field = format!("inline_inputs[{k}]");
             let i = usize::try_from(item.arg_index).unwrap_or(usize::MAX);
@@ -242,6 +247,7 @@ impl From<&TaskRequest> for pb::Task {
                 .filter_map(|(i, d)| {
                     d.as_ref().map(|data| pb::InlineBytes {
                         arg_index: i as u32,
+                        // A reference count, not a copy of the bytes.
                         data: data.clone(),
                     })
                 })
@@ -278,8 +284,9 @@ pub struct TaskCompletion {
     pub staged_in: u64,
     /// Bytes staged device → host.
     pub staged_out: u64,
-    /// Packed bytes of written inline arguments, by argument index.
-    pub outputs: Vec<(u32, Vec<u8>)>,
+    /// Packed bytes of written inline arguments, by argument index (on the
+    /// driver, slices of the message they came in).
+    pub outputs: Vec<(u32, Bytes)>,
 }
 
 impl TryFrom<pb::Completion> for TaskCompletion {
@@ -627,7 +634,7 @@ mod tests {
             callable: KernelHandle([2; 16]),
             args: TaskArgs::new(vec![t, t], vec![3]).unwrap(),
             tags: vec![ArgTag::Input, ArgTag::Output],
-            inline: vec![Some(vec![0; 16]), None],
+            inline: vec![Some(Bytes::from(vec![0; 16])), None],
         };
         (&req).into()
     }
@@ -668,7 +675,7 @@ mod tests {
         let inline = |i: u32, n: usize| {
             vec![pb::InlineBytes {
                 arg_index: i,
-                data: vec![0; n],
+                data: Bytes::from(vec![0; n]),
             }]
         };
         assert_eq!(
@@ -706,7 +713,7 @@ mod tests {
             kernel_ns: 4,
             staged_in: 5,
             staged_out: 6,
-            outputs: vec![(0, vec![1, 2])],
+            outputs: vec![(0, Bytes::from_static(&[1, 2]))],
         };
         let p: pb::Completion = c.clone().into();
         assert_eq!(TaskCompletion::try_from(p.clone()).unwrap(), c);

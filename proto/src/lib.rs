@@ -29,6 +29,7 @@
 #![forbid(unsafe_code)]
 
 pub mod check;
+mod codec;
 pub mod convert;
 pub mod fdframe;
 
@@ -60,11 +61,12 @@ pub const MAX_FDS_PER_MESSAGE: usize = 64;
 
 /// HTTP/2 flow-control window of one stream, bytes, on both ends: staged
 /// view bytes are megabytes, and the 64 KiB default window stalls them on
-/// every round trip.
-pub const STREAM_WINDOW: u32 = 16 << 20;
+/// every round trip. As large as the largest message, so that one task's
+/// bytes never wait for a window update mid-message.
+pub const STREAM_WINDOW: u32 = 64 << 20;
 
 /// HTTP/2 flow-control window of a connection, bytes, on both ends.
-pub const CONNECTION_WINDOW: u32 = 32 << 20;
+pub const CONNECTION_WINDOW: u32 = 128 << 20;
 
 /// Largest extent of a view whose bytes travel with a task (and largest
 /// span of the inline views of one buffer in one task): the worker makes a

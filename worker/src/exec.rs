@@ -5,8 +5,10 @@
 //! 1. find the callable;
 //! 2. resolve each tensor's backing: a device buffer of the session by
 //!    identity, inline bytes that came with the task (unpacked into a
-//!    private host buffer), or an imported fd mapped once by identity (an
-//!    identity whose fd was refused on arrival fails with that refusal);
+//!    private host buffer, or, for a lone contiguous view the kernel only
+//!    reads, read where they were received), or an imported fd mapped
+//!    once by identity (an identity whose fd was refused on arrival fails
+//!    with that refusal);
 //! 3. launch on the device (which validates the arguments against the
 //!    signature before anything runs), with the session's start gate: a
 //!    task of a session that has ended fails instead of starting, whether
@@ -20,7 +22,8 @@
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 
-use strata_chip::{ArgBacking, HostBuffer, HostMemory, Launch, LaunchArg, LaunchReport, staging};
+use bytes::Bytes;
+use strata_chip::{ArgBacking, HostBuffer, HostBytes, HostMemory, Launch, LaunchArg, LaunchReport};
 use strata_proto::TaskId;
 use strata_proto::convert::{TaskCompletion, TaskOutcome, TaskRequest};
 use strata_wire::{AddressSpace, BufferDescriptor, Tensor};
@@ -46,12 +49,12 @@ pub(crate) fn failure(id: TaskId, cause: String) -> TaskCompletion {
     }
 }
 
-/// An argument whose bytes came with the task.
+/// An argument whose bytes came with the task and that the kernel
+/// writes: packed into the completion.
 struct InlineArg {
     index: u32,
     view: Tensor,
     host: Arc<HostBuffer>,
-    written: bool,
 }
 
 /// Runs `req` and calls `done` exactly once.
@@ -141,7 +144,7 @@ fn prepare(
     let mut held: Held = Vec::new();
     let mut inline_args = Vec::new();
     let mut args = Vec::with_capacity(req.args.tensors().len());
-    let mut staged = unpack_inline(req.args.tensors(), &req.inline)?;
+    let mut staged = unpack_inline(req.args.tensors(), &req.inline, &writes)?;
     for (i, ((tensor, tag), inline)) in req
         .args
         .tensors()
@@ -170,13 +173,20 @@ fn prepare(
                 let (view, host) = staged[i]
                     .take()
                     .ok_or_else(|| bad("no inline bytes".into()))?;
-                inline_args.push(InlineArg {
-                    index: i as u32,
-                    view,
-                    host: Arc::clone(&host),
-                    written: writes.get(i).copied().unwrap_or(false),
-                });
-                (view, ArgBacking::Host(host as Arc<dyn HostMemory>))
+                let backing: Arc<dyn HostMemory> = match host {
+                    Private::Copy(host) => {
+                        if writes.get(i).copied().unwrap_or(false) {
+                            inline_args.push(InlineArg {
+                                index: i as u32,
+                                view,
+                                host: Arc::clone(&host),
+                            });
+                        }
+                        host
+                    }
+                    Private::Received(bytes) => Arc::new(bytes),
+                };
+                (view, ArgBacking::Host(backing))
             }
             (AddressSpace::Host, None) => {
                 let mapping = node.imports().acquire(tensor.buffer()).map_err(|e| {
@@ -220,18 +230,33 @@ fn prepare(
     ))
 }
 
-/// An inline argument's view, rebased onto its private host buffer.
-type Rebased = (Tensor, Arc<HostBuffer>);
+/// Where an inline argument's bytes live on the worker.
+#[derive(Clone)]
+enum Private {
+    /// A private buffer laid out like the original from a 64-byte
+    /// boundary, the packed bytes unpacked into it; shared by the inline
+    /// views of one buffer.
+    Copy(Arc<HostBuffer>),
+    /// The received bytes themselves, read-only: the view is the only
+    /// inline view of its buffer, the kernel only reads it, and it is
+    /// contiguous, so its packed bytes are its extent and need no copy.
+    Received(HostBytes),
+}
 
-/// The private host memory of the arguments whose bytes came with the
-/// task. The inline views over one buffer identity share one private
-/// buffer covering all of them, each rebased by the same amount, so that
-/// their relative positions (and the launch's overlap checks between
-/// them) are those of the original buffer. Returns, per argument, its
-/// rebased view and buffer (`None` for arguments without inline bytes).
+/// An inline argument's view, rebased onto where its bytes live.
+type Rebased = (Tensor, Private);
+
+/// The host memory of the arguments whose bytes came with the task. The
+/// inline views over one buffer identity share one private buffer
+/// covering all of them, each rebased by the same amount, so that their
+/// relative positions (and the launch's overlap checks between them) are
+/// those of the original buffer; a lone contiguous view the kernel only
+/// reads is read where it was received. Returns, per argument, its rebased
+/// view and memory (`None` for arguments without inline bytes).
 fn unpack_inline(
     tensors: &[Tensor],
-    inline: &[Option<Vec<u8>>],
+    inline: &[Option<Bytes>],
+    writes: &[bool],
 ) -> Result<Vec<Option<Rebased>>, String> {
     let mut out: Vec<Option<Rebased>> = vec![None; tensors.len()];
     let mut done = vec![false; tensors.len()];
@@ -248,6 +273,15 @@ fn unpack_inline(
                 tensors[j].identity() == &identity && inline.get(j).is_some_and(|d| d.is_some())
             })
             .collect();
+        if let [only] = group[..] {
+            if let Some(received) =
+                in_place(&tensors[only], inline[only].as_ref(), writes.get(only))
+            {
+                out[only] = Some(received.map_err(|e| format!("argument {only}: {e}"))?);
+                done[only] = true;
+                continue;
+            }
+        }
         // Rebase by a multiple of 64 bytes, which keeps every dtype's
         // offset alignment.
         let lo = group
@@ -279,8 +313,10 @@ fn unpack_inline(
             *d.backing(),
         )
         .map_err(|e| format!("argument {i}: {e}"))?;
-        let mut bytes = vec![0u8; len];
-        let mut views = Vec::with_capacity(group.len());
+        // Zeroed pages from the kernel: a view that came without bytes (an
+        // OUTPUT) starts from zeros, and the others are unpacked straight
+        // into place.
+        let host = Arc::new(HostBuffer::new(len).map_err(|e| e.to_string())?);
         for &j in &group {
             let t = &tensors[j];
             let view = Tensor::new(
@@ -292,24 +328,41 @@ fn unpack_inline(
             )
             .map_err(|e| format!("argument {j}: {e}"))?;
             let packed = inline[j].as_deref().unwrap_or_default();
-            let start = usize::try_from(view.byte_offset()).unwrap_or(usize::MAX);
-            if !packed.is_empty()
-                && !staging::unpack(&view, packed, bytes.get_mut(start..).unwrap_or_default())
-            {
+            if !packed.is_empty() && host.unpack(&view, packed).is_err() {
                 return Err(format!(
                     "argument {j}: inline bytes do not fit the view ({} bytes)",
                     packed.len()
                 ));
             }
-            views.push((j, view));
+            out[j] = Some((view, Private::Copy(Arc::clone(&host))));
             done[j] = true;
-        }
-        let host = Arc::new(HostBuffer::from_bytes(&bytes).map_err(|e| e.to_string())?);
-        for (j, view) in views {
-            out[j] = Some((view, Arc::clone(&host)));
         }
     }
     Ok(out)
+}
+
+/// The view rebased to byte 0 of its received bytes, when the kernel only
+/// reads it and those bytes are its whole extent (the view is contiguous);
+/// `None` when it needs a private copy.
+fn in_place(
+    t: &Tensor,
+    packed: Option<&Bytes>,
+    writes: Option<&bool>,
+) -> Option<Result<Rebased, strata_wire::Error>> {
+    let packed = packed.filter(|p| !p.is_empty())?;
+    if writes.copied().unwrap_or(true) || packed.len() as u64 != t.extent_bytes() {
+        return None;
+    }
+    let d = t.buffer();
+    let rebased = BufferDescriptor::new(
+        *t.identity(),
+        t.extent_bytes(),
+        d.address_space(),
+        d.access(),
+        *d.backing(),
+    )
+    .and_then(|desc| Tensor::new(desc, 0, t.shape(), t.strides(), t.dtype()));
+    Some(rebased.map(|view| (view, Private::Received(HostBytes::new(packed.clone())))))
 }
 
 fn complete(
@@ -320,14 +373,13 @@ fn complete(
     match outcome {
         Err(e) => failure(id, e.to_string()),
         Ok(r) => {
-            let packed: Option<Vec<(u32, Vec<u8>)>> = inline
+            let packed: Option<Vec<(u32, Bytes)>> = inline
                 .iter()
-                .filter(|a| a.written)
                 .map(|a| {
-                    let all = a.host.to_vec();
-                    let first = usize::try_from(a.view.byte_offset()).unwrap_or(usize::MAX);
-                    staging::pack(&a.view, all.get(first..).unwrap_or_default())
-                        .map(|bytes| (a.index, bytes))
+                    a.host
+                        .pack(&a.view)
+                        .ok()
+                        .map(|bytes| (a.index, Bytes::from(bytes)))
                 })
                 .collect();
             // The inline copy was sized from the view when the task

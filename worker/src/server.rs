@@ -215,6 +215,11 @@ impl BoundWorker {
         let mut builder = Server::builder()
             .initial_stream_window_size(Some(STREAM_WINDOW))
             .initial_connection_window_size(Some(CONNECTION_WINDOW))
+            // Measured with strata-bench --scenario remote: 1 MiB frames
+            // beat 256 KiB and 16 MiB ones (a 16 MiB frame is copied into
+            // tonic's buffer only once all of it has arrived, so receiving
+            // and copying no longer overlap: 48 MiB views went 1.3 -> 0.8
+            // GB/s).
             .max_frame_size(Some(1 << 20))
             .http2_keepalive_interval(Some(self.config.peer_timeout / 2))
             .http2_keepalive_timeout(Some(self.config.peer_timeout / 2))

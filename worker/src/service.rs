@@ -364,7 +364,7 @@ impl pb::worker_server::Worker for WorkerService {
             .node
             .copy_from_device(&session, &identity, req.offset, req.len, limit)
             .map_err(|e| refused(&e))?;
-        Ok(Response::new(pb::CopyFromDeviceReply { data }))
+        Ok(Response::new(pb::CopyFromDeviceReply { data: data.into() }))
     }
 
     async fn release_import(

@@ -7,12 +7,14 @@ use std::io;
 use std::os::fd::{AsFd, BorrowedFd};
 use std::os::unix::fs::MetadataExt;
 
+use bytes::Bytes;
+
 use strata_chip::staging;
 use strata_core::{Holders, WorkerId};
 use strata_wire::{BufferDescriptor, CanonicalIdentity, Tensor};
 use tokio::sync::mpsc;
 
-use super::Released;
+use super::{Recycler, Released};
 use crate::error::{BufferError, Error, QuarantinedBytes};
 use crate::mapping::{self, SharedMapping};
 
@@ -131,20 +133,39 @@ impl HostShared {
     }
 
     /// The view's bytes, packed run after run (what travels to a remote
-    /// worker).
-    pub(crate) fn pack(&self, view: &Tensor) -> Result<Vec<u8>, BufferError> {
+    /// worker), into a string from `into` (one kept from an earlier task
+    /// when it is large enough, whose pages are already resident), never
+    /// zeroed first.
+    /// Long runs are read from the memfd with pread (no faults on the
+    /// mapping, no pages allocated for bytes never written), short ones
+    /// copied from the mapping (one call each would cost more than it
+    /// saves).
+    pub(crate) fn pack(&self, view: &Tensor, into: &Recycler) -> Result<Bytes, BufferError> {
+        const PREAD_RUN: usize = 64 << 10;
         let first = usize::try_from(view.byte_offset()).map_err(|_| too_big())?;
-        let mut out = vec![0u8; usize::try_from(staging::packed_len(view)).map_err(|_| too_big())?];
-        let mut at = 0usize;
+        let mut out = into.take(usize::try_from(staging::packed_len(view)).map_err(|_| too_big())?);
         let mut result = Ok(());
         staging::for_each_run(view, |off, len| {
-            if result.is_ok() {
-                result = self.map.read(first + off, &mut out[at..at + len]);
-                at += len;
+            if result.is_err() {
+                return;
             }
+            let at = first.saturating_add(off);
+            result = if len >= PREAD_RUN && at.saturating_add(len) <= self.map.len() {
+                mapping::pread_append(&self.file, at, len, &mut out).map_err(|source| {
+                    BufferError::Memfd {
+                        step: "pread",
+                        nbytes: self.desc.nbytes(),
+                        source,
+                    }
+                })
+            } else {
+                self.map
+                    .read_append(at, len, &mut out)
+                    .map_err(|e| self.mapping(e))
+            };
         });
-        result.map_err(|e| self.mapping(e))?;
-        Ok(out)
+        result?;
+        Ok(into.wrap(out))
     }
 
     /// Writes a view's packed bytes back, run after run.

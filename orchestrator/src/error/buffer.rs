@@ -18,7 +18,7 @@ pub enum BufferError {
     #[error("{step} for a buffer of {nbytes} bytes: {source}")]
     Memfd {
         /// The step: `memfd_create`, `ftruncate`, `sealing the memfd`,
-        /// `fstat`, `mmap`.
+        /// `fstat`, `mmap`, `pread` (packing a view for a remote worker).
         step: &'static str,
         /// The buffer's size.
         nbytes: u64,

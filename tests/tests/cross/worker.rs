@@ -798,7 +798,7 @@ async fn completions_stay_under_the_message_limit() {
         ),
     ];
     for t in &mut tasks {
-        t.inline = vec![Some(Vec::new())];
+        t.inline = vec![Some(Default::default())];
     }
     let done = run_all(&mut stream, &tasks).await;
     assert_failed(&done[&1], "more than a message may hold");

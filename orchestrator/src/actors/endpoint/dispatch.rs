@@ -7,6 +7,8 @@ use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
 use std::os::fd::BorrowedFd;
 use std::sync::Arc;
 
+use bytes::Bytes;
+
 use strata_proto::convert::{TaskCompletion, TaskOutcome, TaskRequest};
 use strata_wire::{ArgTag, BufferDescriptor, CanonicalIdentity, TaskArgs, Tensor};
 use tracing::warn;
@@ -162,9 +164,10 @@ impl EndpointActor {
             match &a.backing {
                 Backing::Host(h) if staged_link => {
                     let data = if a.tag == ArgTag::Output {
-                        Vec::new()
+                        Bytes::new()
                     } else {
-                        h.pack(&a.tensor)
+                        // Becomes the message's field as is (no copy).
+                        h.pack(&a.tensor, &self.recycler)
                             .map_err(|source| MemberFailure::Staging { arg: i, source })?
                     };
                     sent += data.len() as u64;
@@ -239,7 +242,7 @@ impl EndpointActor {
 
 /// Writes the bytes a staged worker sent back into the host buffers; every
 /// argument the task writes must have come back.
-fn land(f: &InFlight, outputs: &[(u32, Vec<u8>)], returned: &mut u64) -> Result<(), MemberFailure> {
+fn land(f: &InFlight, outputs: &[(u32, Bytes)], returned: &mut u64) -> Result<(), MemberFailure> {
     for (index, view, host, writes) in &f.staged {
         let out = outputs.iter().find(|(i, _)| i == index);
         match out {

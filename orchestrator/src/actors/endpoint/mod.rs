@@ -154,6 +154,8 @@ pub(crate) struct EndpointActor {
     rejoins: u64,
     imported: HashSet<CanonicalIdentity>,
     in_flight: HashMap<u64, InFlight>,
+    /// Strings for packed view bytes (staged links), reused across tasks.
+    recycler: crate::buffer::Recycler,
     up: mpsc::UnboundedSender<Notice>,
     spawned: Option<Spawned>,
     dead: bool,
@@ -199,6 +201,7 @@ impl EndpointActor {
             rejoins: 0,
             imported: HashSet::default(),
             in_flight: HashMap::default(),
+            recycler: crate::buffer::Recycler::default(),
             up: s.up,
             spawned: s.spawned,
             dead: false,

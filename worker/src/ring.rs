@@ -36,11 +36,15 @@ use tracing::{debug, warn};
 use crate::node::Node;
 use crate::ops::{Intake, Sink};
 
-/// How long the reader spins on an empty lane before it parks: long
-/// enough to catch the next task of a busy driver without a wake-up.
+/// How long the reader waits on an empty lane before it parks: a few
+/// spins, then yields of the CPU (a few hundred microseconds in all), so
+/// that the next record of a busy peer costs no wake-up. Yields, not
+/// spins: on a machine with fewer cores than busy threads a spinning
+/// reader takes the core its peer needs to produce the record (the sim
+/// lanes' `LANE_SPIN` says what that cost).
 pub(crate) const READER_SPIN: Spin = Spin {
-    spins: 4000,
-    yields: 20,
+    spins: 100,
+    yields: 300,
 };
 
 /// Takes `fds` (one: the ring memfd, lanes as `ring` says) for `session`

@@ -50,12 +50,15 @@ pub(crate) const CAPACITIES: Capacities = Capacities {
     complete: 4 << 20,
 };
 
-/// How long the completion reader spins on an empty lane before parking:
-/// about the gap between completions of a busy worker, so a stream of
-/// them costs no wake-up.
+/// How long the reader waits on an empty lane before it parks: a few
+/// spins, then yields of the CPU (a few hundred microseconds in all), so
+/// that the next record of a busy peer costs no wake-up. Yields, not
+/// spins: on a machine with fewer cores than busy threads a spinning
+/// reader takes the core its peer needs to produce the record (the sim
+/// lanes' `LANE_SPIN` says what that cost).
 const READER_SPIN: Spin = Spin {
-    spins: 2000,
-    yields: 20,
+    spins: 100,
+    yields: 300,
 };
 
 /// How long a writer waits for room in one go before looking again (the

@@ -25,9 +25,24 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCENARIOS = ["throughput", "latency", "stencil", "handoff", "remote"]
-# The same scenarios with worker nodes inside the driver's process
-# (ClusterBuilder::in_process): strata's figures only, beside the process ones.
+# strata's local scenarios run over every link: worker processes with their
+# tasks on the shared-memory ring (the plain name), the same processes with
+# the gRPC task stream (-grpc), and worker nodes inside the driver's process
+# (-in-process). `remote` is one worker over TCP.
+GRPC = [f"{s}-grpc" for s in SCENARIOS if s != "remote"]
 IN_PROCESS = [f"{s}-in-process" for s in SCENARIOS if s != "remote"]
+ALL_STRATA = SCENARIOS + GRPC + IN_PROCESS
+
+
+def link_of(scenario):
+    """The link a strata row was measured over."""
+    if scenario == "remote":
+        return "grpc-tcp"
+    if scenario.endswith("-grpc"):
+        return "grpc-unix"
+    if scenario.endswith("-in-process"):
+        return "in-process"
+    return "ring"
 
 
 def log(msg):
@@ -110,33 +125,27 @@ def fmt(v, digits=3):
 
 
 def compare(rows):
-    """The comparisons and targets of issue 8, from one run's rows."""
+    """The targets of issue 16, from one run's rows (strata over the ring)."""
     out = []
 
     def target(name, value, ok, note):
         out.append({"target": name, "value": value, "met": ok, "note": note})
 
-    st = pick(rows, "strata", "throughput")
-    rt, ra = pick(rows, "ray", "throughput", "tasks"), pick(rows, "ray", "throughput", "actor_calls")
-    sp = pick(rows, "starpu", "throughput")
+    st, sp = pick(rows, "strata", "throughput"), pick(rows, "starpu", "throughput")
+    rt = pick(rows, "ray", "throughput", "tasks")
     if st:
         v = st["value"]
-        r = ratio(v, rt and rt["value"])
-        target("throughput ≥ 200,000 no-op tasks/s", v, v >= 200_000, f"{fmt(v)} tasks/s")
-        target("throughput ≥ 50× Ray (tasks)", r, None if r is None else r >= 50,
-               f"{fmt(r)}× Ray tasks, {fmt(ratio(v, ra and ra['value']))}× Ray actor calls, "
-               f"{fmt(ratio(v, sp and sp['value']))}× StarPU (in-process)")
-    sl = pick(rows, "strata", "latency")
-    rl = pick(rows, "ray", "latency", "tasks") or pick(rows, "ray", "latency")
-    rla = pick(rows, "ray", "latency", "actors")
-    spl = pick(rows, "starpu", "latency")
+        r = ratio(v, sp and sp["value"])
+        target("throughput ≥ StarPU's in-process no-op rate", r, None if r is None else r >= 1,
+               f"{fmt(v)} tasks/s = {fmt(r)}× StarPU ({fmt(sp and sp['value'])}); "
+               f"{fmt(ratio(v, rt and rt['value']))}× Ray tasks")
+    sl, spl = pick(rows, "strata", "latency"), pick(rows, "starpu", "latency")
     if sl:
         v = sl["value"]
-        r = ratio(rl and rl["value"], v)
-        target("chain latency ≤ 100 µs per hop", v, v <= 100, f"{fmt(v)} µs/hop")
-        target("chain latency ≥ 10× lower than Ray", r, None if r is None else r >= 10,
-               f"Ray tasks {fmt(rl and rl['value'])} µs/hop, Ray actors {fmt(rla and rla['value'])}, "
-               f"StarPU {fmt(spl and spl['value'])}")
+        r = ratio(v, spl and spl["value"])
+        target("chain latency ≤ 20 µs per hop", v, v <= 20, f"{fmt(v)} µs/hop")
+        target("chain latency ≤ 5× StarPU's hop", r, None if r is None else r <= 5,
+               f"{fmt(r)}× StarPU ({fmt(spl and spl['value'])} µs/hop)")
     ks = [r for r in rows if r.get("system") == "strata" and r.get("scenario") == "stencil"]
     if ks:
         worst = None
@@ -146,9 +155,14 @@ def compare(rows):
             worst = q if q is not None and (worst is None or q > worst) else worst
         vals = [r["value"] for r in ks]
         flat = max(vals) / min(vals)
-        target("stencil within 3× of StarPU per task", worst, None if worst is None else worst <= 3,
+        target("stencil ≤ 2× StarPU per task at every k", worst, None if worst is None else worst <= 2,
                "worst k: " + fmt(worst) + "× StarPU")
-        target("stencil flat in k (max/min ≤ 2)", flat, flat <= 2, f"max/min over k = {fmt(flat)}")
+        target("stencil flat in k (max/min ≤ 1.5)", flat, flat <= 1.5, f"max/min over k = {fmt(flat)}")
+    for size in ("16MiB", "48MiB"):
+        r = pick(rows, "strata", "remote", size)
+        if r:
+            target(f"remote staging ≥ 2 GB/s ({size})", r["value"], r["value"] >= 2,
+                   f"{fmt(r['value'])} GB/s over TCP loopback with a token")
     h1, hg = pick(rows, "strata", "handoff", "1MiB"), pick(rows, "strata", "handoff", "1GiB")
     if h1 and hg:
         r = ratio(hg["value"], h1["value"])
@@ -162,13 +176,14 @@ def markdown(rows, targets, peers, meta):
     for name, err in peers.items():
         if err:
             lines.append(f"- **{name}**: {err}")
-    lines += ["", "| scenario | variant | strata | Ray | StarPU | unit |", "|---|---|---|---|---|---|"]
+    lines += ["", "| scenario | strata link | variant | strata | Ray | StarPU | unit |",
+              "|---|---|---|---|---|---|---|"]
     keys = []
     for r in rows:
         k = (r.get("scenario"), r.get("variant"))
         if k not in keys:
             keys.append(k)
-    order = {s: i for i, s in enumerate(SCENARIOS + IN_PROCESS)}
+    order = {s: i for i, s in enumerate(ALL_STRATA)}
     keys.sort(key=lambda k: order.get(k[0], len(order)))
     for sc, var in keys:
         def val(system):
@@ -177,7 +192,8 @@ def markdown(rows, targets, peers, meta):
                 return "—"
             return fmt(r["value"]) + ("" if r.get("ok") else " (wrong!)")
         unit = next(r["unit"] for r in rows if (r.get("scenario"), r.get("variant")) == (sc, var))
-        lines.append(f"| {sc} | {var} | {val('strata')} | {val('ray')} | {val('starpu')} | {unit} |")
+        link = link_of(sc) if pick(rows, "strata", sc, var) else "—"
+        lines.append(f"| {sc} | {link} | {var} | {val('strata')} | {val('ray')} | {val('starpu')} | {unit} |")
     lines += ["", "| target | met | figure |", "|---|---|---|"]
     for t in targets:
         met = "n/a (peer not run)" if t["met"] is None else ("yes" if t["met"] else "**no**")
@@ -193,24 +209,30 @@ import matplotlib.pyplot as plt
 rows = json.load(open(sys.argv[1]))["rows"]
 def get(system, scenario):
     return [(r["variant"], r["value"]) for r in rows if r["system"] == system and r["scenario"] == scenario]
-fig, ax = plt.subplots(1, 4, figsize=(16, 3.8))
+fig, ax = plt.subplots(1, 4, figsize=(20, 4.2))
 colors = {"strata": "#1f77b4", "ray": "#ff7f0e", "starpu": "#2ca02c"}
 for i, (sc, unit, log) in enumerate([("throughput", "tasks/s", True), ("latency", "µs per hop", True),
                                      ("stencil", "µs per task", False), ("handoff", "ms", True)]):
     a = ax[i]
+    links = [("", "ring", "#1f77b4"), ("-grpc", "grpc", "#9ecae1"), ("-in-process", "in-proc", "#08306b")]
     if sc == "stencil":
-        for s in ("strata", "starpu"):
-            pts = [(int(v.split("=")[1]), x) for v, x in get(s, sc)]
+        series = [("strata " + n, get("strata", sc + suf), c) for suf, n, c in links]
+        series.append(("starpu", get("starpu", sc), colors["starpu"]))
+        for name, got, c in series:
+            pts = [(int(v.split("=")[1]), x) for v, x in got]
             if pts:
-                a.plot(*zip(*sorted(pts)), marker="o", label=s, color=colors[s])
+                a.plot(*zip(*sorted(pts)), marker="o", label=name, color=c)
         a.set_xscale("log", base=2); a.set_xlabel("tiles k")
     else:
         labels, vals, cols = [], [], []
-        for s in ("strata", "ray", "starpu"):
+        for suf, n, c in links:
+            for v, x in get("strata", sc + suf):
+                labels.append(f"strata {n}\n{v[:10]}"); vals.append(x); cols.append(c)
+        for s in ("ray", "starpu"):
             for v, x in get(s, sc):
                 labels.append(f"{s}\n{v[:14]}"); vals.append(x); cols.append(colors[s])
         a.bar(range(len(vals)), vals, color=cols)
-        a.set_xticks(range(len(vals))); a.set_xticklabels(labels, fontsize=7)
+        a.set_xticks(range(len(vals))); a.set_xticklabels(labels, fontsize=6, rotation=60)
         if log and vals: a.set_yscale("log")
     a.set_title(sc); a.set_ylabel(unit)
     if sc == "stencil": a.legend(fontsize=8)
@@ -273,7 +295,7 @@ def main():
     print(md)
     log(f"done in {meta['seconds']} s; results in {a.out}")
     if a.check:
-        missing = [s for s in SCENARIOS + IN_PROCESS if not pick(rows, "strata", s)]
+        missing = [s for s in ALL_STRATA if not pick(rows, "strata", s)]
         wrong = [f"{r['scenario']}/{r['variant']}: {r.get('detail')}" for r in rows
                  if r.get("system") == "strata" and not r.get("ok")]
         if missing or wrong or peers.get("strata"):

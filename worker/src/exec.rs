@@ -342,15 +342,22 @@ fn unpack_inline(
 }
 
 /// The view rebased to byte 0 of its received bytes, when the kernel only
-/// reads it and those bytes are its whole extent (the view is contiguous);
-/// `None` when it needs a private copy.
+/// reads it and it is row-major contiguous, so that its packed bytes are
+/// its extent, byte for byte; `None` when it needs a private copy. Equal
+/// lengths are not enough: a view whose elements overlap *and* leave gaps
+/// (shape [2, 2, 2], strides [5, 1, 1]) packs repeated bytes that can add
+/// up to exactly its extent while lying elsewhere (the differential test
+/// through real workers caught that).
 fn in_place(
     t: &Tensor,
     packed: Option<&Bytes>,
     writes: Option<&bool>,
 ) -> Option<Result<Rebased, strata_wire::Error>> {
     let packed = packed.filter(|p| !p.is_empty())?;
-    if writes.copied().unwrap_or(true) || packed.len() as u64 != t.extent_bytes() {
+    if writes.copied().unwrap_or(true)
+        || !t.is_contiguous()
+        || packed.len() as u64 != t.extent_bytes()
+    {
         return None;
     }
     let d = t.buffer();
@@ -408,4 +415,41 @@ fn complete(
 
 fn nanos(d: std::time::Duration) -> u64 {
     u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use bytes::Bytes;
+    use strata_wire::{Access, AddressSpace, Backing, BufferDescriptor, CanonicalIdentity, DType};
+
+    use super::*;
+
+    fn view(shape: &[u32], strides: &[u32]) -> Tensor {
+        let id = CanonicalIdentity::new([1; 8], 1, 1).unwrap();
+        let d = BufferDescriptor::new(
+            id,
+            64,
+            AddressSpace::Host,
+            Access::ReadWrite,
+            Backing::RemoteSidecar,
+        )
+        .unwrap();
+        Tensor::new(d, 0, shape, strides, DType::U8).unwrap()
+    }
+
+    /// Only a contiguous view the kernel only reads is read where its
+    /// bytes arrived; one whose overlaps and gaps make its packed length
+    /// equal its extent is copied into place.
+    #[test]
+    fn only_contiguous_read_only_views_are_read_in_place() {
+        let contiguous = view(&[2, 4], &[4, 1]);
+        let bytes = Bytes::from(vec![1u8; 8]);
+        assert!(in_place(&contiguous, Some(&bytes), Some(&false)).is_some());
+        assert!(in_place(&contiguous, Some(&bytes), Some(&true)).is_none());
+        // Elements at 0,1,1,2 and 5,6,6,7: 8 packed bytes, an extent of 8.
+        let tricky = view(&[2, 2, 2], &[5, 1, 1]);
+        assert_eq!(tricky.extent_bytes(), 8);
+        assert_eq!(strata_chip::staging::packed_len(&tricky), 8);
+        assert!(in_place(&tricky, Some(&bytes), Some(&false)).is_none());
+    }
 }

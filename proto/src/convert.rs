@@ -289,6 +289,24 @@ pub struct TaskCompletion {
     pub outputs: Vec<(u32, Bytes)>,
 }
 
+impl TaskCompletion {
+    /// How task `id` ended, with no timing, staging or outputs: a task
+    /// that failed before it ran, or a completion built by hand.
+    pub fn bare(id: TaskId, outcome: TaskOutcome) -> Self {
+        TaskCompletion {
+            id,
+            outcome,
+            lane: 0,
+            queued_ns: 0,
+            busy_ns: 0,
+            kernel_ns: 0,
+            staged_in: 0,
+            staged_out: 0,
+            outputs: Vec::new(),
+        }
+    }
+}
+
 impl TryFrom<pb::Completion> for TaskCompletion {
     type Error = ConvertError;
 

@@ -36,17 +36,7 @@ pub(crate) type Done = Box<dyn FnOnce(TaskCompletion) + Send>;
 
 /// A completion for a task that failed before or during its run.
 pub(crate) fn failure(id: TaskId, cause: String) -> TaskCompletion {
-    TaskCompletion {
-        id,
-        outcome: TaskOutcome::Failure(cause),
-        lane: 0,
-        queued_ns: 0,
-        busy_ns: 0,
-        kernel_ns: 0,
-        staged_in: 0,
-        staged_out: 0,
-        outputs: Vec::new(),
-    }
+    TaskCompletion::bare(id, TaskOutcome::Failure(cause))
 }
 
 /// An argument whose bytes came with the task and that the kernel

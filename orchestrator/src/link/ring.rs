@@ -301,18 +301,7 @@ mod tests {
     use super::*;
 
     fn completion(id: u64) -> Vec<u8> {
-        pb::Completion::from(TaskCompletion {
-            id: TaskId(id),
-            outcome: TaskOutcome::Success,
-            lane: 0,
-            queued_ns: 0,
-            busy_ns: 0,
-            kernel_ns: 0,
-            staged_in: 0,
-            staged_out: 0,
-            outputs: Vec::new(),
-        })
-        .encode_to_vec()
+        pb::Completion::from(TaskCompletion::bare(TaskId(id), TaskOutcome::Success)).encode_to_vec()
     }
 
     fn lane_with(records: &[&[u8]]) -> Arc<dyn Memory> {

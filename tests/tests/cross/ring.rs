@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use prost::Message;
-use strata_client::FdChannel;
+use strata_client::{FdChannel, TaskStream, WorkerClient};
 use strata_proto::convert::{TaskCompletion, TaskOutcome, TaskRequest};
 use strata_proto::pb;
 use strata_ring::shm::{Capacities, SharedRing};
@@ -49,6 +49,42 @@ async fn attach(fds: &mut FdChannel, caps: Capacities) -> std::sync::Arc<dyn Mem
         .unwrap();
     assert_eq!(r, Ok(()));
     std::sync::Arc::new(ring)
+}
+
+/// A fresh session on `w`: its lifeline open, its fd channel (which must
+/// stay open) and a small ring attached.
+async fn ring_session(
+    w: &WorkerProcess,
+) -> (
+    WorkerClient,
+    TaskStream,
+    FdChannel,
+    std::sync::Arc<dyn Memory>,
+) {
+    let (mut client, _) = session(w).await;
+    let stream = client.open_tasks().await.unwrap();
+    let mut fds = client.fd_channel().await.unwrap();
+    let mem = attach(&mut fds, SMALL).await;
+    (client, stream, fds, mem)
+}
+
+/// Waits (10 s at most) until the worker ends the session: its task
+/// stream, the lifeline, ends.
+async fn until_ended(stream: &mut TaskStream, w: &WorkerProcess) {
+    tokio::time::timeout(Duration::from_secs(10), async {
+        while let Ok(Some(_)) = stream.next().await {}
+    })
+    .await
+    .unwrap_or_else(|_| panic!("the session ends: {}", w.log()));
+}
+
+/// Imports `buf` on the session of `fds`, which must accept it.
+async fn import(fds: &mut FdChannel, buf: &SharedBuffer) {
+    let acks = fds
+        .import(&[*buf.descriptor().identity()], &[buf.fd()])
+        .await
+        .unwrap();
+    assert_eq!(acks, vec![Ok(())]);
 }
 
 /// Writes `tasks` to the submission lane (waiting for room) while reading
@@ -112,11 +148,7 @@ async fn tasks_travel_on_the_ring_and_complete_on_it() {
     let fill = hs.callable("fill", 1).unwrap();
     let buf = SharedBuffer::new(&mint(), 2000 * 4, Access::ReadWrite);
     let mut fds = client.fd_channel().await.unwrap();
-    let acks = fds
-        .import(&[*buf.descriptor().identity()], &[buf.fd()])
-        .await
-        .unwrap();
-    assert_eq!(acks, vec![Ok(())]);
+    import(&mut fds, &buf).await;
     let mut stream = client.open_tasks().await.unwrap();
     let mem = attach(&mut fds, SMALL).await;
     let tasks: Vec<TaskRequest> = (0..2000u64)
@@ -175,34 +207,18 @@ async fn hostile_records_fail_their_task_or_end_their_session_never_the_worker()
 
     // Bytes that are not a task: the session ends (its lifeline closes),
     // the worker says why.
-    let (mut client, _) = session(&w).await;
-    let mut stream = client.open_tasks().await.unwrap();
-    let mut fds = client.fd_channel().await.unwrap();
-    let mem = attach(&mut fds, SMALL).await;
+    let (_client, mut stream, _fds, mem) = ring_session(&w).await;
     {
         let mut lane = Producer::new(std::sync::Arc::clone(&mem), Which::Submit);
         assert!(lane.try_push(&[0xff; 13]).unwrap());
         lane.publish();
     }
-    let end = tokio::time::timeout(Duration::from_secs(10), async {
-        loop {
-            match stream.next().await {
-                Ok(Some(_)) => {}
-                other => return other.map(drop),
-            }
-        }
-    })
-    .await
-    .unwrap_or_else(|_| panic!("the session ends: {}", w.log()));
-    drop(end);
+    until_ended(&mut stream, &w).await;
     assert!(strata_ring::is_closed(&*mem), "the worker closed the ring");
     assert!(w.log().contains("is not a task"), "{}", w.log());
 
     // A record header of an unknown kind: the same.
-    let (mut client, _) = session(&w).await;
-    let mut stream = client.open_tasks().await.unwrap();
-    let mut fds = client.fd_channel().await.unwrap();
-    let mem = attach(&mut fds, SMALL).await;
+    let (_client, mut stream, _fds, mem) = ring_session(&w).await;
     {
         let mut lane = Producer::new(std::sync::Arc::clone(&mem), Which::Submit);
         assert!(lane.try_push(&[0; 16]).unwrap());
@@ -210,22 +226,14 @@ async fn hostile_records_fail_their_task_or_end_their_session_never_the_worker()
         mem.store(Which::Submit).put(4, &7u32.to_le_bytes());
         lane.publish();
     }
-    let end = tokio::time::timeout(Duration::from_secs(10), async {
-        while let Ok(Some(_)) = stream.next().await {}
-    })
-    .await;
-    assert!(end.is_ok(), "the session ends");
+    until_ended(&mut stream, &w).await;
     assert!(w.log().contains("record kind 7"), "{}", w.log());
 
     // The worker still serves: a fresh session on a ring runs a task.
     let (mut client, hs) = session(&w).await;
     let buf = SharedBuffer::new(&mint(), 4, Access::ReadWrite);
     let mut fds = client.fd_channel().await.unwrap();
-    let acks = fds
-        .import(&[*buf.descriptor().identity()], &[buf.fd()])
-        .await
-        .unwrap();
-    assert_eq!(acks, vec![Ok(())]);
+    import(&mut fds, &buf).await;
     let _stream = client.open_tasks().await.unwrap();
     let mem = attach(&mut fds, SMALL).await;
     let v = Tensor::new(buf.descriptor(), 0, &[1], &[1], DType::F32).unwrap();

@@ -352,6 +352,40 @@ impl Intake {
         let Ok(permit) = Arc::clone(&self.permits).acquire_owned().await else {
             return;
         };
+        self.start(running, permit, id, req);
+    }
+
+    /// [`Intake::take`] from a thread outside the runtime (the ring's
+    /// reader): a free permit is taken without entering `rt`; only a
+    /// session at its in-flight limit blocks on it.
+    #[cfg(feature = "server")]
+    pub(crate) fn take_blocking(
+        &self,
+        rt: &tokio::runtime::Handle,
+        id: TaskId,
+        req: Result<TaskRequest, String>,
+    ) {
+        let running = self.session.task_received();
+        let permit = match Arc::clone(&self.permits).try_acquire_owned() {
+            Ok(p) => p,
+            Err(tokio::sync::TryAcquireError::Closed) => return,
+            Err(tokio::sync::TryAcquireError::NoPermits) => {
+                match rt.block_on(Arc::clone(&self.permits).acquire_owned()) {
+                    Ok(p) => p,
+                    Err(_) => return,
+                }
+            }
+        };
+        self.start(running, permit, id, req);
+    }
+
+    fn start(
+        &self,
+        running: crate::node::RunningTask,
+        permit: tokio::sync::OwnedSemaphorePermit,
+        id: TaskId,
+        req: Result<TaskRequest, String>,
+    ) {
         let tx = self.done.clone();
         let done: exec::Done = Box::new(move |c| {
             drop(permit);

@@ -137,7 +137,7 @@ fn read(
                 let req = TaskRequest::try_from(task).map_err(|e| e.to_string());
                 // Backpressure: the lane is not read while the session's
                 // tasks in flight are at their limit.
-                rt.block_on(intake.take(task_id, req));
+                intake.take_blocking(&rt, task_id, req);
                 continue;
             }
             Ok(false) => {}

@@ -15,9 +15,10 @@ pub(crate) fn validate_launch(
     scalars: &[u64],
 ) -> Result<(), Error> {
     let desc = kernel.descriptor();
-    let qualified = desc.qualified_name();
+    // Named only when a check fails: formatting it per launch was most of
+    // the cost of validating a small task.
     let bad = |index: usize, reason: String| Error::Argument {
-        kernel: qualified.clone(),
+        kernel: desc.qualified_name(),
         index,
         name: desc
             .args
@@ -58,7 +59,7 @@ pub(crate) fn validate_launch(
     }
     if scalars.len() != desc.scalars.len() {
         return Err(Error::Scalars {
-            kernel: qualified.clone(),
+            kernel: desc.qualified_name(),
             reason: format!(
                 "expected {} scalars, got {}",
                 desc.scalars.len(),

@@ -456,7 +456,6 @@ impl Inner {
             Ok(unsafe { Scratch::new(ptr, nbytes, Box::new(move || drop(guard))) })
         };
         let mut ctx = KernelContext::new(&args, &launch.scalars, &scratch);
-        let kernel_name = desc.qualified_name();
         let started = Instant::now();
         let ran = catch_unwind(AssertUnwindSafe(|| launch.kernel.run(&mut ctx)));
         report.kernel = started.elapsed();
@@ -464,7 +463,7 @@ impl Inner {
             Ok(Ok(())) => {}
             Ok(Err(reason)) => {
                 return Err(Error::KernelFailed {
-                    kernel: kernel_name,
+                    kernel: desc.qualified_name(),
                     reason,
                 });
             }
@@ -475,7 +474,7 @@ impl Inner {
                     .or_else(|| payload.downcast_ref::<String>().cloned())
                     .unwrap_or_else(|| "non-string panic payload".into());
                 return Err(Error::KernelPanicked {
-                    kernel: kernel_name,
+                    kernel: desc.qualified_name(),
                     message,
                 });
             }

@@ -17,6 +17,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .bytes(".strata.worker.v1.InlineBytes.data")
         .bytes(".strata.worker.v1.CopyToDeviceRequest.data")
         .bytes(".strata.worker.v1.CopyFromDeviceReply.data")
+        .bytes(".strata.worker.v1.StageChunk.data")
+        .bytes(".strata.worker.v1.FetchChunk.data")
         .codec_path("crate::codec::Codec")
         .compile_fds(fds)?;
     Ok(())

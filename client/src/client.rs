@@ -434,6 +434,80 @@ impl WorkerClient {
             .into())
     }
 
+    /// Stages `data` on the worker under `id` (nonzero, unused in the
+    /// session), in chunks of at most `chunk` bytes (at most
+    /// [`strata_proto::STAGE_CHUNK_BYTES`]; keep them under the session's
+    /// message limit), for a task that then names it: the bytes of a view
+    /// too large for the task's message. Returns once the worker holds all
+    /// of them.
+    ///
+    /// # Errors
+    /// The worker's refusal (a bad id or length, its limit on staged bytes).
+    ///
+    /// # Cancel safety
+    /// Dropped before it returns, the bytes are not staged (the worker gives
+    /// back what arrived).
+    pub async fn stage(
+        &mut self,
+        id: u64,
+        data: bytes::Bytes,
+        chunk: usize,
+    ) -> Result<(), ClientError> {
+        let total = data.len() as u64;
+        let step = chunk.clamp(1, strata_proto::STAGE_CHUNK_BYTES);
+        // Slices of the packed bytes, not copies.
+        let chunks: Vec<pb::StageChunk> = (0..data.len().max(1))
+            .step_by(step)
+            .map(|at| pb::StageChunk {
+                stage: if at == 0 { id } else { 0 },
+                total: if at == 0 { total } else { 0 },
+                data: data.slice(at..(at + step).min(data.len())),
+            })
+            .collect();
+        self.stage_chunks(chunks).await
+    }
+
+    /// One `Stage` call with `chunks` exactly as given: what
+    /// [`WorkerClient::stage`] sends, for a caller that cuts its own (and
+    /// for tests of the worker's checks).
+    ///
+    /// # Errors
+    /// The worker's refusal.
+    pub async fn stage_chunks(&mut self, chunks: Vec<pb::StageChunk>) -> Result<(), ClientError> {
+        self.stub.stage(tokio_stream::iter(chunks)).await?;
+        Ok(())
+    }
+
+    /// Fetches the bytes the worker holds under `id` (a written view too
+    /// large for its completion's message), once.
+    ///
+    /// # Errors
+    /// The worker's refusal (no such bytes), a broken stream, or more than
+    /// `expect` bytes.
+    ///
+    /// # Cancel safety
+    /// Not cancel safe: the worker gives the bytes out once, and a dropped
+    /// call loses them.
+    pub async fn fetch(&mut self, id: u64, expect: u64) -> Result<bytes::Bytes, ClientError> {
+        let mut stream = self
+            .stub
+            .fetch(pb::FetchRequest { stage: id })
+            .await?
+            .into_inner();
+        let cap = usize::try_from(expect).unwrap_or(usize::MAX);
+        let mut out =
+            bytes::BytesMut::with_capacity(cap.min(strata_proto::MAX_INLINE_EXTENT as usize));
+        while let Some(chunk) = stream.message().await? {
+            if chunk.data.len() > cap - out.len() {
+                return Err(ClientError::Protocol(format!(
+                    "fetch {id}: the worker sent more than the {expect} bytes expected"
+                )));
+            }
+            out.extend_from_slice(&chunk.data);
+        }
+        Ok(out.freeze())
+    }
+
     /// Releases imported buffers; returns how many were imported.
     ///
     /// # Errors

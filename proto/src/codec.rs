@@ -72,6 +72,7 @@ mod tests {
             inline_inputs: vec![pb::InlineBytes {
                 arg_index: 3,
                 data: Bytes::from(vec![7u8; 100_000]),
+                staged: 0,
             }],
             ..Default::default()
         };

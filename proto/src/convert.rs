@@ -136,6 +136,65 @@ pub struct TaskRequest {
     /// and a worker's are slices of the message they came in, without a
     /// copy either way.
     pub inline: Vec<Option<Bytes>>,
+    /// Arguments whose bytes were sent ahead of the task (a `Stage` call),
+    /// by argument index and the id they were staged under: their `inline`
+    /// entry is `None` until the worker resolves them
+    /// ([`TaskRequest::resolve_staged`]).
+    pub staged: Vec<(u32, u64)>,
+}
+
+impl TaskRequest {
+    /// Replaces every staged reference by the bytes `take` returns for its
+    /// id (the worker's session table), checked like bytes that came with
+    /// the task.
+    ///
+    /// # Errors
+    /// An id `take` does not know (never staged, or used already), or
+    /// bytes of the wrong length for the view; the field names the
+    /// argument.
+    pub fn resolve_staged(
+        &mut self,
+        mut take: impl FnMut(u64) -> Option<Bytes>,
+    ) -> Result<(), ConvertError> {
+        for (i, id) in std::mem::take(&mut self.staged) {
+            let field = format!("staged argument {i}");
+            let data = take(id).ok_or_else(|| {
+                ConvertError::new(
+                    &field,
+                    format!("no staged bytes {id} in this session (never staged, or used already)"),
+                )
+            })?;
+            let (Some(view), Some(slot)) = (
+                self.args.tensors().get(i as usize),
+                self.inline.get_mut(i as usize),
+            ) else {
+                return Err(ConvertError::new(field, "past the task's tensors"));
+            };
+            let want = strata_wire::geometry::packed_len_bounded(view, data.len() as u64 * 2)
+                .unwrap_or(u64::MAX);
+            if data.len() as u64 != want {
+                return Err(ConvertError::new(
+                    field,
+                    format!(
+                        "{} staged bytes for a view of {} elements ({} bytes packed)",
+                        data.len(),
+                        view.element_count(),
+                        packed_or_unknown(want)
+                    ),
+                ));
+            }
+            *slot = Some(data);
+        }
+        Ok(())
+    }
+}
+
+fn packed_or_unknown(want: u64) -> String {
+    if want == u64::MAX {
+        "more than twice that many".to_owned()
+    } else {
+        want.to_string()
+    }
 }
 
 impl TryFrom<pb::Task> for TaskRequest {
@@ -166,6 +225,7 @@ impl TryFrom<pb::Task> for TaskRequest {
             })
             .collect::<Result<Vec<_>, _>>()?;
         let mut inline: Vec<Option<Bytes>> = vec![None; n];
+        let mut staged: Vec<(u32, u64)> = Vec::new();
         for (k, item) in t.inline_inputs.into_iter().enumerate() {
             let field = format!("inline_inputs[{k}]");
             let i = usize::try_from(item.arg_index).unwrap_or(usize::MAX);
@@ -175,13 +235,33 @@ impl TryFrom<pb::Task> for TaskRequest {
                     format!("arg_index {} is past the {n} tensors", item.arg_index),
                 )
             })?;
-            if slot.is_some() {
+            if slot.is_some() || staged.iter().any(|&(j, _)| j == item.arg_index) {
                 return Err(ConvertError::new(
                     field,
                     format!("argument {i} has inline bytes twice"),
                 ));
             }
             let view = &args.tensors()[i];
+            if item.staged != 0 {
+                if !item.data.is_empty() {
+                    return Err(ConvertError::new(
+                        field,
+                        format!("argument {i} names staged bytes and carries bytes too"),
+                    ));
+                }
+                if view.extent_bytes() > crate::MAX_INLINE_EXTENT {
+                    return Err(ConvertError::new(
+                        field,
+                        format!(
+                            "argument {i}'s view spans {} bytes; at most {} travel inline",
+                            view.extent_bytes(),
+                            crate::MAX_INLINE_EXTENT
+                        ),
+                    ));
+                }
+                staged.push((item.arg_index, item.staged));
+                continue;
+            }
             if view.extent_bytes() > crate::MAX_INLINE_EXTENT {
                 return Err(ConvertError::new(
                     field,
@@ -229,6 +309,7 @@ impl TryFrom<pb::Task> for TaskRequest {
             args,
             tags,
             inline,
+            staged,
         })
     }
 }
@@ -249,8 +330,14 @@ impl From<&TaskRequest> for pb::Task {
                         arg_index: i as u32,
                         // A reference count, not a copy of the bytes.
                         data: data.clone(),
+                        staged: 0,
                     })
                 })
+                .chain(r.staged.iter().map(|&(arg_index, staged)| pb::InlineBytes {
+                    arg_index,
+                    data: Bytes::new(),
+                    staged,
+                }))
                 .collect(),
         }
     }
@@ -287,6 +374,10 @@ pub struct TaskCompletion {
     /// Packed bytes of written inline arguments, by argument index (on the
     /// driver, slices of the message they came in).
     pub outputs: Vec<(u32, Bytes)>,
+    /// Written views too large for the completion's message: by argument
+    /// index, the id under which the worker holds their packed bytes for
+    /// one `Fetch`.
+    pub held: Vec<(u32, u64)>,
 }
 
 impl TaskCompletion {
@@ -303,6 +394,7 @@ impl TaskCompletion {
             staged_in: 0,
             staged_out: 0,
             outputs: Vec::new(),
+            held: Vec::new(),
         }
     }
 }
@@ -335,6 +427,20 @@ impl TryFrom<pb::Completion> for TaskCompletion {
             }
         };
         let timing = c.timing.unwrap_or_default();
+        let mut outputs = Vec::with_capacity(c.outputs.len());
+        let mut held = Vec::new();
+        for (k, o) in c.outputs.into_iter().enumerate() {
+            if o.staged == 0 {
+                outputs.push((o.arg_index, o.data));
+            } else if o.data.is_empty() {
+                held.push((o.arg_index, o.staged));
+            } else {
+                return Err(ConvertError::new(
+                    format!("outputs[{k}]"),
+                    "names held bytes and carries bytes too",
+                ));
+            }
+        }
         Ok(TaskCompletion {
             id: TaskId(c.task_id),
             outcome,
@@ -344,11 +450,8 @@ impl TryFrom<pb::Completion> for TaskCompletion {
             kernel_ns: timing.kernel_ns,
             staged_in: c.staged_in,
             staged_out: c.staged_out,
-            outputs: c
-                .outputs
-                .into_iter()
-                .map(|o| (o.arg_index, o.data))
-                .collect(),
+            outputs,
+            held,
         })
     }
 }
@@ -373,7 +476,20 @@ impl From<TaskCompletion> for pb::Completion {
             outputs: c
                 .outputs
                 .into_iter()
-                .map(|(arg_index, data)| pb::InlineBytes { arg_index, data })
+                .map(|(arg_index, data)| pb::InlineBytes {
+                    arg_index,
+                    data,
+                    staged: 0,
+                })
+                .chain(
+                    c.held
+                        .into_iter()
+                        .map(|(arg_index, staged)| pb::InlineBytes {
+                            arg_index,
+                            data: Bytes::new(),
+                            staged,
+                        }),
+                )
                 .collect(),
             lane: c.lane,
         }
@@ -653,6 +769,7 @@ mod tests {
             args: TaskArgs::new(vec![t, t], vec![3]).unwrap(),
             tags: vec![ArgTag::Input, ArgTag::Output],
             inline: vec![Some(Bytes::from(vec![0; 16])), None],
+            staged: Vec::new(),
         };
         (&req).into()
     }
@@ -694,6 +811,7 @@ mod tests {
             vec![pb::InlineBytes {
                 arg_index: i,
                 data: Bytes::from(vec![0; n]),
+                staged: 0,
             }]
         };
         assert_eq!(
@@ -721,6 +839,70 @@ mod tests {
     }
 
     #[test]
+    fn staged_references_round_trip_and_resolve_checked() {
+        let t = Tensor::new(test_buffer(256), 0, &[4, 4], &[16, 2], DType::U8).unwrap();
+        let req = TaskRequest {
+            id: TaskId(1),
+            callable: KernelHandle([2; 16]),
+            args: TaskArgs::new(vec![t, t], vec![3]).unwrap(),
+            tags: vec![ArgTag::Input, ArgTag::Output],
+            inline: vec![None, None],
+            staged: vec![(0, 77)],
+        };
+        let wire: pb::Task = (&req).into();
+        assert_eq!(wire.inline_inputs.len(), 1);
+        assert_eq!(wire.inline_inputs[0].staged, 77);
+        let back = TaskRequest::try_from(wire.clone()).unwrap();
+        assert_eq!(back, req);
+
+        // Resolved from the session's table: the bytes, checked.
+        let mut ok = back.clone();
+        ok.resolve_staged(|id| (id == 77).then(|| Bytes::from(vec![5; 16])))
+            .unwrap();
+        assert_eq!(ok.inline[0].as_deref(), Some(&[5u8; 16][..]));
+        assert!(ok.staged.is_empty());
+        let mut unknown = back.clone();
+        let e = unknown.resolve_staged(|_| None).unwrap_err();
+        assert_eq!(e.field, "staged argument 0");
+        assert!(e.reason.contains("no staged bytes 77"), "{e}");
+        let mut short = back;
+        let e = short
+            .resolve_staged(|_| Some(Bytes::from(vec![5; 15])))
+            .unwrap_err();
+        assert!(e.reason.contains("15 staged bytes"), "{e}");
+
+        // A reference that also carries bytes, or names an argument twice.
+        let mut both = wire.clone();
+        both.inline_inputs[0].data = Bytes::from(vec![0; 16]);
+        assert_eq!(
+            TaskRequest::try_from(both).unwrap_err().field,
+            "inline_inputs[0]"
+        );
+        let mut twice = wire;
+        twice.inline_inputs.push(pb::InlineBytes {
+            arg_index: 0,
+            data: Bytes::from(vec![0; 16]),
+            staged: 0,
+        });
+        assert_eq!(
+            TaskRequest::try_from(twice).unwrap_err().field,
+            "inline_inputs[1]"
+        );
+    }
+
+    #[test]
+    fn a_held_output_carries_no_bytes() {
+        let c = TaskCompletion::bare(TaskId(3), TaskOutcome::Success);
+        let mut p: pb::Completion = c.into();
+        p.outputs.push(pb::InlineBytes {
+            arg_index: 0,
+            data: Bytes::from_static(&[1]),
+            staged: 4,
+        });
+        assert_eq!(TaskCompletion::try_from(p).unwrap_err().field, "outputs[0]");
+    }
+
+    #[test]
     fn completions_round_trip_and_are_checked() {
         let c = TaskCompletion {
             id: TaskId(9),
@@ -732,6 +914,7 @@ mod tests {
             staged_in: 5,
             staged_out: 6,
             outputs: vec![(0, Bytes::from_static(&[1, 2]))],
+            held: vec![(1, 5)],
         };
         let p: pb::Completion = c.clone().into();
         assert_eq!(TaskCompletion::try_from(p.clone()).unwrap(), c);

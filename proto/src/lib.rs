@@ -18,6 +18,7 @@
 //!     args: TaskArgs::new(vec![t], vec![]).unwrap(),
 //!     tags: vec![ArgTag::Output],
 //!     inline: vec![None],
+//!     staged: vec![],
 //! };
 //! let wire: pb::Task = (&req).into();
 //! assert_eq!(TaskRequest::try_from(wire).unwrap(), req);
@@ -72,3 +73,7 @@ pub const CONNECTION_WINDOW: u32 = 128 << 20;
 /// span of the inline views of one buffer in one task): the worker makes a
 /// private copy of it.
 pub const MAX_INLINE_EXTENT: u64 = 256 << 20;
+
+/// Bytes per chunk of a view staged ahead of its task (`Stage`) or
+/// fetched after it (`Fetch`).
+pub const STAGE_CHUNK_BYTES: usize = 4 << 20;

@@ -51,6 +51,7 @@ fn bench(c: &mut Criterion) {
                     args: TaskArgs::new(vec![], vec![]).unwrap(),
                     tags: vec![],
                     inline: vec![],
+                    staged: Vec::new(),
                 }
             })
             .collect()

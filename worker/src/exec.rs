@@ -398,6 +398,7 @@ fn complete(
                 staged_in: r.staged_in,
                 staged_out: r.staged_out,
                 outputs,
+                held: Vec::new(),
             }
         }
     }

@@ -56,6 +56,8 @@ mod ring;
 mod server;
 #[cfg(feature = "server")]
 mod service;
+#[cfg_attr(not(feature = "server"), allow(dead_code))]
+mod staging;
 mod tombstones;
 
 pub use config::{Auth, Endpoint, TlsFiles, WorkerConfig};

@@ -192,6 +192,9 @@ pub(crate) struct Session {
     /// The session's shared-memory ring, once the driver sent one: closed
     /// when the session ends, which ends its threads.
     ring: Mutex<Option<Arc<dyn strata_ring::Memory>>>,
+    /// Bytes staged ahead of tasks and held for the driver to fetch
+    /// (remote workers: views larger than one message).
+    pub(crate) held: Arc<crate::staging::Held>,
 }
 
 /// How many refusal reasons one session keeps.
@@ -483,6 +486,7 @@ impl Node {
             session
         };
         session.close_ring();
+        session.held.clear();
         session.ended.send_replace(true);
         let imports = self.imports.release_session(id);
         // Dropping the map's handles frees each block once no running task
@@ -628,6 +632,7 @@ mod tests {
             args: TaskArgs::new(vec![], vec![]).unwrap(),
             tags: vec![],
             inline: vec![],
+            staged: Vec::new(),
         };
         exec::execute(
             &f.node,

@@ -108,6 +108,8 @@ impl Drop for SessionGuard {
 #[derive(Debug)]
 pub(crate) struct Completions {
     rx: mpsc::UnboundedReceiver<TaskCompletion>,
+    /// Where written views too large for a message wait to be fetched.
+    held: Arc<crate::staging::Held>,
     /// Received and not yet sent (a batch stops at the message limit).
     pending: std::collections::VecDeque<TaskCompletion>,
     /// Largest batch, in bytes: the message limit less headroom.
@@ -154,18 +156,59 @@ impl Stream for Completions {
                 break;
             };
             if sz > limit {
-                c = crate::exec::failure(
-                    c.id,
-                    format!(
-                        "the written views take {sz} bytes, more than a message may hold ({limit}); raise --max-message-bytes or split the views"
-                    ),
-                );
+                c = hold_outputs(&self.held, c, limit);
             }
             size += completion_size(&c);
             batch.push(pb::Completion::from(c));
         }
         Poll::Ready(Some(Ok(pb::CompletionBatch { completions: batch })))
     }
+}
+
+/// Moves the largest written views of `c` into `held` until the rest fits
+/// `limit`: the completion names them and the driver fetches them. A view
+/// the session cannot hold fails the task (its bytes would be lost), with
+/// why.
+fn hold_outputs(
+    held: &crate::staging::Held,
+    mut c: TaskCompletion,
+    limit: usize,
+) -> TaskCompletion {
+    c.outputs.sort_by_key(|(_, d)| std::cmp::Reverse(d.len()));
+    let mut kept = std::mem::take(&mut c.outputs).into_iter();
+    let mut moved = Vec::new();
+    while completion_size(&c)
+        + kept
+            .as_slice()
+            .iter()
+            .map(|(_, d)| d.len() + 16)
+            .sum::<usize>()
+        > limit
+    {
+        let Some((arg, bytes)) = kept.next() else {
+            break;
+        };
+        let len = bytes.len();
+        match held.hold(bytes) {
+            Ok(id) => {
+                moved.push(id);
+                c.held.push((arg, id));
+            }
+            Err(e) => {
+                for id in moved {
+                    held.take_held(id);
+                }
+                return crate::exec::failure(
+                    c.id,
+                    format!(
+                        "argument {arg}: its written view ({len} bytes) is too large for a message and cannot be held for fetching: {e}"
+                    ),
+                );
+            }
+        }
+    }
+    c.outputs = kept.collect();
+    c
 }
 
 type BeatStream = tokio_stream::wrappers::ReceiverStream<Result<pb::HealthBeat, Status>>;
@@ -264,7 +307,8 @@ impl pb::worker_server::Worker for WorkerService {
         let mut inbound = request.into_inner();
         let (tx, rx) = mpsc::unbounded_channel::<TaskCompletion>();
         let mut ended = session.ended();
-        let intake = Intake::new(Arc::clone(&self.node), session, tx);
+        let held = Arc::clone(&session.held);
+        let intake = Intake::new(Arc::clone(&self.node), Arc::clone(&session), tx);
         let mut shutdown = self.shutdown.clone();
         tokio::spawn(async move {
             loop {
@@ -288,13 +332,19 @@ impl pb::worker_server::Worker for WorkerService {
                 // tasks in flight are at their limit.
                 for task in batch.tasks {
                     let task_id = TaskId(task.task_id);
-                    let req = TaskRequest::try_from(task).map_err(|e| e.to_string());
-                    intake.take(task_id, req).await;
+                    let req = TaskRequest::try_from(task).and_then(|mut r| {
+                        // Bytes staged ahead of the task (a view larger
+                        // than one message) join it here.
+                        r.resolve_staged(|id| held.take_staged(id))?;
+                        Ok(r)
+                    });
+                    intake.take(task_id, req.map_err(|e| e.to_string())).await;
                 }
             }
         });
         Ok(Response::new(Completions {
             rx,
+            held: Arc::clone(&session.held),
             pending: std::collections::VecDeque::new(),
             limit: self.node.max_message_bytes.saturating_sub(64 * 1024),
             _guard: SessionGuard {
@@ -426,6 +476,87 @@ impl pb::worker_server::Worker for WorkerService {
         Ok(Response::new(tokio_stream::wrappers::ReceiverStream::new(
             rx,
         )))
+    }
+
+    async fn stage(
+        &self,
+        request: Request<Streaming<pb::StageChunk>>,
+    ) -> Result<Response<pb::StageReply>, Status> {
+        let (_, session) = self.session(request.metadata())?;
+        let mut inbound = request.into_inner();
+        let first = inbound
+            .message()
+            .await?
+            .ok_or_else(|| Status::invalid_argument("Stage: the call carried no chunk"))?;
+        let (id, total) = (first.stage, first.total);
+        if total == 0 || total > strata_proto::MAX_INLINE_EXTENT {
+            return Err(Status::invalid_argument(format!(
+                "Stage {id}: total {total}: staged bytes are 1 to {} bytes (the largest inline view)",
+                strata_proto::MAX_INLINE_EXTENT
+            )));
+        }
+        let staging = session.held.begin_stage(id, total).map_err(|e| match e {
+            crate::staging::HeldError::Full { .. } => Status::resource_exhausted(e.to_string()),
+            crate::staging::HeldError::Closed => Status::not_found(e.to_string()),
+            crate::staging::HeldError::BadId(_) => Status::invalid_argument(e.to_string()),
+        })?;
+        let total = usize::try_from(total).map_err(|_| Status::invalid_argument("total"))?;
+        let mut buf = bytes::BytesMut::with_capacity(total);
+        let mut chunk = Some(first);
+        let mut k = 0usize;
+        while let Some(c) = chunk {
+            if (c.stage != 0 && c.stage != id) || (c.total != 0 && c.total as usize != total) {
+                return Err(Status::invalid_argument(format!(
+                    "Stage {id}: chunk {k} names stage {} of {} bytes: one call stages one id",
+                    c.stage, c.total
+                )));
+            }
+            if c.data.len() > total - buf.len() {
+                return Err(Status::invalid_argument(format!(
+                    "Stage {id}: chunk {k} runs past the announced {total} bytes"
+                )));
+            }
+            buf.extend_from_slice(&c.data);
+            k += 1;
+            chunk = inbound.message().await?;
+        }
+        if buf.len() != total {
+            return Err(Status::invalid_argument(format!(
+                "Stage {id}: {} of the announced {total} bytes arrived",
+                buf.len()
+            )));
+        }
+        staging.finish(buf.freeze());
+        Ok(Response::new(pb::StageReply {}))
+    }
+
+    type FetchStream = tokio_stream::Iter<std::vec::IntoIter<Result<pb::FetchChunk, Status>>>;
+
+    async fn fetch(
+        &self,
+        request: Request<pb::FetchRequest>,
+    ) -> Result<Response<Self::FetchStream>, Status> {
+        let (_, session) = self.session(request.metadata())?;
+        let id = request.into_inner().stage;
+        let bytes = session.held.take_held(id).ok_or_else(|| {
+            Status::not_found(format!(
+                "no held bytes {id} in this session (never held, or fetched already)"
+            ))
+        })?;
+        // Slices of the held bytes, not copies, each well under a message.
+        let step = strata_proto::STAGE_CHUNK_BYTES
+            .min(self.node.max_message_bytes.saturating_sub(64 * 1024))
+            .max(1);
+        let chunks: Vec<Result<pb::FetchChunk, Status>> = (0..bytes.len())
+            .step_by(step)
+            .map(|at| {
+                let end = (at + step).min(bytes.len());
+                Ok(pb::FetchChunk {
+                    data: bytes.slice(at..end),
+                })
+            })
+            .collect();
+        Ok(Response::new(tokio_stream::iter(chunks)))
     }
 
     async fn ping(

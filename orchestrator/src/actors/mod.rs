@@ -149,6 +149,14 @@ pub(crate) enum MemberFailure {
     /// The wire refused the task's arguments.
     #[error("{0}")]
     Args(#[from] strata_wire::Error),
+    /// The bytes of a view too large for the task's message could not be
+    /// staged ahead of it (the task was not sent).
+    #[error("argument {arg}: staging its {bytes} bytes ahead of the task: {why}")]
+    StagedAhead { arg: u32, bytes: usize, why: String },
+    /// The bytes of a written view the worker held for us could not be
+    /// fetched: the task ran, its output did not land.
+    #[error("argument {arg}: fetching the bytes it wrote: {why}")]
+    Fetch { arg: u32, why: String },
     /// Its staged bytes do not fit one message to the worker.
     #[error(
         "the task's arguments take {bytes} bytes on the wire, more than the {room} a message to {worker} may hold: split the views, or use a worker on this host (buffers by fd)"

@@ -326,6 +326,25 @@ impl WorkerLink for GrpcLink {
         })
     }
 
+    fn stage(&self, id: u64, data: bytes::Bytes) -> BoxFuture<'_, Result<(), LinkError>> {
+        let mut c = self.client();
+        let chunk = self.facts.max_message.saturating_sub(64 * 1024);
+        Box::pin(async move {
+            c.stage(id, data, chunk)
+                .await
+                .map_err(|e| link_error("stage", e))
+        })
+    }
+
+    fn fetch(&self, id: u64, expect: u64) -> BoxFuture<'_, Result<bytes::Bytes, LinkError>> {
+        let mut c = self.client();
+        Box::pin(async move {
+            c.fetch(id, expect)
+                .await
+                .map_err(|e| link_error("fetch", e))
+        })
+    }
+
     fn stats(&self) -> BoxFuture<'_, Result<WorkerStats, LinkError>> {
         let mut c = self.client();
         Box::pin(async move { c.stats().await.map_err(|e| link_error("stats", e)) })

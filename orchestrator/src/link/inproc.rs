@@ -196,6 +196,18 @@ impl WorkerLink for InProcessLink {
         self.call(move |s| s.copy_from_device(&identity, offset, len))
     }
 
+    fn stage(&self, id: u64, _data: bytes::Bytes) -> BoxFuture<'_, Result<(), LinkError>> {
+        Box::pin(std::future::ready(Err(LinkError::Internal(format!(
+            "stage {id}: an in-process worker shares the driver's memory; nothing is staged"
+        )))))
+    }
+
+    fn fetch(&self, id: u64, _expect: u64) -> BoxFuture<'_, Result<bytes::Bytes, LinkError>> {
+        Box::pin(std::future::ready(Err(LinkError::Internal(format!(
+            "fetch {id}: an in-process worker shares the driver's memory; nothing is held"
+        )))))
+    }
+
     fn stats(&self) -> BoxFuture<'_, Result<WorkerStats, LinkError>> {
         Box::pin(std::future::ready(Ok(self.worker.stats())))
     }

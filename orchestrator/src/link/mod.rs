@@ -213,6 +213,15 @@ pub(crate) trait WorkerLink: Send + Sync + fmt::Debug + 'static {
         len: u64,
     ) -> BoxFuture<'_, Result<Vec<u8>, LinkError>>;
 
+    /// Sends the packed bytes of one view ahead of the task that names
+    /// them (`id`, [`TaskRequest::staged`]): a view too large for the
+    /// task's message ([`Memory::Staged`] links).
+    fn stage(&self, id: u64, data: bytes::Bytes) -> BoxFuture<'_, Result<(), LinkError>>;
+
+    /// Fetches the packed bytes of a written view the worker held for us
+    /// (`id`, [`TaskCompletion::held`]), at most `expect` bytes, once.
+    fn fetch(&self, id: u64, expect: u64) -> BoxFuture<'_, Result<bytes::Bytes, LinkError>>;
+
     /// The worker's figures.
     fn stats(&self) -> BoxFuture<'_, Result<WorkerStats, LinkError>>;
 

@@ -43,6 +43,7 @@ fn task(id: u64, callable: KernelHandle, tensors: Vec<Tensor>, scalars: Vec<u64>
         args: TaskArgs::new(tensors, scalars).unwrap(),
         tags: vec![ArgTag::Output; n],
         inline: vec![None; n],
+        staged: Vec::new(),
     }
 }
 

@@ -68,6 +68,7 @@ fn fill_task(s: &Session, id: u64, view: Tensor, value: f64) -> TaskRequest {
         args: TaskArgs::new(vec![view], vec![value.to_bits()]).unwrap(),
         tags: vec![ArgTag::Output],
         inline: vec![None],
+        staged: Vec::new(),
     }
 }
 

@@ -75,6 +75,7 @@ pub(crate) fn task(
         args: TaskArgs::new(tensors, scalars).unwrap(),
         tags,
         inline: vec![None; n],
+        staged: Vec::new(),
     }
 }
 
@@ -764,10 +765,13 @@ async fn health_beats() {
     assert_eq!(client.ping(b"hi".to_vec()).await.unwrap(), b"hi");
 }
 
-/// Written views too big for one message fail their task; the stream (and
-/// the tasks after) go on.
+/// Views larger than one message travel in chunks: an input staged ahead
+/// of its task (`Stage`, then a reference in the task) and a written view
+/// held by the worker for one `Fetch`; small views still travel in the
+/// messages. Every malformed `Stage` is refused with why, a reference to
+/// bytes never staged fails only its task, and the stream goes on.
 #[tokio::test(flavor = "multi_thread")]
-async fn completions_stay_under_the_message_limit() {
+async fn views_larger_than_a_message_are_staged_and_fetched() {
     let w = WorkerProcess::spawn_tcp(
         &strata_bin(),
         &["worker"],
@@ -775,35 +779,123 @@ async fn completions_stay_under_the_message_limit() {
     );
     let (mut client, hs) = session(&w).await;
     let fill = hs.callable("fill", 1).unwrap();
+    let copy = hs.callable("copy", 1).unwrap();
     let mut stream = client.open_tasks().await.unwrap();
     let mint = mint();
-    let big = SharedBuffer::new(&mint, 2 << 20, Access::ReadWrite);
+    let n = 768 * 1024u32; // 3 MiB of F32: three messages' worth
+    let src = SharedBuffer::new(&mint, u64::from(n) * 4, Access::ReadWrite);
+    let dst = SharedBuffer::new(&mint, u64::from(n) * 4, Access::ReadWrite);
     let small = SharedBuffer::new(&mint, 4096, Access::ReadWrite);
     let view =
         |b: &SharedBuffer, n: u32| Tensor::new(b.descriptor(), 0, &[n], &[1], DType::F32).unwrap();
-    let mut tasks = vec![
-        task(
-            1,
-            fill,
-            vec![view(&big, 512 * 1024)],
-            vec![ArgTag::Output],
-            vec![0],
-        ),
-        task(
-            2,
-            fill,
-            vec![view(&small, 1024)],
-            vec![ArgTag::Output],
-            vec![1.5f64.to_bits()],
-        ),
-    ];
-    for t in &mut tasks {
-        t.inline = vec![Some(Default::default())];
-    }
-    let done = run_all(&mut stream, &tasks).await;
-    assert_failed(&done[&1], "more than a message may hold");
-    assert_eq!(done[&2].outcome, TaskOutcome::Success);
-    assert_eq!(f32s(&done[&2].outputs[0].1), vec![1.5; 1024]);
+    let input: Vec<u8> = (0..n).flat_map(|i| (i as f32).to_le_bytes()).collect();
+    client
+        .stage(41, bytes::Bytes::from(input.clone()), 1 << 19)
+        .await
+        .expect("staged");
+
+    let mut copy_task = task(
+        1,
+        copy,
+        vec![view(&src, n), view(&dst, n)],
+        vec![ArgTag::Input, ArgTag::Output],
+        vec![],
+    );
+    copy_task.staged = vec![(0, 41)];
+    copy_task.inline = vec![None, Some(Default::default())];
+    let mut fill_big = task(
+        2,
+        fill,
+        vec![view(&dst, n)],
+        vec![ArgTag::Output],
+        vec![2.5f64.to_bits()],
+    );
+    fill_big.inline = vec![Some(Default::default())];
+    let mut fill_small = task(
+        3,
+        fill,
+        vec![view(&small, 1024)],
+        vec![ArgTag::Output],
+        vec![1.5f64.to_bits()],
+    );
+    fill_small.inline = vec![Some(Default::default())];
+    // Bytes staged once are used once: a second task naming them fails.
+    let mut again = copy_task.clone();
+    again.id = TaskId(4);
+    let done = run_all(&mut stream, &[copy_task, fill_big, fill_small]).await;
+
+    // The copy read the staged bytes; what it wrote is held, not sent.
+    let c = &done[&1];
+    assert_eq!(c.outcome, TaskOutcome::Success);
+    assert!(
+        c.outputs.is_empty(),
+        "3 MiB cannot travel in a 1 MiB message"
+    );
+    let &[(1, id)] = &c.held[..] else {
+        panic!("expected argument 1 held, got {:?}", c.held)
+    };
+    let back = client.fetch(id, u64::from(n) * 4).await.expect("fetched");
+    assert!(back == input, "the copy's bytes came back changed");
+    let e = client.fetch(id, u64::from(n) * 4).await.unwrap_err();
+    assert!(e.to_string().contains("fetched already"), "{e}");
+
+    let c = &done[&2];
+    let &[(0, id)] = &c.held[..] else {
+        panic!("expected argument 0 held, got {:?}", c.held)
+    };
+    let e = client.fetch(id, 16).await.unwrap_err();
+    assert!(e.to_string().contains("more than the 16 bytes"), "{e}");
+    assert_eq!(done[&3].outcome, TaskOutcome::Success);
+    assert_eq!(f32s(&done[&3].outputs[0].1), vec![1.5; 1024]);
+
+    let done = run_all(&mut stream, &[again]).await;
+    assert_failed(&done[&4], "no staged bytes 41");
+
+    // Malformed stages, each refused with why; the session goes on.
+    let bad = |stage: u64, total: u64, data: Vec<u8>| pb::StageChunk {
+        stage,
+        total,
+        data: data.into(),
+    };
+    let mut raw = client.clone();
+    let mut refused =
+        async |chunks: Vec<pb::StageChunk>| raw.stage_chunks(chunks).await.unwrap_err().to_string();
+    assert!(
+        refused(vec![bad(0, 4, vec![0; 4])])
+            .await
+            .contains("nonzero id")
+    );
+    assert!(refused(vec![bad(5, 0, vec![])]).await.contains("total 0"));
+    let huge = strata_proto::MAX_INLINE_EXTENT + 1;
+    assert!(
+        refused(vec![bad(5, huge, vec![0; 4])])
+            .await
+            .contains("the largest inline view")
+    );
+    assert!(
+        refused(vec![bad(5, 4, vec![0; 3]), bad(0, 0, vec![0; 2])])
+            .await
+            .contains("runs past the announced 4 bytes")
+    );
+    assert!(
+        refused(vec![bad(5, 4, vec![0; 3])])
+            .await
+            .contains("3 of the announced 4 bytes")
+    );
+    assert!(
+        refused(vec![bad(5, 4, vec![0; 2]), bad(6, 0, vec![0; 2])])
+            .await
+            .contains("one call stages one id")
+    );
+    client
+        .stage(5, bytes::Bytes::from_static(&[1, 2, 3, 4]), 1 << 19)
+        .await
+        .expect("the id is free again");
+    let e = client
+        .stage(5, bytes::Bytes::from_static(&[1]), 1 << 19)
+        .await
+        .unwrap_err();
+    assert!(e.to_string().contains("in use"), "{e}");
 }
 
 /// A DEVICE_MALLOC view of `n` F32 at a device address.

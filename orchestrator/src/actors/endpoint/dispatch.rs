@@ -65,13 +65,18 @@ impl EndpointActor {
                     continue;
                 }
             };
-            let back: u64 = f
-                .staged
-                .iter()
-                .filter(|(_, _, _, writes)| *writes)
-                .map(|(_, view, _, _)| strata_chip::staging::packed_len(view))
-                .sum();
-            let bytes = wire_size(&req).max(usize::try_from(back).unwrap_or(usize::MAX));
+            let (mut req, f) = (req, f);
+            // Views too large for the message go ahead of it, largest first,
+            // until the rest fits (written views too large for the
+            // completion come back the same way: the worker holds them and
+            // `complete` fetches them).
+            if wire_size(&req) > room && self.staged() {
+                if let Err(cause) = self.stage_ahead(&mut req, room).await {
+                    self.finish(item, Err(cause));
+                    continue;
+                }
+            }
+            let bytes = wire_size(&req);
             if bytes > room {
                 self.finish(
                     item,
@@ -96,6 +101,74 @@ impl EndpointActor {
                 return self.lost(format!("sending tasks: {e}"));
             }
         }
+    }
+
+    /// Stages the largest inline inputs of `req` ahead of it, one `Stage`
+    /// call each, until the rest fits `room`; each becomes a reference
+    /// ([`TaskRequest::staged`]).
+    async fn stage_ahead(
+        &mut self,
+        req: &mut TaskRequest,
+        room: usize,
+    ) -> Result<(), MemberFailure> {
+        while wire_size(req) > room {
+            let Some(arg) = req
+                .inline
+                .iter()
+                .enumerate()
+                .filter_map(|(i, d)| d.as_ref().filter(|d| !d.is_empty()).map(|d| (i, d.len())))
+                .max_by_key(|&(_, len)| len)
+                .map(|(i, _)| i)
+            else {
+                break;
+            };
+            let Some(data) = req.inline[arg].take() else {
+                break;
+            };
+            self.stages += 1;
+            let id = self.stages;
+            let bytes = data.len();
+            self.link
+                .stage(id, data)
+                .await
+                .map_err(|e| MemberFailure::StagedAhead {
+                    arg: arg as u32,
+                    bytes,
+                    why: e.to_string(),
+                })?;
+            req.staged.push((arg as u32, id));
+        }
+        Ok(())
+    }
+
+    /// Fetches the written views the worker held for `f` (their bytes were
+    /// too large for the completion's message).
+    async fn fetch_held(
+        &self,
+        f: &InFlight,
+        held: &[(u32, u64)],
+    ) -> Result<Vec<(u32, Bytes)>, MemberFailure> {
+        let mut out = Vec::with_capacity(held.len());
+        for &(arg, id) in held {
+            let Some((_, view, _, true)) = f.staged.iter().find(|(i, ..)| *i == arg) else {
+                return Err(MemberFailure::Fetch {
+                    arg,
+                    why: "the worker held bytes for an argument the task does not write back"
+                        .into(),
+                });
+            };
+            let expect = strata_chip::staging::packed_len(view);
+            let bytes = self
+                .link
+                .fetch(id, expect)
+                .await
+                .map_err(|e| MemberFailure::Fetch {
+                    arg,
+                    why: e.to_string(),
+                })?;
+            out.push((arg, bytes));
+        }
+        Ok(out)
     }
 
     /// Passes the memfd of every host buffer these members use that the
@@ -195,6 +268,7 @@ impl EndpointActor {
                 args,
                 tags,
                 inline,
+                staged: Vec::new(),
             },
             InFlight {
                 task: item.task,
@@ -205,7 +279,7 @@ impl EndpointActor {
         ))
     }
 
-    pub(super) fn complete(&mut self, batch: Vec<TaskCompletion>) {
+    pub(super) async fn complete(&mut self, batch: Vec<TaskCompletion>) {
         if self.dead {
             return;
         }
@@ -225,7 +299,17 @@ impl EndpointActor {
             };
             let result = match c.outcome {
                 TaskOutcome::Failure(cause) => Err(MemberFailure::Reported(cause)),
-                TaskOutcome::Success => land(&f, &c.outputs, &mut report.returned),
+                TaskOutcome::Success if c.held.is_empty() => {
+                    land(&f, &c.outputs, &mut report.returned)
+                }
+                TaskOutcome::Success => match self.fetch_held(&f, &c.held).await {
+                    Ok(fetched) => {
+                        let mut outputs = c.outputs;
+                        outputs.extend(fetched);
+                        land(&f, &outputs, &mut report.returned)
+                    }
+                    Err(e) => Err(e),
+                },
             };
             report.received = Some(std::time::Instant::now());
             let _ = self.up.send(Notice::Completed {

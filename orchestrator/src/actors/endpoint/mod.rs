@@ -156,6 +156,8 @@ pub(crate) struct EndpointActor {
     in_flight: HashMap<u64, InFlight>,
     /// Strings for packed view bytes (staged links), reused across tasks.
     recycler: crate::buffer::Recycler,
+    /// The last id a view's bytes were staged under ahead of their task.
+    stages: u64,
     up: mpsc::UnboundedSender<Notice>,
     spawned: Option<Spawned>,
     dead: bool,
@@ -202,6 +204,7 @@ impl EndpointActor {
             imported: HashSet::default(),
             in_flight: HashMap::default(),
             recycler: crate::buffer::Recycler::default(),
+            stages: 0,
             up: s.up,
             spawned: s.spawned,
             dead: false,
@@ -231,7 +234,7 @@ impl EndpointActor {
                     }
                 },
                 Some(ev) = self.link_events.recv(), if !self.dead => match ev {
-                    LinkEvent::Completions(batch) => self.complete(batch),
+                    LinkEvent::Completions(batch) => self.complete(batch).await,
                     LinkEvent::Closed(None) => {
                         self.lost("the worker closed the task stream".into());
                     }

@@ -24,19 +24,21 @@ import sys
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SCENARIOS = ["throughput", "latency", "stencil", "handoff", "remote"]
+SCENARIOS = ["throughput", "latency", "stencil", "handoff", "remote", "remote-back"]
 # strata's local scenarios run over every link: worker processes with their
 # tasks on the shared-memory ring (the plain name), the same processes with
 # the gRPC task stream (-grpc), and worker nodes inside the driver's process
-# (-in-process). `remote` is one worker over TCP.
-GRPC = [f"{s}-grpc" for s in SCENARIOS if s != "remote"]
-IN_PROCESS = [f"{s}-in-process" for s in SCENARIOS if s != "remote"]
+# (-in-process). `remote` (bytes to the worker) and `remote-back` (written
+# bytes back) are one worker over TCP.
+LOCAL = [s for s in SCENARIOS if not s.startswith("remote")]
+GRPC = [f"{s}-grpc" for s in LOCAL]
+IN_PROCESS = [f"{s}-in-process" for s in LOCAL]
 ALL_STRATA = SCENARIOS + GRPC + IN_PROCESS
 
 
 def link_of(scenario):
     """The link a strata row was measured over."""
-    if scenario == "remote":
+    if scenario.startswith("remote"):
         return "grpc-tcp"
     if scenario.endswith("-grpc"):
         return "grpc-unix"

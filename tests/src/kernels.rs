@@ -9,6 +9,9 @@
 //!   writes (INOUT): long tasks for the retry policy's tests.
 //! - `test.touch`: takes one view it reads and does nothing (the cost of
 //!   dispatching a view, whatever its size).
+//! - `test.mark`: takes one rank-1 U64 view it writes (OUTPUT) and sets
+//!   its first and last elements to its scalar (the cost of a view's
+//!   bytes coming back, whatever its size).
 //! - `test.hash.<p>` for every access pattern `p` of 1 to 4 arguments
 //!   (`r` read, `w` write, `x` read-write): the differential test's
 //!   callable, computing exactly what `strata_core::sim::compute` computes
@@ -64,6 +67,22 @@ impl Kernel for Touch {
         &self.0
     }
     fn run(&self, _: &mut KernelContext<'_>) -> Result<(), String> {
+        Ok(())
+    }
+}
+
+struct Mark(KernelDescriptor);
+
+impl Kernel for Mark {
+    fn descriptor(&self) -> &KernelDescriptor {
+        &self.0
+    }
+    fn run(&self, ctx: &mut KernelContext<'_>) -> Result<(), String> {
+        let value = ctx.scalar(0)?;
+        let mut out = ctx.output::<u64>(0)?;
+        let last = out.geometry().len() - 1;
+        out.set(&[0], value);
+        out.set(&[last], value);
         Ok(())
     }
 }
@@ -255,6 +274,16 @@ pub fn registry_with_hash_delay(delay: std::time::Duration) -> Result<Registry, 
         "test.touch",
         vec![ArgSpec::new("x", Access::Read, DTypes::Any, Rank::Any)],
         vec![],
+    ))))?;
+    add(Arc::new(Mark(descriptor(
+        "test.mark",
+        vec![ArgSpec::new(
+            "x",
+            Access::Write,
+            DTypes::OneOf(vec![DType::U64]),
+            Rank::Exactly(1),
+        )],
+        vec![u64_scalar("value")],
     ))))?;
     let mut patterns: Vec<String> = vec![String::new()];
     let mut all = Vec::new();

@@ -177,16 +177,32 @@ impl HostShared {
                 want,
             });
         }
+        // Long runs go in by `pwrite`, as `pack` reads them by `pread`:
+        // the kernel fills fresh shmem pages directly instead of faulting
+        // each one in (zeroed) through the mapping and copying over it.
+        const PWRITE_RUN: usize = 64 << 10;
         let first = usize::try_from(view.byte_offset()).map_err(|_| too_big())?;
         let mut at = 0usize;
         let mut result = Ok(());
         staging::for_each_run(view, |off, len| {
             if result.is_ok() {
-                result = self.map.write(first + off, &packed[at..at + len]);
+                let to = first + off;
+                let bytes = &packed[at..at + len];
+                result = if len >= PWRITE_RUN && to.saturating_add(len) <= self.map.len() {
+                    std::os::unix::fs::FileExt::write_all_at(&self.file, bytes, to as u64).map_err(
+                        |source| BufferError::Memfd {
+                            step: "pwrite",
+                            nbytes: self.desc.nbytes(),
+                            source,
+                        },
+                    )
+                } else {
+                    self.map.write(to, bytes).map_err(|e| self.mapping(e))
+                };
                 at += len;
             }
         });
-        result.map_err(|e| self.mapping(e))
+        result
     }
 
     /// The mapping refused bytes past its end (its only failure).

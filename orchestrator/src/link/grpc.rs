@@ -2,6 +2,7 @@
 //! channel when it listens on a Unix socket, and then its shared-memory
 //! ring for tasks and completions when both sides take one ([`super::ring`]).
 
+use std::future::Future;
 use std::os::fd::BorrowedFd;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -12,7 +13,7 @@ use strata_client::{
 };
 use strata_proto::convert::{RunEnd, SessionState, TaskRequest, WorkerStats};
 use strata_wire::{BufferDescriptor, CanonicalIdentity};
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 use tonic::Code;
 
@@ -98,9 +99,15 @@ impl GrpcDialer {
             .health(self.health_ms)
             .await
             .map_err(|e| link_error("health stream", e))?;
+        // Set once the session is known to be over or the worker silent:
+        // the long calls (`stage`, `fetch`) give up on it instead of
+        // waiting on a worker that will never answer.
+        let (down_tx, down) = watch::channel(None::<String>);
+        let down_tx = Arc::new(down_tx);
         let reader = {
             let tx = events.clone();
             let ring = ring.clone();
+            let down_tx = Arc::clone(&down_tx);
             tokio::spawn(async move {
                 let end = loop {
                     match completions.next().await {
@@ -118,6 +125,10 @@ impl GrpcDialer {
                 if let Some(ring) = ring {
                     ring.close_and_drain().await;
                 }
+                down_tx.send_replace(Some(match &end {
+                    Some(e) => format!("task stream broke: {e}"),
+                    None => "the worker closed the task stream".to_owned(),
+                }));
                 let _ = tx.send(LinkEvent::Closed(end));
             })
         };
@@ -136,6 +147,7 @@ impl GrpcDialer {
                     }
                 }
             };
+            down_tx.send_replace(Some(cause.clone()));
             let _ = events.send(LinkEvent::Unhealthy(cause));
         });
         let mut max_message = usize::try_from(hs.max_message_bytes)
@@ -181,6 +193,7 @@ impl GrpcDialer {
             fd: fd.map(tokio::sync::Mutex::new),
             ring,
             tasks: Mutex::new(vec![reader, watch]),
+            down,
         })
     }
 }
@@ -198,11 +211,28 @@ pub(crate) struct GrpcLink {
     ring: Option<Arc<RingPlane>>,
     /// The completion reader and the health watch.
     tasks: Mutex<Vec<JoinHandle<()>>>,
+    /// Why the session is over or the worker silent, once it is.
+    down: watch::Receiver<Option<String>>,
 }
 
 impl GrpcLink {
     fn client(&self) -> WorkerClient {
         self.client.clone()
+    }
+
+    /// `call`, or [`LinkError::Lost`] as soon as the worker is known to be
+    /// gone or silent past the health deadline.
+    async fn unless_down<T>(
+        &self,
+        call: impl Future<Output = Result<T, LinkError>>,
+    ) -> Result<T, LinkError> {
+        let mut down = self.down.clone();
+        tokio::select! {
+            r = call => r,
+            gone = down.wait_for(Option::is_some) => Err(LinkError::Lost(
+                gone.ok().and_then(|g| g.clone()).unwrap_or_else(|| "the link closed".into()),
+            )),
+        }
     }
 }
 
@@ -329,20 +359,20 @@ impl WorkerLink for GrpcLink {
     fn stage(&self, id: u64, data: bytes::Bytes) -> BoxFuture<'_, Result<(), LinkError>> {
         let mut c = self.client();
         let chunk = self.facts.max_message.saturating_sub(64 * 1024);
-        Box::pin(async move {
+        Box::pin(self.unless_down(async move {
             c.stage(id, data, chunk)
                 .await
                 .map_err(|e| link_error("stage", e))
-        })
+        }))
     }
 
     fn fetch(&self, id: u64, expect: u64) -> BoxFuture<'_, Result<bytes::Bytes, LinkError>> {
         let mut c = self.client();
-        Box::pin(async move {
+        Box::pin(self.unless_down(async move {
             c.fetch(id, expect)
                 .await
                 .map_err(|e| link_error("fetch", e))
-        })
+        }))
     }
 
     fn stats(&self) -> BoxFuture<'_, Result<WorkerStats, LinkError>> {

@@ -939,6 +939,24 @@ fn views_larger_than_a_message_travel_in_chunks() {
         t.sent_bytes >= 6 << 20 && t.returned_bytes >= 6 << 20,
         "{t:?}"
     );
+    // A view past what travels inline at all is refused by the worker when
+    // it is staged: that task fails alone, saying why.
+    let huge = (strata_proto::MAX_INLINE_EXTENT / 4 + 1) as u32;
+    let view = |b: Buffer| b.tensor(&[huge], DType::F32).unwrap();
+    let (from, to) = (
+        view(cluster.buffer(u64::from(huge) * 4).unwrap()),
+        view(cluster.buffer(u64::from(huge) * 4).unwrap()),
+    );
+    let task = cluster
+        .submit(Task::new("copy").input(&from).output(&to))
+        .unwrap();
+    let e = cluster.wait(task).unwrap_err().to_string();
+    assert!(
+        e.contains("TASK_FAILURE")
+            && e.contains("staging its")
+            && e.contains("the largest inline view"),
+        "{e}"
+    );
     // The connection is fine: small tasks still run there.
     let s = cluster
         .buffer(64)

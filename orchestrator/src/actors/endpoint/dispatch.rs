@@ -71,9 +71,28 @@ impl EndpointActor {
             // completion come back the same way: the worker holds them and
             // `complete` fetches them).
             if wire_size(&req) > room && self.staged() {
-                if let Err(cause) = self.stage_ahead(&mut req, room).await {
-                    self.finish(item, Err(cause));
-                    continue;
+                match self.stage_ahead(&mut req, room).await {
+                    Ok(()) => {}
+                    // The worker refused the bytes: this member fails alone.
+                    Err((arg, bytes, LinkError::Refused(why))) => {
+                        self.finish(
+                            item,
+                            Err(MemberFailure::StagedAhead {
+                                arg,
+                                bytes,
+                                why: why.to_string(),
+                            }),
+                        );
+                        continue;
+                    }
+                    // The connection failed: the worker is lost, and with it
+                    // every member placed on it (the scheduler knows them).
+                    Err((arg, bytes, e)) => {
+                        return self.lost(format!(
+                            "staging the {bytes} bytes of argument {arg} of {}: {e}",
+                            item.task
+                        ));
+                    }
                 }
             }
             let bytes = wire_size(&req);
@@ -106,11 +125,15 @@ impl EndpointActor {
     /// Stages the largest inline inputs of `req` ahead of it, one `Stage`
     /// call each, until the rest fits `room`; each becomes a reference
     /// ([`TaskRequest::staged`]).
+    ///
+    /// # Errors
+    /// The argument, its size and the link's error for the first view that
+    /// could not be staged.
     async fn stage_ahead(
         &mut self,
         req: &mut TaskRequest,
         room: usize,
-    ) -> Result<(), MemberFailure> {
+    ) -> Result<(), (u32, usize, LinkError)> {
         while wire_size(req) > room {
             let Some(arg) = req
                 .inline
@@ -131,11 +154,7 @@ impl EndpointActor {
             self.link
                 .stage(id, data)
                 .await
-                .map_err(|e| MemberFailure::StagedAhead {
-                    arg: arg as u32,
-                    bytes,
-                    why: e.to_string(),
-                })?;
+                .map_err(|e| (arg as u32, bytes, e))?;
             req.staged.push((arg as u32, id));
         }
         Ok(())
@@ -147,25 +166,27 @@ impl EndpointActor {
         &self,
         f: &InFlight,
         held: &[(u32, u64)],
-    ) -> Result<Vec<(u32, Bytes)>, MemberFailure> {
+    ) -> Result<Vec<(u32, Bytes)>, Fetched> {
         let mut out = Vec::with_capacity(held.len());
         for &(arg, id) in held {
             let Some((_, view, _, true)) = f.staged.iter().find(|(i, ..)| *i == arg) else {
-                return Err(MemberFailure::Fetch {
+                return Err(Fetched::Failed(MemberFailure::Fetch {
                     arg,
                     why: "the worker held bytes for an argument the task does not write back"
                         .into(),
-                });
+                }));
             };
             let expect = strata_chip::staging::packed_len(view);
-            let bytes = self
-                .link
-                .fetch(id, expect)
-                .await
-                .map_err(|e| MemberFailure::Fetch {
+            let bytes = self.link.fetch(id, expect).await.map_err(|e| match e {
+                LinkError::Refused(why) => Fetched::Failed(MemberFailure::Fetch {
                     arg,
-                    why: e.to_string(),
-                })?;
+                    why: why.to_string(),
+                }),
+                e => Fetched::Lost(format!(
+                    "fetching the bytes {} wrote to argument {arg}: {e}",
+                    f.task
+                )),
+            })?;
             out.push((arg, bytes));
         }
         Ok(out)
@@ -308,7 +329,11 @@ impl EndpointActor {
                         outputs.extend(fetched);
                         land(&f, &outputs, &mut report.returned)
                     }
-                    Err(e) => Err(e),
+                    Err(Fetched::Failed(e)) => Err(e),
+                    // The connection failed: nothing of this task landed,
+                    // and the worker is lost with every member on it (the
+                    // scheduler still counts this one running there).
+                    Err(Fetched::Lost(cause)) => return self.lost(cause),
                 },
             };
             report.received = Some(std::time::Instant::now());
@@ -322,6 +347,15 @@ impl EndpointActor {
             });
         }
     }
+}
+
+/// Why the held bytes of a member did not come back.
+enum Fetched {
+    /// The worker refused (or held what the task does not write): the
+    /// member fails.
+    Failed(MemberFailure),
+    /// The connection failed: the worker is lost.
+    Lost(String),
 }
 
 /// Writes the bytes a staged worker sent back into the host buffers; every

@@ -265,7 +265,10 @@ impl WorkerLink for GrpcLink {
         &'a self,
         buffers: &'a [(BufferDescriptor, BorrowedFd<'a>)],
     ) -> BoxFuture<'a, Result<Vec<Result<(), String>>, LinkError>> {
-        Box::pin(async move {
+        // Unless the worker is gone or silent: a hung worker never answers
+        // the import (cancelling it breaks the fd channel, which the lost
+        // session no longer needs).
+        Box::pin(self.unless_down(async move {
             let Some(fd) = &self.fd else {
                 return Err(LinkError::Internal(
                     "this worker is reached over TCP: buffers travel as bytes, not by fd".into(),
@@ -287,7 +290,7 @@ impl WorkerLink for GrpcLink {
                 )));
             }
             Ok(results)
-        })
+        }))
     }
 
     fn release_imports(&self, ids: Vec<CanonicalIdentity>) -> BoxFuture<'_, Result<(), LinkError>> {

@@ -280,6 +280,45 @@ fn a_worker_hung_while_a_view_is_staged_to_it_is_lost_at_the_deadline() {
     eprintln!("hung while staging: lost in {:.1} ms", ms(detected));
 }
 
+/// A Unix-socket worker that hangs (SIGSTOP) before a task passes it a new
+/// buffer by fd is lost at the health deadline: the import, which a hung
+/// worker never answers, gives up instead of holding its endpoint.
+#[test]
+fn a_worker_hung_while_a_buffer_is_passed_to_it_is_lost_at_the_deadline() {
+    let stay = WorkerProcess::spawn_unix(test_worker_bin(), &[], &[]);
+    let w = WorkerProcess::spawn_unix(test_worker_bin(), &[], &[]);
+    let cluster = connected(
+        &[
+            (&stay.endpoint.to_string(), None),
+            (&w.endpoint.to_string(), None),
+        ],
+        0,
+    );
+    let b = WorkerId(1);
+    let pid = nix::unistd::Pid::from_raw(i32::try_from(w.pid()).unwrap());
+    let fresh = cluster
+        .buffer(4096)
+        .unwrap()
+        .tensor(&[1024], DType::F32)
+        .unwrap();
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGSTOP).unwrap();
+    let stopped = Instant::now();
+    let task = cluster
+        .submit(Task::new("test.touch").input(&fresh).on(b))
+        .unwrap();
+    let e = cluster.wait(task).unwrap_err().to_string();
+    let detected = stopped.elapsed();
+    assert!(e.contains("no health beat"), "{e}");
+    assert!(detected < Duration::from_secs(20), "{detected:?}");
+    assert!(cluster.wait_all().is_err());
+    let want = reference(32, 3);
+    let job = submit_hash_job(&cluster, 32, 0, 3);
+    cluster.wait_all().expect("the job runs without it");
+    assert_eq!(job.out.read_elements().unwrap(), want);
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGCONT).unwrap();
+    eprintln!("hung while importing: lost in {:.1} ms", ms(detected));
+}
+
 /// A worker the cluster connected to that hangs (SIGSTOP) is lost at the
 /// health deadline; when it wakes up (SIGCONT) it ends the old session,
 /// answers the endpoint's dialing and rejoins.

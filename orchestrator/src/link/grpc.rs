@@ -228,6 +228,9 @@ impl GrpcLink {
     ) -> Result<T, LinkError> {
         let mut down = self.down.clone();
         tokio::select! {
+            // The call first: one that is ready at once (a task batch with
+            // room on the ring) never looks at the watch.
+            biased;
             r = call => r,
             gone = down.wait_for(Option::is_some) => Err(LinkError::Lost(
                 gone.ok().and_then(|g| g.clone()).unwrap_or_else(|| "the link closed".into()),
@@ -247,7 +250,9 @@ impl WorkerLink for GrpcLink {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .clone();
-        Box::pin(async move {
+        // Unless the worker is gone or silent: a hung worker's full ring or
+        // stream window would hold the endpoint for ever.
+        Box::pin(self.unless_down(async move {
             let Some(sender) = sender else {
                 return Err(LinkError::Lost("the session is closed".into()));
             };
@@ -258,7 +263,7 @@ impl WorkerLink for GrpcLink {
                 .send(&tasks)
                 .await
                 .map_err(|e| link_error("sending tasks", e))
-        })
+        }))
     }
 
     fn import<'a>(

@@ -242,26 +242,6 @@ impl TryFrom<pb::Task> for TaskRequest {
                 ));
             }
             let view = &args.tensors()[i];
-            if item.staged != 0 {
-                if !item.data.is_empty() {
-                    return Err(ConvertError::new(
-                        field,
-                        format!("argument {i} names staged bytes and carries bytes too"),
-                    ));
-                }
-                if view.extent_bytes() > crate::MAX_INLINE_EXTENT {
-                    return Err(ConvertError::new(
-                        field,
-                        format!(
-                            "argument {i}'s view spans {} bytes; at most {} travel inline",
-                            view.extent_bytes(),
-                            crate::MAX_INLINE_EXTENT
-                        ),
-                    ));
-                }
-                staged.push((item.arg_index, item.staged));
-                continue;
-            }
             if view.extent_bytes() > crate::MAX_INLINE_EXTENT {
                 return Err(ConvertError::new(
                     field,
@@ -271,6 +251,16 @@ impl TryFrom<pb::Task> for TaskRequest {
                         crate::MAX_INLINE_EXTENT
                     ),
                 ));
+            }
+            if item.staged != 0 {
+                if !item.data.is_empty() {
+                    return Err(ConvertError::new(
+                        field,
+                        format!("argument {i} names staged bytes and carries bytes too"),
+                    ));
+                }
+                staged.push((item.arg_index, item.staged));
+                continue;
             }
             // Every element is at least half a byte of the packed string:
             // a view with more elements than that cannot match the bytes

@@ -421,6 +421,14 @@ fn handoff(mode: Mode, quick: bool) -> Result<bool, String> {
     Ok(all_ok)
 }
 
+/// The view sizes of the remote scenarios, both ways.
+const REMOTE_SIZES: &[(u64, &str)] = &[
+    (1 << 20, "1MiB"),
+    (16 << 20, "16MiB"),
+    (48 << 20, "48MiB"),
+    (128 << 20, "128MiB"),
+];
+
 fn remote(quick: bool) -> Result<bool, String> {
     let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
     let token = dir.path().join("token");
@@ -443,15 +451,7 @@ fn remote(quick: bool) -> Result<bool, String> {
     let mut all_ok = true;
     // Views under the 64 MiB message limit travel in the task's message;
     // the 128 MiB one is staged ahead of it in chunks.
-    for (bytes, label) in sizes(
-        quick,
-        &[
-            (1 << 20, "1MiB"),
-            (16 << 20, "16MiB"),
-            (48 << 20, "48MiB"),
-            (128 << 20, "128MiB"),
-        ],
-    ) {
+    for (bytes, label) in sizes(quick, REMOTE_SIZES) {
         let mut samples = Vec::new();
         let mut ok = true;
         for _ in 0..5 {
@@ -478,15 +478,7 @@ fn remote(quick: bool) -> Result<bool, String> {
     // The other way: a task that writes the whole view (OUTPUT, so no
     // bytes go down), its bytes coming back with the completion (fetched
     // after it, for the view larger than a message).
-    for (bytes, label) in sizes(
-        quick,
-        &[
-            (1 << 20, "1MiB"),
-            (16 << 20, "16MiB"),
-            (48 << 20, "48MiB"),
-            (128 << 20, "128MiB"),
-        ],
-    ) {
+    for (bytes, label) in sizes(quick, REMOTE_SIZES) {
         let mut samples = Vec::new();
         let mut ok = true;
         for rep in 0..5u64 {

@@ -224,6 +224,59 @@ impl Cluster {
         })??)
     }
 
+    /// As [`Cluster::wait`], giving up after `limit`: `Ok(true)` once the
+    /// task succeeded, `Ok(false)` when it is still unfinished. For drivers
+    /// that must stay responsive while they wait (an interpreter checking
+    /// for Ctrl-C between slices); nothing is left behind by a wait that
+    /// gave up.
+    ///
+    /// # Errors
+    /// As [`Cluster::wait`].
+    pub fn wait_timeout(&self, task: TaskHandle, limit: Duration) -> Result<bool, Error> {
+        match self.ask_within(limit, |reply| Cmd::Wait {
+            task: task.0,
+            reply,
+        })? {
+            Some(r) => r.map(|()| true).map_err(Error::from),
+            None => Ok(false),
+        }
+    }
+
+    /// As [`Cluster::wait_all`], giving up after `limit`: `Ok(None)` while
+    /// tasks are unfinished (the run goes on; call again), otherwise what
+    /// `wait_all` returns, the run then ended.
+    ///
+    /// # Errors
+    /// As [`Cluster::wait_all`].
+    pub fn wait_all_timeout(&self, limit: Duration) -> Result<Option<RunSummary>, Error> {
+        match self.ask_within(limit, |reply| Cmd::WaitAll { reply })? {
+            Some(summary) => {
+                self.end_run();
+                Ok(Some(summary?))
+            }
+            None => Ok(None),
+        }
+    }
+
+    /// As `ask`, giving up on the reply after `limit` (`None`). The
+    /// request stays with the actor, whose late reply goes nowhere.
+    fn ask_within<T>(
+        &self,
+        limit: Duration,
+        make: impl FnOnce(oneshot::Sender<T>) -> Cmd,
+    ) -> Result<Option<T>, Error> {
+        not_async()?;
+        let runtime = self.runtime.as_ref().ok_or(Error::Closed)?;
+        let (tx, rx) = oneshot::channel();
+        self.cmds
+            .blocking_send(make(tx))
+            .map_err(|_| Error::Closed)?;
+        match runtime.block_on(async move { tokio::time::timeout(limit, rx).await }) {
+            Ok(reply) => reply.map(Some).map_err(|_| Error::Closed),
+            Err(_elapsed) => Ok(None),
+        }
+    }
+
     /// Waits until every submitted task is finished and returns the run's
     /// figures; the next call starts a new run. The run's run buffers
     /// ([`Cluster::run_buffer`]) end with it, whether the run succeeded or

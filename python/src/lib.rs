@@ -1,7 +1,7 @@
 //! `strata._strata`: the extension module under the `strata` Python
 //! package (python/strata). It wraps the Rust driver API
 //! (`strata-orchestrator`) and a worker that can run kernels written in
-//! Python (`strata-worker` with [`kernel::PyKernel`]s).
+//! Python (`strata-worker` with the `PyKernel`s of `kernel.rs`).
 //!
 //! Every call that can block (starting a cluster, submitting past the
 //! cluster's bound on unfinished tasks, waiting, control calls, shutdown)
@@ -10,7 +10,7 @@
 //! short slices with a check for signals between them, so Ctrl-C raises
 //! `KeyboardInterrupt` promptly. No Rust panic reaches the interpreter:
 //! pyo3 turns one into `pyo3_runtime.PanicException`, and the driver's
-//! errors become the exception classes of [`errors`].
+//! errors become the exception classes of `errors.rs`.
 //!
 //! The crate has no `unsafe`: numpy arrays over a host buffer are built by
 //! numpy from `__array_interface__` (an address and the view's geometry;

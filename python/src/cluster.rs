@@ -79,6 +79,30 @@ impl Core {
 ///
 /// Every call that can block releases the GIL; ``wait``/``wait_all``
 /// check for Ctrl-C every 50 ms.
+///
+/// Args:
+///     local: worker processes to spawn on this host.
+///     in_process: worker nodes to run inside this process.
+///     workers: addresses of running workers (``unix:PATH``,
+///         ``tcp:HOST:PORT``).
+///     token: bearer token for the ``workers`` that require one.
+///     device: device spec of spawned and in-process workers, e.g.
+///         ``"sim"`` or ``"sim:mem=2GiB,mode=unified,lanes=2"``.
+///     kernels: Python kernels (from ``@strata.kernel``) the spawned and
+///         in-process workers offer beside the built-in ones.
+///     retry: reruns of a task whose worker is lost, when that is safe.
+///     respawn: restarts of a spawned worker that is lost.
+///     worker_binary: spawn workers with this ``strata`` binary instead
+///         of ``python -m strata.worker`` (no Python kernels then).
+///     ring: shared-memory task rings for local workers (default on).
+///     trace: record where and when tasks ran, for ``trace(path)``.
+///     window: the most tasks in flight on one worker.
+///     max_unfinished: past this many unfinished tasks, ``submit`` waits.
+///
+/// Raises:
+///     ClusterError: a worker could not be started or reached (the
+///         message names it and ends with a spawned worker's log).
+///     AuthenticationError: a worker refused the token.
 #[pyclass(name = "Cluster", module = "strata", frozen)]
 pub(crate) struct PyCluster {
     core: Arc<Core>,
@@ -167,32 +191,9 @@ fn nbytes(shape: &[u32], d: DType) -> PyResult<u64> {
 
 #[pymethods]
 impl PyCluster {
-    /// Starts the workers and connects to each.
-    ///
-    /// Args:
-    ///     local: worker processes to spawn on this host.
-    ///     in_process: worker nodes to run inside this process.
-    ///     workers: addresses of running workers (``unix:PATH``,
-    ///         ``tcp:HOST:PORT``).
-    ///     token: bearer token for the ``workers`` that require one.
-    ///     device: device spec of spawned and in-process workers, e.g.
-    ///         ``"sim"`` or ``"sim:mem=2GiB,mode=unified,lanes=2"``.
-    ///     kernels: Python kernels (from ``@strata.kernel``) the spawned and
-    ///         in-process workers offer beside the built-in ones.
-    ///     retry: reruns of a task whose worker is lost, when that is safe.
-    ///     respawn: restarts of a spawned worker that is lost.
-    ///     worker_binary: spawn workers with this ``strata`` binary instead
-    ///         of ``python -m strata.worker`` (no Python kernels then).
-    ///     ring: shared-memory task rings for local workers (default on).
-    ///     trace: record where and when tasks ran, for ``trace(path)``.
-    ///     window: the most tasks in flight on one worker.
-    ///     max_unfinished: past this many unfinished tasks, ``submit`` waits.
-    ///
-    /// Raises:
-    ///     ClusterError: a worker could not be started or reached (the
-    ///         message names it and ends with a spawned worker's log).
-    ///     AuthenticationError: a worker refused the token.
+    /// Starts the workers and connects to each (see the class's help).
     #[new]
+    #[pyo3(text_signature = "(local=0, *, in_process=0, workers=(), token=None, device='sim', kernels=(), retry=0, respawn=0, worker_binary=None, ring=True, trace=False, window=None, max_unfinished=None)")]
     #[pyo3(signature = (local=0, *, in_process=0, workers=Vec::new(), token=None, device="sim".to_owned(), kernels=Vec::new(), retry=0, respawn=0, worker_binary=None, ring=true, trace=false, window=None, max_unfinished=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(

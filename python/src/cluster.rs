@@ -193,7 +193,9 @@ fn nbytes(shape: &[u32], d: DType) -> PyResult<u64> {
 impl PyCluster {
     /// Starts the workers and connects to each (see the class's help).
     #[new]
-    #[pyo3(text_signature = "(local=0, *, in_process=0, workers=(), token=None, device='sim', kernels=(), retry=0, respawn=0, worker_binary=None, ring=True, trace=False, window=None, max_unfinished=None)")]
+    #[pyo3(
+        text_signature = "(local=0, *, in_process=0, workers=(), token=None, device='sim', kernels=(), retry=0, respawn=0, worker_binary=None, ring=True, trace=False, window=None, max_unfinished=None)"
+    )]
     #[pyo3(signature = (local=0, *, in_process=0, workers=Vec::new(), token=None, device="sim".to_owned(), kernels=Vec::new(), retry=0, respawn=0, worker_binary=None, ring=true, trace=false, window=None, max_unfinished=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -484,14 +486,22 @@ impl PyCluster {
     /// subclasses).
     fn wait_all(&self, py: Python<'_>) -> PyResult<PySummary> {
         let core = Arc::clone(&self.core);
-        loop {
-            if let Some(s) = py
-                .detach(|| core.run(|c| c.wait_all_timeout(SLICE)))
-                .map_err(err)?
-            {
-                return Ok(s.into());
-            }
-            py.check_signals()?;
+        let mut interrupted = None;
+        let r = py.detach(|| {
+            core.run(|c| {
+                c.wait_all_while(SLICE, || {
+                    // Python's signal handlers run here (Ctrl-C raises).
+                    interrupted = Python::attach(|py| py.check_signals()).err();
+                    interrupted.is_none()
+                })
+            })
+        });
+        if let Some(e) = interrupted {
+            return Err(e);
+        }
+        match r.map_err(err)? {
+            Some(s) => Ok(s.into()),
+            None => Err(raise("Error", "wait_all was given up", &[])),
         }
     }
 

@@ -242,19 +242,36 @@ impl Cluster {
         }
     }
 
-    /// As [`Cluster::wait_all`], giving up after `limit`: `Ok(None)` while
-    /// tasks are unfinished (the run goes on; call again), otherwise what
-    /// `wait_all` returns, the run then ended.
+    /// As [`Cluster::wait_all`], calling `keep_waiting` every `slice`
+    /// while tasks are unfinished: for drivers that must stay responsive
+    /// while they wait (an interpreter checking for Ctrl-C). When it
+    /// returns `false` the wait is given up and `Ok(None)` returned; the
+    /// run goes on (call again to wait for it). One request waits for the
+    /// whole run, so no answer falls between two slices.
     ///
     /// # Errors
     /// As [`Cluster::wait_all`].
-    pub fn wait_all_timeout(&self, limit: Duration) -> Result<Option<RunSummary>, Error> {
-        match self.ask_within(limit, |reply| Cmd::WaitAll { reply })? {
-            Some(summary) => {
-                self.end_run();
-                Ok(Some(summary?))
+    pub fn wait_all_while(
+        &self,
+        slice: Duration,
+        mut keep_waiting: impl FnMut() -> bool,
+    ) -> Result<Option<RunSummary>, Error> {
+        not_async()?;
+        let runtime = self.runtime.as_ref().ok_or(Error::Closed)?;
+        let (tx, mut rx) = oneshot::channel();
+        self.cmds
+            .blocking_send(Cmd::WaitAll { reply: tx })
+            .map_err(|_| Error::Closed)?;
+        loop {
+            match runtime.block_on(async { tokio::time::timeout(slice, &mut rx).await }) {
+                Ok(reply) => {
+                    let summary = reply.map_err(|_| Error::Closed)?;
+                    self.end_run();
+                    return Ok(Some(summary?));
+                }
+                Err(_elapsed) if keep_waiting() => {}
+                Err(_elapsed) => return Ok(None),
             }
-            None => Ok(None),
         }
     }
 

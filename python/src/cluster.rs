@@ -464,17 +464,7 @@ impl PyCluster {
 
     /// Waits for ``task`` (as ``task.wait()``).
     fn wait(&self, py: Python<'_>, task: &PyTask) -> PyResult<()> {
-        let core = Arc::clone(&self.core);
-        let h = task.handle;
-        loop {
-            if py
-                .detach(|| core.run(|c| c.wait_timeout(h, SLICE)))
-                .map_err(err)?
-            {
-                return Ok(());
-            }
-            py.check_signals()?;
-        }
+        crate::task::wait_task(py, &self.core, task.handle)
     }
 
     /// Waits until every submitted task has finished and returns the run's

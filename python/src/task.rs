@@ -358,17 +358,7 @@ impl PyTask {
     /// :class:`TaskSkipped`, :class:`TaskCancelled`) when it did not
     /// succeed.
     fn wait(&self, py: Python<'_>) -> PyResult<()> {
-        loop {
-            let core = Arc::clone(&self.core);
-            let h = self.handle;
-            let done = py
-                .detach(|| core.run(|c| c.wait_timeout(h, SLICE)))
-                .map_err(err)?;
-            if done {
-                return Ok(());
-            }
-            py.check_signals()?;
-        }
+        wait_task(py, &self.core, self.handle)
     }
 
     /// Whether the task has finished successfully (``False`` while it
@@ -401,6 +391,24 @@ impl PyTask {
     fn __hash__(&self) -> u64 {
         self.handle.id().0
     }
+}
+
+/// Waits for `task` with the GIL released, running Python's signal
+/// handlers every [`SLICE`] (Ctrl-C raises `KeyboardInterrupt`).
+pub(crate) fn wait_task(py: Python<'_>, core: &Arc<Core>, task: TaskHandle) -> PyResult<()> {
+    let mut interrupted = None;
+    let r = py.detach(|| {
+        core.run(|c| {
+            c.wait_while(task, SLICE, || {
+                interrupted = Python::attach(|py| py.check_signals()).err();
+                interrupted.is_none()
+            })
+        })
+    });
+    if let Some(e) = interrupted {
+        return Err(e);
+    }
+    r.map(drop).map_err(err)
 }
 
 /// How long one slice of a wait lasts before signals are checked.

@@ -225,10 +225,9 @@ impl Cluster {
     }
 
     /// As [`Cluster::wait`], giving up after `limit`: `Ok(true)` once the
-    /// task succeeded, `Ok(false)` when it is still unfinished. For drivers
-    /// that must stay responsive while they wait (an interpreter checking
-    /// for Ctrl-C between slices); nothing is left behind by a wait that
-    /// gave up.
+    /// task succeeded, `Ok(false)` while it is unfinished (a poll, with
+    /// `Duration::ZERO`). An abandoned request is answered into nothing
+    /// when the task finishes; to wait long, use [`Cluster::wait_while`].
     ///
     /// # Errors
     /// As [`Cluster::wait`].
@@ -237,6 +236,29 @@ impl Cluster {
             task: task.0,
             reply,
         })? {
+            Some(r) => r.map(|()| true).map_err(Error::from),
+            None => Ok(false),
+        }
+    }
+
+    /// As [`Cluster::wait`], calling `keep_waiting` every `slice` while
+    /// the task is unfinished: for drivers that must stay responsive while
+    /// they wait (an interpreter checking for Ctrl-C). When it returns
+    /// `false` the wait is given up: `Ok(false)`.
+    ///
+    /// # Errors
+    /// As [`Cluster::wait`].
+    pub fn wait_while(
+        &self,
+        task: TaskHandle,
+        slice: Duration,
+        keep_waiting: impl FnMut() -> bool,
+    ) -> Result<bool, Error> {
+        let make = |reply| Cmd::Wait {
+            task: task.0,
+            reply,
+        };
+        match self.ask_while(slice, keep_waiting, make)? {
             Some(r) => r.map(|()| true).map_err(Error::from),
             None => Ok(false),
         }
@@ -254,21 +276,35 @@ impl Cluster {
     pub fn wait_all_while(
         &self,
         slice: Duration,
-        mut keep_waiting: impl FnMut() -> bool,
+        keep_waiting: impl FnMut() -> bool,
     ) -> Result<Option<RunSummary>, Error> {
+        match self.ask_while(slice, keep_waiting, |reply| Cmd::WaitAll { reply })? {
+            Some(summary) => {
+                self.end_run();
+                Ok(Some(summary?))
+            }
+            None => Ok(None),
+        }
+    }
+
+    /// As `ask`, calling `keep_waiting` every `slice` until the reply
+    /// comes (`Some`) or it returns `false` (`None`: the request stays with
+    /// the actor, whose late reply goes nowhere).
+    fn ask_while<T>(
+        &self,
+        slice: Duration,
+        mut keep_waiting: impl FnMut() -> bool,
+        make: impl FnOnce(oneshot::Sender<T>) -> Cmd,
+    ) -> Result<Option<T>, Error> {
         not_async()?;
         let runtime = self.runtime.as_ref().ok_or(Error::Closed)?;
         let (tx, mut rx) = oneshot::channel();
         self.cmds
-            .blocking_send(Cmd::WaitAll { reply: tx })
+            .blocking_send(make(tx))
             .map_err(|_| Error::Closed)?;
         loop {
             match runtime.block_on(async { tokio::time::timeout(slice, &mut rx).await }) {
-                Ok(reply) => {
-                    let summary = reply.map_err(|_| Error::Closed)?;
-                    self.end_run();
-                    return Ok(Some(summary?));
-                }
+                Ok(reply) => return reply.map(Some).map_err(|_| Error::Closed),
                 Err(_elapsed) if keep_waiting() => {}
                 Err(_elapsed) => return Ok(None),
             }

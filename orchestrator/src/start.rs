@@ -459,6 +459,7 @@ fn start(b: ClusterBuilder) -> Result<Cluster, Error> {
         released: released_tx,
         local,
         in_process,
+        pending_all: Mutex::new(None),
     })
 }
 

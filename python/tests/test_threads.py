@@ -88,3 +88,28 @@ def test_ctrl_c_interrupts_wait_all_and_leaves_no_worker():
     while any(alive(pid) for pid in pids) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not any(alive(pid) for pid in pids)
+
+
+def test_wait_all_after_an_interrupt_still_reports_the_whole_run(local2):
+    c = local2
+    a = c.zeros(4)
+    b = c.zeros(4)
+    c.submit("test.sleep", a, 0.3)
+    c.submit("test.fail", a)  # after the sleep (reads a): fails
+    c.submit("fill", b, 2.0)
+    threading.Timer(0.1, os.kill, (os.getpid(), signal.SIGINT)).start()
+    try:
+        c.wait_all()
+        raise AssertionError("not interrupted")
+    except KeyboardInterrupt:
+        pass
+    # The interrupted wait's request is taken over: the run's first
+    # failure and its figures are not lost.
+    try:
+        c.wait_all()
+        raise AssertionError("the failure was lost")
+    except strata.TaskFailed as e:
+        assert e.callable == "test.fail@1"
+    s = c.wait_all()
+    assert s.submitted == 0
+    assert (b.numpy() == 2).all()

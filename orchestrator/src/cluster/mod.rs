@@ -64,7 +64,14 @@ pub struct Cluster {
     pub(crate) run_used: Vec<std::sync::atomic::AtomicBool>,
     /// Per worker, the node itself when it runs in this process.
     pub(crate) in_process: Vec<Option<strata_worker::InProcessWorker>>,
+    /// The request of a `wait_all_while` that was given up, for the next
+    /// wait of the run to take over: a second request would split the
+    /// run's answer between them (the first, unheard, would take it).
+    pub(crate) pending_all: Mutex<Option<WaitAllReply>>,
 }
+
+/// The DAG actor's answer to a `wait_all`.
+type WaitAllReply = oneshot::Receiver<Result<RunSummary, crate::error::RunError>>;
 
 impl std::fmt::Debug for Cluster {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -268,23 +275,50 @@ impl Cluster {
     /// while tasks are unfinished: for drivers that must stay responsive
     /// while they wait (an interpreter checking for Ctrl-C). When it
     /// returns `false` the wait is given up and `Ok(None)` returned; the
-    /// run goes on (call again to wait for it). One request waits for the
-    /// whole run, so no answer falls between two slices.
+    /// run goes on, and the next `wait_all` or `wait_all_while` takes the
+    /// same request over, so the run's answer is not lost.
     ///
     /// # Errors
     /// As [`Cluster::wait_all`].
     pub fn wait_all_while(
         &self,
         slice: Duration,
-        keep_waiting: impl FnMut() -> bool,
+        mut keep_waiting: impl FnMut() -> bool,
     ) -> Result<Option<RunSummary>, Error> {
-        match self.ask_while(slice, keep_waiting, |reply| Cmd::WaitAll { reply })? {
-            Some(summary) => {
-                self.end_run();
-                Ok(Some(summary?))
+        let runtime = self.runtime.as_ref().ok_or(Error::Closed)?;
+        let mut rx = self.wait_all_request()?;
+        loop {
+            match runtime.block_on(async { tokio::time::timeout(slice, &mut rx).await }) {
+                Ok(reply) => {
+                    let summary = reply.map_err(|_| Error::Closed)?;
+                    self.end_run();
+                    return Ok(Some(summary?));
+                }
+                Err(_elapsed) if keep_waiting() => {}
+                Err(_elapsed) => {
+                    *self.pending_all.lock().unwrap_or_else(|e| e.into_inner()) = Some(rx);
+                    return Ok(None);
+                }
             }
-            None => Ok(None),
         }
+    }
+
+    /// The run's wait-all request: one given up earlier, or a new one.
+    fn wait_all_request(&self) -> Result<WaitAllReply, Error> {
+        not_async()?;
+        if let Some(rx) = self
+            .pending_all
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take()
+        {
+            return Ok(rx);
+        }
+        let (tx, rx) = oneshot::channel();
+        self.cmds
+            .blocking_send(Cmd::WaitAll { reply: tx })
+            .map_err(|_| Error::Closed)?;
+        Ok(rx)
     }
 
     /// As `ask`, calling `keep_waiting` every `slice` until the reply
@@ -340,7 +374,10 @@ impl Cluster {
     /// # Errors
     /// [`Error::Run`] with the first task failure of the run.
     pub fn wait_all(&self) -> Result<RunSummary, Error> {
-        let summary = self.ask(|reply| Cmd::WaitAll { reply })?;
+        let summary = self
+            .wait_all_request()?
+            .blocking_recv()
+            .map_err(|_| Error::Closed)?;
         self.end_run();
         Ok(summary?)
     }

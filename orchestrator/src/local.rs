@@ -59,6 +59,8 @@ pub(crate) struct LocalWorkers {
     spawned: Vec<Spawned>,
     dir: Option<TempDir>,
     binary: PathBuf,
+    /// Arguments before `worker` ([`crate::ClusterBuilder::worker_command`]).
+    binary_args: Vec<std::ffi::OsString>,
     device: String,
     ready_timeout: Duration,
 }
@@ -87,6 +89,7 @@ impl LocalWorkers {
     /// each one's ready line (at most `timeout` overall).
     pub(crate) fn spawn(
         binary: &Path,
+        binary_args: &[std::ffi::OsString],
         n: usize,
         device: &str,
         timeout: Duration,
@@ -100,6 +103,7 @@ impl LocalWorkers {
             spawned: Vec::new(),
             dir: Some(dir),
             binary: binary.to_path_buf(),
+            binary_args: binary_args.to_vec(),
             device: device.to_owned(),
             ready_timeout: timeout,
         };
@@ -135,7 +139,8 @@ impl LocalWorkers {
                 source,
             })?;
         let mut cmd = Command::new(&self.binary);
-        cmd.arg("worker")
+        cmd.args(&self.binary_args)
+            .arg("worker")
             .arg("--chip")
             .arg(chip.to_string())
             .arg("--device")

@@ -44,6 +44,12 @@ impl SharedMapping {
         })
     }
 
+    /// The address of its first byte (for foreign code that reads and
+    /// writes the memory itself; see `Buffer::host_address`).
+    pub(crate) fn address(&self) -> *mut u8 {
+        self.map.as_mut_ptr()
+    }
+
     /// Its length in bytes.
     pub(crate) fn len(&self) -> usize {
         self.map.len()

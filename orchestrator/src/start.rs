@@ -40,6 +40,8 @@ pub struct ClusterBuilder {
     local: usize,
     device: String,
     binary: Option<PathBuf>,
+    /// Arguments before `worker …` on a spawned worker's command line.
+    binary_args: Vec<std::ffi::OsString>,
     remotes: Vec<Remote>,
     window: usize,
     health_interval: Duration,
@@ -74,6 +76,7 @@ impl Default for ClusterBuilder {
             local: 0,
             device: "sim".into(),
             binary: None,
+            binary_args: Vec::new(),
             remotes: Vec::new(),
             window: 64,
             health_interval: Duration::from_millis(100),
@@ -143,6 +146,25 @@ impl ClusterBuilder {
     #[must_use]
     pub fn worker_binary(mut self, path: impl Into<PathBuf>) -> Self {
         self.binary = Some(path.into());
+        self.binary_args.clear();
+        self
+    }
+
+    /// Spawns workers as `program ARGS… worker --chip N …` instead of
+    /// `strata worker --chip N …`: for a program that serves a worker
+    /// behind a prefix of its own, such as `python -m strata.worker` (the
+    /// Python package's workers, which also run kernels written in
+    /// Python). The program must take `worker` and `strata worker`'s
+    /// options after `args`, and print its ready line as `strata worker`
+    /// does.
+    #[must_use]
+    pub fn worker_command<I, A>(mut self, program: impl Into<PathBuf>, args: I) -> Self
+    where
+        I: IntoIterator<Item = A>,
+        A: Into<std::ffi::OsString>,
+    {
+        self.binary = Some(program.into());
+        self.binary_args = args.into_iter().map(Into::into).collect();
         self
     }
 
@@ -437,6 +459,7 @@ fn start(b: ClusterBuilder) -> Result<Cluster, Error> {
         released: released_tx,
         local,
         in_process,
+        pending_all: Mutex::new(None),
     })
 }
 
@@ -455,7 +478,8 @@ fn targets(
             .clone()
             .or_else(default_worker_binary)
             .ok_or(ClusterError::NoBinary)?;
-        let (lw, eps) = LocalWorkers::spawn(&binary, b.local, &b.device, b.ready_timeout)?;
+        let (lw, eps) =
+            LocalWorkers::spawn(&binary, &b.binary_args, b.local, &b.device, b.ready_timeout)?;
         for (i, ((ep, pid), log)) in eps.into_iter().zip(lw.pids()).zip(lw.logs()).enumerate() {
             targets.push(Target {
                 dialer: Arc::new(grpc(ep, None, None)),

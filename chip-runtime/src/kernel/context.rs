@@ -139,6 +139,22 @@ impl<'a> KernelContext<'a> {
         Ok(unsafe { ViewMut::new(m.base.cast::<T>(), geometry(&m.chip)) })
     }
 
+    /// The address of element 0 of argument `i` and whether the kernel may
+    /// write it (its signature's access): for kernels that hand the memory
+    /// to foreign code, such as the Python binding's kernels, which see
+    /// their arguments as numpy arrays. Elements lie at element 0 plus
+    /// `Σ index·stride` elements ([`KernelContext::arg`]'s shape and
+    /// strides), and stay valid only while [`Kernel::run`](super::Kernel::run)
+    /// runs. Prefer [`KernelContext::input`] and
+    /// [`KernelContext::output`], which check every access.
+    ///
+    /// # Errors
+    /// When there is no argument `i`.
+    pub fn arg_address(&self, i: usize) -> Result<(*mut u8, bool), String> {
+        let m = self.args.get(i).ok_or_else(|| format!("no argument {i}"))?;
+        Ok((m.base, m.access.allows_write()))
+    }
+
     /// Scalar `i`, as sent.
     ///
     /// # Errors

@@ -194,8 +194,18 @@ impl Drop for LanePool {
     fn drop(&mut self) {
         lock(&self.shared.state).shutdown = true;
         self.shared.work.notify_all();
+        // The last owner of the device can be a job on one of its own
+        // lanes (an in-process worker's node, dropped after its last task
+        // while the driver shuts down): that lane ends by itself once it
+        // sees `shutdown`; joining it from itself would fail (EDEADLK).
+        #[cfg(not(loom))]
+        let own = |t: &thread::JoinHandle<()>| t.thread().id() == thread::current().id();
+        #[cfg(loom)]
+        let own = |_: &thread::JoinHandle<()>| false;
         for t in self.threads.drain(..) {
-            let _ = t.join();
+            if !own(&t) {
+                let _ = t.join();
+            }
         }
     }
 }

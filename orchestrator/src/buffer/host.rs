@@ -274,6 +274,10 @@ impl HostShared {
     pub(crate) fn len(&self) -> usize {
         self.map.len()
     }
+
+    pub(crate) fn address(&self) -> *mut u8 {
+        self.map.address()
+    }
 }
 
 fn quarantined(h: &HostShared, m: &Mark) -> QuarantinedBytes {

@@ -124,6 +124,25 @@ impl Buffer {
         }
     }
 
+    /// For a host buffer, the address of byte 0 of the driver's mapping and
+    /// its length; `None` for a device buffer. The mapping stays at that
+    /// address while any clone of this `Buffer` (or any unfinished task
+    /// using it) lives.
+    ///
+    /// For handing the memory to foreign code that reads and writes it in
+    /// place (the Python binding's numpy arrays). Such access is the
+    /// driver's own, as with [`Buffer::write_bytes`], but unchecked: it
+    /// bypasses the bounds checks and the quarantine of bytes a lost task
+    /// may still write, and it must be ordered against the tasks that use
+    /// the bytes (write inputs before submitting their readers; read
+    /// results after their writers are done).
+    pub fn host_address(&self) -> Option<(*mut u8, usize)> {
+        match &self.backing {
+            Backing::Host(h) => Some((h.address(), h.len())),
+            Backing::Device(_) => None,
+        }
+    }
+
     /// A row-major view of `shape` elements of `dtype` from byte 0.
     ///
     /// # Errors

@@ -64,7 +64,14 @@ pub struct Cluster {
     pub(crate) run_used: Vec<std::sync::atomic::AtomicBool>,
     /// Per worker, the node itself when it runs in this process.
     pub(crate) in_process: Vec<Option<strata_worker::InProcessWorker>>,
+    /// The request of a `wait_all_while` that was given up, for the next
+    /// wait of the run to take over: a second request would split the
+    /// run's answer between them (the first, unheard, would take it).
+    pub(crate) pending_all: Mutex<Option<WaitAllReply>>,
 }
+
+/// The DAG actor's answer to a `wait_all`.
+type WaitAllReply = oneshot::Receiver<Result<RunSummary, crate::error::RunError>>;
 
 impl std::fmt::Debug for Cluster {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -224,6 +231,139 @@ impl Cluster {
         })??)
     }
 
+    /// As [`Cluster::wait`], giving up after `limit`: `Ok(true)` once the
+    /// task succeeded, `Ok(false)` while it is unfinished (a poll, with
+    /// `Duration::ZERO`). An abandoned request is answered into nothing
+    /// when the task finishes; to wait long, use [`Cluster::wait_while`].
+    ///
+    /// # Errors
+    /// As [`Cluster::wait`].
+    pub fn wait_timeout(&self, task: TaskHandle, limit: Duration) -> Result<bool, Error> {
+        match self.ask_within(limit, |reply| Cmd::Wait {
+            task: task.0,
+            reply,
+        })? {
+            Some(r) => r.map(|()| true).map_err(Error::from),
+            None => Ok(false),
+        }
+    }
+
+    /// As [`Cluster::wait`], calling `keep_waiting` every `slice` while
+    /// the task is unfinished: for drivers that must stay responsive while
+    /// they wait (an interpreter checking for Ctrl-C). When it returns
+    /// `false` the wait is given up: `Ok(false)`.
+    ///
+    /// # Errors
+    /// As [`Cluster::wait`].
+    pub fn wait_while(
+        &self,
+        task: TaskHandle,
+        slice: Duration,
+        keep_waiting: impl FnMut() -> bool,
+    ) -> Result<bool, Error> {
+        let make = |reply| Cmd::Wait {
+            task: task.0,
+            reply,
+        };
+        match self.ask_while(slice, keep_waiting, make)? {
+            Some(r) => r.map(|()| true).map_err(Error::from),
+            None => Ok(false),
+        }
+    }
+
+    /// As [`Cluster::wait_all`], calling `keep_waiting` every `slice`
+    /// while tasks are unfinished: for drivers that must stay responsive
+    /// while they wait (an interpreter checking for Ctrl-C). When it
+    /// returns `false` the wait is given up and `Ok(None)` returned; the
+    /// run goes on, and the next `wait_all` or `wait_all_while` takes the
+    /// same request over, so the run's answer is not lost.
+    ///
+    /// # Errors
+    /// As [`Cluster::wait_all`].
+    pub fn wait_all_while(
+        &self,
+        slice: Duration,
+        mut keep_waiting: impl FnMut() -> bool,
+    ) -> Result<Option<RunSummary>, Error> {
+        let runtime = self.runtime.as_ref().ok_or(Error::Closed)?;
+        let mut rx = self.wait_all_request()?;
+        loop {
+            match runtime.block_on(async { tokio::time::timeout(slice, &mut rx).await }) {
+                Ok(reply) => {
+                    let summary = reply.map_err(|_| Error::Closed)?;
+                    self.end_run();
+                    return Ok(Some(summary?));
+                }
+                Err(_elapsed) if keep_waiting() => {}
+                Err(_elapsed) => {
+                    *self.pending_all.lock().unwrap_or_else(|e| e.into_inner()) = Some(rx);
+                    return Ok(None);
+                }
+            }
+        }
+    }
+
+    /// The run's wait-all request: one given up earlier, or a new one.
+    fn wait_all_request(&self) -> Result<WaitAllReply, Error> {
+        not_async()?;
+        if let Some(rx) = self
+            .pending_all
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take()
+        {
+            return Ok(rx);
+        }
+        let (tx, rx) = oneshot::channel();
+        self.cmds
+            .blocking_send(Cmd::WaitAll { reply: tx })
+            .map_err(|_| Error::Closed)?;
+        Ok(rx)
+    }
+
+    /// As `ask`, calling `keep_waiting` every `slice` until the reply
+    /// comes (`Some`) or it returns `false` (`None`: the request stays with
+    /// the actor, whose late reply goes nowhere).
+    fn ask_while<T>(
+        &self,
+        slice: Duration,
+        mut keep_waiting: impl FnMut() -> bool,
+        make: impl FnOnce(oneshot::Sender<T>) -> Cmd,
+    ) -> Result<Option<T>, Error> {
+        not_async()?;
+        let runtime = self.runtime.as_ref().ok_or(Error::Closed)?;
+        let (tx, mut rx) = oneshot::channel();
+        self.cmds
+            .blocking_send(make(tx))
+            .map_err(|_| Error::Closed)?;
+        loop {
+            match runtime.block_on(async { tokio::time::timeout(slice, &mut rx).await }) {
+                Ok(reply) => return reply.map(Some).map_err(|_| Error::Closed),
+                Err(_elapsed) if keep_waiting() => {}
+                Err(_elapsed) => return Ok(None),
+            }
+        }
+    }
+
+    /// As `ask`, giving up on the reply after `limit` (`None`). The
+    /// request stays with the actor, whose late reply goes nowhere.
+    fn ask_within<T>(
+        &self,
+        limit: Duration,
+        make: impl FnOnce(oneshot::Sender<T>) -> Cmd,
+    ) -> Result<Option<T>, Error> {
+        not_async()?;
+        let runtime = self.runtime.as_ref().ok_or(Error::Closed)?;
+        let (tx, rx) = oneshot::channel();
+        self.cmds
+            .blocking_send(make(tx))
+            .map_err(|_| Error::Closed)?;
+        match runtime.block_on(async move { tokio::time::timeout(limit, rx).await }) {
+            Ok(reply) => reply.map(Some).map_err(|_| Error::Closed),
+            Err(_elapsed) => Ok(None),
+        }
+    }
+
     /// Waits until every submitted task is finished and returns the run's
     /// figures; the next call starts a new run. The run's run buffers
     /// ([`Cluster::run_buffer`]) end with it, whether the run succeeded or
@@ -234,7 +374,10 @@ impl Cluster {
     /// # Errors
     /// [`Error::Run`] with the first task failure of the run.
     pub fn wait_all(&self) -> Result<RunSummary, Error> {
-        let summary = self.ask(|reply| Cmd::WaitAll { reply })?;
+        let summary = self
+            .wait_all_request()?
+            .blocking_recv()
+            .map_err(|_| Error::Closed)?;
         self.end_run();
         Ok(summary?)
     }

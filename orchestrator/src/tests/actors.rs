@@ -232,3 +232,37 @@ fn a_buffer_is_released_on_the_worker_only_after_its_last_task() {
     c.wait_all().unwrap();
     eventually("the worker releases it", || w.stats().imports == 0);
 }
+
+#[test]
+fn sliced_waits_call_back_between_slices_and_give_up_when_told() {
+    let (c, gate) = gated(1, 64);
+    let x = f32s(&c, &[0.0; 4]);
+    let t = c.submit(Task::new("t.gate").inout(&x)).unwrap();
+    let slice = Duration::from_millis(5);
+    // Given up at the third slice while the task waits at the gate.
+    let mut calls = 0;
+    let r = c.wait_while(t, slice, || {
+        calls += 1;
+        calls < 3
+    });
+    assert!(!r.unwrap());
+    assert_eq!(calls, 3);
+    let mut calls = 0;
+    assert!(
+        c.wait_all_while(slice, || {
+            calls += 1;
+            false
+        })
+        .unwrap()
+        .is_none()
+    );
+    assert_eq!(calls, 1);
+    assert!(!c.wait_timeout(t, Duration::ZERO).unwrap());
+    // Once the gate opens, both waits end with the answer (the given-up
+    // wait_all's request is taken over: the run's answer is not lost).
+    gate.open();
+    assert!(c.wait_while(t, slice, || true).unwrap());
+    let summary = c.wait_all_while(slice, || true).unwrap().expect("finished");
+    assert_eq!((summary.submitted, summary.succeeded), (1, 1));
+    assert!(c.wait_timeout(t, Duration::ZERO).unwrap());
+}

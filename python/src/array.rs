@@ -1,0 +1,437 @@
+//! `strata.Array`: a view (a typed, strided window over a host or device
+//! buffer) as numpy users hold one. Indexing, `.T`, `transpose`,
+//! `reshape` and `.view(dtype)` make new views of the same bytes (no
+//! copy); `numpy()` and `__array_interface__` hand numpy the mapped memory
+//! of a host buffer in place.
+
+use std::sync::Arc;
+
+use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyTuple};
+use strata_orchestrator::View;
+use strata_wire::{Access, DType};
+
+use crate::cluster::Core;
+use crate::dtype;
+use crate::errors::{err, invalid_view, obj, raise};
+
+/// A view of a strata buffer: shape, strides and dtype over bytes that
+/// tasks read and write.
+///
+/// Arrays come from a :class:`Cluster` (``array``, ``zeros``, ``empty``,
+/// ``from_npy``, ``device_zeros``) and from other arrays: basic numpy
+/// indexing (integers, slices with steps, ``...``, ``None``), ``.T``,
+/// ``transpose``, ``reshape`` (where the bytes allow it without a copy)
+/// and ``view(dtype)`` all give a new view of the *same bytes*, so strata
+/// sees exactly which bytes a task touches. Indexing that numpy answers
+/// with a copy (lists, arrays, masks) raises :class:`InvalidIndex`.
+///
+/// A host array is numpy-compatible in place: ``arr.numpy()`` (or
+/// ``numpy.asarray(arr)``) is an ``ndarray`` over the buffer's mapped
+/// memory with this view's shape and strides; writing through it is the
+/// driver's own access — write inputs before submitting the tasks that read
+/// them, and read results after ``wait``/``wait_all``.
+#[pyclass(name = "Array", module = "strata", frozen)]
+pub(crate) struct PyArray {
+    pub(crate) view: View,
+    pub(crate) core: Arc<Core>,
+}
+
+impl PyArray {
+    pub(crate) fn new(view: View, core: Arc<Core>) -> Self {
+        PyArray { view, core }
+    }
+
+    fn itemsize(&self) -> PyResult<usize> {
+        dtype::itemsize(self.view.dtype()).ok_or_else(|| {
+            invalid_view(format!(
+                "{} packs two values per byte: views of it cannot be indexed or handed to numpy",
+                self.view.dtype().name()
+            ))
+        })
+    }
+
+    fn byte_strides(&self) -> PyResult<Vec<u64>> {
+        let item = self.itemsize()? as u64;
+        Ok(self
+            .view
+            .tensor()
+            .strides()
+            .iter()
+            .map(|&s| u64::from(s) * item)
+            .collect())
+    }
+
+    /// The view `delta` bytes further on with `shape`, element `strides`
+    /// and `dtype`.
+    fn derive(&self, delta: u64, shape: &[u32], strides: &[u32], dtype: DType) -> PyResult<Self> {
+        let offset = self
+            .view
+            .tensor()
+            .byte_offset()
+            .checked_add(delta)
+            .ok_or_else(|| invalid_view("offset overflows"))?;
+        let view = self
+            .view
+            .reshape(offset, shape, strides, dtype)
+            .map_err(err)?;
+        Ok(PyArray::new(view, Arc::clone(&self.core)))
+    }
+
+    /// Applies `strata._geometry.<func>` to this view and derives the
+    /// view it describes.
+    fn by_numpy(
+        &self,
+        py: Python<'_>,
+        func: &str,
+        extra: Bound<'_, PyAny>,
+        new_dtype: DType,
+    ) -> PyResult<Self> {
+        let shape: Vec<u32> = self.view.shape().to_vec();
+        let r = py.import("strata._geometry")?.getattr(func)?.call1((
+            shape,
+            self.byte_strides()?,
+            self.itemsize()?,
+            extra,
+        ))?;
+        let (delta, shape, strides): (u64, Vec<u64>, Vec<u64>) = r.extract()?;
+        let to32 = |v: Vec<u64>, what: &str| -> PyResult<Vec<u32>> {
+            v.into_iter()
+                .map(|x| {
+                    u32::try_from(x).map_err(|_| {
+                        invalid_view(format!(
+                            "{what} {x} does not fit a strata view (at most 2^32-1)"
+                        ))
+                    })
+                })
+                .collect()
+        };
+        let shape = to32(shape, "axis length")?;
+        let strides = to32(strides, "stride")?;
+        self.derive(delta, &shape, &strides, new_dtype)
+    }
+
+    fn host_address(&self) -> PyResult<usize> {
+        match self.view.buffer().host_address() {
+            Some((addr, _len)) => Ok(addr as usize + self.view.tensor().byte_offset() as usize),
+            None => Err(raise(
+                "BufferError",
+                format!(
+                    "this view is of a device buffer on worker {}: its bytes are in that chip's memory, not here (copy them with to_numpy())",
+                    self.view.buffer().device_worker().map_or(0, |w| w.0)
+                ),
+                &[],
+            )),
+        }
+    }
+
+    /// The numpy array interface of the view (host buffers).
+    fn interface<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let addr = self.host_address()?;
+        let ts = dtype::typestr(self.view.dtype()).ok_or_else(|| {
+            invalid_view(format!("{} has no numpy dtype", self.view.dtype().name()))
+        })?;
+        let d = PyDict::new(py);
+        d.set_item("version", 3)?;
+        d.set_item("shape", PyTuple::new(py, self.view.shape())?)?;
+        d.set_item("typestr", ts)?;
+        d.set_item("data", (addr, false))?;
+        d.set_item("strides", PyTuple::new(py, self.byte_strides()?)?)?;
+        Ok(d)
+    }
+}
+
+#[pymethods]
+impl PyArray {
+    /// The view's shape, as a tuple.
+    #[getter]
+    fn shape<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyTuple>> {
+        PyTuple::new(py, self.view.shape())
+    }
+
+    /// The view's strides in bytes (numpy's convention).
+    #[getter]
+    fn strides<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyTuple>> {
+        PyTuple::new(py, self.byte_strides()?)
+    }
+
+    /// The view's dtype: a ``numpy.dtype``, or strata's name (``"bf16"``,
+    /// ``"fp8e4m3fn"``...) for a type numpy lacks.
+    #[getter]
+    fn dtype(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
+        dtype::to_py(py, self.view.dtype())
+    }
+
+    /// Number of axes.
+    #[getter]
+    fn ndim(&self) -> usize {
+        self.view.shape().len()
+    }
+
+    /// Number of elements.
+    #[getter]
+    fn size(&self) -> u64 {
+        self.view.tensor().element_count()
+    }
+
+    /// Bytes per element.
+    #[getter(itemsize)]
+    fn itemsize_getter(&self) -> PyResult<usize> {
+        self.itemsize()
+    }
+
+    /// Where the view starts in its buffer, in bytes.
+    #[getter]
+    fn offset(&self) -> u64 {
+        self.view.tensor().byte_offset()
+    }
+
+    /// The size of the buffer under the view, in bytes.
+    #[getter]
+    fn buffer_nbytes(&self) -> u64 {
+        self.view.buffer().nbytes()
+    }
+
+    /// ``None`` for a host buffer; the worker id whose device holds it for
+    /// a device buffer.
+    #[getter]
+    fn device_worker(&self) -> Option<u32> {
+        self.view.buffer().device_worker().map(|w| w.0)
+    }
+
+    /// What tasks named with this view may do: ``"r"``, ``"w"`` or ``"rw"``.
+    #[getter]
+    fn access(&self) -> &'static str {
+        match self.view.access() {
+            Access::Read => "r",
+            Access::Write => "w",
+            Access::ReadWrite => "rw",
+        }
+    }
+
+    /// The same view, granting tasks read access only (a task that
+    /// writes through it is refused at submit).
+    fn read_only(&self) -> PyResult<Self> {
+        let v = self.view.read_only().map_err(err)?;
+        Ok(PyArray::new(v, Arc::clone(&self.core)))
+    }
+
+    /// Whether ``other`` views the same buffer.
+    fn same_buffer(&self, other: &PyArray) -> bool {
+        self.view.buffer().identity() == other.view.buffer().identity()
+    }
+
+    fn __len__(&self) -> usize {
+        self.view.shape().first().map_or(0, |&n| n as usize)
+    }
+
+    fn __repr__(&self) -> String {
+        let t = self.view.tensor();
+        let place = match self.view.buffer().device_worker() {
+            Some(w) => format!("device buffer on worker {}", w.0),
+            None => "host buffer".to_owned(),
+        };
+        format!(
+            "strata.Array(shape={:?}, dtype={}, strides={:?} elements, offset={} B, {place} of {} B)",
+            t.shape(),
+            t.dtype().name().to_ascii_lowercase(),
+            t.strides(),
+            t.byte_offset(),
+            self.view.buffer().nbytes()
+        )
+    }
+
+    /// A view of the same bytes by numpy's basic indexing: integers,
+    /// slices (with positive steps), ``...`` and ``None``. Indexing every
+    /// axis with an integer gives a one-element view of shape ``(1,)``.
+    ///
+    /// Raises :class:`InvalidIndex` for indexing numpy answers with a copy
+    /// (lists, arrays, boolean masks) and :class:`InvalidView` for a
+    /// geometry strata cannot express (negative steps, empty slices).
+    fn __getitem__(&self, py: Python<'_>, key: Bound<'_, PyAny>) -> PyResult<Self> {
+        self.by_numpy(py, "index", key, self.view.dtype())
+    }
+
+    /// Assigns through numpy (host buffers): ``arr[1:3] = 7`` is
+    /// ``arr.numpy()[1:3] = 7``.
+    fn __setitem__(
+        slf: &Bound<'_, Self>,
+        key: Bound<'_, PyAny>,
+        value: Bound<'_, PyAny>,
+    ) -> PyResult<()> {
+        let a = PyArray::numpy(slf)?;
+        a.set_item(key, value)
+    }
+
+    /// The view with its axes reversed (numpy's ``.T``).
+    #[getter(T)]
+    fn t(&self) -> PyResult<Self> {
+        let n = self.view.shape().len();
+        let axes: Vec<usize> = (0..n).rev().collect();
+        self.permute(&axes)
+    }
+
+    /// The view with its axes permuted: ``transpose()`` reverses them,
+    /// ``transpose(1, 0, 2)`` or ``transpose((1, 0, 2))`` names the order.
+    #[pyo3(signature = (*axes))]
+    fn transpose(&self, axes: Bound<'_, PyTuple>) -> PyResult<Self> {
+        let n = self.view.shape().len();
+        let axes: Vec<i64> = match axes.len() {
+            0 => (0..n as i64).rev().collect(),
+            1 if !axes.get_item(0)?.is_instance_of::<pyo3::types::PyInt>() => {
+                axes.get_item(0)?.extract()?
+            }
+            _ => axes.extract()?,
+        };
+        let mut norm = Vec::with_capacity(n);
+        for a in axes {
+            let k = if a < 0 { a + n as i64 } else { a };
+            if !(0..n as i64).contains(&k) {
+                return Err(invalid_view(format!(
+                    "axis {a} is out of range for {n} axes"
+                )));
+            }
+            norm.push(k as usize);
+        }
+        self.permute(&norm)
+    }
+
+    /// The same bytes with another shape (one axis may be ``-1``), where
+    /// that needs no copy; otherwise :class:`InvalidView`.
+    #[pyo3(signature = (*shape))]
+    fn reshape(&self, py: Python<'_>, shape: Bound<'_, PyTuple>) -> PyResult<Self> {
+        let shape =
+            if shape.len() == 1 && !shape.get_item(0)?.is_instance_of::<pyo3::types::PyInt>() {
+                shape.get_item(0)?
+            } else {
+                shape.into_any()
+            };
+        self.by_numpy(py, "reshape", shape, self.view.dtype())
+    }
+
+    /// The same bytes seen as ``dtype`` (numpy's ``ndarray.view``): with
+    /// another element size, the last axis must be contiguous and its
+    /// length changes.
+    fn view(&self, py: Python<'_>, dtype: Bound<'_, PyAny>) -> PyResult<Self> {
+        let d = dtype::parse(&dtype)?;
+        let new = dtype::itemsize(d).ok_or_else(|| {
+            invalid_view(format!(
+                "{}: two values per byte cannot be viewed",
+                d.name()
+            ))
+        })?;
+        self.by_numpy(py, "view", obj(py, new).into_bound(py), d)
+    }
+
+    /// An ``ndarray`` over the buffer's memory with this view's shape,
+    /// strides and dtype: no copy (``numpy.shares_memory`` with every other
+    /// array of the buffer). Host buffers only; bf16 and fp8 views come as
+    /// unsigned integers of their width (their bits).
+    pub(crate) fn numpy<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, PyAny>> {
+        slf.py().import("numpy")?.call_method1("asarray", (slf,))
+    }
+
+    /// numpy's array interface: ``numpy.asarray(arr)`` is ``arr.numpy()``.
+    #[getter]
+    fn __array_interface__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        self.interface(py)
+    }
+
+    /// A C-ordered *copy* of the view's elements as an ``ndarray``, host or
+    /// device buffer alike (a device view's bytes are read from its
+    /// worker).
+    fn to_numpy<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, PyAny>> {
+        let py = slf.py();
+        let me = slf.get();
+        if me.view.buffer().device_worker().is_none() {
+            return PyArray::numpy(slf)?.call_method0("copy");
+        }
+        let t = *me.view.tensor();
+        let (offset, len) = (t.byte_offset(), t.extent_bytes());
+        let view = me.view.clone();
+        let core = Arc::clone(&me.core);
+        let bytes = py
+            .detach(|| core.run(|c| c.read_device(view.buffer(), offset, len)))
+            .map_err(err)?;
+        let ts = dtype::typestr(t.dtype())
+            .ok_or_else(|| invalid_view(format!("{} has no numpy dtype", t.dtype().name())))?;
+        py.import("strata._geometry")?.getattr("gather")?.call1((
+            pyo3::types::PyBytes::new(py, &bytes),
+            t.shape().to_vec(),
+            t.strides().to_vec(),
+            ts,
+        ))
+    }
+
+    /// Writes ``values`` (anything numpy turns into this view's shape and
+    /// dtype) into the view: in place for a host buffer, by a control call
+    /// for a device buffer (whose view must then be row-major contiguous).
+    /// Order it against tasks yourself: before submitting readers, after
+    /// writers are done.
+    fn write(slf: &Bound<'_, Self>, values: Bound<'_, PyAny>) -> PyResult<()> {
+        let py = slf.py();
+        let me = slf.get();
+        if me.view.buffer().device_worker().is_none() {
+            let a = PyArray::numpy(slf)?;
+            return a
+                .call_method1("__setitem__", (pyo3::types::PyEllipsis::get(py), values))
+                .map(drop);
+        }
+        let t = *me.view.tensor();
+        let row_major = {
+            let mut inner = 1u64;
+            let mut ok = true;
+            for (&n, &s) in t.shape().iter().zip(t.strides()).rev() {
+                if n > 1 && u64::from(s) != inner {
+                    ok = false;
+                }
+                inner *= u64::from(n);
+            }
+            ok
+        };
+        if !row_major {
+            return Err(invalid_view(
+                "write to a device view needs a row-major contiguous view (write the whole tile, or a host buffer)",
+            ));
+        }
+        let ts = dtype::typestr(t.dtype())
+            .ok_or_else(|| invalid_view(format!("{} has no numpy dtype", t.dtype().name())))?;
+        let np = py.import("numpy")?;
+        let a = np.call_method1("asarray", (values, ts))?;
+        let a = np.call_method1("broadcast_to", (a, PyTuple::new(py, t.shape())?))?;
+        let bytes: Vec<u8> = np
+            .call_method1("ascontiguousarray", (a,))?
+            .call_method0("tobytes")?
+            .extract()?;
+        let view = me.view.clone();
+        let core = Arc::clone(&me.core);
+        py.detach(|| core.run(|c| c.write_device(view.buffer(), t.byte_offset(), &bytes)))
+            .map_err(err)
+    }
+
+    /// Writes the view's elements to a ``.npy`` file (host buffers).
+    fn save_npy(&self, py: Python<'_>, path: std::path::PathBuf) -> PyResult<()> {
+        let view = self.view.clone();
+        py.detach(|| view.save_npy(&path)).map_err(err)
+    }
+}
+
+impl PyArray {
+    fn permute(&self, axes: &[usize]) -> PyResult<Self> {
+        let t = self.view.tensor();
+        let n = t.shape().len();
+        let mut seen = vec![false; n];
+        if axes.len() != n
+            || axes
+                .iter()
+                .any(|&a| a >= n || std::mem::replace(&mut seen[a], true))
+        {
+            return Err(invalid_view(format!(
+                "axes {axes:?} are not a permutation of the view's {n} axes"
+            )));
+        }
+        let shape: Vec<u32> = axes.iter().map(|&a| t.shape()[a]).collect();
+        let strides: Vec<u32> = axes.iter().map(|&a| t.strides()[a]).collect();
+        self.derive(0, &shape, &strides, t.dtype())
+    }
+}

@@ -1,0 +1,758 @@
+//! `strata.Cluster`: workers (spawned, in-process or connected) and the
+//! orchestrator driving them, with the blocking calls made GIL-free.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, RwLock};
+
+use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyList, PyTuple};
+use strata_orchestrator::{Cluster, Error, Scope, WorkerId, WorkerInfo};
+use strata_wire::DType;
+
+use crate::array::PyArray;
+use crate::dtype;
+use crate::errors::{err, invalid_view, raise};
+use crate::kernel::{PyKernelSpec, registry_with};
+use crate::task::{PySummary, PyTask, PyTaskSpec, SLICE, Sig, build};
+
+/// What arrays, tasks and the cluster object share: the cluster (until it
+/// is closed) and the signatures of the callables used so far.
+pub(crate) struct Core {
+    cluster: RwLock<Option<Cluster>>,
+    sigs: Mutex<HashMap<String, Arc<Sig>>>,
+}
+
+impl Core {
+    /// Runs `f` on the cluster; [`Error::Closed`] once it is closed. Call
+    /// it with the GIL released when `f` can block.
+    pub(crate) fn run<T>(&self, f: impl FnOnce(&Cluster) -> Result<T, Error>) -> Result<T, Error> {
+        let guard = self.cluster.read().unwrap_or_else(|e| e.into_inner());
+        match guard.as_ref() {
+            Some(c) => f(c),
+            None => Err(Error::Closed),
+        }
+    }
+
+    /// The signature of `callable`, parsed once.
+    fn sig(&self, callable: &str) -> PyResult<Arc<Sig>> {
+        let mut sigs = self.sigs.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(s) = sigs.get(callable) {
+            return Ok(Arc::clone(s));
+        }
+        let canonical = self.run(|c| c.callable_signature(callable)).map_err(err)?;
+        let sig = Arc::new(Sig::parse(&canonical).map_err(|m| raise("Error", m, &[]))?);
+        sigs.insert(callable.to_owned(), Arc::clone(&sig));
+        Ok(sig)
+    }
+
+    /// Stops the cluster (no waiting for tasks): its workers are stopped
+    /// and reaped.
+    fn close(&self) {
+        let taken = self
+            .cluster
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
+        drop(taken);
+    }
+}
+
+/// A set of workers — one per chip — and the orchestrator driving them.
+///
+/// ``Cluster(local=4)`` spawns four worker processes on this host (each
+/// ``python -m strata.worker``, serving the built-in kernels and any
+/// ``kernels=`` you give); ``in_process=2`` runs worker nodes inside this
+/// process; ``workers=["unix:/tmp/chip0.sock", "tcp:host:7420"]`` connects
+/// to running ones (``token=`` for TCP workers that require one). They
+/// mix; ids are given in that order.
+///
+/// Use it as a context manager: leaving the ``with`` block stops the
+/// cluster at once (it does not wait for unfinished tasks: call
+/// ``wait_all()`` first) and stops every worker it spawned.
+///
+/// Buffers: ``array(ndarray)``, ``zeros``, ``empty``, ``from_npy``,
+/// ``device_zeros``. Tasks: ``submit("matmul", a, b, c)``; a bare view
+/// takes its tag from the kernel's signature (read → input, write →
+/// output, read-write → inout), ``strata.input(v)`` and friends tag
+/// explicitly, Python numbers are the kernel's scalars. Dependencies are
+/// inferred from the bytes each task reads and writes.
+///
+/// Every call that can block releases the GIL; ``wait``/``wait_all``
+/// check for Ctrl-C every 50 ms.
+///
+/// Args:
+///     local: worker processes to spawn on this host.
+///     in_process: worker nodes to run inside this process.
+///     workers: addresses of running workers (``unix:PATH``,
+///         ``tcp:HOST:PORT``).
+///     token: bearer token for the ``workers`` that require one.
+///     device: device spec of spawned and in-process workers, e.g.
+///         ``"sim"`` or ``"sim:mem=2GiB,mode=unified,lanes=2"``.
+///     kernels: Python kernels (from ``@strata.kernel``) the spawned and
+///         in-process workers offer beside the built-in ones.
+///     retry: reruns of a task whose worker is lost, when that is safe.
+///     respawn: restarts of a spawned worker that is lost.
+///     worker_binary: spawn workers with this ``strata`` binary instead
+///         of ``python -m strata.worker`` (no Python kernels then).
+///     ring: shared-memory task rings for local workers (default on).
+///     trace: record where and when tasks ran, for ``trace(path)``.
+///     window: the most tasks in flight on one worker.
+///     max_unfinished: past this many unfinished tasks, ``submit`` waits.
+///
+/// Raises:
+///     ClusterError: a worker could not be started or reached (the
+///         message names it and ends with a spawned worker's log).
+///     AuthenticationError: a worker refused the token.
+#[pyclass(name = "Cluster", module = "strata", frozen)]
+pub(crate) struct PyCluster {
+    core: Arc<Core>,
+}
+
+impl Drop for PyCluster {
+    fn drop(&mut self) {
+        // Stopping waits for the actors and the workers: without the GIL,
+        // so that in-process workers running Python kernels can finish.
+        let core = Arc::clone(&self.core);
+        Python::attach(|py| py.detach(|| core.close()));
+    }
+}
+
+/// The command that spawns a Python worker: `python -m strata.worker
+/// --sys-path … [--kernels module:name,…]`.
+fn python_worker(py: Python<'_>, kernels: &[Py<PyKernelSpec>]) -> PyResult<(String, Vec<String>)> {
+    let sys = py.import("sys")?;
+    let exe: String = sys.getattr("executable")?.extract()?;
+    let path: Vec<String> = sys.getattr("path")?.extract()?;
+    let mut args = vec![
+        "-m".to_owned(),
+        "strata.worker".to_owned(),
+        "--sys-path".to_owned(),
+        std::env::join_paths(path.iter().filter(|p| !p.is_empty()))
+            .map(|p| p.to_string_lossy().into_owned())
+            .unwrap_or_default(),
+    ];
+    let mut names = Vec::new();
+    for k in kernels {
+        let k = k.get();
+        let (module, qualname) = k.origin(py)?;
+        if module == "__main__" {
+            return Err(raise(
+                "ClusterError",
+                format!(
+                    "kernel {}: its function is defined in __main__, which worker processes cannot import; define it in a module (or use in_process= workers)",
+                    k.name()
+                ),
+                &[],
+            ));
+        }
+        names.push(format!("{module}:{qualname}"));
+    }
+    if !names.is_empty() {
+        args.push("--kernels".to_owned());
+        args.push(names.join(","));
+    }
+    Ok((exe, args))
+}
+
+fn worker_id(w: u32) -> WorkerId {
+    WorkerId(w)
+}
+
+/// `shape` (an int or a sequence of ints) as a strata shape.
+fn shape_of(shape: &Bound<'_, PyAny>) -> PyResult<Vec<u32>> {
+    let dims: Vec<i64> = match shape.extract::<i64>() {
+        Ok(n) => vec![n],
+        Err(_) => shape.extract()?,
+    };
+    dims.into_iter()
+        .map(|d| {
+            u32::try_from(d)
+                .ok()
+                .filter(|&d| d > 0)
+                .ok_or_else(|| invalid_view(format!("axis length {d}: each must be 1 to 2^32-1")))
+        })
+        .collect()
+}
+
+fn dtype_or_f32(d: Option<Bound<'_, PyAny>>) -> PyResult<DType> {
+    match d {
+        Some(d) => dtype::parse(&d),
+        None => Ok(DType::F32),
+    }
+}
+
+fn nbytes(shape: &[u32], d: DType) -> PyResult<u64> {
+    let n = shape
+        .iter()
+        .try_fold(1u64, |a, &s| a.checked_mul(u64::from(s)));
+    n.and_then(|n| d.bytes_for(n))
+        .ok_or_else(|| invalid_view(format!("shape {shape:?} of {} overflows", d.name())))
+}
+
+#[pymethods]
+impl PyCluster {
+    /// Starts the workers and connects to each (see the class's help).
+    #[new]
+    #[pyo3(
+        text_signature = "(local=0, *, in_process=0, workers=(), token=None, device='sim', kernels=(), retry=0, respawn=0, worker_binary=None, ring=True, trace=False, window=None, max_unfinished=None)"
+    )]
+    #[pyo3(signature = (local=0, *, in_process=0, workers=Vec::new(), token=None, device="sim".to_owned(), kernels=Vec::new(), retry=0, respawn=0, worker_binary=None, ring=true, trace=false, window=None, max_unfinished=None))]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        py: Python<'_>,
+        local: usize,
+        in_process: usize,
+        workers: Vec<String>,
+        token: Option<String>,
+        device: String,
+        kernels: Vec<Py<PyKernelSpec>>,
+        retry: u32,
+        respawn: u32,
+        worker_binary: Option<std::path::PathBuf>,
+        ring: bool,
+        trace: bool,
+        window: Option<usize>,
+        max_unfinished: Option<usize>,
+    ) -> PyResult<Self> {
+        let mut b = Cluster::builder()
+            .local(local)
+            .in_process(in_process)
+            .device(device)
+            .retry(retry)
+            .respawn(respawn)
+            .ring(ring)
+            .trace(trace);
+        if let Some(w) = window {
+            b = b.window(w);
+        }
+        if let Some(m) = max_unfinished {
+            b = b.max_unfinished(m);
+        }
+        for w in &workers {
+            b = b.connect(w, token.as_deref()).map_err(err)?;
+        }
+        if in_process > 0 && !kernels.is_empty() {
+            b = b.kernels(registry_with(py, &kernels)?);
+        }
+        if local > 0 {
+            b = match worker_binary {
+                Some(bin) if kernels.is_empty() => b.worker_binary(bin),
+                Some(_) => {
+                    return Err(raise(
+                        "ClusterError",
+                        "worker_binary= workers cannot run Python kernels; leave it out to spawn python -m strata.worker",
+                        &[],
+                    ));
+                }
+                None => {
+                    let (exe, args) = python_worker(py, &kernels)?;
+                    b.worker_command(exe, args)
+                }
+            };
+        }
+        let cluster = py.detach(|| b.start()).map_err(err)?;
+        Ok(PyCluster {
+            core: Arc::new(Core {
+                cluster: RwLock::new(Some(cluster)),
+                sigs: Mutex::new(HashMap::new()),
+            }),
+        })
+    }
+
+    fn __enter__(slf: Py<Self>) -> Py<Self> {
+        slf
+    }
+
+    #[pyo3(signature = (*_exc))]
+    fn __exit__(&self, py: Python<'_>, _exc: Bound<'_, PyTuple>) -> bool {
+        let core = Arc::clone(&self.core);
+        py.detach(|| core.close());
+        false
+    }
+
+    /// Stops the cluster now: no waiting for unfinished tasks; every
+    /// worker it spawned is stopped and reaped. Later calls raise
+    /// :class:`ClusterClosed`.
+    fn close(&self, py: Python<'_>) {
+        let core = Arc::clone(&self.core);
+        py.detach(|| core.close());
+    }
+
+    /// Waits for every task, then closes the cluster; returns the run's
+    /// :class:`Summary`.
+    fn shutdown(&self, py: Python<'_>) -> PyResult<PySummary> {
+        let r = self.wait_all(py);
+        self.close(py);
+        r
+    }
+
+    /// Whether the cluster is closed.
+    #[getter]
+    fn closed(&self) -> bool {
+        self.core.run(|_| Ok(())).is_err()
+    }
+
+    /// The workers, by id: :class:`Worker` records (endpoint, chip,
+    /// device, memory, lanes, transport, pid, callables).
+    #[getter]
+    fn workers(&self) -> PyResult<Vec<PyWorker>> {
+        self.core
+            .run(|c| Ok(c.workers().iter().map(|w| PyWorker(w.clone())).collect()))
+            .map_err(err)
+    }
+
+    /// The canonical signature of a callable, as the workers report it
+    /// (``name@version(arg:ACCESS:dtypes:rank,...;scalar:kind,...)``).
+    fn signature(&self, callable: &str) -> PyResult<String> {
+        self.core
+            .run(|c| c.callable_signature(callable))
+            .map_err(err)
+    }
+
+    /// A host array holding a copy of ``ndarray`` (anything numpy takes),
+    /// copied once, straight into a new shared buffer.
+    fn array(&self, py: Python<'_>, ndarray: Bound<'_, PyAny>) -> PyResult<Py<PyArray>> {
+        let np = py.import("numpy")?;
+        let a = np.call_method1("asarray", (ndarray,))?;
+        let shape: Vec<i64> = a.getattr("shape")?.extract()?;
+        let shape = if shape.is_empty() { vec![1] } else { shape };
+        let shape = PyTuple::new(py, &shape)?;
+        let out = self.zeros(py, shape.clone().into_any(), Some(a.getattr("dtype")?))?;
+        let out = Bound::new(py, out)?;
+        let dst = PyArray::numpy(&out)?;
+        np.call_method1("copyto", (dst, a.call_method1("reshape", (shape,))?))?;
+        Ok(out.unbind())
+    }
+
+    /// A zero-filled host array of ``shape`` and ``dtype`` (a numpy dtype,
+    /// or strata's name such as ``"bf16"``).
+    #[pyo3(signature = (shape, dtype=None))]
+    fn zeros(
+        &self,
+        _py: Python<'_>,
+        shape: Bound<'_, PyAny>,
+        dtype: Option<Bound<'_, PyAny>>,
+    ) -> PyResult<PyArray> {
+        let shape = shape_of(&shape)?;
+        let d = dtype_or_f32(dtype)?;
+        let n = nbytes(&shape, d)?;
+        let view = self
+            .core
+            .run(|c| c.buffer(n)?.tensor(&shape, d))
+            .map_err(err)?;
+        Ok(PyArray::new(view, Arc::clone(&self.core)))
+    }
+
+    /// A host array of ``shape`` and ``dtype`` for tasks to fill (strata's
+    /// buffers start zeroed, so this is ``zeros``; do not rely on it).
+    #[pyo3(signature = (shape, dtype=None))]
+    fn empty(
+        &self,
+        py: Python<'_>,
+        shape: Bound<'_, PyAny>,
+        dtype: Option<Bound<'_, PyAny>>,
+    ) -> PyResult<PyArray> {
+        self.zeros(py, shape, dtype)
+    }
+
+    /// A host array holding the array of a ``.npy`` file (C order,
+    /// little-endian; f4, f2, i1-i8, u1-u8, b1).
+    // The Python name mirrors numpy's loaders; it takes the cluster.
+    #[allow(clippy::wrong_self_convention)]
+    fn from_npy(&self, py: Python<'_>, path: std::path::PathBuf) -> PyResult<PyArray> {
+        let core = Arc::clone(&self.core);
+        let view = py
+            .detach(|| core.run(|c| c.buffer_from_npy(&path)))
+            .map_err(err)?;
+        Ok(PyArray::new(view, Arc::clone(&self.core)))
+    }
+
+    /// A zero-filled device array in ``worker``'s device memory: tasks that
+    /// use it run on that worker. With ``run=True`` it lives in the run
+    /// region and ends at the next ``wait_all()``.
+    #[pyo3(signature = (worker, shape, dtype=None, run=false))]
+    fn device_zeros(
+        &self,
+        py: Python<'_>,
+        worker: u32,
+        shape: Bound<'_, PyAny>,
+        dtype: Option<Bound<'_, PyAny>>,
+        run: bool,
+    ) -> PyResult<PyArray> {
+        let shape = shape_of(&shape)?;
+        let d = dtype_or_f32(dtype)?;
+        let n = nbytes(&shape, d)?;
+        let core = Arc::clone(&self.core);
+        let view = py
+            .detach(|| {
+                core.run(|c| {
+                    let w = worker_id(worker);
+                    let b = if run {
+                        c.run_buffer(w, n)?
+                    } else {
+                        c.device_buffer(w, n)?
+                    };
+                    // Device memory is not zeroed by allocation.
+                    let zeros = vec![0u8; usize::try_from(n).unwrap_or(usize::MAX)];
+                    c.write_device(&b, 0, &zeros)?;
+                    b.tensor(&shape, d)
+                })
+            })
+            .map_err(err)?;
+        Ok(PyArray::new(view, Arc::clone(&self.core)))
+    }
+
+    /// Submits a task and returns its :class:`Task`.
+    ///
+    /// ``args`` are the kernel's tensor arguments in order — bare arrays
+    /// (tagged by the kernel's signature: read → INPUT, write → OUTPUT,
+    /// read-write → INOUT) or tagged ones (``strata.input(v)``...) — and
+    /// its scalars as Python numbers, typed by the signature. ``on=`` runs
+    /// it on that worker; ``after=`` adds explicit edges to earlier tasks.
+    ///
+    /// Raises :class:`UnknownCallable`, :class:`WrongTag` (a tag the
+    /// kernel contradicts, or wrong argument counts) or
+    /// :class:`SubmitError` (grant mismatch, a task's own arguments
+    /// overlapping where one is written, placement...): nothing is queued.
+    #[pyo3(signature = (callable, *args, on=None, after=None))]
+    fn submit(
+        &self,
+        py: Python<'_>,
+        callable: &str,
+        args: Bound<'_, PyTuple>,
+        on: Option<u32>,
+        after: Option<Bound<'_, PyAny>>,
+    ) -> PyResult<PyTask> {
+        let sig = self.core.sig(callable)?;
+        let task = build(&sig, callable, &args, on, after.as_ref())?;
+        let core = &self.core;
+        let handle = py.detach(|| core.run(|c| c.submit(task))).map_err(err)?;
+        Ok(PyTask {
+            handle,
+            core: Arc::clone(&self.core),
+        })
+    }
+
+    /// A group member, as ``submit`` takes it, for :meth:`submit_group`.
+    #[pyo3(signature = (callable, *args, on=None, after=None))]
+    fn task(
+        &self,
+        callable: &str,
+        args: Bound<'_, PyTuple>,
+        on: Option<u32>,
+        after: Option<Bound<'_, PyAny>>,
+    ) -> PyResult<PyTaskSpec> {
+        let sig = self.core.sig(callable)?;
+        Ok(PyTaskSpec {
+            task: build(&sig, callable, &args, on, after.as_ref())?,
+        })
+    }
+
+    /// Submits a group: one member per worker (from :meth:`task`), launched
+    /// all-or-nothing, one node of the DAG. Returns its :class:`Task`.
+    fn submit_group(&self, py: Python<'_>, members: Vec<Py<PyTaskSpec>>) -> PyResult<PyTask> {
+        let tasks: Vec<_> = members.iter().map(|m| m.get().task.clone()).collect();
+        let core = &self.core;
+        let handle = py
+            .detach(|| core.run(|c| c.submit_group(tasks)))
+            .map_err(err)?;
+        Ok(PyTask {
+            handle,
+            core: Arc::clone(&self.core),
+        })
+    }
+
+    /// Waits for ``task`` (as ``task.wait()``).
+    fn wait(&self, py: Python<'_>, task: &PyTask) -> PyResult<()> {
+        crate::task::wait_task(py, &self.core, task.handle)
+    }
+
+    /// Waits until every submitted task has finished and returns the run's
+    /// :class:`Summary`; the next call starts a new run (run device arrays
+    /// end here). The GIL is released; Ctrl-C raises ``KeyboardInterrupt``
+    /// within 50 ms.
+    ///
+    /// Raises the run's first task failure (:class:`TaskFailed` and its
+    /// subclasses).
+    fn wait_all(&self, py: Python<'_>) -> PyResult<PySummary> {
+        let core = Arc::clone(&self.core);
+        let mut interrupted = None;
+        let r = py.detach(|| {
+            core.run(|c| {
+                c.wait_all_while(SLICE, || {
+                    // Python's signal handlers run here (Ctrl-C raises).
+                    interrupted = Python::attach(|py| py.check_signals()).err();
+                    interrupted.is_none()
+                })
+            })
+        });
+        if let Some(e) = interrupted {
+            return Err(e);
+        }
+        match r.map_err(err)? {
+            Some(s) => Ok(s.into()),
+            None => Err(raise("Error", "wait_all was given up", &[])),
+        }
+    }
+
+    /// Cancels ``task`` if it has not started.
+    fn cancel(&self, py: Python<'_>, task: &PyTask) -> PyResult<()> {
+        let core = Arc::clone(&self.core);
+        let h = task.handle;
+        py.detach(|| core.run(|c| c.cancel(h))).map_err(err)
+    }
+
+    /// Figures since the cluster started.
+    fn totals(&self, py: Python<'_>) -> PyResult<PySummary> {
+        let core = Arc::clone(&self.core);
+        py.detach(|| core.run(|c| c.totals()))
+            .map(Into::into)
+            .map_err(err)
+    }
+
+    /// Opens a :class:`Scope`: arrays added to it are released once it has
+    /// ended and no unfinished task uses them.
+    fn scope(&self, py: Python<'_>) -> PyResult<PyScope> {
+        let core = Arc::clone(&self.core);
+        let scope = py.detach(|| core.run(|c| c.open_scope())).map_err(err)?;
+        Ok(PyScope {
+            scope,
+            core: Arc::clone(&self.core),
+        })
+    }
+
+    /// Whether ``worker`` is up (connected and taking tasks).
+    fn is_up(&self, worker: u32) -> PyResult<bool> {
+        self.core
+            .run(|c| Ok(c.is_up(worker_id(worker))))
+            .map_err(err)
+    }
+
+    /// The process id of ``worker`` now, for a worker this cluster spawned.
+    fn worker_pid(&self, worker: u32) -> PyResult<Option<u32>> {
+        self.core
+            .run(|c| Ok(c.worker_pid(worker_id(worker))))
+            .map_err(err)
+    }
+
+    /// Waits up to ``timeout`` seconds for ``worker`` to be up.
+    fn wait_up(&self, py: Python<'_>, worker: u32, timeout: f64) -> PyResult<()> {
+        let core = Arc::clone(&self.core);
+        let limit = std::time::Duration::from_secs_f64(timeout.max(0.0));
+        py.detach(|| core.run(|c| c.wait_up(worker_id(worker), limit)))
+            .map_err(err)
+    }
+
+    /// A worker's counters as a dict (tasks, imports, bytes staged and
+    /// copied, device memory regions).
+    fn worker_stats<'py>(&self, py: Python<'py>, worker: u32) -> PyResult<Bound<'py, PyDict>> {
+        let core = Arc::clone(&self.core);
+        let s = py
+            .detach(|| core.run(|c| c.worker_stats(worker_id(worker))))
+            .map_err(err)?;
+        let d = PyDict::new(py);
+        d.set_item("tasks_succeeded", s.tasks_succeeded)?;
+        d.set_item("tasks_failed", s.tasks_failed)?;
+        d.set_item("kernels_panicked", s.kernels_panicked)?;
+        d.set_item("tasks_in_flight", s.tasks_in_flight)?;
+        d.set_item("imports", s.imports)?;
+        d.set_item("sessions", s.sessions)?;
+        d.set_item("staged_to_device", s.staged_to_device)?;
+        d.set_item("staged_to_host", s.staged_to_host)?;
+        d.set_item("copied_to_device", s.copied_to_device)?;
+        d.set_item("copied_to_host", s.copied_to_host)?;
+        for (name, r) in [
+            ("persistent", s.persistent),
+            ("run", s.run),
+            ("scratch", s.scratch),
+        ] {
+            let rd = PyDict::new(py);
+            rd.set_item("capacity", r.capacity)?;
+            rd.set_item("in_use", r.in_use)?;
+            rd.set_item("peak", r.peak)?;
+            rd.set_item("allocs", r.allocs)?;
+            rd.set_item("frees", r.frees)?;
+            d.set_item(name, rd)?;
+        }
+        Ok(d)
+    }
+
+    /// Runs a graph (a JSON graph file's path, or the same document as a
+    /// dict: see docs/graph-format.md) on this cluster: buffers made,
+    /// tasks submitted in order, waited for, outputs written as ``.npy``
+    /// (relative paths under ``out_dir``, default the file's folder or the
+    /// current one) and checked. Returns ``{"summary", "outputs",
+    /// "mismatches"}``.
+    #[pyo3(signature = (graph, out_dir=None))]
+    fn run_graph<'py>(
+        &self,
+        py: Python<'py>,
+        graph: Bound<'py, PyAny>,
+        out_dir: Option<std::path::PathBuf>,
+    ) -> PyResult<Bound<'py, PyDict>> {
+        use strata_cli::graph::Graph;
+        let loaded = if graph.is_instance_of::<PyDict>() {
+            let text: String = py
+                .import("json")?
+                .call_method1("dumps", (&graph,))?
+                .extract()?;
+            let json: serde_json::Value = serde_json::from_str(&text)
+                .map_err(|e| raise("GraphError", format!("$: {e}"), &[]))?;
+            let here = std::env::current_dir()?;
+            Graph::from_json(&json, &here, out_dir.as_deref().unwrap_or(&here))
+        } else {
+            let path: std::path::PathBuf = graph.extract()?;
+            Graph::load_with(&path, out_dir.as_deref())
+        }
+        .map_err(|e| raise("GraphError", e.to_string(), &[]))?;
+        let core = Arc::clone(&self.core);
+        let run = py
+            .detach(|| core.run(|c| loaded.run(c, &|f| f())))
+            .map_err(err)?;
+        let d = PyDict::new(py);
+        d.set_item("summary", Bound::new(py, PySummary::from(run.summary))?)?;
+        d.set_item("outputs", PyList::new(py, &run.outputs)?)?;
+        d.set_item("mismatches", PyList::new(py, &run.mismatches)?)?;
+        Ok(d)
+    }
+
+    /// Writes a Chrome/Perfetto trace of the tasks finished since the last
+    /// call (one track per worker lane, one slice per task, arrows for
+    /// dependency edges) to ``path``; open it in https://ui.perfetto.dev.
+    /// Needs ``Cluster(trace=True)``. Returns the number of tasks written.
+    fn trace(&self, py: Python<'_>, path: std::path::PathBuf) -> PyResult<usize> {
+        let core = Arc::clone(&self.core);
+        let r = py.detach(|| {
+            core.run(|c| {
+                let Some(t) = c.take_trace()? else {
+                    return Ok(None);
+                };
+                t.write_chrome(&path, c.workers())?;
+                Ok(Some(t.tasks.len()))
+            })
+        });
+        match r.map_err(err)? {
+            Some(n) => Ok(n),
+            None => Err(raise(
+                "TraceError",
+                "this cluster records no trace: start it with Cluster(..., trace=True)",
+                &[],
+            )),
+        }
+    }
+
+    fn __repr__(&self) -> String {
+        match self.core.run(|c| Ok(c.workers().len())) {
+            Ok(n) => format!("strata.Cluster({n} workers)"),
+            Err(_) => "strata.Cluster(closed)".to_owned(),
+        }
+    }
+}
+
+/// A scope: arrays added to it are released (their memory freed, on the
+/// workers too) once the scope has ended and no unfinished task uses them.
+/// A context manager: leaving the block ends it.
+#[pyclass(name = "Scope", module = "strata", frozen)]
+pub(crate) struct PyScope {
+    scope: Scope,
+    core: Arc<Core>,
+}
+
+#[pymethods]
+impl PyScope {
+    /// Registers ``array``'s buffer in the scope; returns the array.
+    fn add<'py>(
+        &self,
+        py: Python<'py>,
+        array: Bound<'py, PyArray>,
+    ) -> PyResult<Bound<'py, PyArray>> {
+        let core = Arc::clone(&self.core);
+        let buffer = array.get().view.buffer().clone();
+        let scope = self.scope;
+        py.detach(|| core.run(|c| c.scope_buffer(scope, &buffer)))
+            .map_err(err)?;
+        Ok(array)
+    }
+
+    /// Ends the scope.
+    fn end(&self, py: Python<'_>) -> PyResult<()> {
+        let core = Arc::clone(&self.core);
+        let scope = self.scope;
+        py.detach(|| core.run(|c| c.end_scope(scope))).map_err(err)
+    }
+
+    fn __enter__(slf: Py<Self>) -> Py<Self> {
+        slf
+    }
+
+    #[pyo3(signature = (*_exc))]
+    fn __exit__(&self, py: Python<'_>, _exc: Bound<'_, PyTuple>) -> PyResult<bool> {
+        self.end(py)?;
+        Ok(false)
+    }
+}
+
+/// One worker of a cluster, as it described itself when it joined.
+#[pyclass(name = "Worker", module = "strata", frozen)]
+pub(crate) struct PyWorker(WorkerInfo);
+
+#[pymethods]
+impl PyWorker {
+    /// Its id (what ``on=`` and ``device_zeros`` take).
+    #[getter]
+    fn id(&self) -> u32 {
+        self.0.id.0
+    }
+    /// Where it was reached.
+    #[getter]
+    fn endpoint(&self) -> &str {
+        &self.0.endpoint
+    }
+    /// Its chip.
+    #[getter]
+    fn chip(&self) -> u32 {
+        self.0.chip
+    }
+    /// Its device kind.
+    #[getter]
+    fn device(&self) -> &str {
+        &self.0.device
+    }
+    /// Its device memory in bytes.
+    #[getter]
+    fn memory(&self) -> u64 {
+        self.0.memory
+    }
+    /// Its lanes (tasks it runs at once).
+    #[getter]
+    fn lanes(&self) -> u32 {
+        self.0.lanes
+    }
+    /// Whether host buffers reach it by fd (zero-copy).
+    #[getter]
+    fn fd_passing(&self) -> bool {
+        self.0.fd_passing
+    }
+    /// How tasks reach it: ``in-process``, ``ring``, ``grpc-unix`` or
+    /// ``grpc-tcp``.
+    #[getter]
+    fn transport(&self) -> String {
+        self.0.transport.to_string()
+    }
+    /// Its process id, when this cluster spawned it.
+    #[getter]
+    fn pid(&self) -> Option<u32> {
+        self.0.pid
+    }
+    /// The callables it offers (``name@version``).
+    #[getter]
+    fn callables(&self) -> Vec<String> {
+        self.0.callables.clone()
+    }
+    fn __repr__(&self) -> String {
+        format!(
+            "strata.Worker(id={}, endpoint={:?}, chip={}, device={:?}, transport={}, pid={:?})",
+            self.0.id.0, self.0.endpoint, self.0.chip, self.0.device, self.0.transport, self.0.pid
+        )
+    }
+}

@@ -1,0 +1,80 @@
+//! dtypes between numpy and strata: numpy's (anything `numpy.dtype`
+//! takes) and strata's own names (`"bf16"`, `"fp8e4m3fn"`...).
+
+use pyo3::prelude::*;
+use pyo3::types::PyString;
+use strata_orchestrator::npy;
+use strata_wire::DType;
+
+use crate::errors::invalid_view;
+
+/// The strata dtype `obj` names: a strata name (case-insensitive: `"f32"`,
+/// `"bf16"`; tried first, so `"f16"` is half precision as in strata, not
+/// numpy's float128), or anything `numpy.dtype()` accepts whose type
+/// strata shares.
+pub(crate) fn parse(obj: &Bound<'_, PyAny>) -> PyResult<DType> {
+    if let Ok(s) = obj.cast::<PyString>() {
+        let s = s.to_cow()?;
+        if let Some(d) = DType::from_name(&s) {
+            return Ok(d);
+        }
+    }
+    let np = obj.py().import("numpy")?;
+    let dt = np.call_method1("dtype", (obj,)).map_err(|e| {
+        invalid_view(format!(
+            "dtype {}: not a dtype ({e})",
+            obj.repr().map(|r| r.to_string()).unwrap_or_default()
+        ))
+    })?;
+    let ts: String = dt.getattr("str")?.extract()?;
+    npy::dtype_of(&ts).ok_or_else(|| {
+        invalid_view(format!(
+            "dtype {ts}: strata has f32, f16, bf16, i8-i64, u8-u64, bool and the fp8/fp4 types; numpy's {ts} is none of them"
+        ))
+    })
+}
+
+/// numpy's type string for `d`; dtypes numpy lacks (bf16, fp8) as
+/// unsigned integers of their width (their bits); `None` for fp4.
+pub(crate) fn typestr(d: DType) -> Option<&'static str> {
+    npy::type_str(d).or(match d.bits() {
+        8 => Some("|u1"),
+        16 => Some("<u2"),
+        _ => None,
+    })
+}
+
+/// Bytes per element (`None` for fp4).
+pub(crate) fn itemsize(d: DType) -> Option<usize> {
+    match d.bits() {
+        b if b % 8 == 0 => Some(b as usize / 8),
+        _ => None,
+    }
+}
+
+/// The Python value of `d`: a `numpy.dtype` where numpy has it, else
+/// strata's name in lower case (`"bf16"`).
+pub(crate) fn to_py(py: Python<'_>, d: DType) -> PyResult<Py<PyAny>> {
+    match npy::type_str(d) {
+        Some(ts) => Ok(py.import("numpy")?.call_method1("dtype", (ts,))?.unbind()),
+        None => Ok(PyString::new(py, &d.name().to_ascii_lowercase())
+            .into_any()
+            .unbind()),
+    }
+}
+
+/// Whether a scalar in `d`'s kind is a float (sent as f64 bits).
+pub(crate) fn is_float(d: DType) -> bool {
+    matches!(
+        d,
+        DType::F32 | DType::F16 | DType::BF16 | DType::Fp8E4M3Fn | DType::Fp8E8M0 | DType::Fp4E2M1
+    )
+}
+
+/// Whether a scalar in `d`'s kind is an unsigned integer.
+pub(crate) fn is_unsigned(d: DType) -> bool {
+    matches!(
+        d,
+        DType::U8 | DType::U16 | DType::U32 | DType::U64 | DType::Bool
+    )
+}

@@ -1,0 +1,112 @@
+//! The driver's errors as the exception classes of `strata.errors`
+//! (python/strata/errors.py): [`err`] maps every
+//! [`strata_orchestrator::Error`] to the class a program catches, with
+//! structured attributes where the error has them.
+//!
+//! The classes are Python ones so that they can have two bases
+//! (`InvalidView` is also a `ValueError`, `InvalidIndex` an `IndexError`).
+
+use pyo3::IntoPyObjectExt;
+use pyo3::prelude::*;
+use pyo3::types::PyDict;
+use strata_orchestrator::{ClusterError, Error, LinkError, Outcome, RunError, SubmitError};
+
+/// `v` as a Python object (`None` if it cannot be one).
+pub(crate) fn obj<'py, T: IntoPyObject<'py>>(py: Python<'py>, v: T) -> Py<PyAny> {
+    v.into_py_any(py).unwrap_or_else(|_| py.None())
+}
+
+/// An exception of class `class` of `strata.errors`, with `message` and
+/// the attributes `fields`.
+pub(crate) fn raise(
+    class: &str,
+    message: impl Into<String>,
+    fields: &[(&str, Py<PyAny>)],
+) -> PyErr {
+    let message = message.into();
+    Python::attach(|py| {
+        let built = (|| -> PyResult<PyErr> {
+            let cls = py.import("strata.errors")?.getattr(class)?;
+            let kwargs = PyDict::new(py);
+            for (k, v) in fields {
+                kwargs.set_item(*k, v)?;
+            }
+            let value = cls.call((message.clone(),), Some(&kwargs))?;
+            Ok(PyErr::from_value(value))
+        })();
+        // Without the package (the module imported on its own) the
+        // message still reaches the caller.
+        built.unwrap_or_else(|_| pyo3::exceptions::PyRuntimeError::new_err(message))
+    })
+}
+
+/// The exception for a driver error.
+pub(crate) fn err(e: Error) -> PyErr {
+    let message = e.to_string();
+    match e {
+        Error::Cluster(ClusterError::Unreachable {
+            error: LinkError::Auth(_),
+            ..
+        }) => raise("AuthenticationError", message, &[]),
+        Error::Cluster(ClusterError::InsideAsync) => raise("Error", message, &[]),
+        Error::Cluster(_) => raise("ClusterError", message, &[]),
+        Error::Buffer(_) => raise("BufferError", message, &[]),
+        Error::View(_) => raise("InvalidView", message, &[]),
+        Error::Quarantined(_) => raise("Quarantined", message, &[]),
+        Error::Submit(SubmitError::UnknownCallable { .. } | SubmitError::UnknownVersion { .. }) => {
+            raise("UnknownCallable", message, &[])
+        }
+        Error::Submit(_) => raise("SubmitError", message, &[]),
+        Error::Worker { worker, error } => Python::attach(|py| {
+            let lost = matches!(error, LinkError::Lost(_));
+            raise(
+                "WorkerError",
+                message,
+                &[("worker", obj(py, worker.0)), ("lost", obj(py, lost))],
+            )
+        }),
+        Error::Run(r) => run_error(r),
+        Error::Npy { .. } => raise("NpyError", message, &[]),
+        Error::Trace(_) => raise("TraceError", message, &[]),
+        Error::Closed => raise("ClusterClosed", message, &[]),
+        _ => raise("Error", message, &[]),
+    }
+}
+
+/// A task's failure as `TaskFailed`, or the subclass of its outcome.
+pub(crate) fn run_error(r: RunError) -> PyErr {
+    let message = r.to_string();
+    Python::attach(|py| {
+        let (class, outcome, cause, because) = match &r.outcome {
+            Outcome::TaskFailure(c) => ("TaskFailed", "TASK_FAILURE", Some(c.clone()), None),
+            Outcome::EndpointFailure(c) => {
+                ("WorkerLost", "ENDPOINT_FAILURE", Some(c.clone()), None)
+            }
+            Outcome::Skipped { because } => ("TaskSkipped", "SKIPPED", None, Some(because.0)),
+            Outcome::Cancelled => ("TaskCancelled", "CANCELLED", None, None),
+            Outcome::Success => ("TaskFailed", "SUCCESS", None, None),
+        };
+        raise(
+            class,
+            message,
+            &[
+                ("task", obj(py, r.task.0)),
+                ("callable", obj(py, r.callable.as_str())),
+                ("worker", obj(py, r.worker.as_deref())),
+                ("outcome", obj(py, outcome)),
+                ("cause", obj(py, cause)),
+                ("because", obj(py, because)),
+            ],
+        )
+    })
+}
+
+/// `InvalidView` with `message`.
+pub(crate) fn invalid_view(message: impl Into<String>) -> PyErr {
+    raise("InvalidView", message, &[])
+}
+
+/// `WrongTag` with `message`.
+pub(crate) fn wrong_tag(message: impl Into<String>) -> PyErr {
+    raise("WrongTag", message, &[])
+}

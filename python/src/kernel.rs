@@ -1,0 +1,343 @@
+//! Kernels written in Python, and a worker process that offers them.
+//!
+//! `@strata.kernel("scale", args=("r", "w"), scalars=("alpha:f64",))`
+//! makes a [`PyKernelSpec`]; a worker registers it as a [`PyKernel`],
+//! whose `run` takes the GIL, hands the function numpy arrays over the
+//! materialized arguments (zero-copy, with their strides; read-only where
+//! the signature only reads) and the scalars as Python numbers, and turns
+//! a Python exception into the task's failure with the traceback as its
+//! cause. The arrays are valid only during the call.
+
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use clap::Parser;
+use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyString, PyTuple};
+use strata_chip::Registry;
+use strata_chip::kernel::{
+    ArgSpec, DTypes, Kernel, KernelContext, KernelDescriptor, Rank, ScalarKind, ScalarSpec,
+};
+use strata_wire::Access;
+
+use crate::dtype;
+use crate::errors::raise;
+
+/// A kernel written in Python: a name, a signature and a function. Made by
+/// the :func:`strata.kernel` decorator; calling it calls the function.
+#[pyclass(name = "Kernel", module = "strata", frozen)]
+pub(crate) struct PyKernelSpec {
+    desc: KernelDescriptor,
+    func: Py<PyAny>,
+}
+
+impl PyKernelSpec {
+    pub(crate) fn name(&self) -> String {
+        self.desc.qualified_name()
+    }
+
+    /// The module and qualified name of the function, which a worker
+    /// process imports.
+    pub(crate) fn origin(&self, py: Python<'_>) -> PyResult<(String, String)> {
+        let f = self.func.bind(py);
+        Ok((
+            f.getattr("__module__")?.extract()?,
+            f.getattr("__qualname__")?.extract()?,
+        ))
+    }
+}
+
+fn parse_access(s: &str) -> Option<Access> {
+    match s.to_ascii_lowercase().as_str() {
+        "r" => Some(Access::Read),
+        "w" => Some(Access::Write),
+        "rw" => Some(Access::ReadWrite),
+        _ => None,
+    }
+}
+
+fn bad_spec(kernel: &str, what: String) -> PyErr {
+    pyo3::exceptions::PyValueError::new_err(format!("kernel {kernel}: {what}"))
+}
+
+#[pymethods]
+impl PyKernelSpec {
+    /// A kernel named ``name`` running ``func``.
+    ///
+    /// ``args``: one entry per tensor argument, ``"r"`` (reads),
+    /// ``"w"`` (writes every element) or ``"rw"``, optionally named and
+    /// typed: ``"x:r"``, ``"out:w:f32|f64"``. ``scalars``: ``"f64"``,
+    /// ``"i64"``, ``"u64"`` or ``"likeN"`` (in argument N's dtype),
+    /// optionally named: ``"alpha:f64"``.
+    #[new]
+    #[pyo3(signature = (name, func, args, scalars=Vec::new(), version=1))]
+    fn new(
+        py: Python<'_>,
+        name: String,
+        func: Py<PyAny>,
+        args: Vec<String>,
+        scalars: Vec<String>,
+        version: u32,
+    ) -> PyResult<Self> {
+        if name.is_empty() || name.contains(['@', '(', ')', ',', ':', ';']) {
+            return Err(bad_spec(
+                &name,
+                "a name is non-empty, without @ ( ) , : ;".into(),
+            ));
+        }
+        if !func.bind(py).is_callable() {
+            return Err(bad_spec(&name, "the function is not callable".into()));
+        }
+        let mut specs = Vec::new();
+        for (i, a) in args.iter().enumerate() {
+            let parts: Vec<&str> = a.split(':').collect();
+            let (arg_name, access, types) = match parts.as_slice() {
+                [acc] => (format!("a{i}"), *acc, None),
+                [x, y] if parse_access(x).is_some() => (format!("a{i}"), *x, Some(*y)),
+                [n, acc] => ((*n).to_owned(), *acc, None),
+                [n, acc, t] => ((*n).to_owned(), *acc, Some(*t)),
+                _ => {
+                    return Err(bad_spec(
+                        &name,
+                        format!("argument {i} {a:?}: expected [name:]r|w|rw[:dtype|dtype...]"),
+                    ));
+                }
+            };
+            let access = parse_access(access).ok_or_else(|| {
+                bad_spec(&name, format!("argument {i} {a:?}: access is r, w or rw"))
+            })?;
+            let dtypes = match types {
+                None => DTypes::Any,
+                Some(t) => DTypes::OneOf(
+                    t.split('|')
+                        .map(|d| dtype::parse(PyString::new(py, d).as_any()))
+                        .collect::<PyResult<_>>()?,
+                ),
+            };
+            specs.push(ArgSpec::new(&arg_name, access, dtypes, Rank::Any));
+        }
+        let mut scalar_specs = Vec::new();
+        for (i, s) in scalars.iter().enumerate() {
+            let (sname, kind) = match s.rsplit_once(':') {
+                Some((n, k)) => (n.to_owned(), k),
+                None => (format!("s{i}"), s.as_str()),
+            };
+            let kind = match kind {
+                "f64" => ScalarKind::F64,
+                "i64" => ScalarKind::I64,
+                "u64" => ScalarKind::U64,
+                k => match k.strip_prefix("like").and_then(|n| n.parse::<usize>().ok()) {
+                    Some(n) if n < specs.len() => ScalarKind::LikeArg(n),
+                    _ => {
+                        return Err(bad_spec(
+                            &name,
+                            format!(
+                                "scalar {i} {s:?}: kind is f64, i64, u64 or likeN (N an argument)"
+                            ),
+                        ));
+                    }
+                },
+            };
+            scalar_specs.push(ScalarSpec { name: sname, kind });
+        }
+        Ok(PyKernelSpec {
+            desc: KernelDescriptor {
+                name,
+                version,
+                args: specs,
+                scalars: scalar_specs,
+            },
+            func,
+        })
+    }
+
+    /// ``name@version``.
+    #[getter]
+    fn qualified_name(&self) -> String {
+        self.desc.qualified_name()
+    }
+
+    /// The kernel's name.
+    #[getter(name)]
+    fn name_getter(&self) -> String {
+        self.desc.name.clone()
+    }
+
+    /// The canonical signature, as workers report it.
+    #[getter]
+    fn signature(&self) -> String {
+        self.desc.canonical()
+    }
+
+    /// The function.
+    #[getter]
+    fn func(&self, py: Python<'_>) -> Py<PyAny> {
+        self.func.clone_ref(py)
+    }
+
+    #[pyo3(signature = (*args, **kwargs))]
+    fn __call__<'py>(
+        &self,
+        py: Python<'py>,
+        args: Bound<'py, PyTuple>,
+        kwargs: Option<Bound<'py, PyDict>>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        self.func.bind(py).call(args, kwargs.as_ref())
+    }
+
+    fn __repr__(&self) -> String {
+        format!("strata.Kernel({})", self.desc.canonical())
+    }
+}
+
+/// A Python kernel as a worker runs it.
+struct PyKernel {
+    desc: KernelDescriptor,
+    func: Py<PyAny>,
+}
+
+impl PyKernel {
+    fn call(&self, py: Python<'_>, ctx: &KernelContext<'_>) -> Result<(), String> {
+        let py_err = |e: PyErr| traceback(py, &e);
+        let np = py.import("numpy").map_err(py_err)?;
+        let holder = py
+            .import("strata._geometry")
+            .and_then(|m| m.getattr("Interface"))
+            .map_err(py_err)?;
+        let mut call_args: Vec<Py<PyAny>> = Vec::new();
+        let mut dtypes = Vec::new();
+        for i in 0..ctx.arg_count() {
+            let t = ctx.arg(i)?;
+            let (addr, writable) = ctx.arg_address(i)?;
+            let (ts, item) = match (dtype::typestr(t.dtype()), dtype::itemsize(t.dtype())) {
+                (Some(ts), Some(item)) => (ts, item),
+                _ => {
+                    return Err(format!(
+                        "argument {i}: {} has no numpy form",
+                        t.dtype().name()
+                    ));
+                }
+            };
+            dtypes.push(t.dtype());
+            let array = (|| -> PyResult<Py<PyAny>> {
+                let d = PyDict::new(py);
+                d.set_item("version", 3)?;
+                d.set_item("shape", PyTuple::new(py, t.shape())?)?;
+                d.set_item("typestr", ts)?;
+                d.set_item("data", (addr as usize, !writable))?;
+                let strides: Vec<usize> = t.strides().iter().map(|&s| s as usize * item).collect();
+                d.set_item("strides", PyTuple::new(py, strides)?)?;
+                let h = holder.call1((d, py.None()))?;
+                Ok(np.call_method1("asarray", (h,))?.unbind())
+            })()
+            .map_err(py_err)?;
+            call_args.push(array);
+        }
+        for (i, s) in self.desc.scalars.iter().enumerate() {
+            let bits = ctx.scalar(i)?;
+            let kind = match s.kind {
+                ScalarKind::LikeArg(n) => match dtypes.get(n) {
+                    Some(&d) if dtype::is_float(d) => ScalarKind::F64,
+                    Some(&d) if dtype::is_unsigned(d) => ScalarKind::U64,
+                    _ => ScalarKind::I64,
+                },
+                k => k,
+            };
+            let v = match kind {
+                ScalarKind::F64 => crate::errors::obj(py, f64::from_bits(bits)),
+                ScalarKind::I64 => crate::errors::obj(py, bits as i64),
+                _ => crate::errors::obj(py, bits),
+            };
+            call_args.push(v);
+        }
+        let args = PyTuple::new(py, call_args).map_err(py_err)?;
+        self.func.bind(py).call1(args).map_err(py_err)?;
+        Ok(())
+    }
+}
+
+/// The exception with its traceback, as Python prints it.
+fn traceback(py: Python<'_>, e: &PyErr) -> String {
+    let formatted = (|| -> PyResult<String> {
+        let tb = py.import("traceback")?;
+        let lines = tb.call_method1(
+            "format_exception",
+            (e.get_type(py), e.value(py), e.traceback(py)),
+        )?;
+        let joined: String = PyString::new(py, "")
+            .call_method1("join", (lines,))?
+            .extract()?;
+        Ok(joined.trim_end().to_owned())
+    })();
+    formatted.unwrap_or_else(|_| e.to_string())
+}
+
+impl Kernel for PyKernel {
+    fn descriptor(&self) -> &KernelDescriptor {
+        &self.desc
+    }
+
+    fn run(&self, ctx: &mut KernelContext<'_>) -> Result<(), String> {
+        Python::attach(|py| self.call(py, ctx))
+    }
+}
+
+/// The built-in kernels and `kernels`.
+pub(crate) fn registry_with(py: Python<'_>, kernels: &[Py<PyKernelSpec>]) -> PyResult<Registry> {
+    let mut r = Registry::with_builtins();
+    for k in kernels {
+        let k = k.get();
+        r.register(Arc::new(PyKernel {
+            desc: k.desc.clone(),
+            func: k.func.clone_ref(py),
+        }))
+        .map_err(|e| raise("Error", format!("kernel {}: {e}", k.name()), &[]))?;
+    }
+    Ok(r)
+}
+
+/// `python -m strata.worker`'s options after its own.
+#[derive(Debug, Parser)]
+#[command(
+    name = "python -m strata.worker",
+    about = "Serve one chip: the built-in kernels and Python kernels"
+)]
+struct WorkerCmd {
+    #[command(flatten)]
+    worker: strata_worker::cli::WorkerArgs,
+}
+
+/// Runs a worker in this process with `kernels` beside the built-in ones,
+/// on `strata worker`'s options `argv`, until SIGTERM or SIGINT (or, with
+/// ``--exit-with-stdin``, until stdin closes); returns the exit status.
+/// The GIL is released while it serves (kernels take it to run).
+#[pyfunction]
+pub(crate) fn run_worker(
+    py: Python<'_>,
+    argv: Vec<String>,
+    kernels: Vec<Py<PyKernelSpec>>,
+) -> PyResult<i32> {
+    let cmd = match WorkerCmd::try_parse_from(
+        std::iter::once("python -m strata.worker".to_owned()).chain(argv),
+    ) {
+        Ok(c) => c,
+        Err(e) => {
+            let _ = e.print();
+            return Ok(e.exit_code());
+        }
+    };
+    let registry = registry_with(py, &kernels)?;
+    let code = py.detach(|| strata_worker::cli::run(cmd.worker, registry));
+    Ok(if code == ExitCode::SUCCESS { 0 } else { 1 })
+}
+
+/// The names of the built-in kernels (``name@version``), sorted.
+#[pyfunction]
+pub(crate) fn builtin_kernels() -> Vec<String> {
+    let mut v: Vec<String> = Registry::with_builtins()
+        .descriptors()
+        .map(KernelDescriptor::qualified_name)
+        .collect();
+    v.sort();
+    v
+}

@@ -1,0 +1,51 @@
+//! `strata._strata`: the extension module under the `strata` Python
+//! package (python/strata). It wraps the Rust driver API
+//! (`strata-orchestrator`) and a worker that can run kernels written in
+//! Python (`strata-worker` with the `PyKernel`s of `kernel.rs`).
+//!
+//! Every call that can block (starting a cluster, submitting past the
+//! cluster's bound on unfinished tasks, waiting, control calls, shutdown)
+//! runs with the GIL released, so other Python threads — and Python
+//! kernels of in-process workers — keep running. Long waits are taken in
+//! short slices with a check for signals between them, so Ctrl-C raises
+//! `KeyboardInterrupt` promptly. No Rust panic reaches the interpreter:
+//! pyo3 turns one into `pyo3_runtime.PanicException`, and the driver's
+//! errors become the exception classes of `errors.rs`.
+//!
+//! The crate has no `unsafe`: numpy arrays over a host buffer are built by
+//! numpy from `__array_interface__` (an address and the view's geometry;
+//! the array's base keeps the buffer mapped), and a Python kernel's
+//! arguments likewise.
+
+#![forbid(unsafe_code)]
+
+use pyo3::prelude::*;
+
+mod array;
+mod cluster;
+mod dtype;
+mod errors;
+mod kernel;
+mod task;
+
+/// The extension module.
+#[pymodule]
+fn _strata(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<cluster::PyCluster>()?;
+    m.add_class::<array::PyArray>()?;
+    m.add_class::<task::PyTask>()?;
+    m.add_class::<task::Tagged>()?;
+    m.add_class::<task::PyTaskSpec>()?;
+    m.add_class::<task::PySummary>()?;
+    m.add_class::<cluster::PyScope>()?;
+    m.add_class::<cluster::PyWorker>()?;
+    m.add_class::<kernel::PyKernelSpec>()?;
+    m.add_function(wrap_pyfunction!(task::input, m)?)?;
+    m.add_function(wrap_pyfunction!(task::output, m)?)?;
+    m.add_function(wrap_pyfunction!(task::inout, m)?)?;
+    m.add_function(wrap_pyfunction!(task::output_existing, m)?)?;
+    m.add_function(wrap_pyfunction!(task::no_dep, m)?)?;
+    m.add_function(wrap_pyfunction!(kernel::run_worker, m)?)?;
+    m.add_function(wrap_pyfunction!(kernel::builtin_kernels, m)?)?;
+    Ok(())
+}

@@ -1,0 +1,490 @@
+//! Tasks from Python: explicit tags (`strata.input(v)`...), the kernel
+//! signatures that tag bare views and type Python numbers as scalars,
+//! task handles, group members and run summaries.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use pyo3::prelude::*;
+use pyo3::types::{PyFloat, PyInt, PyTuple};
+use strata_orchestrator::{RunSummary, Task, TaskHandle, WorkerId};
+use strata_wire::{Access, ArgTag, DType};
+
+use crate::array::PyArray;
+use crate::cluster::Core;
+use crate::dtype;
+use crate::errors::{err, wrong_tag};
+
+/// A view with an explicit tag, from :func:`strata.input`,
+/// :func:`strata.output`, :func:`strata.inout`,
+/// :func:`strata.output_existing` or :func:`strata.no_dep`.
+#[pyclass(name = "Tagged", module = "strata", frozen)]
+pub(crate) struct Tagged {
+    pub(crate) array: Py<PyArray>,
+    pub(crate) tag: ArgTag,
+}
+
+#[pymethods]
+impl Tagged {
+    /// The view.
+    #[getter]
+    fn array(&self, py: Python<'_>) -> Py<PyArray> {
+        self.array.clone_ref(py)
+    }
+
+    /// The tag's name (``"INPUT"``, ``"OUTPUT"``...).
+    #[getter]
+    fn tag(&self) -> &'static str {
+        tag_name(self.tag)
+    }
+
+    fn __repr__(&self, py: Python<'_>) -> PyResult<String> {
+        Ok(format!(
+            "strata.{}({})",
+            tag_name(self.tag).to_ascii_lowercase(),
+            self.array.bind(py).repr()?
+        ))
+    }
+}
+
+fn tag_name(t: ArgTag) -> &'static str {
+    match t {
+        ArgTag::Input => "INPUT",
+        ArgTag::Output => "OUTPUT",
+        ArgTag::OutputExisting => "OUTPUT_EXISTING",
+        ArgTag::InOut => "INOUT",
+        ArgTag::NoDep => "NO_DEP",
+    }
+}
+
+fn tagged(array: Py<PyArray>, tag: ArgTag) -> Tagged {
+    Tagged { array, tag }
+}
+
+/// ``view`` as an argument the task reads (INPUT): it runs after earlier
+/// writers of any of its bytes.
+#[pyfunction]
+pub(crate) fn input(view: Py<PyArray>) -> Tagged {
+    tagged(view, ArgTag::Input)
+}
+
+/// ``view`` as an argument the task writes whole (OUTPUT): it runs after
+/// earlier readers and writers of its bytes; its old bytes do not matter.
+#[pyfunction]
+pub(crate) fn output(view: Py<PyArray>) -> Tagged {
+    tagged(view, ArgTag::Output)
+}
+
+/// ``view`` as an argument the task reads and writes (INOUT).
+#[pyfunction]
+pub(crate) fn inout(view: Py<PyArray>) -> Tagged {
+    tagged(view, ArgTag::InOut)
+}
+
+/// ``view`` as an argument the task writes, keeping the bytes it does not
+/// write (OUTPUT_EXISTING: a remote worker receives the old bytes).
+#[pyfunction]
+pub(crate) fn output_existing(view: Py<PyArray>) -> Tagged {
+    tagged(view, ArgTag::OutputExisting)
+}
+
+/// ``view`` outside dependency tracking (NO_DEP): the caller orders it
+/// (with ``after=``).
+#[pyfunction]
+pub(crate) fn no_dep(view: Py<PyArray>) -> Tagged {
+    tagged(view, ArgTag::NoDep)
+}
+
+/// How a scalar is read.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Kind {
+    U64,
+    I64,
+    F64,
+    Like(usize),
+}
+
+/// A callable's signature, parsed from the canonical descriptor the
+/// workers report (`name@v(a:R:dtypes:rank,…;s:kind,…)`).
+#[derive(Debug)]
+pub(crate) struct Sig {
+    pub(crate) qualified: String,
+    pub(crate) args: Vec<(String, Access)>,
+    pub(crate) scalars: Vec<(String, Kind)>,
+}
+
+impl Sig {
+    pub(crate) fn parse(canonical: &str) -> Result<Sig, String> {
+        let bad = || format!("malformed callable signature {canonical:?}");
+        let open = canonical.find('(').ok_or_else(bad)?;
+        let inner = canonical[open + 1..].strip_suffix(')').ok_or_else(bad)?;
+        let (args, scalars) = inner.split_once(';').ok_or_else(bad)?;
+        let args = args
+            .split(',')
+            .filter(|a| !a.is_empty())
+            .map(|a| {
+                let mut it = a.split(':');
+                let name = it.next().unwrap_or_default().to_owned();
+                let access = match it.next() {
+                    Some("R") => Access::Read,
+                    Some("W") => Access::Write,
+                    Some("RW") => Access::ReadWrite,
+                    _ => return Err(bad()),
+                };
+                Ok((name, access))
+            })
+            .collect::<Result<_, _>>()?;
+        let scalars = scalars
+            .split(',')
+            .filter(|s| !s.is_empty())
+            .map(|s| {
+                let (name, kind) = s.rsplit_once(':').ok_or_else(bad)?;
+                let kind = match kind {
+                    "u64" => Kind::U64,
+                    "i64" => Kind::I64,
+                    "f64" => Kind::F64,
+                    k => Kind::Like(
+                        k.strip_prefix("like")
+                            .and_then(|i| i.parse().ok())
+                            .ok_or_else(bad)?,
+                    ),
+                };
+                Ok((name.to_owned(), kind))
+            })
+            .collect::<Result<_, String>>()?;
+        Ok(Sig {
+            qualified: canonical[..open].to_owned(),
+            args,
+            scalars,
+        })
+    }
+
+    fn arg_names(&self) -> String {
+        self.args
+            .iter()
+            .map(|(n, a)| format!("{n}:{}", access_name(*a)))
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+}
+
+fn access_name(a: Access) -> &'static str {
+    match a {
+        Access::Read => "r",
+        Access::Write => "w",
+        Access::ReadWrite => "rw",
+    }
+}
+
+/// The tag a bare view gets from the kernel's access.
+fn tag_of(a: Access) -> ArgTag {
+    match a {
+        Access::Read => ArgTag::Input,
+        Access::Write => ArgTag::Output,
+        Access::ReadWrite => ArgTag::InOut,
+    }
+}
+
+/// Whether an explicit `tag` is consistent with what the kernel does:
+/// a task must declare at least what its kernel touches (a kernel that
+/// writes needs a writing tag; one that reads needs a reading tag, or it
+/// would read bytes nothing ordered), NO_DEP being the caller's own
+/// promise.
+fn tag_fits(tag: ArgTag, kernel: Access) -> bool {
+    matches!(
+        (tag, kernel),
+        (ArgTag::NoDep | ArgTag::InOut, _)
+            | (ArgTag::Input, Access::Read)
+            | (ArgTag::Output | ArgTag::OutputExisting, Access::Write)
+    )
+}
+
+/// Builds the [`Task`] of `callable` with Python arguments `args`:
+/// arrays and tagged arrays in the signature's tensor order, numbers as its
+/// scalars in order.
+pub(crate) fn build(
+    sig: &Sig,
+    callable: &str,
+    args: &Bound<'_, PyTuple>,
+    on: Option<u32>,
+    after: Option<&Bound<'_, PyAny>>,
+) -> PyResult<Task> {
+    let mut task = Task::new(callable);
+    let mut tensors = 0usize;
+    let mut dtypes: Vec<DType> = Vec::with_capacity(sig.args.len());
+    let mut numbers: Vec<Bound<'_, PyAny>> = Vec::new();
+    for (pos, a) in args.iter().enumerate() {
+        let (array, explicit) = if let Ok(arr) = a.cast::<PyArray>() {
+            (arr.clone(), None)
+        } else if let Ok(t) = a.cast::<Tagged>() {
+            let t = t.get();
+            (t.array.bind(a.py()).clone(), Some(t.tag))
+        } else if a.is_instance_of::<PyInt>() || a.is_instance_of::<PyFloat>() {
+            numbers.push(a);
+            continue;
+        } else {
+            return Err(pyo3::exceptions::PyTypeError::new_err(format!(
+                "{}: argument {pos} is a {}; a task takes strata arrays (bare or tagged with strata.input/output/...) and Python numbers",
+                sig.qualified,
+                a.get_type().name()?
+            )));
+        };
+        let Some((name, access)) = sig.args.get(tensors) else {
+            return Err(wrong_tag(format!(
+                "{} takes {} tensor arguments ({}); got more",
+                sig.qualified,
+                sig.args.len(),
+                sig.arg_names()
+            )));
+        };
+        let tag = match explicit {
+            None => tag_of(*access),
+            Some(t) if tag_fits(t, *access) => t,
+            Some(t) => {
+                return Err(wrong_tag(format!(
+                    "{}: argument {tensors} ({name}) is tagged {} but the kernel {} it",
+                    sig.qualified,
+                    tag_name(t),
+                    match access {
+                        Access::Read => "only reads",
+                        Access::Write => "writes",
+                        Access::ReadWrite => "reads and writes",
+                    }
+                )));
+            }
+        };
+        let arr = array.get();
+        dtypes.push(arr.view.dtype());
+        task = task.arg(&arr.view, tag);
+        tensors += 1;
+    }
+    if tensors != sig.args.len() {
+        return Err(wrong_tag(format!(
+            "{} takes {} tensor arguments ({}); got {tensors}",
+            sig.qualified,
+            sig.args.len(),
+            sig.arg_names()
+        )));
+    }
+    if numbers.len() != sig.scalars.len() {
+        return Err(wrong_tag(format!(
+            "{} takes {} scalars ({}); got {}",
+            sig.qualified,
+            sig.scalars.len(),
+            sig.scalars
+                .iter()
+                .map(|(n, _)| n.as_str())
+                .collect::<Vec<_>>()
+                .join(", "),
+            numbers.len()
+        )));
+    }
+    for ((name, kind), v) in sig.scalars.iter().zip(&numbers) {
+        let kind = match kind {
+            Kind::Like(i) => match dtypes.get(*i) {
+                Some(&d) if dtype::is_float(d) => Kind::F64,
+                Some(&d) if dtype::is_unsigned(d) => Kind::U64,
+                Some(_) => Kind::I64,
+                None => Kind::F64,
+            },
+            k => *k,
+        };
+        let bad = |want: &str| {
+            pyo3::exceptions::PyTypeError::new_err(format!(
+                "{}: scalar {name} is {want}; got {}",
+                sig.qualified,
+                v.repr().map(|r| r.to_string()).unwrap_or_default()
+            ))
+        };
+        task = match kind {
+            Kind::F64 => task.scalar_f64(v.extract::<f64>().map_err(|_| bad("a float"))?),
+            Kind::I64 => {
+                if v.is_instance_of::<PyFloat>() {
+                    return Err(bad("an integer (i64)"));
+                }
+                task.scalar_i64(v.extract::<i64>().map_err(|_| bad("an integer (i64)"))?)
+            }
+            Kind::U64 | Kind::Like(_) => {
+                if v.is_instance_of::<PyFloat>() {
+                    return Err(bad("an unsigned integer (u64)"));
+                }
+                task.scalar_u64(
+                    v.extract::<u64>()
+                        .map_err(|_| bad("an unsigned integer (u64)"))?,
+                )
+            }
+        };
+    }
+    if let Some(w) = on {
+        task = task.on(WorkerId(w));
+    }
+    if let Some(after) = after {
+        for t in after.try_iter()? {
+            let t = t?;
+            let h = t.cast::<PyTask>().map_err(|_| {
+                pyo3::exceptions::PyTypeError::new_err(format!(
+                    "after= takes tasks (what submit returned); got a {}",
+                    t.get_type()
+                        .name()
+                        .map(|n| n.to_string())
+                        .unwrap_or_default()
+                ))
+            })?;
+            task = task.after(h.get().handle);
+        }
+    }
+    Ok(task)
+}
+
+/// A submitted task: ``wait()`` for it, ``cancel()`` it, or name it in
+/// another task's ``after=``.
+#[pyclass(name = "Task", module = "strata", frozen)]
+pub(crate) struct PyTask {
+    pub(crate) handle: TaskHandle,
+    pub(crate) core: Arc<Core>,
+}
+
+#[pymethods]
+impl PyTask {
+    /// The task's id (its submission order, from 1).
+    #[getter]
+    fn id(&self) -> u64 {
+        self.handle.id().0
+    }
+
+    /// Waits for the task (the GIL released; Ctrl-C interrupts).
+    ///
+    /// Raises :class:`TaskFailed` (or :class:`WorkerLost`,
+    /// :class:`TaskSkipped`, :class:`TaskCancelled`) when it did not
+    /// succeed.
+    fn wait(&self, py: Python<'_>) -> PyResult<()> {
+        wait_task(py, &self.core, self.handle)
+    }
+
+    /// Whether the task has finished successfully (``False`` while it
+    /// runs); raises as ``wait`` when it did not succeed.
+    fn done(&self, py: Python<'_>) -> PyResult<bool> {
+        let core = Arc::clone(&self.core);
+        let h = self.handle;
+        py.detach(|| core.run(|c| c.wait_timeout(h, Duration::ZERO)))
+            .map_err(err)
+    }
+
+    /// Cancels the task if it has not started (its consumers are then
+    /// skipped); raises :class:`SubmitError` when it is running or done.
+    fn cancel(&self, py: Python<'_>) -> PyResult<()> {
+        let core = Arc::clone(&self.core);
+        let h = self.handle;
+        py.detach(|| core.run(|c| c.cancel(h))).map_err(err)
+    }
+
+    fn __repr__(&self) -> String {
+        format!("strata.Task({})", self.handle.id().0)
+    }
+
+    fn __eq__(&self, other: &Bound<'_, PyAny>) -> bool {
+        other
+            .cast::<PyTask>()
+            .is_ok_and(|o| o.get().handle == self.handle)
+    }
+
+    fn __hash__(&self) -> u64 {
+        self.handle.id().0
+    }
+}
+
+/// Waits for `task` with the GIL released, running Python's signal
+/// handlers every [`SLICE`] (Ctrl-C raises `KeyboardInterrupt`).
+pub(crate) fn wait_task(py: Python<'_>, core: &Arc<Core>, task: TaskHandle) -> PyResult<()> {
+    let mut interrupted = None;
+    let r = py.detach(|| {
+        core.run(|c| {
+            c.wait_while(task, SLICE, || {
+                interrupted = Python::attach(|py| py.check_signals()).err();
+                interrupted.is_none()
+            })
+        })
+    });
+    if let Some(e) = interrupted {
+        return Err(e);
+    }
+    r.map(drop).map_err(err)
+}
+
+/// How long one slice of a wait lasts before signals are checked.
+pub(crate) const SLICE: Duration = Duration::from_millis(50);
+
+/// One member of a group, from :meth:`Cluster.task`; submit members
+/// together with :meth:`Cluster.submit_group`.
+#[pyclass(name = "TaskSpec", module = "strata", frozen)]
+pub(crate) struct PyTaskSpec {
+    pub(crate) task: Task,
+}
+
+#[pymethods]
+impl PyTaskSpec {
+    fn __repr__(&self) -> String {
+        format!("strata.TaskSpec({:?})", self.task)
+    }
+}
+
+/// What a run did: ``wait_all()``'s answer (and ``totals()``'s).
+#[pyclass(name = "Summary", module = "strata", frozen, get_all)]
+pub(crate) struct PySummary {
+    /// Tasks submitted.
+    submitted: u64,
+    /// Tasks that succeeded.
+    succeeded: u64,
+    /// Tasks that failed.
+    failed: u64,
+    /// Tasks skipped because a producer failed.
+    skipped: u64,
+    /// Tasks cancelled.
+    cancelled: u64,
+    /// Dependency edges inferred.
+    edges: u64,
+    /// Bytes of host buffers passed to local workers by fd (not copied).
+    fd_bytes: u64,
+    /// View bytes sent to remote workers.
+    sent_bytes: u64,
+    /// View bytes remote workers sent back.
+    returned_bytes: u64,
+    /// Bytes workers staged between host and device memory.
+    staged_bytes: u64,
+}
+
+impl From<RunSummary> for PySummary {
+    fn from(s: RunSummary) -> Self {
+        PySummary {
+            submitted: s.submitted,
+            succeeded: s.succeeded,
+            failed: s.failed,
+            skipped: s.skipped,
+            cancelled: s.cancelled,
+            edges: s.edges,
+            fd_bytes: s.fd_bytes,
+            sent_bytes: s.sent_bytes,
+            returned_bytes: s.returned_bytes,
+            staged_bytes: s.staged_bytes,
+        }
+    }
+}
+
+#[pymethods]
+impl PySummary {
+    fn __repr__(&self) -> String {
+        format!(
+            "strata.Summary(submitted={}, succeeded={}, failed={}, skipped={}, cancelled={}, edges={}, fd_bytes={}, sent_bytes={}, returned_bytes={}, staged_bytes={})",
+            self.submitted,
+            self.succeeded,
+            self.failed,
+            self.skipped,
+            self.cancelled,
+            self.edges,
+            self.fd_bytes,
+            self.sent_bytes,
+            self.returned_bytes,
+            self.staged_bytes
+        )
+    }
+}

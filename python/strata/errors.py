@@ -1,0 +1,137 @@
+"""strata's exceptions.
+
+Every error strata raises is a :class:`Error`; programs catch the kind they
+can handle. Each carries the message of the Rust driver (naming what was
+wrong: the argument, the field, the worker) and, where it has them,
+structured attributes.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "Error",
+    "ClusterError",
+    "AuthenticationError",
+    "WorkerError",
+    "BufferError",
+    "InvalidView",
+    "InvalidIndex",
+    "SubmitError",
+    "UnknownCallable",
+    "WrongTag",
+    "TaskFailed",
+    "WorkerLost",
+    "TaskSkipped",
+    "TaskCancelled",
+    "Quarantined",
+    "ClusterClosed",
+    "NpyError",
+    "GraphError",
+    "TraceError",
+]
+
+
+class Error(Exception):
+    """Base class of every strata error.
+
+    Keyword arguments given when it is raised become attributes (for
+    example ``TaskFailed.task``).
+    """
+
+    def __init__(self, message: str, **fields: object) -> None:
+        super().__init__(message)
+        for name, value in fields.items():
+            setattr(self, name, value)
+
+
+class ClusterError(Error):
+    """The cluster could not start, or a worker could not be reached or
+    spawned (the message names the worker and, for a spawned one, ends
+    with its log)."""
+
+
+class AuthenticationError(ClusterError):
+    """A worker refused the cluster's credentials (a wrong or missing
+    token)."""
+
+
+class WorkerError(Error):
+    """A worker refused or failed a control call (device memory, stats).
+    ``.worker`` is its id."""
+
+
+class BufferError(Error):
+    """A buffer could not be made, read or written (a device buffer read
+    as host memory, bytes past the end, a run buffer whose run ended...)."""
+
+
+class InvalidView(Error, ValueError):
+    """A view that does not fit its buffer, or a geometry strata cannot
+    express without copying (negative steps, an empty axis, more than five
+    axes, a reshape that would copy)."""
+
+
+class InvalidIndex(InvalidView, IndexError):
+    """Indexing that numpy would answer with a copy (fancy indexing with
+    lists, arrays or masks) or that is not an index at all."""
+
+
+class SubmitError(Error, ValueError):
+    """A task was refused at submit; nothing was queued. The message names
+    the argument or member at fault."""
+
+
+class UnknownCallable(SubmitError):
+    """No worker offers the callable (or that version of it)."""
+
+
+class WrongTag(SubmitError):
+    """An argument's tag contradicts the kernel's signature (``input`` for
+    an argument the kernel writes, ``output`` for one it only reads...), or
+    the task has the wrong number of arguments or scalars."""
+
+
+class TaskFailed(Error):
+    """A task did not succeed.
+
+    Attributes: ``task`` (its id), ``callable`` (``name@version``),
+    ``worker`` (where it ran, or ``None``), ``outcome`` (``"TASK_FAILURE"``,
+    ``"ENDPOINT_FAILURE"``, ``"SKIPPED"`` or ``"CANCELLED"``) and
+    ``cause`` (the kernel's message: for a Python kernel, its traceback).
+    """
+
+
+class WorkerLost(TaskFailed):
+    """A task failed because its worker died, hung or was cut off
+    (``outcome == "ENDPOINT_FAILURE"``)."""
+
+
+class TaskSkipped(TaskFailed):
+    """A task did not run because a task it depends on failed
+    (``because`` is that task's id)."""
+
+
+class TaskCancelled(TaskFailed):
+    """A task was cancelled before it started."""
+
+
+class Quarantined(Error):
+    """The bytes are quarantined: a task writing them was lost without a
+    fence and its worker may still write them."""
+
+
+class ClusterClosed(Error):
+    """The cluster is closed (or its actors stopped)."""
+
+
+class NpyError(Error):
+    """A ``.npy`` file could not be read or written."""
+
+
+class GraphError(Error):
+    """A graph file (or dict) is malformed; the message has the JSON path
+    of the problem."""
+
+
+class TraceError(Error):
+    """A trace could not be taken or written."""

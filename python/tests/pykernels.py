@@ -1,0 +1,48 @@
+"""Python kernels the tests run on workers (a module, so that worker
+processes can import it)."""
+
+import os
+import signal
+import time
+
+import numpy as np
+
+import strata
+
+
+@strata.kernel("test.scale", args=("x:r", "y:w"), scalars=("alpha:f64",))
+def scale(x, y, alpha):
+    y[...] = alpha * x
+
+
+@strata.kernel("test.stencil", args=("x:r", "y:w"))
+def stencil(x, y):
+    # numpy work on strided arguments: y = x[:-1] * 2 + x[1:] (row-wise).
+    y[...] = x[:, :-1] * np.float32(2) + x[:, 1:]
+
+
+@strata.kernel("test.sleep", args=("x:w",), scalars=("seconds:f64",))
+def sleep(x, seconds):
+    time.sleep(seconds)
+    x[...] = 1
+
+
+@strata.kernel("test.fail", args=("x:r",))
+def fail(x):
+    raise ValueError(f"kernel says no to {x.shape}")
+
+
+@strata.kernel("test.write_pid", args=("out:w:i64",))
+def write_pid(out):
+    out[...] = os.getpid()
+
+
+@strata.kernel("test.die_once", args=("out:w:f32",))
+def die_once(out):
+    # The first run kills its own worker; a rerun (elsewhere) writes 7.
+    marker = os.environ["STRATA_TEST_MARKER"]
+    if not os.path.exists(marker):
+        open(marker, "w").close()
+        os.kill(os.getpid(), signal.SIGKILL)
+        time.sleep(10)
+    out[...] = 7

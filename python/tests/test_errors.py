@@ -1,0 +1,126 @@
+"""Errors: each a Python exception naming what was wrong; the
+interpreter never aborts."""
+
+import os
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+import strata
+from conftest import alive
+
+
+def test_unknown_callable_and_bad_view(inproc):
+    a = inproc.zeros((4, 4))
+    with pytest.raises(strata.UnknownCallable, match='unknown callable "matmull"'):
+        inproc.submit("matmull", a, a, a)
+    with pytest.raises(strata.InvalidView, match="without a copy"):
+        a[:, 1:3].reshape(8)
+    with pytest.raises(strata.SubmitError, match="overlap|share"):
+        inproc.submit("copy", a[:2], a[1:3])
+
+
+def test_kernel_exception_fails_only_its_task(local2):
+    c = local2
+    x = c.zeros((3, 5))
+    t = c.submit("test.fail", x[::2, 1:])
+    with pytest.raises(strata.TaskFailed) as e:
+        t.wait()
+    err = e.value
+    assert err.callable == "test.fail@1"
+    assert err.outcome == "TASK_FAILURE"
+    assert "Traceback" in err.cause and "ValueError: kernel says no to (2, 4)" in err.cause
+    assert err.worker is not None and err.task == t.id
+    with pytest.raises(strata.TaskFailed):
+        c.wait_all()
+    # The worker goes on.
+    y = c.zeros(4)
+    c.submit("fill", y, 1.0).wait()
+    assert (y.numpy() == 1).all()
+    c.wait_all()
+
+
+def test_python_kernel_on_strided_views_matches_numpy(local2):
+    c = local2
+    base = np.random.default_rng(3).standard_normal((12, 20)).astype(np.float32)
+    x = c.array(base)
+    y = c.zeros((6, 20))
+    xv = x[::2, 1:].T.T  # rows stepped, columns offset
+    c.submit("test.stencil", xv, y[:, 2:])
+    c.wait_all()
+    want = base[::2, 1:][:, :-1] * np.float32(2) + base[::2, 1:][:, 1:]
+    assert y.numpy()[:, 2:].tobytes() == want.tobytes()
+    # in-process workers run it too
+    import pykernels
+
+    with strata.Cluster(in_process=1, kernels=[pykernels.stencil]) as ip:
+        x2 = ip.array(base)
+        y2 = ip.zeros((6, 20))
+        ip.submit("test.stencil", x2[::2, 1:], y2[:, 2:]).wait()
+        assert y2.numpy()[:, 2:].tobytes() == want.tobytes()
+
+
+def test_killed_worker_is_worker_lost_and_retry_reruns(tmp_path, monkeypatch):
+    import pykernels
+
+    monkeypatch.setenv("STRATA_TEST_MARKER", str(tmp_path / "marker"))
+    with strata.Cluster(local=2, kernels=[pykernels.die_once]) as c:
+        out = c.zeros(4)
+        with pytest.raises(strata.WorkerLost) as e:
+            c.submit("test.die_once", out).wait()
+        assert e.value.outcome == "ENDPOINT_FAILURE"
+        with pytest.raises(strata.WorkerLost):
+            c.wait_all()
+    os.unlink(tmp_path / "marker")
+    with strata.Cluster(local=2, retry=1, kernels=[pykernels.die_once]) as c:
+        out = c.zeros(4)
+        c.submit("test.die_once", out).wait()
+        assert (out.numpy() == 7).all()
+        pids = [w.pid for w in c.workers]
+        assert sum(alive(p) for p in pids) == 1
+
+
+def start_tcp_worker(tmp_path, token):
+    tok = tmp_path / "token"
+    tok.write_text(token)
+    p = subprocess.Popen(
+        [sys.executable, "-m", "strata.worker", "--listen", "tcp:127.0.0.1:0", "--token-file", str(tok)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    line = p.stdout.readline()
+    addr = next(w.split("=", 1)[1] for w in line.split() if w.startswith("listen="))
+    return p, addr
+
+
+def test_wrong_token_is_refused(tmp_path):
+    p, addr = start_tcp_worker(tmp_path, "right-token")
+    try:
+        with pytest.raises(strata.AuthenticationError, match="authentication"):
+            strata.Cluster(workers=[addr], token="wrong-token")
+        with strata.Cluster(workers=[addr], token="right-token") as c:
+            assert c.workers[0].transport == "grpc-tcp"
+            a = c.array(np.arange(6, dtype=np.float32))
+            b = c.zeros(6)
+            c.submit("copy", a[::2], b[3:]).wait()
+            assert b.numpy().tolist() == [0, 0, 0, 0, 2, 4]
+    finally:
+        p.terminate()
+        p.wait(10)
+
+
+def test_closed_cluster_and_start_errors():
+    c = strata.Cluster(in_process=1)
+    a = c.zeros(4)
+    c.close()
+    assert c.closed
+    with pytest.raises(strata.ClusterClosed):
+        c.submit("fill", a, 1.0)
+    with pytest.raises(strata.ClusterError, match="no workers"):
+        strata.Cluster()
+    with pytest.raises(strata.ClusterError):
+        strata.Cluster(workers=["unix:/nonexistent/strata.sock"])

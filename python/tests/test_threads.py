@@ -1,0 +1,115 @@
+"""wait_all releases the GIL, and Ctrl-C interrupts it promptly, leaving
+no worker behind."""
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+import numpy as np
+
+import strata
+from conftest import alive
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def test_wait_all_releases_the_gil(local2):
+    c = local2
+    a = c.zeros(4)
+    for _ in range(3):
+        c.submit("test.sleep", a, 0.15)
+    counted = [0]
+    stop = threading.Event()
+
+    def spin():
+        while not stop.is_set():
+            counted[0] += 1
+
+    t = threading.Thread(target=spin)
+    t.start()
+    start = time.monotonic()
+    c.wait_all()
+    took = time.monotonic() - start
+    at_end = counted[0]
+    stop.set()
+    t.join()
+    assert took >= 0.4
+    # A Python thread that needs the GIL ran all along.
+    assert at_end > 100_000, at_end
+
+
+SCRIPT = textwrap.dedent(
+    """
+    import sys, time
+    sys.path.insert(0, {here!r})
+    import strata, pykernels
+    c = strata.Cluster(local=2, kernels=[pykernels.sleep])
+    a = c.zeros(4)
+    for _ in range(200):
+        c.submit("test.sleep", a, 0.05)
+    print("pids", *[w.pid for w in c.workers], flush=True)
+    try:
+        c.wait_all()
+        print("finished", flush=True)
+    except KeyboardInterrupt:
+        print("interrupted", time.monotonic(), flush=True)
+        c.close()
+        print("closed", time.monotonic(), flush=True)
+    """
+)
+
+
+def test_ctrl_c_interrupts_wait_all_and_leaves_no_worker():
+    p = subprocess.Popen(
+        [sys.executable, "-c", SCRIPT.format(here=HERE)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    line = p.stdout.readline()
+    assert line.startswith("pids"), line
+    pids = [int(x) for x in line.split()[1:]]
+    assert all(alive(pid) for pid in pids)
+    time.sleep(0.5)  # well inside the 10 s of work
+    sent = time.monotonic()
+    p.send_signal(signal.SIGINT)
+    out = p.stdout.readline()
+    assert out.startswith("interrupted"), out
+    interrupted = float(out.split()[1])
+    assert interrupted - sent < 1.0, interrupted - sent
+    closed = p.stdout.readline()
+    assert closed.startswith("closed"), closed
+    p.wait(10)
+    assert p.returncode == 0
+    deadline = time.monotonic() + 2
+    while any(alive(pid) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not any(alive(pid) for pid in pids)
+
+
+def test_wait_all_after_an_interrupt_still_reports_the_whole_run(local2):
+    c = local2
+    a = c.zeros(4)
+    b = c.zeros(4)
+    c.submit("test.sleep", a, 0.3)
+    c.submit("test.fail", a)  # after the sleep (reads a): fails
+    c.submit("fill", b, 2.0)
+    threading.Timer(0.1, os.kill, (os.getpid(), signal.SIGINT)).start()
+    try:
+        c.wait_all()
+        raise AssertionError("not interrupted")
+    except KeyboardInterrupt:
+        pass
+    # The interrupted wait's request is taken over: the run's first
+    # failure and its figures are not lost.
+    try:
+        c.wait_all()
+        raise AssertionError("the failure was lost")
+    except strata.TaskFailed as e:
+        assert e.callable == "test.fail@1"
+    s = c.wait_all()
+    assert s.submitted == 0
+    assert (b.numpy() == 2).all()

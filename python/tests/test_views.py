@@ -1,0 +1,92 @@
+"""Views by numpy indexing: each the same bytes as numpy's own answer."""
+
+import numpy as np
+import pytest
+
+import strata
+
+KEYS = [
+    (slice(1, 7, 2),),
+    (slice(None), slice(2, None, 3)),
+    (3,),
+    (Ellipsis, 2),
+    (2, slice(1, 5)),
+    (slice(None, None, 2), slice(None, None, 3)),
+    (None, slice(1, 3)),
+    (slice(5, 6), 4),
+    (-1, -2),
+]
+
+
+@pytest.mark.parametrize("key", KEYS)
+def test_indexing_is_numpys_view(inproc, key):
+    ref = np.arange(8 * 9, dtype=np.int32).reshape(8, 9)
+    a = inproc.array(ref)
+    v = a[key]
+    want = a.numpy()[key]
+    got = v.numpy()
+    if want.ndim == 0:
+        assert got.shape == (1,)
+        assert got[0] == want
+    else:
+        assert got.shape == want.shape
+        assert np.array_equal(got, want)
+        assert got.__array_interface__["data"][0] == want.__array_interface__["data"][0]
+    assert np.shares_memory(got, a.numpy())
+
+
+def test_transpose_reshape_and_dtype_views(inproc):
+    ref = np.arange(4 * 6 * 2, dtype=np.float32).reshape(4, 6, 2)
+    a = inproc.array(ref)
+    assert np.array_equal(a.T.numpy(), ref.T)
+    assert np.array_equal(a.transpose(1, 0, 2).numpy(), ref.transpose(1, 0, 2))
+    assert np.array_equal(a.transpose((2, 0, 1)).numpy(), ref.transpose(2, 0, 1))
+    assert np.array_equal(a.reshape(8, 6).numpy(), ref.reshape(8, 6))
+    assert np.array_equal(a.reshape(-1).numpy(), ref.reshape(-1))
+    assert np.array_equal(a.view(np.uint16).numpy(), ref.view(np.uint16))
+    assert a.view("u1").shape == (4, 6, 8)
+    assert np.array_equal(a[1:3].view(np.int32).numpy(), ref[1:3].view(np.int32))
+    # A stepped column block cannot be flattened without a copy.
+    with pytest.raises(strata.InvalidView, match="without a copy"):
+        a[:, ::2].reshape(-1)
+
+
+def test_refusals_name_the_problem(inproc):
+    a = inproc.array(np.zeros((4, 4), np.float32))
+    with pytest.raises(strata.InvalidIndex, match="fancy index"):
+        a[[0, 2]]
+    with pytest.raises(strata.InvalidIndex, match="fancy index"):
+        a[np.array([1, 2])]
+    with pytest.raises(strata.InvalidIndex, match="boolean"):
+        a[True]
+    with pytest.raises(strata.InvalidView, match="forward only"):
+        a[::-1]
+    with pytest.raises(strata.InvalidView, match="empty axis"):
+        a[2:2]
+    with pytest.raises(IndexError):
+        a[4]
+    with pytest.raises(strata.InvalidView, match="not a permutation"):
+        a.transpose(0, 0)
+    with pytest.raises(strata.InvalidView):
+        inproc.zeros((0, 3))
+    with pytest.raises(strata.InvalidView, match="dtype"):
+        inproc.zeros((3,), np.complex64)
+    # InvalidView is also a ValueError, InvalidIndex an IndexError.
+    assert issubclass(strata.InvalidIndex, IndexError)
+    assert issubclass(strata.InvalidView, ValueError)
+
+
+def test_numpy_writes_are_the_buffers(inproc):
+    a = inproc.zeros((3, 5), np.int64)
+    a[1, 2:4] = 9
+    a.numpy()[2] = np.arange(5)
+    b = a[1:, 1:]
+    assert b.numpy().tolist() == [[0, 9, 9, 0], [1, 2, 3, 4]]
+    assert a.to_numpy().base is None or not np.shares_memory(a.to_numpy(), a.numpy())
+
+
+def test_strata_dtypes_numpy_lacks(inproc):
+    b = inproc.zeros((4, 4), "bf16")
+    assert b.dtype == "bf16"
+    assert b.numpy().dtype == np.uint16
+    assert inproc.zeros(3, "f16").dtype == np.float16

@@ -4,8 +4,6 @@
 //! through [`Engine::on_event`], the door the differential simulator uses
 //! too, and carries out the [`Action`]s that come back.
 
-use std::collections::BTreeMap;
-
 use rustc_hash::FxHashMap as HashMap;
 use std::time::{Duration, Instant};
 
@@ -69,7 +67,23 @@ pub(crate) struct DagActor {
     policy: crate::policy::Quarantine,
     /// Losses waiting for their fence, with the moment they are given up on.
     deadlines: Vec<(Instant, WorkerId, u64)>,
+    /// Members dispatched and not yet sent, by worker: every message
+    /// waiting for the actor is taken before they go, so a step's
+    /// dispatches to one worker travel as one batch.
+    pending: Vec<Vec<DispatchItem>>,
+    /// Members in `pending`.
+    pending_n: usize,
 }
+
+/// Messages taken in one step at most before the dispatches they caused
+/// are sent.
+const STEP: usize = 256;
+
+/// How long a dispatch may wait in a step for more messages to join its
+/// batch: a step that has decided a dispatch ends once this has passed
+/// (a stream of large submissions must not hold back the dispatches of
+/// what is ready).
+const STEP_HOLD: Duration = Duration::from_micros(50);
 
 impl DagActor {
     pub(crate) fn new(
@@ -81,6 +95,8 @@ impl DagActor {
     ) -> Self {
         DagActor {
             engine: Engine::new(),
+            pending: endpoints.iter().map(|_| Vec::new()).collect(),
+            pending_n: 0,
             endpoints,
             next_id: 1,
             records: HashMap::default(),
@@ -100,33 +116,103 @@ impl DagActor {
     }
 
     /// Serves until the driver asks for shutdown or goes away.
+    ///
+    /// One step: one message awaited, then what else is already waiting
+    /// (completions first, up to [`STEP`] in all), then the dispatches all
+    /// of them caused, one batch per worker. Under load that turns one
+    /// channel send, one task-stream write and one wake-up of the worker
+    /// per task into one per batch; a lone message is sent on at once.
     pub(crate) async fn run(
         mut self,
         mut cmds: mpsc::Receiver<Cmd>,
         mut ups: mpsc::UnboundedReceiver<Notice>,
     ) {
         let mut ups_open = true;
-        loop {
+        'serve: loop {
             let next = self.deadlines.iter().map(|d| d.0).min();
-            tokio::select! {
+            let first = tokio::select! {
                 biased;
-                () = sleep_until(next), if next.is_some() => self.deadline_passed().await,
+                () = sleep_until(next), if next.is_some() => {
+                    self.flush().await;
+                    self.deadline_passed();
+                    None
+                }
                 up = ups.recv(), if ups_open => match up {
-                    Some(up) => self.on_notice(up).await,
-                    None => ups_open = false,
+                    Some(up) => Some(Msg::Up(up)),
+                    None => {
+                        ups_open = false;
+                        None
+                    }
                 },
                 cmd = cmds.recv() => match cmd {
-                    None => break,
-                    Some(Cmd::Shutdown { reply }) => {
+                    None => break 'serve,
+                    Some(cmd) => Some(Msg::Cmd(cmd)),
+                },
+            };
+            let mut msg = first;
+            let mut taken = 0;
+            let mut held_since = None;
+            loop {
+                match msg {
+                    Some(Msg::Up(up)) => self.on_notice(up).await,
+                    Some(Msg::Cmd(Cmd::Shutdown { reply })) => {
+                        self.flush().await;
                         self.shutdown().await;
                         let _ = reply.send(());
                         return;
                     }
-                    Some(cmd) => self.on_cmd(cmd).await,
-                },
+                    Some(Msg::Cmd(cmd)) => self.on_cmd(cmd).await,
+                    None => {}
+                }
+                taken += 1;
+                if taken == STEP {
+                    break;
+                }
+                if self.pending_n > 0 {
+                    let since = *held_since.get_or_insert_with(Instant::now);
+                    if since.elapsed() >= STEP_HOLD {
+                        break;
+                    }
+                }
+                msg = match ups.try_recv() {
+                    Ok(up) if ups_open => Some(Msg::Up(up)),
+                    _ => match cmds.try_recv() {
+                        Ok(cmd) => Some(Msg::Cmd(cmd)),
+                        Err(_) => break,
+                    },
+                };
+            }
+            self.flush().await;
+        }
+        self.flush().await;
+        self.shutdown().await;
+    }
+
+    /// Sends the members dispatched since the last flush, one batch per
+    /// worker.
+    async fn flush(&mut self) {
+        if self.pending_n == 0 {
+            return;
+        }
+        self.pending_n = 0;
+        for (i, items) in self.pending.iter_mut().enumerate() {
+            if items.is_empty() {
+                continue;
+            }
+            let items = std::mem::take(items);
+            let worker = WorkerId(i as u32);
+            let ep = &self.endpoints[i];
+            debug!(%worker, members = items.len(), "dispatching");
+            // An endpoint that stopped has reported (or will report) its
+            // worker down, which fails these members in the engine.
+            let dispatch = EpCmd::Dispatch {
+                items,
+                rejoins: ep.rejoins,
+            };
+            if ep.tx.send(dispatch).await.is_err() {
+                debug!(%worker, "endpoint gone; its dispatches fail with it");
             }
         }
-        self.shutdown().await;
     }
 
     /// Stops every endpoint (each closes its task stream and fd channel)
@@ -170,6 +256,12 @@ impl DagActor {
                 return;
             }
         };
+        if !matches!(event, Event::Finished { .. }) {
+            // What changes a worker's state (up, lost, fenced) is acted on
+            // after the dispatches decided before it are sent, as they
+            // were decided: under the worker's session as it was.
+            self.flush().await;
+        }
         match &event {
             Event::WorkerUp { worker, .. } => {
                 if let Some(ep) = self.endpoints.get_mut(worker.0 as usize) {
@@ -215,10 +307,13 @@ impl DagActor {
                 }
             }
         }
-        self.act(actions).await;
+        self.act(actions);
     }
 
     async fn on_cmd(&mut self, cmd: Cmd) {
+        if !matches!(cmd, Cmd::Submit { .. }) {
+            self.flush().await;
+        }
         match cmd {
             Cmd::Submit { spec, submission } => {
                 let id = submission.task.id();
@@ -239,7 +334,7 @@ impl DagActor {
                     },
                 );
                 let actions = self.engine.on_event(Event::Submit(submission));
-                self.act(actions).await;
+                self.act(actions);
             }
             Cmd::Wait { task, reply } => {
                 if let Some(r) = self.records.get_mut(&task) {
@@ -262,7 +357,7 @@ impl DagActor {
                 self.all_waiters.push(reply);
                 self.settle();
             }
-            Cmd::Cancel { task, reply } => self.answer(Event::Cancel(task), reply).await,
+            Cmd::Cancel { task, reply } => self.answer(Event::Cancel(task), reply),
             Cmd::OpenScope { reply } => {
                 for a in self.engine.on_event(Event::OpenScope) {
                     if let Action::ScopeOpened(scope) = a {
@@ -289,7 +384,7 @@ impl DagActor {
                 };
                 let _ = reply.send(r);
             }
-            Cmd::EndScope { scope, reply } => self.answer(Event::EndScope(scope), reply).await,
+            Cmd::EndScope { scope, reply } => self.answer(Event::EndScope(scope), reply),
             Cmd::Totals { reply } => {
                 let _ = reply.send(self.totals.clone());
             }
@@ -304,7 +399,7 @@ impl DagActor {
     /// A driver's call as an engine event: refused (the reply says why,
     /// nothing changed), or done (the reply says so, then its actions are
     /// carried out).
-    async fn answer(&mut self, event: Event, reply: oneshot::Sender<Result<(), Error>>) {
+    fn answer(&mut self, event: Event, reply: oneshot::Sender<Result<(), Error>>) {
         let actions = self.engine.on_event(event);
         match refused(&actions) {
             Some(r) => {
@@ -312,16 +407,17 @@ impl DagActor {
             }
             None => {
                 let _ = reply.send(Ok(()));
-                self.act(actions).await;
+                self.act(actions);
             }
         }
     }
 
-    /// Carries out the engine's actions: dispatches go to the endpoints in
-    /// one batch per worker; finished tasks wake their waiters and let go
-    /// of their buffers; scoped buffers whose scope ended are dropped.
-    async fn act(&mut self, actions: Vec<Action>) {
-        let mut batches: BTreeMap<WorkerId, Vec<DispatchItem>> = BTreeMap::new();
+    /// Carries out the engine's actions: dispatches join their worker's
+    /// batch (sent by [`DagActor::flush`] at the end of the step); finished
+    /// tasks wake their waiters and let go of their buffers; scoped buffers
+    /// whose scope ended are dropped.
+    fn act(&mut self, actions: Vec<Action>) {
+        let mut now = None;
         for a in actions {
             match a {
                 Action::Accepted { task, edges } => {
@@ -345,10 +441,14 @@ impl DagActor {
                     let Some(r) = self.records.get_mut(&task) else {
                         continue;
                     };
+                    let Some(batch) = self.pending.get_mut(worker.0 as usize) else {
+                        continue;
+                    };
                     r.workers[member] = Some(worker);
-                    r.dispatched[member] = Some(Instant::now());
+                    r.dispatched[member] = Some(*now.get_or_insert_with(Instant::now));
+                    self.pending_n += 1;
                     let m = &r.spec.members[member];
-                    batches.entry(worker).or_default().push(DispatchItem {
+                    batch.push(DispatchItem {
                         task,
                         member,
                         callable: m.callable,
@@ -370,21 +470,6 @@ impl DagActor {
                         }
                     }
                 }
-            }
-        }
-        for (worker, items) in batches {
-            let Some(ep) = self.endpoints.get(worker.0 as usize) else {
-                continue;
-            };
-            debug!(%worker, members = items.len(), "dispatching");
-            // An endpoint that stopped has reported (or will report) its
-            // worker down, which fails these members in the engine.
-            let dispatch = EpCmd::Dispatch {
-                items,
-                rejoins: ep.rejoins,
-            };
-            if ep.tx.send(dispatch).await.is_err() {
-                debug!(%worker, "endpoint gone; its dispatches fail with it");
             }
         }
         self.settle();
@@ -437,7 +522,7 @@ impl DagActor {
 
     /// The fence of a loss did not come in time: what waits on its
     /// quarantined bytes fails.
-    async fn deadline_passed(&mut self) {
+    fn deadline_passed(&mut self) {
         let now = Instant::now();
         let (due, rest): (Vec<_>, Vec<_>) = self.deadlines.drain(..).partition(|d| d.0 <= now);
         self.deadlines = rest;
@@ -457,8 +542,14 @@ impl DagActor {
                     .on_event(Event::Abandoned { worker, epoch, why }),
             );
         }
-        self.act(actions).await;
+        self.act(actions);
     }
+}
+
+/// A message the actor took.
+enum Msg {
+    Up(Notice),
+    Cmd(Cmd),
 }
 
 /// The refusal an answer of the engine holds, if it is one.

@@ -83,7 +83,7 @@ const STEP: usize = 256;
 /// batch: a step that has decided a dispatch ends once this has passed
 /// (a stream of large submissions must not hold back the dispatches of
 /// what is ready).
-const STEP_HOLD: Duration = Duration::from_micros(50);
+const STEP_HOLD: Duration = Duration::from_micros(20);
 
 impl DagActor {
     pub(crate) fn new(

@@ -174,8 +174,22 @@ impl DagActor {
                         break;
                     }
                 }
+                // `try_recv` takes nothing from the task's cooperative
+                // budget, as `recv` does: without this, a long stream of
+                // submissions would keep the actor on its thread and
+                // starve the endpoints woken onto the same thread by its
+                // sends (seen: the demo's first imports two times later).
+                // With a dispatch pending only completions are taken, for
+                // 20 µs at most, and the step ends without yielding.
+                if self.pending_n == 0 {
+                    tokio::task::coop::consume_budget().await;
+                }
                 msg = match ups.try_recv() {
                     Ok(up) if ups_open => Some(Msg::Up(up)),
+                    // A submission costs what inserting it into the graph
+                    // costs, which has no bound worth waiting for: once a
+                    // dispatch is decided only completions join its batch.
+                    _ if self.pending_n > 0 => break,
                     _ => match cmds.try_recv() {
                         Ok(cmd) => Some(Msg::Cmd(cmd)),
                         Err(_) => break,

@@ -71,6 +71,11 @@ pub struct WorkerArgs {
     /// completions travel on the gRPC stream.
     #[arg(long)]
     pub no_ring: bool,
+    /// Never offer TCP clients a data connection: view bytes too large for
+    /// a message travel on the gRPC `Stage` and `Fetch` calls. (A worker
+    /// with TLS never offers one: its frames would not be encrypted.)
+    #[arg(long)]
+    pub no_data_port: bool,
 }
 
 impl WorkerArgs {
@@ -115,6 +120,7 @@ impl WorkerArgs {
         c.session_grace = std::time::Duration::from_millis(self.session_grace_ms);
         c.peer_timeout = std::time::Duration::from_millis(self.peer_timeout_ms);
         c.ring = !self.no_ring;
+        c.data_port = !self.no_data_port;
         Ok(c)
     }
 }

@@ -61,6 +61,11 @@ pub struct WorkerConfig {
     /// Offer local clients a shared-memory ring for their tasks (Unix
     /// listeners only); when false, tasks always travel on the gRPC stream.
     pub ring: bool,
+    /// Offer TCP clients a data connection (a second port, announced in
+    /// the handshake) for view bytes too large for a message or above
+    /// the client's threshold. Never under TLS: its frames are not
+    /// encrypted, so a TLS worker leaves those bytes on the gRPC calls.
+    pub data_port: bool,
 }
 
 impl WorkerConfig {
@@ -77,6 +82,7 @@ impl WorkerConfig {
             session_grace: std::time::Duration::from_secs(30),
             peer_timeout: std::time::Duration::from_secs(10),
             ring: true,
+            data_port: true,
         }
     }
 

@@ -18,7 +18,7 @@ use strata_core::Event;
 use super::EndpointActor;
 use crate::actors::{DispatchItem, MemberFailure, Notice, Report};
 use crate::buffer::{Backing, HostShared};
-use crate::link::{LinkError, Memory};
+use crate::link::{LinkError, Memory, StageBody};
 
 /// A member on the worker.
 pub(super) struct InFlight {
@@ -58,14 +58,36 @@ impl EndpointActor {
         let mut batches: Vec<Vec<TaskRequest>> = vec![Vec::new()];
         let mut size = 0usize;
         for item in &items {
-            let (req, f) = match self.request(item, &refused) {
+            let (mut req, f, ahead) = match self.request(item, &refused) {
                 Ok(r) => r,
                 Err(cause) => {
                     self.finish(item, Err(cause));
                     continue;
                 }
             };
-            let (mut req, f) = (req, f);
+            // Views for the data connection go first, whatever their
+            // message's size.
+            if let Err((arg, bytes, e)) = self.stage_each(&mut req, ahead).await {
+                match e {
+                    LinkError::Refused(why) => {
+                        self.finish(
+                            item,
+                            Err(MemberFailure::StagedAhead {
+                                arg,
+                                bytes,
+                                why: why.to_string(),
+                            }),
+                        );
+                        continue;
+                    }
+                    e => {
+                        return self.lost(format!(
+                            "staging the {bytes} bytes of argument {arg} of {}: {e}",
+                            item.task
+                        ));
+                    }
+                }
+            }
             // Views too large for the message go ahead of it, largest first,
             // until the rest fits (written views too large for the
             // completion come back the same way: the worker holds them and
@@ -152,10 +174,33 @@ impl EndpointActor {
             let id = self.stages;
             let bytes = data.len();
             self.link
-                .stage(id, data)
+                .stage(id, StageBody::Packed(data))
                 .await
                 .map_err(|e| (arg as u32, bytes, e))?;
             req.staged.push((arg as u32, id));
+        }
+        Ok(())
+    }
+
+    /// Stages each of `ahead` (views for the data connection) before
+    /// `req`, which then names them ([`TaskRequest::staged`]).
+    ///
+    /// # Errors
+    /// As [`Self::stage_ahead`].
+    async fn stage_each(
+        &mut self,
+        req: &mut TaskRequest,
+        ahead: Vec<(u32, StageBody)>,
+    ) -> Result<(), (u32, usize, LinkError)> {
+        for (arg, body) in ahead {
+            self.stages += 1;
+            let id = self.stages;
+            let bytes = usize::try_from(body.len()).unwrap_or(usize::MAX);
+            self.link
+                .stage(id, body)
+                .await
+                .map_err(|e| (arg, bytes, e))?;
+            req.staged.push((arg, id));
         }
         Ok(())
     }
@@ -245,8 +290,10 @@ impl EndpointActor {
         &self,
         item: &DispatchItem,
         refused: &HashMap<CanonicalIdentity, String>,
-    ) -> Result<(TaskRequest, InFlight), MemberFailure> {
+    ) -> Result<(TaskRequest, InFlight, Vec<(u32, StageBody)>), MemberFailure> {
         let staged_link = self.staged();
+        let data_from = self.link.facts().data_from;
+        let mut ahead = Vec::new();
         let mut tensors = Vec::with_capacity(item.args.len());
         let mut tags = Vec::with_capacity(item.args.len());
         let mut inline = Vec::with_capacity(item.args.len());
@@ -257,6 +304,29 @@ impl EndpointActor {
             tags.push(a.tag);
             match &a.backing {
                 Backing::Host(h) if staged_link => {
+                    let len = strata_chip::staging::packed_len(&a.tensor);
+                    staged.push((i as u32, a.tensor, Arc::clone(h), a.tag.writes()));
+                    if a.tag != ArgTag::Output && data_from.is_some_and(|from| len >= from) {
+                        // On the data connection, ahead of the task: a
+                        // contiguous view straight from the memfd, a
+                        // strided one packed once.
+                        let body = if a.tensor.is_contiguous() {
+                            StageBody::File {
+                                host: Arc::clone(h),
+                                offset: a.tensor.byte_offset(),
+                                len,
+                            }
+                        } else {
+                            StageBody::Packed(
+                                h.pack(&a.tensor, &self.recycler)
+                                    .map_err(|source| MemberFailure::Staging { arg: i, source })?,
+                            )
+                        };
+                        sent += len;
+                        ahead.push((i as u32, body));
+                        inline.push(None);
+                        continue;
+                    }
                     let data = if a.tag == ArgTag::Output {
                         Bytes::new()
                     } else {
@@ -266,7 +336,6 @@ impl EndpointActor {
                     };
                     sent += data.len() as u64;
                     inline.push(Some(data));
-                    staged.push((i as u32, a.tensor, Arc::clone(h), a.tag.writes()));
                 }
                 Backing::Host(h) => {
                     if let Some(why) = refused.get(h.descriptor().identity()) {
@@ -297,6 +366,7 @@ impl EndpointActor {
                 staged,
                 sent,
             },
+            ahead,
         ))
     }
 

@@ -143,6 +143,14 @@ impl DataConnection {
     /// Not cancel safe: dropped midway, the connection is out of step and
     /// must be dropped (the worker then gives back what arrived).
     pub async fn stage(&mut self, id: u64, body: Body<'_>) -> Result<(), ClientError> {
+        if body.is_empty() || body.len() > strata_proto::MAX_INLINE_EXTENT {
+            // The worker would take the header as malformed and close.
+            return Err(ClientError::Status(Status::invalid_argument(format!(
+                "stage {id}: {} bytes: staged bytes are 1 to {} bytes (the largest inline view)",
+                body.len(),
+                strata_proto::MAX_INLINE_EXTENT
+            ))));
+        }
         let header = Request::Stage {
             id,
             len: body.len(),
@@ -199,6 +207,9 @@ impl DataConnection {
     /// Not cancel safe: the bytes are given out once, and a dropped call
     /// loses them and leaves the connection out of step.
     pub async fn fetch(&mut self, id: u64, max: u64, into: &mut Vec<u8>) -> Result<(), ClientError> {
+        // No worker holds more than that; a larger `max` would be a
+        // malformed header to it.
+        let max = max.clamp(1, strata_proto::MAX_INLINE_EXTENT);
         self.stream
             .write_all(&Request::Fetch { id, max }.encode())
             .await

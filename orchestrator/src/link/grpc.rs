@@ -409,6 +409,15 @@ impl WorkerLink for GrpcLink {
         // reading, and a stage would wait on its full socket for ever.
         Box::pin(self.unless_down(async move {
             if let Some(data) = &self.data {
+                // What the worker's header check would refuse by ending
+                // the connection: refused here, as the `Stage` call would.
+                let len = body.len();
+                if len > strata_proto::MAX_INLINE_EXTENT {
+                    return Err(LinkError::Refused(Refusal::Invalid(format!(
+                        "Stage {id}: total {len}: staged bytes are 1 to {} bytes (the largest inline view)",
+                        strata_proto::MAX_INLINE_EXTENT
+                    ))));
+                }
                 let mut slot = data.lock().await;
                 let mut conn = take_data(&mut slot)?;
                 let body_ref = match &body {

@@ -26,7 +26,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use bytes::BytesMut;
+use bytes::Bytes;
 use strata_proto::bulk::{HEADER_BYTES, HELLO_BYTES, Hello, RefusalCode, Reply, Request, refusal};
 use strata_worker_core::SessionId;
 use subtle::ConstantTimeEq;
@@ -54,6 +54,7 @@ pub(crate) async fn serve(
     mut shutdown: watch::Receiver<bool>,
 ) {
     let waiting = Arc::new(Semaphore::new(MAX_UNAUTHENTICATED));
+    let spares = Spares::default();
     loop {
         let (stream, peer) = tokio::select! {
             r = listener.accept() => match r {
@@ -73,9 +74,10 @@ pub(crate) async fn serve(
         };
         let node = Arc::clone(&node);
         let shutdown = shutdown.clone();
+        let spares = spares.clone();
         tokio::spawn(async move {
             let _ = stream.set_nodelay(true);
-            connection(stream, peer, node, permit, shutdown).await;
+            connection(stream, peer, node, permit, shutdown, spares).await;
         });
     }
 }
@@ -100,6 +102,7 @@ async fn connection(
     node: Arc<Node>,
     permit: tokio::sync::OwnedSemaphorePermit,
     mut shutdown: watch::Receiver<bool>,
+    spares: Spares,
 ) {
     let mut raw = [0u8; HELLO_BYTES];
     match tokio::time::timeout(HELLO_TIMEOUT, stream.read_exact(&mut raw)).await {
@@ -154,7 +157,7 @@ async fn connection(
     debug!(%peer, session = %id, hold_from = hello.hold_from, "data connection open");
     let mut ended = session.ended();
     let why = tokio::select! {
-        why = requests(&mut stream, &slot.0) => why,
+        why = requests(&mut stream, &slot.0, &spares) => why,
         // The session's end (its task stream closed) or the worker's ends
         // the connection too, whatever it was doing: a stage cut short
         // gives its bytes back.
@@ -165,7 +168,7 @@ async fn connection(
 }
 
 /// Serves requests until the connection ends; returns why it did.
-async fn requests(stream: &mut TcpStream, session: &Session) -> String {
+async fn requests(stream: &mut TcpStream, session: &Session, spares: &Spares) -> String {
     let mut raw = [0u8; HEADER_BYTES];
     loop {
         if let Err(e) = stream.read_exact(&mut raw).await {
@@ -184,7 +187,7 @@ async fn requests(stream: &mut TcpStream, session: &Session) -> String {
             }
         };
         let r = match request {
-            Request::Stage { id, len } => stage(stream, session, id, len).await,
+            Request::Stage { id, len } => stage(stream, session, spares, id, len).await,
             Request::Fetch { id, max } => fetch(stream, session, id, max).await,
         };
         if let Err(why) = r {
@@ -202,7 +205,13 @@ fn held_code(e: &HeldError) -> RefusalCode {
 }
 
 /// One stage: `len` (checked) bytes follow the header.
-async fn stage(stream: &mut TcpStream, session: &Session, id: u64, len: u64) -> Result<(), String> {
+async fn stage(
+    stream: &mut TcpStream,
+    session: &Session,
+    spares: &Spares,
+    id: u64,
+    len: u64,
+) -> Result<(), String> {
     let staging = match session.held.begin_stage(id, len) {
         Ok(s) => s,
         Err(e) => {
@@ -224,10 +233,12 @@ async fn stage(stream: &mut TcpStream, session: &Session, id: u64, len: u64) -> 
         }
     };
     // `len` ≤ MAX_INLINE_EXTENT (checked by the header) and admitted by
-    // the session's budget: only now is memory taken for it, uninitialized
-    // (read_buf fills it straight from the socket).
+    // the session's budget: only now is memory taken for it — a string
+    // kept from an earlier stage when one is large enough, else a new one
+    // — never zeroed (read_buf fills it straight from the socket, and only
+    // what it filled is ever seen).
     let total = usize::try_from(len).map_err(|_| format!("stage {id}: {len} bytes"))?;
-    let mut buf = BytesMut::with_capacity(total);
+    let mut buf = spares.take(total);
     let mut body = (&mut *stream).take(len);
     while buf.len() < total {
         match body.read_buf(&mut buf).await {
@@ -241,7 +252,7 @@ async fn stage(stream: &mut TcpStream, session: &Session, id: u64, len: u64) -> 
             Err(e) => return Err(format!("stage {id}: read: {e}")),
         }
     }
-    staging.finish(buf.freeze());
+    staging.finish(spares.wrap(buf));
     stream
         .write_all(&Reply::Ok { id }.encode())
         .await
@@ -276,4 +287,100 @@ async fn fetch(stream: &mut TcpStream, session: &Session, id: u64, max: u64) -> 
         .write_all(&bytes)
         .await
         .map_err(|e| format!("fetch {id}: write: {e}"))
+}
+
+/// Most bytes of capacity kept by [`Spares`], over all sessions.
+const KEEP_BYTES: usize = 128 << 20;
+
+type Shelf = std::sync::Mutex<Vec<Vec<u8>>>;
+
+/// Strings staged bytes were received into, kept for the next stage once
+/// their task let go of them: a fresh string's pages are faulted in and
+/// zeroed by the kernel as the socket fills them, which costs about as
+/// much as the copy from the socket itself. A kept string is never seen
+/// past what the next stage wrote into it (its length is reset, and the
+/// `Bytes` covers only what was read), so one session's bytes never show
+/// through in another's.
+#[derive(Debug, Clone, Default)]
+struct Spares(Arc<Shelf>);
+
+fn shelf(s: &Shelf) -> std::sync::MutexGuard<'_, Vec<Vec<u8>>> {
+    s.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl Spares {
+    /// An empty string with room for `len` bytes: the smallest kept one
+    /// large enough, else a new one.
+    fn take(&self, len: usize) -> Vec<u8> {
+        let mut kept = shelf(&self.0);
+        let best = kept
+            .iter()
+            .enumerate()
+            .filter(|(_, v)| v.capacity() >= len)
+            .min_by_key(|(_, v)| v.capacity())
+            .map(|(i, _)| i);
+        match best {
+            Some(i) => kept.swap_remove(i),
+            None => Vec::with_capacity(len),
+        }
+    }
+
+    /// `bytes` as staged bytes (no copy); the string comes back when the
+    /// last reference drops, if there is room.
+    fn wrap(&self, bytes: Vec<u8>) -> Bytes {
+        Bytes::from_owner(Kept {
+            bytes,
+            spares: Arc::downgrade(&self.0),
+        })
+    }
+}
+
+/// A string on loan as staged bytes.
+struct Kept {
+    bytes: Vec<u8>,
+    spares: std::sync::Weak<Shelf>,
+}
+
+impl AsRef<[u8]> for Kept {
+    fn as_ref(&self) -> &[u8] {
+        &self.bytes
+    }
+}
+
+impl Drop for Kept {
+    fn drop(&mut self) {
+        let Some(spares) = self.spares.upgrade() else {
+            return;
+        };
+        let mut bytes = std::mem::take(&mut self.bytes);
+        let mut kept = shelf(&spares);
+        let held: usize = kept.iter().map(Vec::capacity).sum();
+        if held + bytes.capacity() <= KEEP_BYTES {
+            bytes.clear();
+            kept.push(bytes);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_kept_string_comes_back_empty_and_is_reused() {
+        let spares = Spares::default();
+        let mut v = spares.take(100);
+        v.extend_from_slice(&[9; 100]);
+        let at = v.as_ptr();
+        let b = spares.wrap(v);
+        assert_eq!(&b[..], &[9; 100][..]);
+        let other = spares.take(10);
+        assert_ne!(other.as_ptr(), at, "still lent");
+        drop(b);
+        let again = spares.take(10);
+        assert_eq!(again.as_ptr(), at, "reused");
+        assert!(again.is_empty(), "nothing of the last stage shows");
+        drop(spares.wrap(Vec::with_capacity(KEEP_BYTES + 1)));
+        assert!(shelf(&spares.0).is_empty(), "too large to keep");
+    }
 }

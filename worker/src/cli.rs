@@ -71,11 +71,16 @@ pub struct WorkerArgs {
     /// completions travel on the gRPC stream.
     #[arg(long)]
     pub no_ring: bool,
-    /// Never offer TCP clients a data connection: view bytes too large for
-    /// a message travel on the gRPC `Stage` and `Fetch` calls. (A worker
-    /// with TLS never offers one: its frames would not be encrypted.)
-    #[arg(long)]
+    /// Never offer TCP clients a data connection: large view bytes then
+    /// travel in gRPC messages and the `Stage` and `Fetch` calls. (A
+    /// worker with TLS never offers one: its frames would not be
+    /// encrypted.)
+    #[arg(long, conflicts_with = "data_port")]
     pub no_data_port: bool,
+    /// The TCP port of the data connection (on the listen address); 0
+    /// lets the system pick one. The handshake tells drivers which.
+    #[arg(long, default_value_t = 0)]
+    pub data_port: u16,
 }
 
 impl WorkerArgs {
@@ -120,7 +125,7 @@ impl WorkerArgs {
         c.session_grace = std::time::Duration::from_millis(self.session_grace_ms);
         c.peer_timeout = std::time::Duration::from_millis(self.peer_timeout_ms);
         c.ring = !self.no_ring;
-        c.data_port = !self.no_data_port;
+        c.data_port = (!self.no_data_port).then_some(self.data_port);
         Ok(c)
     }
 }

@@ -143,8 +143,9 @@ impl Worker {
         // without TLS (its frames are not encrypted, so a TLS worker keeps
         // every byte on its TLS connection).
         let data_listener = match &endpoint {
-            Endpoint::Tcp(addr) if config.data_port && config.auth.tls.is_none() => {
-                let l = TcpListener::bind((addr.ip(), 0))
+            Endpoint::Tcp(addr) if config.auth.tls.is_none() && config.data_port.is_some() => {
+                let port = config.data_port.unwrap_or(0);
+                let l = TcpListener::bind((addr.ip(), port))
                     .await
                     .map_err(|e| WorkerError::Bind(format!("data port on {}: {e}", addr.ip())))?;
                 Some(l)

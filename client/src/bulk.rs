@@ -169,7 +169,12 @@ impl DataConnection {
 
     /// `len` bytes of `fd` from `offset` to the socket, by `sendfile(2)`:
     /// the kernel copies from the file's pages into the socket's buffers.
-    async fn send_file(&self, fd: BorrowedFd<'_>, offset: u64, len: u64) -> Result<(), ClientError> {
+    async fn send_file(
+        &self,
+        fd: BorrowedFd<'_>,
+        offset: u64,
+        len: u64,
+    ) -> Result<(), ClientError> {
         let mut off = i64::try_from(offset)
             .map_err(|_| ClientError::Protocol(format!("offset {offset} past a file's range")))?;
         let end = offset
@@ -206,7 +211,12 @@ impl DataConnection {
     /// # Cancel safety
     /// Not cancel safe: the bytes are given out once, and a dropped call
     /// loses them and leaves the connection out of step.
-    pub async fn fetch(&mut self, id: u64, max: u64, into: &mut Vec<u8>) -> Result<(), ClientError> {
+    pub async fn fetch(
+        &mut self,
+        id: u64,
+        max: u64,
+        into: &mut Vec<u8>,
+    ) -> Result<(), ClientError> {
         // No worker holds more than that; a larger `max` would be a
         // malformed header to it.
         let max = max.clamp(1, strata_proto::MAX_INLINE_EXTENT);

@@ -271,18 +271,14 @@ impl Request {
         match kind {
             STAGE => {
                 if id == 0 {
-                    return Err(BulkError::ZeroId {
-                        field: "stage.id",
-                    });
+                    return Err(BulkError::ZeroId { field: "stage.id" });
                 }
                 let len = check_len("stage.len", len, 1, MAX_INLINE_EXTENT)?;
                 Ok(Request::Stage { id, len })
             }
             FETCH => {
                 if id == 0 {
-                    return Err(BulkError::ZeroId {
-                        field: "fetch.id",
-                    });
+                    return Err(BulkError::ZeroId { field: "fetch.id" });
                 }
                 let max = check_len("fetch.max", len, 1, MAX_INLINE_EXTENT)?;
                 Ok(Request::Fetch { id, max })
@@ -457,7 +453,10 @@ mod tests {
         assert_eq!(u64_at(&b, 16), 1 << 20);
         assert_eq!(&b[32..], &[7; SECRET_BYTES]);
         assert_eq!(Hello::decode(&b).unwrap(), hello());
-        assert!(!format!("{:?}", hello()).contains("secret"), "no secret in Debug");
+        assert!(
+            !format!("{:?}", hello()).contains("secret"),
+            "no secret in Debug"
+        );
     }
 
     #[test]
@@ -503,19 +502,58 @@ mod tests {
             assert_eq!(Request::decode(&r.encode()), Ok(r));
         }
         let e = Request::decode(&header(STAGE, 0, 1, MAX_INLINE_EXTENT + 1)).unwrap_err();
-        assert!(matches!(e, BulkError::Length { field: "stage.len", .. }), "{e}");
+        assert!(
+            matches!(
+                e,
+                BulkError::Length {
+                    field: "stage.len",
+                    ..
+                }
+            ),
+            "{e}"
+        );
         let e = Request::decode(&header(STAGE, 0, 1, 0)).unwrap_err();
-        assert!(matches!(e, BulkError::Length { field: "stage.len", .. }), "{e}");
+        assert!(
+            matches!(
+                e,
+                BulkError::Length {
+                    field: "stage.len",
+                    ..
+                }
+            ),
+            "{e}"
+        );
         let e = Request::decode(&header(FETCH, 0, 1, u64::MAX)).unwrap_err();
-        assert!(matches!(e, BulkError::Length { field: "fetch.max", .. }), "{e}");
+        assert!(
+            matches!(
+                e,
+                BulkError::Length {
+                    field: "fetch.max",
+                    ..
+                }
+            ),
+            "{e}"
+        );
         let e = Request::decode(&header(STAGE, 0, 0, 8)).unwrap_err();
         assert_eq!(e, BulkError::ZeroId { field: "stage.id" });
         let e = Request::decode(&header(FETCH, 0, 0, 8)).unwrap_err();
         assert_eq!(e, BulkError::ZeroId { field: "fetch.id" });
         let e = Request::decode(&header(STAGE, 3, 1, 8)).unwrap_err();
-        assert!(matches!(e, BulkError::NotZero { field: "request.code", got: 3 }));
+        assert!(matches!(
+            e,
+            BulkError::NotZero {
+                field: "request.code",
+                got: 3
+            }
+        ));
         let e = Request::decode(&header(77, 0, 1, 8)).unwrap_err();
-        assert_eq!(e, BulkError::Kind { frame: "request", got: 77 });
+        assert_eq!(
+            e,
+            BulkError::Kind {
+                frame: "request",
+                got: 77
+            }
+        );
         // A reply sent where a request belongs is not a request.
         assert!(Request::decode(&Reply::Ok { id: 1 }.encode()).is_err());
     }
@@ -544,7 +582,10 @@ mod tests {
             Reply::decode(&header(REFUSED, 1, 1, MAX_REASON_BYTES as u64 + 1)).is_err(),
             "reason too long"
         );
-        assert!(Reply::decode(&header(OK, 0, 1, 5)).is_err(), "ok with a body");
+        assert!(
+            Reply::decode(&header(OK, 0, 1, 5)).is_err(),
+            "ok with a body"
+        );
         assert!(Reply::decode(&header(STAGE, 0, 1, 5)).is_err());
     }
 

@@ -133,7 +133,13 @@ async fn connection(
     let Some(session) = session else {
         warn!(%peer, session = %id, "data connection refused: unknown session or wrong secret");
         let why = format!("session {id} is unknown or has ended, or the secret is wrong");
-        refuse(&mut stream, RefusalCode::Unauthenticated, hello.session, &why).await;
+        refuse(
+            &mut stream,
+            RefusalCode::Unauthenticated,
+            hello.session,
+            &why,
+        )
+        .await;
         return;
     };
     if session.data_connections.fetch_add(1, Ordering::SeqCst) >= MAX_PER_SESSION {

@@ -457,7 +457,9 @@ impl WorkerLink for GrpcLink {
         Box::pin(self.unless_down(async move {
             if let Some(data) = &self.data {
                 let cap = usize::try_from(expect).unwrap_or(usize::MAX);
-                let mut into = self.recycler.take(cap.min(strata_proto::MAX_INLINE_EXTENT as usize));
+                let mut into = self
+                    .recycler
+                    .take(cap.min(strata_proto::MAX_INLINE_EXTENT as usize));
                 let mut slot = data.lock().await;
                 let mut conn = take_data(&mut slot)?;
                 let r = conn.fetch(id, expect, &mut into).await;
@@ -520,12 +522,9 @@ fn still_in_step(r: &Result<(), ClientError>) -> bool {
 /// The data connection, taken out of its slot for one call: put back by
 /// the caller when [`still_in_step`]. A call whose future is dropped
 /// midway never puts it back, which closes it.
-fn take_data(
-    slot: &mut Option<DataConnection>,
-) -> Result<DataConnection, LinkError> {
-    slot.take().ok_or_else(|| {
-        LinkError::Lost("the data connection broke on an earlier call".into())
-    })
+fn take_data(slot: &mut Option<DataConnection>) -> Result<DataConnection, LinkError> {
+    slot.take()
+        .ok_or_else(|| LinkError::Lost("the data connection broke on an earlier call".into()))
 }
 
 /// The one mapping from client errors (gRPC statuses among them) to link

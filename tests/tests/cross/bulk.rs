@@ -70,7 +70,10 @@ async fn the_data_port_refuses_strangers_and_bad_frames_and_the_worker_serves_on
         .await
         .unwrap();
     let hs = client.handshake().await.unwrap();
-    let offer = hs.data.clone().expect("a token-authenticated worker offers a data port");
+    let offer = hs
+        .data
+        .clone()
+        .expect("a token-authenticated worker offers a data port");
     let strata_client::Endpoint::Tcp(addr) = w.endpoint else {
         unreachable!()
     };
@@ -90,12 +93,18 @@ async fn the_data_port_refuses_strangers_and_bad_frames_and_the_worker_serves_on
     };
 
     // A wrong secret, and a session that does not exist: the same refusal.
-    for (session, secret) in [(hs.session.0, [0u8; SECRET_BYTES]), (hs.session.0 ^ 2, offer.secret.0)] {
+    for (session, secret) in [
+        (hs.session.0, [0u8; SECRET_BYTES]),
+        (hs.session.0 ^ 2, offer.secret.0),
+    ] {
         let mut s = connect().await;
         s.write_all(&hello(session, secret)).await.unwrap();
         let (r, why) = answer(&mut s).await;
         assert_eq!(refused(r), RefusalCode::Unauthenticated, "{why}");
-        assert!(why.contains("unknown or has ended, or the secret is wrong"), "{why}");
+        assert!(
+            why.contains("unknown or has ended, or the secret is wrong"),
+            "{why}"
+        );
         assert!(closed(&mut s).await);
     }
     // The same through the client.
@@ -119,7 +128,9 @@ async fn the_data_port_refuses_strangers_and_bad_frames_and_the_worker_serves_on
     // An authenticated connection: an oversize stage header ends it
     // before anything is allocated.
     let mut s = connect().await;
-    s.write_all(&hello(hs.session.0, offer.secret.0)).await.unwrap();
+    s.write_all(&hello(hs.session.0, offer.secret.0))
+        .await
+        .unwrap();
     assert!(matches!(answer(&mut s).await.0, Reply::Ok { .. }));
     let mut over = Request::Stage { id: 1, len: 1 }.encode();
     over[16..24].copy_from_slice(&(strata_proto::MAX_INLINE_EXTENT + 1).to_le_bytes());
@@ -132,11 +143,19 @@ async fn the_data_port_refuses_strangers_and_bad_frames_and_the_worker_serves_on
     // A truncated stage: the connection closes midway; its id (and the
     // bytes it announced) are given back, so the same id stages again.
     let mut s = connect().await;
-    s.write_all(&hello(hs.session.0, offer.secret.0)).await.unwrap();
-    assert!(matches!(answer(&mut s).await.0, Reply::Ok { .. }));
-    s.write_all(&Request::Stage { id: 5, len: 1 << 20 }.encode())
+    s.write_all(&hello(hs.session.0, offer.secret.0))
         .await
         .unwrap();
+    assert!(matches!(answer(&mut s).await.0, Reply::Ok { .. }));
+    s.write_all(
+        &Request::Stage {
+            id: 5,
+            len: 1 << 20,
+        }
+        .encode(),
+    )
+    .await
+    .unwrap();
     s.write_all(&[7u8; 1000]).await.unwrap();
     drop(s);
 
@@ -173,7 +192,11 @@ async fn the_data_port_refuses_strangers_and_bad_frames_and_the_worker_serves_on
     // At most four data connections per session.
     let mut more = Vec::new();
     for _ in 0..3 {
-        more.push(DataConnection::connect(at, hs.session, &offer, 0).await.unwrap());
+        more.push(
+            DataConnection::connect(at, hs.session, &offer, 0)
+                .await
+                .unwrap(),
+        );
     }
     let e = DataConnection::connect(at, hs.session, &offer, 0)
         .await
@@ -203,8 +226,15 @@ async fn the_data_port_refuses_strangers_and_bad_frames_and_the_worker_serves_on
         .await
         .unwrap();
     let hs2 = other.handshake().await.unwrap();
-    assert_ne!(hs2.data.as_ref().unwrap().secret, offer.secret, "per session");
-    assert_eq!(other.ping(b"still here".to_vec()).await.unwrap(), b"still here");
+    assert_ne!(
+        hs2.data.as_ref().unwrap().secret,
+        offer.secret,
+        "per session"
+    );
+    assert_eq!(
+        other.ping(b"still here".to_vec()).await.unwrap(),
+        b"still here"
+    );
     // One session's secret opens no other session.
     let e = DataConnection::connect(at, hs2.session, &offer, 0)
         .await
@@ -226,12 +256,12 @@ fn round_trips(cluster: &Cluster, larger_than_a_message: bool) -> (u64, u64) {
     let mut sent = 0u64;
     // (elements, source offset and stride, destination offset and stride)
     let cases: [(u32, u32, u32, u32, u32); 6] = [
-        (1024, 0, 1, 0, 1),             // 4 KiB: in the task's message
-        ((1 << 18) - 1, 1, 1, 2, 1),    // just under 1 MiB: in the message
-        (1 << 18, 3, 1, 5, 1),          // 1 MiB at an offset: by sendfile
-        (3 << 18, 1, 2, 0, 2),          // 3 MiB every other element: packed
-        (4 << 20, 0, 1, 7, 1),          // 16 MiB
-        (20 << 20, 2, 1, 1, 1),         // 80 MiB: more than a message
+        (1024, 0, 1, 0, 1),          // 4 KiB: in the task's message
+        ((1 << 18) - 1, 1, 1, 2, 1), // just under 1 MiB: in the message
+        (1 << 18, 3, 1, 5, 1),       // 1 MiB at an offset: by sendfile
+        (3 << 18, 1, 2, 0, 2),       // 3 MiB every other element: packed
+        (4 << 20, 0, 1, 7, 1),       // 16 MiB
+        (20 << 20, 2, 1, 1, 1),      // 80 MiB: more than a message
     ];
     let cases = if larger_than_a_message {
         &cases[..]
@@ -244,14 +274,24 @@ fn round_trips(cluster: &Cluster, larger_than_a_message: bool) -> (u64, u64) {
         let mix = |i: u32| i.wrapping_mul(2_654_435_761) ^ n;
         let src_buf = filled(cluster, src_len, mix);
         let dst_buf = filled(cluster, dst_len, |i| !i);
-        let src = src_buf.view(u64::from(so) * 4, &[n], &[ss], DType::U32).unwrap();
-        let dst = dst_buf.view(u64::from(d_off) * 4, &[n], &[ds], DType::U32).unwrap();
+        let src = src_buf
+            .view(u64::from(so) * 4, &[n], &[ss], DType::U32)
+            .unwrap();
+        let dst = dst_buf
+            .view(u64::from(d_off) * 4, &[n], &[ds], DType::U32)
+            .unwrap();
         let t = cluster
             .submit(Task::new("copy").input(&src).output(&dst))
             .unwrap();
-        cluster.wait(t).unwrap_or_else(|e| panic!("{n} elements: {e}"));
+        cluster
+            .wait(t)
+            .unwrap_or_else(|e| panic!("{n} elements: {e}"));
         sent += u64::from(n) * 4;
-        let got = dst_buf.tensor(&[dst_len], DType::U32).unwrap().read::<u32>().unwrap();
+        let got = dst_buf
+            .tensor(&[dst_len], DType::U32)
+            .unwrap()
+            .read::<u32>()
+            .unwrap();
         for (i, &g) in got.iter().enumerate() {
             let i = i as u32;
             let want = if i >= d_off && (i - d_off) % ds == 0 && (i - d_off) / ds < n {
@@ -259,7 +299,10 @@ fn round_trips(cluster: &Cluster, larger_than_a_message: bool) -> (u64, u64) {
             } else {
                 !i
             };
-            assert!(g == want, "{n} elements: element {i} is {g:#x}, not {want:#x}");
+            assert!(
+                g == want,
+                "{n} elements: element {i} is {g:#x}, not {want:#x}"
+            );
         }
     }
     (sent, sent)

@@ -326,7 +326,10 @@ fn a_worker_hung_while_a_view_is_on_its_data_connection_is_lost_at_the_deadline(
             .submit(Task::new("test.touch").input(&big).on(b))
             .unwrap()
     });
-    eprintln!("hung while on the data connection: lost in {:.1} ms", ms(detected));
+    eprintln!(
+        "hung while on the data connection: lost in {:.1} ms",
+        ms(detected)
+    );
 }
 
 /// A Unix-socket worker that hangs (SIGSTOP) before a task passes it a new

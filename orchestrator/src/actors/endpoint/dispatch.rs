@@ -20,6 +20,10 @@ use crate::actors::{DispatchItem, MemberFailure, Notice, Report};
 use crate::buffer::{Backing, HostShared};
 use crate::link::{LinkError, Memory, StageBody};
 
+/// Views a task's message leaves out, to be staged on the data connection
+/// before it: argument index and bytes.
+type Ahead = Vec<(u32, StageBody)>;
+
 /// A member on the worker.
 pub(super) struct InFlight {
     task: strata_core::TaskId,
@@ -190,7 +194,7 @@ impl EndpointActor {
     async fn stage_each(
         &mut self,
         req: &mut TaskRequest,
-        ahead: Vec<(u32, StageBody)>,
+        ahead: Ahead,
     ) -> Result<(), (u32, usize, LinkError)> {
         for (arg, body) in ahead {
             self.stages += 1;
@@ -290,7 +294,7 @@ impl EndpointActor {
         &self,
         item: &DispatchItem,
         refused: &HashMap<CanonicalIdentity, String>,
-    ) -> Result<(TaskRequest, InFlight, Vec<(u32, StageBody)>), MemberFailure> {
+    ) -> Result<(TaskRequest, InFlight, Ahead), MemberFailure> {
         let staged_link = self.staged();
         let data_from = self.link.facts().data_from;
         let mut ahead = Vec::new();

@@ -14,7 +14,7 @@
 //!    `data_secret`; the handshake is the authenticated step), and the
 //!    size from which the worker should hold written views for it to
 //!    fetch here rather than send them in completions.
-//! 2. The worker answers [`ReplyKind::Ok`], or [`ReplyKind::Refused`] with
+//! 2. The worker answers [`Reply::Ok`], or [`Reply::Refused`] with
 //!    a reason and closes the connection.
 //! 3. Then any number of requests, one at a time, each a [`Request`]
 //!    header ([`HEADER_BYTES`]):

@@ -10,7 +10,9 @@
 //! [`ClientError::Protocol`].
 
 use std::net::SocketAddr;
-use std::os::fd::BorrowedFd;
+use std::os::fd::{BorrowedFd, OwnedFd};
+
+use nix::fcntl::{FcntlArg, OFlag, SpliceFFlags};
 
 use strata_proto::bulk::{HEADER_BYTES, Hello, RefusalCode, Reply, Request};
 use strata_proto::convert::DataOffer;
@@ -58,7 +60,14 @@ impl Body<'_> {
 #[derive(Debug)]
 pub struct DataConnection {
     stream: TcpStream,
+    /// The pipe fetched bytes pass through on their way from the socket
+    /// to a file (`splice(2)` needs a pipe on one side); made on first use.
+    pipe: Option<(OwnedFd, OwnedFd)>,
 }
+
+/// Bytes a pipe between the socket and a file holds (what one pair of
+/// `splice` calls moves).
+const PIPE_BYTES: usize = 1 << 20;
 
 fn io(e: std::io::Error) -> ClientError {
     ClientError::Data(e)
@@ -88,7 +97,7 @@ impl DataConnection {
     ) -> Result<Self, ClientError> {
         let stream = TcpStream::connect(addr).await.map_err(io)?;
         stream.set_nodelay(true).map_err(io)?;
-        let mut c = DataConnection { stream };
+        let mut c = DataConnection { stream, pipe: None };
         let hello = Hello {
             session: session.0,
             hold_from,
@@ -246,6 +255,104 @@ impl DataConnection {
                     format!("fetch {id}: {} of {len} bytes arrived", into.len()),
                 )));
             }
+        }
+        Ok(())
+    }
+
+    /// Fetches the bytes the worker holds as `id`, exactly `len` of them,
+    /// into `fd` at `offset`: `splice(2)` moves them from the socket into
+    /// a pipe without a copy and from the pipe into the file's pages with
+    /// one, never through this process's memory. They land as they
+    /// arrive: a fetch that fails midway leaves the range partly written.
+    ///
+    /// # Errors
+    /// The worker's refusal (no such bytes) as a [`ClientError::Status`]
+    /// (the file untouched); a length other than `len`, a broken
+    /// connection, or a file that refuses the bytes.
+    ///
+    /// # Cancel safety
+    /// Not cancel safe, as [`DataConnection::fetch`].
+    pub async fn fetch_to_file(
+        &mut self,
+        id: u64,
+        fd: BorrowedFd<'_>,
+        offset: u64,
+        len: u64,
+    ) -> Result<(), ClientError> {
+        let max = len.clamp(1, strata_proto::MAX_INLINE_EXTENT);
+        self.stream
+            .write_all(&Request::Fetch { id, max }.encode())
+            .await
+            .map_err(io)?;
+        match self.reply().await? {
+            Reply::Data { id: got, len: sent } if got == id && sent == len => {}
+            Reply::Data { id: got, len: sent } if got == id => {
+                return Err(ClientError::Protocol(format!(
+                    "fetch {id}: the worker sends {sent} bytes for a view of {len}"
+                )));
+            }
+            other => return Err(self.unexpected("a fetch", other).await),
+        }
+        if self.pipe.is_none() {
+            let (r, w) = nix::unistd::pipe2(OFlag::O_CLOEXEC | OFlag::O_NONBLOCK)
+                .map_err(|e| io(e.into()))?;
+            // Larger than the default 64 KiB: fewer calls per view. A
+            // system that refuses keeps the default, which only costs calls.
+            let _ = nix::fcntl::fcntl(&w, FcntlArg::F_SETPIPE_SZ(PIPE_BYTES as i32));
+            self.pipe = Some((r, w));
+        }
+        let Some((pipe_r, pipe_w)) = &self.pipe else {
+            return Err(ClientError::Protocol("no pipe".into()));
+        };
+        let mut at = i64::try_from(offset)
+            .map_err(|_| ClientError::Protocol(format!("offset {offset} past a file's range")))?;
+        let mut left = len;
+        while left > 0 {
+            let want = usize::try_from(left).unwrap_or(usize::MAX).min(PIPE_BYTES);
+            // Socket to pipe: page references move, no bytes are copied.
+            let moved = self
+                .stream
+                .async_io(tokio::io::Interest::READABLE, || {
+                    nix::fcntl::splice(
+                        &self.stream,
+                        None,
+                        pipe_w,
+                        None,
+                        want,
+                        SpliceFFlags::SPLICE_F_MOVE | SpliceFFlags::SPLICE_F_NONBLOCK,
+                    )
+                    .map_err(std::io::Error::from)
+                })
+                .await
+                .map_err(io)?;
+            if moved == 0 {
+                return Err(io(std::io::Error::new(
+                    std::io::ErrorKind::UnexpectedEof,
+                    format!("fetch {id}: {} of {len} bytes arrived", len - left),
+                )));
+            }
+            // Pipe to file: all of it, now (the pipe holds it; the file
+            // never blocks).
+            let mut in_pipe = moved;
+            while in_pipe > 0 {
+                let n = nix::fcntl::splice(
+                    pipe_r,
+                    None,
+                    fd,
+                    Some(&mut at),
+                    in_pipe,
+                    SpliceFFlags::SPLICE_F_MOVE,
+                )
+                .map_err(|e| io(e.into()))?;
+                if n == 0 {
+                    return Err(io(std::io::Error::new(
+                        std::io::ErrorKind::WriteZero,
+                        format!("fetch {id}: the file took no more bytes at {at}"),
+                    )));
+                }
+                in_pipe -= n;
+            }
+            left -= moved as u64;
         }
         Ok(())
     }

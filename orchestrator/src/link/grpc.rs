@@ -20,8 +20,8 @@ use tonic::Code;
 
 use super::ring::RingPlane;
 use super::{
-    BoxFuture, Dialer, Facts, LinkError, LinkEvent, Memory, Offer, Refusal, StageBody, Transport,
-    WorkerLink,
+    BoxFuture, Dialer, Facts, FileRange, LinkError, LinkEvent, Memory, Offer, Refusal, StageBody,
+    Transport, WorkerLink,
 };
 
 /// Longest a connection attempt may take, handshake and streams included.
@@ -452,9 +452,26 @@ impl WorkerLink for GrpcLink {
         }))
     }
 
-    fn fetch(&self, id: u64, expect: u64) -> BoxFuture<'_, Result<bytes::Bytes, LinkError>> {
+    fn fetch(
+        &self,
+        id: u64,
+        expect: u64,
+        land: Option<FileRange>,
+    ) -> BoxFuture<'_, Result<Option<bytes::Bytes>, LinkError>> {
         let mut c = self.client();
         Box::pin(self.unless_down(async move {
+            if let (Some(data), Some(to)) = (&self.data, &land) {
+                let mut slot = data.lock().await;
+                let mut conn = take_data(&mut slot)?;
+                let r = conn
+                    .fetch_to_file(id, to.host.fd(), to.offset, to.len)
+                    .await;
+                if still_in_step(&r) {
+                    *slot = Some(conn);
+                }
+                r.map_err(|e| link_error("fetch (data connection)", e))?;
+                return Ok(None);
+            }
             if let Some(data) = &self.data {
                 let cap = usize::try_from(expect).unwrap_or(usize::MAX);
                 let mut into = self
@@ -467,10 +484,11 @@ impl WorkerLink for GrpcLink {
                     *slot = Some(conn);
                 }
                 r.map_err(|e| link_error("fetch (data connection)", e))?;
-                return Ok(self.recycler.wrap(into));
+                return Ok(Some(self.recycler.wrap(into)));
             }
             c.fetch(id, expect)
                 .await
+                .map(Some)
                 .map_err(|e| link_error("fetch", e))
         }))
     }

@@ -203,7 +203,12 @@ impl WorkerLink for InProcessLink {
         )))))
     }
 
-    fn fetch(&self, id: u64, _expect: u64) -> BoxFuture<'_, Result<bytes::Bytes, LinkError>> {
+    fn fetch(
+        &self,
+        id: u64,
+        _expect: u64,
+        _land: Option<super::FileRange>,
+    ) -> BoxFuture<'_, Result<Option<bytes::Bytes>, LinkError>> {
         Box::pin(std::future::ready(Err(LinkError::Internal(format!(
             "fetch {id}: an in-process worker shares the driver's memory; nothing is held"
         )))))

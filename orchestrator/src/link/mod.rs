@@ -103,6 +103,18 @@ pub(crate) enum StageBody {
     },
 }
 
+/// A contiguous written view's place in its buffer's memfd: where a data
+/// connection lands fetched bytes directly ([`WorkerLink::fetch`]).
+#[derive(Debug)]
+pub(crate) struct FileRange {
+    /// The buffer.
+    pub(crate) host: std::sync::Arc<crate::buffer::HostShared>,
+    /// Where the view's bytes start.
+    pub(crate) offset: u64,
+    /// How many.
+    pub(crate) len: u64,
+}
+
 impl StageBody {
     /// Its length in bytes.
     pub(crate) fn len(&self) -> u64 {
@@ -251,7 +263,15 @@ pub(crate) trait WorkerLink: Send + Sync + fmt::Debug + 'static {
 
     /// Fetches the packed bytes of a written view the worker held for us
     /// (`id`, [`TaskCompletion::held`]), at most `expect` bytes, once.
-    fn fetch(&self, id: u64, expect: u64) -> BoxFuture<'_, Result<bytes::Bytes, LinkError>>;
+    /// With `land`, a link with a data connection writes them into that
+    /// range of the buffer's memfd as they arrive and returns `None`
+    /// (exactly `land.len` bytes, or an error); others return the bytes.
+    fn fetch(
+        &self,
+        id: u64,
+        expect: u64,
+        land: Option<FileRange>,
+    ) -> BoxFuture<'_, Result<Option<bytes::Bytes>, LinkError>>;
 
     /// The worker's figures.
     fn stats(&self) -> BoxFuture<'_, Result<WorkerStats, LinkError>>;

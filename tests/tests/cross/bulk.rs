@@ -305,7 +305,39 @@ fn round_trips(cluster: &Cluster, larger_than_a_message: bool) -> (u64, u64) {
             );
         }
     }
-    (sent, sent)
+    // A view the task reads and writes (INOUT), 4 MiB at an offset: both
+    // ways on the data connection, its bytes fetched whole before they
+    // land.
+    let n = 1u32 << 20;
+    let xs: Vec<f32> = (0..n).map(|i| (i % 1000) as f32).collect();
+    let ys: Vec<f32> = (0..n + 5).map(|i| (2 * (i % 777)) as f32).collect();
+    let x_buf = cluster.buffer_from_slice(&xs).unwrap();
+    let y_buf = cluster.buffer_from_slice(&ys).unwrap();
+    let x = x_buf.tensor(&[n], DType::F32).unwrap();
+    let y = y_buf.view(3 * 4, &[n], &[1], DType::F32).unwrap();
+    let t = cluster
+        .submit(Task::new("axpy").input(&x).inout(&y).scalar_f64(3.0))
+        .unwrap();
+    cluster.wait(t).unwrap();
+    let got = y_buf
+        .tensor(&[n + 5], DType::F32)
+        .unwrap()
+        .read::<f32>()
+        .unwrap();
+    for (i, &g) in got.iter().enumerate() {
+        let want = if (3..3 + n as usize).contains(&i) {
+            3.0 * xs[i - 3] + ys[i]
+        } else {
+            ys[i]
+        };
+        assert!(
+            g.to_bits() == want.to_bits(),
+            "axpy: element {i} is {g}, not {want}"
+        );
+    }
+    let back = sent + u64::from(n) * 4;
+    sent += 2 * u64::from(n) * 4;
+    (sent, back)
 }
 
 /// Views of every size, contiguous and strided, at offsets, up to one

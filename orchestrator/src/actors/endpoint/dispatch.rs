@@ -18,7 +18,7 @@ use strata_core::Event;
 use super::EndpointActor;
 use crate::actors::{DispatchItem, MemberFailure, Notice, Report};
 use crate::buffer::{Backing, HostShared};
-use crate::link::{LinkError, Memory, StageBody};
+use crate::link::{FileRange, LinkError, Memory, StageBody};
 
 /// Views a task's message leaves out, to be staged on the data connection
 /// before it: argument index and bytes.
@@ -29,8 +29,8 @@ pub(super) struct InFlight {
     task: strata_core::TaskId,
     member: usize,
     /// Host views whose bytes travel (staged links): argument index,
-    /// view, buffer, whether the task writes it.
-    staged: Vec<(u32, Tensor, Arc<HostShared>, bool)>,
+    /// view, buffer, how the task uses it.
+    staged: Vec<(u32, Tensor, Arc<HostShared>, ArgTag)>,
     sent: u64,
 }
 
@@ -215,10 +215,15 @@ impl EndpointActor {
         &self,
         f: &InFlight,
         held: &[(u32, u64)],
-    ) -> Result<Vec<(u32, Bytes)>, Fetched> {
+    ) -> Result<(Vec<(u32, Bytes)>, Vec<(u32, u64)>), Fetched> {
         let mut out = Vec::with_capacity(held.len());
+        let mut landed = Vec::new();
         for &(arg, id) in held {
-            let Some((_, view, _, true)) = f.staged.iter().find(|(i, ..)| *i == arg) else {
+            let Some((_, view, host, tag)) = f
+                .staged
+                .iter()
+                .find(|(i, .., tag)| *i == arg && tag.writes())
+            else {
                 return Err(Fetched::Failed(MemberFailure::Fetch {
                     arg,
                     why: "the worker held bytes for an argument the task does not write back"
@@ -226,19 +231,39 @@ impl EndpointActor {
                 }));
             };
             let expect = strata_chip::staging::packed_len(view);
-            let bytes = self.link.fetch(id, expect).await.map_err(|e| match e {
-                LinkError::Refused(why) => Fetched::Failed(MemberFailure::Fetch {
-                    arg,
-                    why: why.to_string(),
-                }),
-                e => Fetched::Lost(format!(
-                    "fetching the bytes {} wrote to argument {arg}: {e}",
-                    f.task
-                )),
-            })?;
-            out.push((arg, bytes));
+            // A contiguous view the task only writes, on a data
+            // connection, lands straight in the memfd as it arrives: a
+            // fetch cut short leaves part of it written, which is what a
+            // failed task's output may be (consumers are skipped; a retry
+            // writes it whole). A view it also reads is fetched whole
+            // first, so that a failure leaves its old bytes as they were.
+            let straight =
+                self.link.facts().data_from.is_some() && view.is_contiguous() && !tag.reads();
+            let land = straight.then(|| FileRange {
+                host: Arc::clone(host),
+                offset: view.byte_offset(),
+                len: expect,
+            });
+            let bytes = self
+                .link
+                .fetch(id, expect, land)
+                .await
+                .map_err(|e| match e {
+                    LinkError::Refused(why) => Fetched::Failed(MemberFailure::Fetch {
+                        arg,
+                        why: why.to_string(),
+                    }),
+                    e => Fetched::Lost(format!(
+                        "fetching the bytes {} wrote to argument {arg}: {e}",
+                        f.task
+                    )),
+                })?;
+            match bytes {
+                Some(bytes) => out.push((arg, bytes)),
+                None => landed.push((arg, expect)),
+            }
         }
-        Ok(out)
+        Ok((out, landed))
     }
 
     /// Passes the memfd of every host buffer these members use that the
@@ -309,7 +334,7 @@ impl EndpointActor {
             match &a.backing {
                 Backing::Host(h) if staged_link => {
                     let len = strata_chip::staging::packed_len(&a.tensor);
-                    staged.push((i as u32, a.tensor, Arc::clone(h), a.tag.writes()));
+                    staged.push((i as u32, a.tensor, Arc::clone(h), a.tag));
                     if a.tag != ArgTag::Output && data_from.is_some_and(|from| len >= from) {
                         // On the data connection, ahead of the task: a
                         // contiguous view straight from the memfd, a
@@ -395,13 +420,13 @@ impl EndpointActor {
             let result = match c.outcome {
                 TaskOutcome::Failure(cause) => Err(MemberFailure::Reported(cause)),
                 TaskOutcome::Success if c.held.is_empty() => {
-                    land(&f, &c.outputs, &mut report.returned)
+                    land(&f, &c.outputs, &[], &mut report.returned)
                 }
                 TaskOutcome::Success => match self.fetch_held(&f, &c.held).await {
-                    Ok(fetched) => {
+                    Ok((fetched, landed)) => {
                         let mut outputs = c.outputs;
                         outputs.extend(fetched);
-                        land(&f, &outputs, &mut report.returned)
+                        land(&f, &outputs, &landed, &mut report.returned)
                     }
                     Err(Fetched::Failed(e)) => Err(e),
                     // The connection failed: nothing of this task landed,
@@ -433,9 +458,19 @@ enum Fetched {
 }
 
 /// Writes the bytes a staged worker sent back into the host buffers; every
-/// argument the task writes must have come back.
-fn land(f: &InFlight, outputs: &[(u32, Bytes)], returned: &mut u64) -> Result<(), MemberFailure> {
-    for (index, view, host, writes) in &f.staged {
+/// argument the task writes must have come back, in `outputs` or already
+/// `landed` in its buffer by a data connection (argument, bytes).
+fn land(
+    f: &InFlight,
+    outputs: &[(u32, Bytes)],
+    landed: &[(u32, u64)],
+    returned: &mut u64,
+) -> Result<(), MemberFailure> {
+    for (index, view, host, tag) in &f.staged {
+        if let Some((_, bytes)) = landed.iter().find(|(i, _)| i == index) {
+            *returned += bytes;
+            continue;
+        }
         let out = outputs.iter().find(|(i, _)| i == index);
         match out {
             Some((_, bytes)) => {
@@ -446,7 +481,7 @@ fn land(f: &InFlight, outputs: &[(u32, Bytes)], returned: &mut u64) -> Result<()
                     })?;
                 *returned += bytes.len() as u64;
             }
-            None if *writes => {
+            None if tag.writes() => {
                 return Err(MemberFailure::NothingBack { arg: *index });
             }
             None => {}

@@ -185,9 +185,16 @@ async fn the_data_port_refuses_strangers_and_bad_frames_and_the_worker_serves_on
     let mut into = Vec::new();
     let e = good.fetch(99, 4096, &mut into).await.unwrap_err();
     assert!(e.to_string().contains("no held bytes 99"), "{e}");
+    let file = tempfile::tempfile().unwrap();
+    let e = good
+        .fetch_to_file(98, std::os::fd::AsFd::as_fd(&file), 0, 4096)
+        .await
+        .unwrap_err();
+    assert!(e.to_string().contains("no held bytes 98"), "{e}");
+    assert_eq!(file.metadata().unwrap().len(), 0, "nothing landed");
     good.stage(6, strata_client::Body::Bytes(&body))
         .await
-        .expect("still in step after two refusals");
+        .expect("still in step after three refusals");
 
     // At most four data connections per session.
     let mut more = Vec::new();

@@ -48,8 +48,8 @@ pub(crate) struct GrpcDialer {
 /// Views of at least this many bytes go on the data connection; smaller
 /// ones travel in their task's message and completion, where they cost
 /// no extra round trip. Measured with `strata-bench --scenario remote`
-/// (docs/ARCHITECTURE.md, the endpoint's copies).
-pub(crate) const DATA_FROM: u64 = 1 << 20;
+/// at 128 KiB to 1 MiB (docs/ARCHITECTURE.md, "The data connection").
+pub(crate) const DATA_FROM: u64 = 256 << 10;
 
 impl Dialer for GrpcDialer {
     fn dial(

@@ -264,7 +264,7 @@ fn round_trips(cluster: &Cluster, larger_than_a_message: bool) -> (u64, u64) {
     // (elements, source offset and stride, destination offset and stride)
     let cases: [(u32, u32, u32, u32, u32); 6] = [
         (1024, 0, 1, 0, 1),          // 4 KiB: in the task's message
-        ((1 << 18) - 1, 1, 1, 2, 1), // just under 1 MiB: in the message
+        ((1 << 16) - 1, 1, 1, 2, 1), // just under 256 KiB: in the message
         (1 << 18, 3, 1, 5, 1),       // 1 MiB at an offset: by sendfile
         (3 << 18, 1, 2, 0, 2),       // 3 MiB every other element: packed
         (4 << 20, 0, 1, 7, 1),       // 16 MiB

@@ -170,12 +170,15 @@ async fn serve(args: WorkerArgs, kernels: Registry) -> Result<(), WorkerError> {
         .map(|p| p.display().to_string())
         .unwrap_or_default();
     let line = format!(
-        "strata worker ready: chip={} listen={} fd={} device={} pid={}",
+        "strata worker ready: chip={} listen={} fd={} device={} pid={} data={}",
         args.chip,
         bound.endpoint(),
         if fd.is_empty() { "-" } else { &fd },
         bound.device_spec(),
-        std::process::id()
+        std::process::id(),
+        bound
+            .data_port()
+            .map_or_else(|| "-".to_owned(), |p| p.to_string()),
     );
     if let Some(path) = &args.ready_file {
         let json = serde_json::json!({
@@ -184,6 +187,7 @@ async fn serve(args: WorkerArgs, kernels: Registry) -> Result<(), WorkerError> {
             "fd_socket": fd,
             "device": bound.device_spec(),
             "pid": std::process::id(),
+            "data_port": bound.data_port(),
         });
         std::fs::write(path, json.to_string())
             .map_err(|e| WorkerError::Config(format!("ready file {}: {e}", path.display())))?;

@@ -33,6 +33,7 @@ tests=(
   faults::a_connection_cut_mid_stream_is_detected_and_the_work_finishes_elsewhere
   faults::a_hung_worker_that_wakes_up_rejoins
   faults::a_worker_hung_while_a_view_is_staged_to_it_is_lost_at_the_deadline
+  faults::a_worker_hung_while_a_view_is_on_its_data_connection_is_lost_at_the_deadline
   faults::a_worker_hung_while_a_buffer_is_passed_to_it_is_lost_at_the_deadline
   faults::a_crashed_spawned_worker_is_restarted_once_and_rejoins
   faults::a_worker_that_comes_back_with_fewer_callables_is_not_taken_back

@@ -131,6 +131,20 @@ unsafe impl Send for HostBuffer {}
 // SAFETY: as above.
 unsafe impl Sync for HostBuffer {}
 
+/// A [`HostBuffer`] no one can write any more ([`HostBuffer::into_bytes`]).
+struct Frozen(HostBuffer);
+
+impl AsRef<[u8]> for Frozen {
+    fn as_ref(&self) -> &[u8] {
+        // SAFETY: the mapping is this process's private anonymous memory,
+        // mapped and readable for `len` bytes while the buffer lives (it
+        // lives in `self`); the buffer was moved in by value, so no
+        // `HostBuffer` method or other handle can write it while the
+        // slice is borrowed, and no other process can map it.
+        unsafe { std::slice::from_raw_parts(self.0.ptr.as_ptr(), self.0.len) }
+    }
+}
+
 impl fmt::Debug for HostBuffer {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "HostBuffer({} bytes)", self.len)
@@ -156,6 +170,14 @@ impl HostBuffer {
             ptr,
             len,
         })
+    }
+
+    /// Every byte of the buffer as [`Bytes`], without a copy: the mapping
+    /// moves into the `Bytes` and is unmapped when its last clone drops.
+    /// Taking the buffer by value is what makes this sound: no one is left
+    /// to write it.
+    pub fn into_bytes(self) -> Bytes {
+        Bytes::from_owner(Frozen(self))
     }
 
     /// A buffer holding a copy of `bytes`.
@@ -387,6 +409,21 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn a_buffer_leaves_as_its_bytes_without_a_copy() {
+        let b = HostBuffer::new(3 * 4096 + 5).unwrap();
+        b.write(4096, &[1, 2, 3]).unwrap();
+        let at = b.as_ptr().cast_const();
+        let bytes = b.into_bytes();
+        assert_eq!(bytes.len(), 3 * 4096 + 5);
+        assert_eq!(bytes.as_ptr(), at, "the mapping itself, not a copy");
+        assert_eq!(&bytes[4096..4099], &[1, 2, 3]);
+        assert!(bytes[..4096].iter().all(|&x| x == 0));
+        let tail = bytes.slice(4096..);
+        drop(bytes);
+        assert_eq!(&tail[..3], &[1, 2, 3], "a slice keeps the mapping");
     }
 
     #[test]

@@ -262,6 +262,7 @@ impl WorkerClient {
                 .then(|| std::path::PathBuf::from(reply.fd_socket)),
             ring: reply.ring,
             max_message_bytes: reply.max_message_bytes,
+            data: convert::data_offer(reply.data_port, &reply.data_secret)?,
             instance: convert::instance("instance", reply.instance)?,
             previous: convert::previous_session(previous.is_some(), reply.previous)?,
         };

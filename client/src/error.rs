@@ -21,6 +21,9 @@ pub enum ClientError {
     /// The fd channel failed.
     #[error("fd channel: {0}")]
     Io(#[from] std::io::Error),
+    /// The data connection failed (`DataConnection`).
+    #[error("data connection: {0}")]
+    Data(std::io::Error),
     /// The worker sent a malformed message.
     #[error("malformed reply: {0}")]
     Convert(#[from] ConvertError),

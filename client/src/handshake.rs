@@ -2,7 +2,7 @@
 
 use std::path::PathBuf;
 
-use strata_proto::convert::{InstanceId, SessionState};
+use strata_proto::convert::{DataOffer, InstanceId, SessionState};
 use strata_wire::KernelHandle;
 use strata_worker_core::SessionId;
 
@@ -43,6 +43,9 @@ pub struct Handshake {
     pub ring: bool,
     /// Largest message the worker accepts.
     pub max_message_bytes: u64,
+    /// The worker's data connection for this session, when it offers one
+    /// ([`crate::DataConnection`]).
+    pub data: Option<DataOffer>,
     /// The worker process: equal across two handshakes exactly when the
     /// same process answered both.
     pub instance: InstanceId,

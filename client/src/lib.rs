@@ -76,6 +76,7 @@
 
 #![forbid(unsafe_code)]
 
+mod bulk;
 mod client;
 mod endpoint;
 mod error;
@@ -83,11 +84,12 @@ mod fdchan;
 mod handshake;
 mod stream;
 
+pub use bulk::{Body, DataConnection};
 pub use client::{ClientMeta, ClientTls, WorkerClient};
 pub use endpoint::Endpoint;
 pub use error::ClientError;
 pub use fdchan::FdChannel;
 pub use handshake::{CallableInfo, Handshake};
-pub use strata_proto::convert::{InstanceId, SessionState};
+pub use strata_proto::convert::{DataOffer, InstanceId, SessionState};
 pub use strata_worker_core::SessionId;
 pub use stream::{Completions, HealthWatch, TaskSender, TaskStream};

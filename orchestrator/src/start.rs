@@ -55,6 +55,7 @@ pub struct ClusterBuilder {
     in_process: usize,
     kernels: Kernels,
     ring: bool,
+    data_connection: bool,
 }
 
 /// The kernels of in-process workers.
@@ -90,6 +91,7 @@ impl Default for ClusterBuilder {
             in_process: 0,
             kernels: Kernels::default(),
             ring: true,
+            data_connection: true,
         }
     }
 }
@@ -123,6 +125,20 @@ impl ClusterBuilder {
     #[must_use]
     pub fn ring(mut self, on: bool) -> Self {
         self.ring = on;
+        self
+    }
+
+    /// Whether large view bytes to and from TCP workers travel on the
+    /// worker's data connection when it offers one (default `true`): a
+    /// plain TCP connection beside gRPC, authenticated by a secret the
+    /// session's handshake issued, that carries the bytes from the
+    /// buffer's memfd to the socket without packing them. With `false`
+    /// they are staged and fetched with gRPC calls;
+    /// [`WorkerInfo::data_connection`](crate::WorkerInfo::data_connection)
+    /// says what each worker got.
+    #[must_use]
+    pub fn data_connection(mut self, on: bool) -> Self {
+        self.data_connection = on;
         self
     }
 
@@ -324,6 +340,7 @@ fn start(b: ClusterBuilder) -> Result<Cluster, Error> {
         health_ms,
         health_deadline: b.health_deadline,
         ring: b.ring,
+        data_connection: b.data_connection,
     };
     let (targets, local) = targets(&b, &grpc)?;
 

@@ -639,6 +639,54 @@ pub fn instance(field: &str, id: u64) -> Result<InstanceId, ConvertError> {
     Ok(InstanceId(id))
 }
 
+/// A worker's offer of a data connection (`HandshakeReply.data_port` and
+/// `data_secret`): `None` when port is 0 (not offered).
+///
+/// # Errors
+/// A port past 65535, or a secret that is not
+/// [`SECRET_BYTES`](crate::bulk::SECRET_BYTES) long when a port is given.
+pub fn data_offer(port: u32, secret: &[u8]) -> Result<Option<DataOffer>, ConvertError> {
+    if port == 0 {
+        return Ok(None);
+    }
+    let port = u16::try_from(port)
+        .map_err(|_| ConvertError::new("data_port", format!("{port} is not a TCP port")))?;
+    let secret: [u8; crate::bulk::SECRET_BYTES] = secret.try_into().map_err(|_| {
+        ConvertError::new(
+            "data_secret",
+            format!(
+                "{} bytes (a data port needs a {}-byte secret)",
+                secret.len(),
+                crate::bulk::SECRET_BYTES
+            ),
+        )
+    })?;
+    Ok(Some(DataOffer {
+        port,
+        secret: DataSecret(secret),
+    }))
+}
+
+/// A worker's data connection: its port (on the gRPC connection's
+/// address) and the session's secret.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DataOffer {
+    /// The TCP port.
+    pub port: u16,
+    /// What a data connection presents to prove the session.
+    pub secret: DataSecret,
+}
+
+/// A session's data-connection secret; its `Debug` does not show it.
+#[derive(Clone, PartialEq, Eq)]
+pub struct DataSecret(pub [u8; crate::bulk::SECRET_BYTES]);
+
+impl std::fmt::Debug for DataSecret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("DataSecret(..)")
+    }
+}
+
 /// What a worker knows of one session (the `SessionState` call, and a
 /// handshake's report on the session it superseded).
 ///

@@ -29,6 +29,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod bulk;
 pub mod check;
 mod codec;
 pub mod convert;

@@ -71,6 +71,16 @@ pub struct WorkerArgs {
     /// completions travel on the gRPC stream.
     #[arg(long)]
     pub no_ring: bool,
+    /// Never offer TCP clients a data connection: large view bytes then
+    /// travel in gRPC messages and the `Stage` and `Fetch` calls. (A
+    /// worker with TLS never offers one: its frames would not be
+    /// encrypted.)
+    #[arg(long, conflicts_with = "data_port")]
+    pub no_data_port: bool,
+    /// The TCP port of the data connection (on the listen address); 0
+    /// lets the system pick one. The handshake tells drivers which.
+    #[arg(long, default_value_t = 0)]
+    pub data_port: u16,
 }
 
 impl WorkerArgs {
@@ -115,6 +125,7 @@ impl WorkerArgs {
         c.session_grace = std::time::Duration::from_millis(self.session_grace_ms);
         c.peer_timeout = std::time::Duration::from_millis(self.peer_timeout_ms);
         c.ring = !self.no_ring;
+        c.data_port = (!self.no_data_port).then_some(self.data_port);
         Ok(c)
     }
 }
@@ -159,12 +170,15 @@ async fn serve(args: WorkerArgs, kernels: Registry) -> Result<(), WorkerError> {
         .map(|p| p.display().to_string())
         .unwrap_or_default();
     let line = format!(
-        "strata worker ready: chip={} listen={} fd={} device={} pid={}",
+        "strata worker ready: chip={} listen={} fd={} device={} pid={} data={}",
         args.chip,
         bound.endpoint(),
         if fd.is_empty() { "-" } else { &fd },
         bound.device_spec(),
-        std::process::id()
+        std::process::id(),
+        bound
+            .data_port()
+            .map_or_else(|| "-".to_owned(), |p| p.to_string()),
     );
     if let Some(path) = &args.ready_file {
         let json = serde_json::json!({
@@ -173,6 +187,7 @@ async fn serve(args: WorkerArgs, kernels: Registry) -> Result<(), WorkerError> {
             "fd_socket": fd,
             "device": bound.device_spec(),
             "pid": std::process::id(),
+            "data_port": bound.data_port(),
         });
         std::fs::write(path, json.to_string())
             .map_err(|e| WorkerError::Config(format!("ready file {}: {e}", path.display())))?;

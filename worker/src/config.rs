@@ -61,6 +61,12 @@ pub struct WorkerConfig {
     /// Offer local clients a shared-memory ring for their tasks (Unix
     /// listeners only); when false, tasks always travel on the gRPC stream.
     pub ring: bool,
+    /// The port of the data connections offered to TCP clients (a second
+    /// listener on the gRPC listener's address, announced in the
+    /// handshake) for large view bytes: `Some(0)` lets the system pick
+    /// one, `None` offers none. Never offered under TLS: its frames are
+    /// not encrypted, so a TLS worker keeps those bytes on the gRPC calls.
+    pub data_port: Option<u16>,
 }
 
 impl WorkerConfig {
@@ -77,6 +83,7 @@ impl WorkerConfig {
             session_grace: std::time::Duration::from_secs(30),
             peer_timeout: std::time::Duration::from_secs(10),
             ring: true,
+            data_port: Some(0),
         }
     }
 

@@ -63,8 +63,8 @@ pub(crate) fn execute(node: &Arc<Node>, session: &Session, req: TaskRequest, don
         Err(cause) => counting(failure(id, cause)),
         Ok((launch, held, inline)) => {
             let finish: strata_chip::device::Completion = Box::new(move |outcome| {
-                let completion = complete(id, outcome, &inline);
                 drop(held);
+                let completion = complete(id, outcome, inline);
                 counting(completion);
             });
             // The device calls its completion only for launches it accepted;
@@ -365,16 +365,31 @@ fn in_place(
 fn complete(
     id: TaskId,
     outcome: Result<LaunchReport, strata_chip::Error>,
-    inline: &[InlineArg],
+    inline: Vec<InlineArg>,
 ) -> TaskCompletion {
     match outcome {
         Err(e) => failure(id, e.to_string()),
         Ok(r) => {
             let packed: Option<Vec<(u32, Bytes)>> = inline
-                .iter()
+                .into_iter()
                 .map(|a| {
-                    a.host
-                        .pack(&a.view)
+                    // A contiguous view that is its whole private buffer,
+                    // which no other argument shares: the buffer leaves as
+                    // the view's bytes, without packing it into a fresh
+                    // string (a copy, and a fault on every new page).
+                    let whole = a.view.byte_offset() == 0
+                        && a.view.is_contiguous()
+                        && a.view.extent_bytes() == a.host.len() as u64
+                        && strata_chip::staging::packed_len(&a.view) == a.host.len() as u64;
+                    let host = if whole {
+                        match Arc::try_unwrap(a.host) {
+                            Ok(buffer) => return Some((a.index, buffer.into_bytes())),
+                            Err(shared) => shared,
+                        }
+                    } else {
+                        a.host
+                    };
+                    host.pack(&a.view)
                         .ok()
                         .map(|bytes| (a.index, Bytes::from(bytes)))
                 })

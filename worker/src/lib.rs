@@ -39,6 +39,8 @@
 #[cfg(feature = "server")]
 mod auth;
 #[cfg(feature = "server")]
+mod bulk;
+#[cfg(feature = "server")]
 pub mod cli;
 pub mod config;
 mod exec;

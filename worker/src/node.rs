@@ -195,6 +195,13 @@ pub(crate) struct Session {
     /// Bytes staged ahead of tasks and held for the driver to fetch
     /// (remote workers: views larger than one message).
     pub(crate) held: Arc<crate::staging::Held>,
+    /// What a data connection presents to prove it belongs to this
+    /// session (random, drawn at the handshake, sent only in its reply).
+    #[cfg_attr(not(feature = "server"), allow(dead_code))]
+    pub(crate) data_secret: [u8; strata_proto::bulk::SECRET_BYTES],
+    /// Data connections open on this session.
+    #[cfg_attr(not(feature = "server"), allow(dead_code))]
+    pub(crate) data_connections: std::sync::atomic::AtomicUsize,
 }
 
 /// How many refusal reasons one session keeps.
@@ -366,6 +373,9 @@ pub(crate) struct Node {
     /// Whether sessions may move their tasks onto a shared-memory ring.
     #[cfg_attr(not(feature = "server"), allow(dead_code))]
     pub(crate) ring: bool,
+    /// The data connections' TCP port, when this worker offers them.
+    #[cfg_attr(not(feature = "server"), allow(dead_code))]
+    pub(crate) data_port: Option<u16>,
     /// How long a session may go without opening its task stream.
     #[cfg_attr(not(feature = "server"), allow(dead_code))]
     pub(crate) session_grace: std::time::Duration,
@@ -405,6 +415,7 @@ impl Node {
             max_message_bytes,
             max_in_flight,
             ring: true,
+            data_port: None,
             session_grace,
         }
     }
@@ -431,7 +442,10 @@ impl Node {
                 continue;
             }
             if let std::collections::hash_map::Entry::Vacant(v) = sessions.entry(id) {
-                v.insert(Arc::new(Session::default()));
+                v.insert(Arc::new(Session {
+                    data_secret: rand::random(),
+                    ..Session::default()
+                }));
                 info!(session = %id, "session opened");
                 return id;
             }

@@ -55,6 +55,8 @@ pub struct BoundWorker {
     node: Arc<Node>,
     listener: Listener,
     fd_listener: Option<(tokio::net::UnixListener, PathBuf)>,
+    /// The data connections' listener (TCP without TLS).
+    data_listener: Option<TcpListener>,
     config: WorkerConfig,
     endpoint: Endpoint,
 }
@@ -137,6 +139,19 @@ impl Worker {
                 (Listener::Tcp(l), Endpoint::Tcp(local))
             }
         };
+        // The data port: on the gRPC listener's address, for TCP workers
+        // without TLS (its frames are not encrypted, so a TLS worker keeps
+        // every byte on its TLS connection).
+        let data_listener = match &endpoint {
+            Endpoint::Tcp(addr) if config.auth.tls.is_none() && config.data_port.is_some() => {
+                let port = config.data_port.unwrap_or(0);
+                let l = TcpListener::bind((addr.ip(), port))
+                    .await
+                    .map_err(|e| WorkerError::Bind(format!("data port on {}: {e}", addr.ip())))?;
+                Some(l)
+            }
+            _ => None,
+        };
         let fd_listener = match config.fd_socket_path() {
             Some(path) => {
                 let l = bind_unix(&path)
@@ -156,11 +171,20 @@ impl Worker {
             config.session_grace,
         );
         node.ring = config.ring;
+        node.data_port = match &data_listener {
+            Some(l) => Some(
+                l.local_addr()
+                    .map_err(|e| WorkerError::Bind(e.to_string()))?
+                    .port(),
+            ),
+            None => None,
+        };
         let node = Arc::new(node);
         Ok(BoundWorker {
             node,
             listener,
             fd_listener,
+            data_listener,
             config,
             endpoint,
         })
@@ -176,6 +200,11 @@ impl BoundWorker {
     /// The fd side channel's socket, for Unix listeners.
     pub fn fd_socket(&self) -> Option<&std::path::Path> {
         self.fd_listener.as_ref().map(|(_, p)| p.as_path())
+    }
+
+    /// The data connections' port, when this worker offers them.
+    pub fn data_port(&self) -> Option<u16> {
+        self.node.data_port
     }
 
     /// The device's canonical spec.
@@ -242,6 +271,14 @@ impl BoundWorker {
             let node = Arc::clone(&self.node);
             (tokio::spawn(fdchan::serve(l, node, stop_rx.clone())), path)
         });
+        let data_task = self.data_listener.map(|l| {
+            info!(port = ?self.node.data_port, "data connections offered");
+            tokio::spawn(crate::bulk::serve(
+                l,
+                Arc::clone(&self.node),
+                stop_rx.clone(),
+            ))
+        });
         let stop = async move {
             shutdown.await;
             info!("shutting down: no new tasks; finishing those in flight");
@@ -277,6 +314,9 @@ impl BoundWorker {
         };
         self.node.device.synchronize();
         self.node.end_all_sessions();
+        if let Some(task) = data_task {
+            task.abort();
+        }
         if let Some((task, path)) = fd_task {
             task.abort();
             let _ = std::fs::remove_file(path);

@@ -137,7 +137,17 @@ impl Stream for Completions {
             let mut ready = Vec::new();
             match self.rx.poll_recv_many(cx, &mut ready, MAX_BATCH) {
                 Poll::Ready(0) => return Poll::Ready(None),
-                Poll::Ready(_) => self.pending.extend(ready),
+                Poll::Ready(_) => {
+                    // Written views the client fetches on its data
+                    // connection wait for it there instead.
+                    let from = self.held.hold_from();
+                    if from > 0 {
+                        for c in &mut ready {
+                            hold_from_size(&self.held, c, from);
+                        }
+                    }
+                    self.pending.extend(ready);
+                }
                 Poll::Pending => return Poll::Pending,
             }
         }
@@ -163,6 +173,29 @@ impl Stream for Completions {
         }
         Poll::Ready(Some(Ok(pb::CompletionBatch { completions: batch })))
     }
+}
+
+/// Moves the written views of `c` of at least `from` bytes into `held`
+/// (the client asked for them that way: it fetches them on its data
+/// connection). A view the table has no room for stays in the completion,
+/// where [`hold_outputs`] deals with it if it is too large for a message.
+fn hold_from_size(held: &crate::staging::Held, c: &mut TaskCompletion, from: u64) {
+    if !c.outputs.iter().any(|(_, d)| d.len() as u64 >= from) {
+        return;
+    }
+    let mut kept = Vec::with_capacity(c.outputs.len());
+    for (arg, bytes) in std::mem::take(&mut c.outputs) {
+        if (bytes.len() as u64) < from {
+            kept.push((arg, bytes));
+            continue;
+        }
+        let again = bytes.clone();
+        match held.hold(bytes) {
+            Ok(id) => c.held.push((arg, id)),
+            Err(_) => kept.push((arg, again)),
+        }
+    }
+    c.outputs = kept;
 }
 
 /// Moves the largest written views of `c` into `held` until the rest fits
@@ -280,6 +313,11 @@ impl pb::worker_server::Worker for WorkerService {
             instance: self.node.instance.0,
             previous: previous.map(pb::PreviousSession::from),
             ring: self.node.fd_socket.is_some() && self.node.ring,
+            data_port: self.node.data_port.map_or(0, u32::from),
+            data_secret: match (self.node.data_port, self.node.session(session)) {
+                (Some(_), Some(s)) => s.data_secret.to_vec(),
+                _ => Vec::new(),
+            },
         }))
     }
 

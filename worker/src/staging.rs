@@ -8,6 +8,11 @@
 //! from the moment a `Stage` call announces its length (two concurrent
 //! calls cannot both pass the check and then overrun it). Whatever is left
 //! when the session ends is dropped with it.
+//!
+//! The same table serves both carriers of those bytes: the gRPC `Stage`
+//! and `Fetch` calls, and the session's data connections
+//! (`crate::bulk`), so a task names staged bytes and a completion held
+//! ones by id whichever way they travel.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -54,6 +59,11 @@ struct Inner {
 #[derive(Debug, Default)]
 pub(crate) struct Held {
     inner: Mutex<Inner>,
+    /// Written views of at least this many bytes are held for a fetch
+    /// rather than sent in their completion (0: only those too large for
+    /// a message). A data connection's hello sets it: a client that can
+    /// fetch them cheaply asks for them that way.
+    hold_from: std::sync::atomic::AtomicU64,
 }
 
 impl Held {
@@ -97,6 +107,20 @@ impl Held {
             total,
             done: false,
         })
+    }
+
+    /// Holds written views of at least `bytes` for a fetch from now on
+    /// (0: only views too large for a message).
+    #[cfg_attr(not(feature = "server"), allow(dead_code))]
+    pub(crate) fn set_hold_from(&self, bytes: u64) {
+        self.hold_from
+            .store(bytes, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// The size from which written views are held (0: none by size).
+    #[cfg_attr(not(feature = "server"), allow(dead_code))]
+    pub(crate) fn hold_from(&self) -> u64 {
+        self.hold_from.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Takes the bytes staged as `id` (a task uses them once).

@@ -9,7 +9,8 @@ use std::time::Duration;
 
 use strata_chip::Region;
 use strata_client::{
-    ClientError, ClientTls, Endpoint, FdChannel, SessionId, TaskSender, WorkerClient,
+    Body, ClientError, ClientTls, DataConnection, Endpoint, FdChannel, SessionId, TaskSender,
+    WorkerClient,
 };
 use strata_proto::convert::{RunEnd, SessionState, TaskRequest, WorkerStats};
 use strata_wire::{BufferDescriptor, CanonicalIdentity};
@@ -19,7 +20,8 @@ use tonic::Code;
 
 use super::ring::RingPlane;
 use super::{
-    BoxFuture, Dialer, Facts, LinkError, LinkEvent, Memory, Offer, Refusal, Transport, WorkerLink,
+    BoxFuture, Dialer, Facts, FileRange, LinkError, LinkEvent, Memory, Offer, Refusal, StageBody,
+    Transport, WorkerLink,
 };
 
 /// Longest a connection attempt may take, handshake and streams included.
@@ -38,7 +40,16 @@ pub(crate) struct GrpcDialer {
     /// Move tasks and completions onto a shared-memory ring when the
     /// worker offers one (Unix sockets only).
     pub(crate) ring: bool,
+    /// Stage and fetch large view bytes on the worker's data connection
+    /// when it offers one (TCP without TLS).
+    pub(crate) data_connection: bool,
 }
+
+/// Views of at least this many bytes go on the data connection; smaller
+/// ones travel in their task's message and completion, where they cost
+/// no extra round trip. Measured with `strata-bench --scenario remote`
+/// at 128 KiB to 1 MiB (docs/ARCHITECTURE.md, "The data connection").
+pub(crate) const DATA_FROM: u64 = 256 << 10;
 
 impl Dialer for GrpcDialer {
     fn dial(
@@ -83,6 +94,23 @@ impl GrpcDialer {
                     .map_err(|e| link_error("fd channel", e))?,
             ),
             Endpoint::Tcp(_) => None,
+        };
+        // The data connection, when the worker offers one and we take it.
+        // One that cannot be opened leaves the bytes on gRPC calls: slower,
+        // not wrong.
+        let data = match (&self.endpoint, &hs.data) {
+            (Endpoint::Tcp(addr), Some(offer)) if self.data_connection => {
+                let at = std::net::SocketAddr::new(addr.ip(), offer.port);
+                match DataConnection::connect(at, hs.session, offer, DATA_FROM).await {
+                    Ok(c) => Some(c),
+                    Err(e) => {
+                        tracing::warn!(worker = %self.endpoint, data = %at, error = %e,
+                            "data connection refused or unreachable: staging on gRPC calls");
+                        None
+                    }
+                }
+            }
+            _ => None,
         };
         let ring = match &mut fd {
             Some(fd) if self.ring && hs.ring => {
@@ -185,6 +213,7 @@ impl GrpcDialer {
                 (None, Endpoint::Unix(_)) => Transport::GrpcUnix,
                 (None, Endpoint::Tcp(_)) => Transport::GrpcTcp,
             },
+            data_from: data.as_ref().map(|_| DATA_FROM),
         };
         Ok(GrpcLink {
             client,
@@ -192,6 +221,8 @@ impl GrpcDialer {
             sender: Mutex::new(Some(Arc::new(sender))),
             fd: fd.map(tokio::sync::Mutex::new),
             ring,
+            data: data.map(|c| tokio::sync::Mutex::new(Some(c))),
+            recycler: crate::buffer::Recycler::default(),
             tasks: Mutex::new(vec![reader, watch]),
             down,
         })
@@ -209,6 +240,13 @@ pub(crate) struct GrpcLink {
     /// The session's ring, when tasks and completions travel on it (the
     /// task stream then only keeps the session alive).
     ring: Option<Arc<RingPlane>>,
+    /// The session's data connection, when it has one; `None` inside once
+    /// a call on it failed or was dropped midway (it is out of step, and
+    /// the worker is being lost).
+    data: Option<tokio::sync::Mutex<Option<DataConnection>>>,
+    /// Strings fetched bytes land in, kept for the next fetch (their
+    /// pages stay resident).
+    recycler: crate::buffer::Recycler,
     /// The completion reader and the health watch.
     tasks: Mutex<Vec<JoinHandle<()>>>,
     /// Why the session is over or the worker silent, once it is.
@@ -364,21 +402,93 @@ impl WorkerLink for GrpcLink {
         })
     }
 
-    fn stage(&self, id: u64, data: bytes::Bytes) -> BoxFuture<'_, Result<(), LinkError>> {
+    fn stage(&self, id: u64, body: StageBody) -> BoxFuture<'_, Result<(), LinkError>> {
         let mut c = self.client();
         let chunk = self.facts.max_message.saturating_sub(64 * 1024);
+        // Unless the worker is gone or silent: a stopped worker stops
+        // reading, and a stage would wait on its full socket for ever.
         Box::pin(self.unless_down(async move {
+            if let Some(data) = &self.data {
+                // What the worker's header check would refuse by ending
+                // the connection: refused here, as the `Stage` call would.
+                let len = body.len();
+                if len > strata_proto::MAX_INLINE_EXTENT {
+                    return Err(LinkError::Refused(Refusal::Invalid(format!(
+                        "Stage {id}: total {len}: staged bytes are 1 to {} bytes (the largest inline view)",
+                        strata_proto::MAX_INLINE_EXTENT
+                    ))));
+                }
+                let mut slot = data.lock().await;
+                let mut conn = take_data(&mut slot)?;
+                let body_ref = match &body {
+                    StageBody::Packed(b) => Body::Bytes(b),
+                    StageBody::File { host, offset, len } => Body::File {
+                        fd: host.fd(),
+                        offset: *offset,
+                        len: *len,
+                    },
+                };
+                let r = conn.stage(id, body_ref).await;
+                if still_in_step(&r) {
+                    *slot = Some(conn);
+                }
+                return r.map_err(|e| link_error("stage (data connection)", e));
+            }
+            let data = match body {
+                StageBody::Packed(b) => b,
+                // Only a link with a data connection is given these; packed
+                // here all the same rather than refused.
+                StageBody::File { host, offset, len } => {
+                    let len = usize::try_from(len)
+                        .map_err(|_| LinkError::Internal(format!("stage {id}: {len} bytes")))?;
+                    host.read(offset, len)
+                        .map(bytes::Bytes::from)
+                        .map_err(|e| LinkError::Internal(format!("stage {id}: {e}")))?
+                }
+            };
             c.stage(id, data, chunk)
                 .await
                 .map_err(|e| link_error("stage", e))
         }))
     }
 
-    fn fetch(&self, id: u64, expect: u64) -> BoxFuture<'_, Result<bytes::Bytes, LinkError>> {
+    fn fetch(
+        &self,
+        id: u64,
+        expect: u64,
+        land: Option<FileRange>,
+    ) -> BoxFuture<'_, Result<Option<bytes::Bytes>, LinkError>> {
         let mut c = self.client();
         Box::pin(self.unless_down(async move {
+            if let (Some(data), Some(to)) = (&self.data, &land) {
+                let mut slot = data.lock().await;
+                let mut conn = take_data(&mut slot)?;
+                let r = conn
+                    .fetch_to_file(id, to.host.fd(), to.offset, to.len)
+                    .await;
+                if still_in_step(&r) {
+                    *slot = Some(conn);
+                }
+                r.map_err(|e| link_error("fetch (data connection)", e))?;
+                return Ok(None);
+            }
+            if let Some(data) = &self.data {
+                let cap = usize::try_from(expect).unwrap_or(usize::MAX);
+                let mut into = self
+                    .recycler
+                    .take(cap.min(strata_proto::MAX_INLINE_EXTENT as usize));
+                let mut slot = data.lock().await;
+                let mut conn = take_data(&mut slot)?;
+                let r = conn.fetch(id, expect, &mut into).await;
+                if still_in_step(&r) {
+                    *slot = Some(conn);
+                }
+                r.map_err(|e| link_error("fetch (data connection)", e))?;
+                return Ok(Some(self.recycler.wrap(into)));
+            }
             c.fetch(id, expect)
                 .await
+                .map(Some)
                 .map_err(|e| link_error("fetch", e))
         }))
     }
@@ -419,6 +529,22 @@ impl Drop for GrpcLink {
     }
 }
 
+/// Whether the data connection is still in step after a call ended with
+/// `r`: after success or a refusal it is; after any other failure it is
+/// not, and is dropped (later calls get [`LinkError::Lost`], and the
+/// endpoint loses the worker as it does for a failed gRPC call).
+fn still_in_step(r: &Result<(), ClientError>) -> bool {
+    matches!(r, Ok(()) | Err(ClientError::Status(_)))
+}
+
+/// The data connection, taken out of its slot for one call: put back by
+/// the caller when [`still_in_step`]. A call whose future is dropped
+/// midway never puts it back, which closes it.
+fn take_data(slot: &mut Option<DataConnection>) -> Result<DataConnection, LinkError> {
+    slot.take()
+        .ok_or_else(|| LinkError::Lost("the data connection broke on an earlier call".into()))
+}
+
 /// The one mapping from client errors (gRPC statuses among them) to link
 /// errors; `what` names the call.
 pub(crate) fn link_error(what: &str, e: ClientError) -> LinkError {
@@ -443,7 +569,7 @@ pub(crate) fn link_error(what: &str, e: ClientError) -> LinkError {
                 _ => LinkError::Internal(format!("{what}: {msg}")),
             }
         }
-        ClientError::Connect { .. } | ClientError::Io(_) => {
+        ClientError::Connect { .. } | ClientError::Io(_) | ClientError::Data(_) => {
             LinkError::Unreachable(format!("{what}: {e}"))
         }
         other => LinkError::Internal(format!("{what}: {other}")),

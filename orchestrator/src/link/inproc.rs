@@ -82,6 +82,7 @@ impl Dialer for InProcessDialer {
                 memory: Memory::Shared,
                 pid: None,
                 transport: Transport::InProcess,
+                data_from: None,
             };
             Ok(Arc::new(InProcessLink {
                 worker: self.worker.clone(),
@@ -196,13 +197,18 @@ impl WorkerLink for InProcessLink {
         self.call(move |s| s.copy_from_device(&identity, offset, len))
     }
 
-    fn stage(&self, id: u64, _data: bytes::Bytes) -> BoxFuture<'_, Result<(), LinkError>> {
+    fn stage(&self, id: u64, _body: super::StageBody) -> BoxFuture<'_, Result<(), LinkError>> {
         Box::pin(std::future::ready(Err(LinkError::Internal(format!(
             "stage {id}: an in-process worker shares the driver's memory; nothing is staged"
         )))))
     }
 
-    fn fetch(&self, id: u64, _expect: u64) -> BoxFuture<'_, Result<bytes::Bytes, LinkError>> {
+    fn fetch(
+        &self,
+        id: u64,
+        _expect: u64,
+        _land: Option<super::FileRange>,
+    ) -> BoxFuture<'_, Result<Option<bytes::Bytes>, LinkError>> {
         Box::pin(std::future::ready(Err(LinkError::Internal(format!(
             "fetch {id}: an in-process worker shares the driver's memory; nothing is held"
         )))))

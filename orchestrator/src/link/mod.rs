@@ -80,6 +80,49 @@ pub(crate) struct Facts {
     pub(crate) pid: Option<u32>,
     /// What carries the session's tasks.
     pub(crate) transport: Transport,
+    /// Views of at least this many bytes travel on the worker's data
+    /// connection (staged ahead of their task, fetched after it) rather
+    /// than in messages; `None`: the link has none.
+    pub(crate) data_from: Option<u64>,
+}
+
+/// The bytes of one view staged ahead of its task ([`WorkerLink::stage`]).
+#[derive(Debug)]
+pub(crate) enum StageBody {
+    /// Packed already (a strided view, or one too large for its message).
+    Packed(bytes::Bytes),
+    /// A contiguous view: `len` bytes of the buffer's memfd from `offset`,
+    /// which a data connection sends from the file without packing them.
+    File {
+        /// The buffer.
+        host: std::sync::Arc<crate::buffer::HostShared>,
+        /// Where the view's bytes start.
+        offset: u64,
+        /// How many.
+        len: u64,
+    },
+}
+
+/// A contiguous written view's place in its buffer's memfd: where a data
+/// connection lands fetched bytes directly ([`WorkerLink::fetch`]).
+#[derive(Debug)]
+pub(crate) struct FileRange {
+    /// The buffer.
+    pub(crate) host: std::sync::Arc<crate::buffer::HostShared>,
+    /// Where the view's bytes start.
+    pub(crate) offset: u64,
+    /// How many.
+    pub(crate) len: u64,
+}
+
+impl StageBody {
+    /// Its length in bytes.
+    pub(crate) fn len(&self) -> u64 {
+        match self {
+            StageBody::Packed(b) => b.len() as u64,
+            StageBody::File { len, .. } => *len,
+        }
+    }
 }
 
 /// What carries a worker's tasks and completions.
@@ -216,11 +259,19 @@ pub(crate) trait WorkerLink: Send + Sync + fmt::Debug + 'static {
     /// Sends the packed bytes of one view ahead of the task that names
     /// them (`id`, [`TaskRequest::staged`]): a view too large for the
     /// task's message ([`Memory::Staged`] links).
-    fn stage(&self, id: u64, data: bytes::Bytes) -> BoxFuture<'_, Result<(), LinkError>>;
+    fn stage(&self, id: u64, body: StageBody) -> BoxFuture<'_, Result<(), LinkError>>;
 
     /// Fetches the packed bytes of a written view the worker held for us
     /// (`id`, [`TaskCompletion::held`]), at most `expect` bytes, once.
-    fn fetch(&self, id: u64, expect: u64) -> BoxFuture<'_, Result<bytes::Bytes, LinkError>>;
+    /// With `land`, a link with a data connection writes them into that
+    /// range of the buffer's memfd as they arrive and returns `None`
+    /// (exactly `land.len` bytes, or an error); others return the bytes.
+    fn fetch(
+        &self,
+        id: u64,
+        expect: u64,
+        land: Option<FileRange>,
+    ) -> BoxFuture<'_, Result<Option<bytes::Bytes>, LinkError>>;
 
     /// The worker's figures.
     fn stats(&self) -> BoxFuture<'_, Result<WorkerStats, LinkError>>;
@@ -265,6 +316,10 @@ pub struct WorkerInfo {
     pub lanes: u32,
     /// Whether buffers reach it by fd (Unix socket) rather than staged bytes.
     pub fd_passing: bool,
+    /// Whether large view bytes reach it on its data connection (a TCP
+    /// worker that offers one, to a cluster that uses it) rather than in
+    /// gRPC messages.
+    pub data_connection: bool,
     /// What carries its tasks and completions.
     pub transport: Transport,
     /// Its process id, when this cluster spawned it (the first one: a
@@ -292,6 +347,7 @@ impl WorkerInfo {
             memory: f.device_memory,
             lanes: f.lanes,
             fd_passing: f.memory == Memory::Shared,
+            data_connection: f.data_from.is_some(),
             transport: f.transport,
             pid,
             callables: f

@@ -702,6 +702,9 @@ fn a_cluster_reaches_tls_workers_with_client_certificates() {
         .unwrap()
         .start()
         .unwrap();
+    // A TLS worker offers no data connection: its frames would not be
+    // encrypted, so every byte stays on the TLS connection.
+    assert!(!cluster.workers()[0].data_connection);
     let r = strata_orchestrator::demo::tiled_matmul(&cluster, 128, 32, 4).unwrap();
     assert!(r.ok(1e-3));
 }

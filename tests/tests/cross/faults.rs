@@ -280,11 +280,17 @@ fn lost_while_hung(
 }
 
 /// A TCP worker that hangs (SIGSTOP) while a view larger than a message is
-/// staged to it is lost at the health deadline: the staging call gives up
-/// instead of holding its endpoint, and the other worker runs the job.
+/// staged to it with the `Stage` call (no data port) is lost at the health
+/// deadline: the staging call gives up instead of holding its endpoint,
+/// and the other worker runs the job.
 #[test]
 fn a_worker_hung_while_a_view_is_staged_to_it_is_lost_at_the_deadline() {
-    let args = ["--insecure", "--max-message-bytes", "1048576"];
+    let args = [
+        "--insecure",
+        "--max-message-bytes",
+        "1048576",
+        "--no-data-port",
+    ];
     let detected = lost_while_hung(true, &args, |cluster, b| {
         // 64 MiB to stage: far more than the socket buffers hold.
         let n = 16u32 << 20;
@@ -298,6 +304,32 @@ fn a_worker_hung_while_a_view_is_staged_to_it_is_lost_at_the_deadline() {
             .unwrap()
     });
     eprintln!("hung while staging: lost in {:.1} ms", ms(detected));
+}
+
+/// A TCP worker that hangs (SIGSTOP) while a large view is on its data
+/// connection is lost at the health deadline: the stage, stuck on a full
+/// socket, gives up when the health watch declares the worker down, and
+/// the other worker runs the job.
+#[test]
+fn a_worker_hung_while_a_view_is_on_its_data_connection_is_lost_at_the_deadline() {
+    let detected = lost_while_hung(true, &["--insecure"], |cluster, b| {
+        assert!(cluster.workers()[1].data_connection);
+        // 64 MiB on the data connection: far more than the socket buffers
+        // hold.
+        let n = 16u32 << 20;
+        let big = cluster
+            .buffer(u64::from(n) * 4)
+            .unwrap()
+            .tensor(&[n], DType::F32)
+            .unwrap();
+        cluster
+            .submit(Task::new("test.touch").input(&big).on(b))
+            .unwrap()
+    });
+    eprintln!(
+        "hung while on the data connection: lost in {:.1} ms",
+        ms(detected)
+    );
 }
 
 /// A Unix-socket worker that hangs (SIGSTOP) before a task passes it a new

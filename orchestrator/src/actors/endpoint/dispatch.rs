@@ -18,15 +18,19 @@ use strata_core::Event;
 use super::EndpointActor;
 use crate::actors::{DispatchItem, MemberFailure, Notice, Report};
 use crate::buffer::{Backing, HostShared};
-use crate::link::{LinkError, Memory};
+use crate::link::{FileRange, LinkError, Memory, StageBody};
+
+/// Views a task's message leaves out, to be staged on the data connection
+/// before it: argument index and bytes.
+type Ahead = Vec<(u32, StageBody)>;
 
 /// A member on the worker.
 pub(super) struct InFlight {
     task: strata_core::TaskId,
     member: usize,
     /// Host views whose bytes travel (staged links): argument index,
-    /// view, buffer, whether the task writes it.
-    staged: Vec<(u32, Tensor, Arc<HostShared>, bool)>,
+    /// view, buffer, how the task uses it.
+    staged: Vec<(u32, Tensor, Arc<HostShared>, ArgTag)>,
     sent: u64,
 }
 
@@ -58,14 +62,36 @@ impl EndpointActor {
         let mut batches: Vec<Vec<TaskRequest>> = vec![Vec::new()];
         let mut size = 0usize;
         for item in &items {
-            let (req, f) = match self.request(item, &refused) {
+            let (mut req, f, ahead) = match self.request(item, &refused) {
                 Ok(r) => r,
                 Err(cause) => {
                     self.finish(item, Err(cause));
                     continue;
                 }
             };
-            let (mut req, f) = (req, f);
+            // Views for the data connection go first, whatever their
+            // message's size.
+            if let Err((arg, bytes, e)) = self.stage_each(&mut req, ahead).await {
+                match e {
+                    LinkError::Refused(why) => {
+                        self.finish(
+                            item,
+                            Err(MemberFailure::StagedAhead {
+                                arg,
+                                bytes,
+                                why: why.to_string(),
+                            }),
+                        );
+                        continue;
+                    }
+                    e => {
+                        return self.lost(format!(
+                            "staging the {bytes} bytes of argument {arg} of {}: {e}",
+                            item.task
+                        ));
+                    }
+                }
+            }
             // Views too large for the message go ahead of it, largest first,
             // until the rest fits (written views too large for the
             // completion come back the same way: the worker holds them and
@@ -152,10 +178,33 @@ impl EndpointActor {
             let id = self.stages;
             let bytes = data.len();
             self.link
-                .stage(id, data)
+                .stage(id, StageBody::Packed(data))
                 .await
                 .map_err(|e| (arg as u32, bytes, e))?;
             req.staged.push((arg as u32, id));
+        }
+        Ok(())
+    }
+
+    /// Stages each of `ahead` (views for the data connection) before
+    /// `req`, which then names them ([`TaskRequest::staged`]).
+    ///
+    /// # Errors
+    /// As [`Self::stage_ahead`].
+    async fn stage_each(
+        &mut self,
+        req: &mut TaskRequest,
+        ahead: Ahead,
+    ) -> Result<(), (u32, usize, LinkError)> {
+        for (arg, body) in ahead {
+            self.stages += 1;
+            let id = self.stages;
+            let bytes = usize::try_from(body.len()).unwrap_or(usize::MAX);
+            self.link
+                .stage(id, body)
+                .await
+                .map_err(|e| (arg, bytes, e))?;
+            req.staged.push((arg, id));
         }
         Ok(())
     }
@@ -166,10 +215,15 @@ impl EndpointActor {
         &self,
         f: &InFlight,
         held: &[(u32, u64)],
-    ) -> Result<Vec<(u32, Bytes)>, Fetched> {
+    ) -> Result<(Vec<(u32, Bytes)>, Vec<(u32, u64)>), Fetched> {
         let mut out = Vec::with_capacity(held.len());
+        let mut landed = Vec::new();
         for &(arg, id) in held {
-            let Some((_, view, _, true)) = f.staged.iter().find(|(i, ..)| *i == arg) else {
+            let Some((_, view, host, tag)) = f
+                .staged
+                .iter()
+                .find(|(i, .., tag)| *i == arg && tag.writes())
+            else {
                 return Err(Fetched::Failed(MemberFailure::Fetch {
                     arg,
                     why: "the worker held bytes for an argument the task does not write back"
@@ -177,19 +231,39 @@ impl EndpointActor {
                 }));
             };
             let expect = strata_chip::staging::packed_len(view);
-            let bytes = self.link.fetch(id, expect).await.map_err(|e| match e {
-                LinkError::Refused(why) => Fetched::Failed(MemberFailure::Fetch {
-                    arg,
-                    why: why.to_string(),
-                }),
-                e => Fetched::Lost(format!(
-                    "fetching the bytes {} wrote to argument {arg}: {e}",
-                    f.task
-                )),
-            })?;
-            out.push((arg, bytes));
+            // A contiguous view the task only writes, on a data
+            // connection, lands straight in the memfd as it arrives: a
+            // fetch cut short leaves part of it written, which is what a
+            // failed task's output may be (consumers are skipped; a retry
+            // writes it whole). A view it also reads is fetched whole
+            // first, so that a failure leaves its old bytes as they were.
+            let straight =
+                self.link.facts().data_from.is_some() && view.is_contiguous() && !tag.reads();
+            let land = straight.then(|| FileRange {
+                host: Arc::clone(host),
+                offset: view.byte_offset(),
+                len: expect,
+            });
+            let bytes = self
+                .link
+                .fetch(id, expect, land)
+                .await
+                .map_err(|e| match e {
+                    LinkError::Refused(why) => Fetched::Failed(MemberFailure::Fetch {
+                        arg,
+                        why: why.to_string(),
+                    }),
+                    e => Fetched::Lost(format!(
+                        "fetching the bytes {} wrote to argument {arg}: {e}",
+                        f.task
+                    )),
+                })?;
+            match bytes {
+                Some(bytes) => out.push((arg, bytes)),
+                None => landed.push((arg, expect)),
+            }
         }
-        Ok(out)
+        Ok((out, landed))
     }
 
     /// Passes the memfd of every host buffer these members use that the
@@ -245,8 +319,10 @@ impl EndpointActor {
         &self,
         item: &DispatchItem,
         refused: &HashMap<CanonicalIdentity, String>,
-    ) -> Result<(TaskRequest, InFlight), MemberFailure> {
+    ) -> Result<(TaskRequest, InFlight, Ahead), MemberFailure> {
         let staged_link = self.staged();
+        let data_from = self.link.facts().data_from;
+        let mut ahead = Vec::new();
         let mut tensors = Vec::with_capacity(item.args.len());
         let mut tags = Vec::with_capacity(item.args.len());
         let mut inline = Vec::with_capacity(item.args.len());
@@ -257,6 +333,29 @@ impl EndpointActor {
             tags.push(a.tag);
             match &a.backing {
                 Backing::Host(h) if staged_link => {
+                    let len = strata_chip::staging::packed_len(&a.tensor);
+                    staged.push((i as u32, a.tensor, Arc::clone(h), a.tag));
+                    if a.tag != ArgTag::Output && data_from.is_some_and(|from| len >= from) {
+                        // On the data connection, ahead of the task: a
+                        // contiguous view straight from the memfd, a
+                        // strided one packed once.
+                        let body = if a.tensor.is_contiguous() {
+                            StageBody::File {
+                                host: Arc::clone(h),
+                                offset: a.tensor.byte_offset(),
+                                len,
+                            }
+                        } else {
+                            StageBody::Packed(
+                                h.pack(&a.tensor, &self.recycler)
+                                    .map_err(|source| MemberFailure::Staging { arg: i, source })?,
+                            )
+                        };
+                        sent += len;
+                        ahead.push((i as u32, body));
+                        inline.push(None);
+                        continue;
+                    }
                     let data = if a.tag == ArgTag::Output {
                         Bytes::new()
                     } else {
@@ -266,7 +365,6 @@ impl EndpointActor {
                     };
                     sent += data.len() as u64;
                     inline.push(Some(data));
-                    staged.push((i as u32, a.tensor, Arc::clone(h), a.tag.writes()));
                 }
                 Backing::Host(h) => {
                     if let Some(why) = refused.get(h.descriptor().identity()) {
@@ -297,6 +395,7 @@ impl EndpointActor {
                 staged,
                 sent,
             },
+            ahead,
         ))
     }
 
@@ -321,13 +420,13 @@ impl EndpointActor {
             let result = match c.outcome {
                 TaskOutcome::Failure(cause) => Err(MemberFailure::Reported(cause)),
                 TaskOutcome::Success if c.held.is_empty() => {
-                    land(&f, &c.outputs, &mut report.returned)
+                    land(&f, &c.outputs, &[], &mut report.returned)
                 }
                 TaskOutcome::Success => match self.fetch_held(&f, &c.held).await {
-                    Ok(fetched) => {
+                    Ok((fetched, landed)) => {
                         let mut outputs = c.outputs;
                         outputs.extend(fetched);
-                        land(&f, &outputs, &mut report.returned)
+                        land(&f, &outputs, &landed, &mut report.returned)
                     }
                     Err(Fetched::Failed(e)) => Err(e),
                     // The connection failed: nothing of this task landed,
@@ -359,9 +458,19 @@ enum Fetched {
 }
 
 /// Writes the bytes a staged worker sent back into the host buffers; every
-/// argument the task writes must have come back.
-fn land(f: &InFlight, outputs: &[(u32, Bytes)], returned: &mut u64) -> Result<(), MemberFailure> {
-    for (index, view, host, writes) in &f.staged {
+/// argument the task writes must have come back, in `outputs` or already
+/// `landed` in its buffer by a data connection (argument, bytes).
+fn land(
+    f: &InFlight,
+    outputs: &[(u32, Bytes)],
+    landed: &[(u32, u64)],
+    returned: &mut u64,
+) -> Result<(), MemberFailure> {
+    for (index, view, host, tag) in &f.staged {
+        if let Some((_, bytes)) = landed.iter().find(|(i, _)| i == index) {
+            *returned += bytes;
+            continue;
+        }
         let out = outputs.iter().find(|(i, _)| i == index);
         match out {
             Some((_, bytes)) => {
@@ -372,7 +481,7 @@ fn land(f: &InFlight, outputs: &[(u32, Bytes)], returned: &mut u64) -> Result<()
                     })?;
                 *returned += bytes.len() as u64;
             }
-            None if *writes => {
+            None if tag.writes() => {
                 return Err(MemberFailure::NothingBack { arg: *index });
             }
             None => {}

@@ -40,6 +40,7 @@ mod local;
 mod mapping;
 pub mod npy;
 mod policy;
+mod recycle;
 mod start;
 mod task;
 pub mod trace;

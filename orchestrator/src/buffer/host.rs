@@ -313,3 +313,13 @@ impl Drop for HostShared {
         });
     }
 }
+
+impl crate::link::HostFile for HostShared {
+    fn fd(&self) -> BorrowedFd<'_> {
+        HostShared::fd(self)
+    }
+
+    fn read(&self, offset: u64, len: usize) -> Result<Vec<u8>, String> {
+        HostShared::read(self, offset, len).map_err(|e| e.to_string())
+    }
+}

@@ -26,11 +26,10 @@ use crate::error::{BufferError, Error, ViewError};
 use crate::mapping;
 
 mod host;
-mod recycle;
 mod view;
 
+pub(crate) use crate::recycle::Recycler;
 pub(crate) use host::{HostShared, Loss};
-pub(crate) use recycle::Recycler;
 pub use view::View;
 
 /// What the buffer manager hears when a buffer's last user let go.

@@ -86,6 +86,19 @@ pub(crate) struct Facts {
     pub(crate) data_from: Option<u64>,
 }
 
+/// A host buffer's memfd as a link sees it: the file a data connection
+/// sends from and lands in. A trait, not the buffer itself, so that `link`
+/// (below `buffer` and `error`) imports neither.
+pub(crate) trait HostFile: Send + Sync + std::fmt::Debug {
+    /// The memfd.
+    fn fd(&self) -> std::os::fd::BorrowedFd<'_>;
+    /// `len` bytes from `offset`, copied out.
+    ///
+    /// # Errors
+    /// The range is outside the buffer, or the read failed.
+    fn read(&self, offset: u64, len: usize) -> Result<Vec<u8>, String>;
+}
+
 /// The bytes of one view staged ahead of its task ([`WorkerLink::stage`]).
 #[derive(Debug)]
 pub(crate) enum StageBody {
@@ -95,7 +108,7 @@ pub(crate) enum StageBody {
     /// which a data connection sends from the file without packing them.
     File {
         /// The buffer.
-        host: std::sync::Arc<crate::buffer::HostShared>,
+        host: std::sync::Arc<dyn HostFile>,
         /// Where the view's bytes start.
         offset: u64,
         /// How many.
@@ -108,7 +121,7 @@ pub(crate) enum StageBody {
 #[derive(Debug)]
 pub(crate) struct FileRange {
     /// The buffer.
-    pub(crate) host: std::sync::Arc<crate::buffer::HostShared>,
+    pub(crate) host: std::sync::Arc<dyn HostFile>,
     /// Where the view's bytes start.
     pub(crate) offset: u64,
     /// How many.

@@ -18,7 +18,7 @@ use strata_core::Event;
 use super::EndpointActor;
 use crate::actors::{DispatchItem, MemberFailure, Notice, Report};
 use crate::buffer::{Backing, HostShared};
-use crate::link::{FileRange, LinkError, Memory, StageBody};
+use crate::link::{FileRange, HostFile, LinkError, Memory, StageBody};
 
 /// Views a task's message leaves out, to be staged on the data connection
 /// before it: argument index and bytes.
@@ -240,7 +240,7 @@ impl EndpointActor {
             let straight =
                 self.link.facts().data_from.is_some() && view.is_contiguous() && !tag.reads();
             let land = straight.then(|| FileRange {
-                host: Arc::clone(host),
+                host: Arc::clone(host) as Arc<dyn HostFile>,
                 offset: view.byte_offset(),
                 len: expect,
             });
@@ -341,7 +341,7 @@ impl EndpointActor {
                         // strided one packed once.
                         let body = if a.tensor.is_contiguous() {
                             StageBody::File {
-                                host: Arc::clone(h),
+                                host: Arc::clone(h) as Arc<dyn HostFile>,
                                 offset: a.tensor.byte_offset(),
                                 len,
                             }

@@ -40,7 +40,6 @@ mod local;
 mod mapping;
 pub mod npy;
 mod policy;
-mod recycle;
 mod start;
 mod task;
 pub mod trace;

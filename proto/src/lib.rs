@@ -34,6 +34,7 @@ pub mod check;
 mod codec;
 pub mod convert;
 pub mod fdframe;
+pub mod recycle;
 
 /// The generated messages and service stubs.
 #[allow(missing_docs, unreachable_pub, clippy::all, clippy::pedantic)]

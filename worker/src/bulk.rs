@@ -26,8 +26,8 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use bytes::Bytes;
 use strata_proto::bulk::{HEADER_BYTES, HELLO_BYTES, Hello, RefusalCode, Reply, Request, refusal};
+use strata_proto::recycle::Recycler;
 use strata_worker_core::SessionId;
 use subtle::ConstantTimeEq;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -54,7 +54,7 @@ pub(crate) async fn serve(
     mut shutdown: watch::Receiver<bool>,
 ) {
     let waiting = Arc::new(Semaphore::new(MAX_UNAUTHENTICATED));
-    let spares = Spares::default();
+    let spares = Recycler::default();
     loop {
         let (stream, peer) = tokio::select! {
             r = listener.accept() => match r {
@@ -102,7 +102,7 @@ async fn connection(
     node: Arc<Node>,
     permit: tokio::sync::OwnedSemaphorePermit,
     mut shutdown: watch::Receiver<bool>,
-    spares: Spares,
+    spares: Recycler,
 ) {
     let mut raw = [0u8; HELLO_BYTES];
     match tokio::time::timeout(HELLO_TIMEOUT, stream.read_exact(&mut raw)).await {
@@ -174,7 +174,7 @@ async fn connection(
 }
 
 /// Serves requests until the connection ends; returns why it did.
-async fn requests(stream: &mut TcpStream, session: &Session, spares: &Spares) -> String {
+async fn requests(stream: &mut TcpStream, session: &Session, spares: &Recycler) -> String {
     let mut raw = [0u8; HEADER_BYTES];
     loop {
         if let Err(e) = stream.read_exact(&mut raw).await {
@@ -214,7 +214,7 @@ fn held_code(e: &HeldError) -> RefusalCode {
 async fn stage(
     stream: &mut TcpStream,
     session: &Session,
-    spares: &Spares,
+    spares: &Recycler,
     id: u64,
     len: u64,
 ) -> Result<(), String> {
@@ -293,100 +293,4 @@ async fn fetch(stream: &mut TcpStream, session: &Session, id: u64, max: u64) -> 
         .write_all(&bytes)
         .await
         .map_err(|e| format!("fetch {id}: write: {e}"))
-}
-
-/// Most bytes of capacity kept by [`Spares`], over all sessions.
-const KEEP_BYTES: usize = 128 << 20;
-
-type Shelf = std::sync::Mutex<Vec<Vec<u8>>>;
-
-/// Strings staged bytes were received into, kept for the next stage once
-/// their task let go of them: a fresh string's pages are faulted in and
-/// zeroed by the kernel as the socket fills them, which costs about as
-/// much as the copy from the socket itself. A kept string is never seen
-/// past what the next stage wrote into it (its length is reset, and the
-/// `Bytes` covers only what was read), so one session's bytes never show
-/// through in another's.
-#[derive(Debug, Clone, Default)]
-struct Spares(Arc<Shelf>);
-
-fn shelf(s: &Shelf) -> std::sync::MutexGuard<'_, Vec<Vec<u8>>> {
-    s.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-impl Spares {
-    /// An empty string with room for `len` bytes: the smallest kept one
-    /// large enough, else a new one.
-    fn take(&self, len: usize) -> Vec<u8> {
-        let mut kept = shelf(&self.0);
-        let best = kept
-            .iter()
-            .enumerate()
-            .filter(|(_, v)| v.capacity() >= len)
-            .min_by_key(|(_, v)| v.capacity())
-            .map(|(i, _)| i);
-        match best {
-            Some(i) => kept.swap_remove(i),
-            None => Vec::with_capacity(len),
-        }
-    }
-
-    /// `bytes` as staged bytes (no copy); the string comes back when the
-    /// last reference drops, if there is room.
-    fn wrap(&self, bytes: Vec<u8>) -> Bytes {
-        Bytes::from_owner(Kept {
-            bytes,
-            spares: Arc::downgrade(&self.0),
-        })
-    }
-}
-
-/// A string on loan as staged bytes.
-struct Kept {
-    bytes: Vec<u8>,
-    spares: std::sync::Weak<Shelf>,
-}
-
-impl AsRef<[u8]> for Kept {
-    fn as_ref(&self) -> &[u8] {
-        &self.bytes
-    }
-}
-
-impl Drop for Kept {
-    fn drop(&mut self) {
-        let Some(spares) = self.spares.upgrade() else {
-            return;
-        };
-        let mut bytes = std::mem::take(&mut self.bytes);
-        let mut kept = shelf(&spares);
-        let held: usize = kept.iter().map(Vec::capacity).sum();
-        if held + bytes.capacity() <= KEEP_BYTES {
-            bytes.clear();
-            kept.push(bytes);
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_kept_string_comes_back_empty_and_is_reused() {
-        let spares = Spares::default();
-        let mut v = spares.take(100);
-        v.extend_from_slice(&[9; 100]);
-        let at = v.as_ptr();
-        let b = spares.wrap(v);
-        assert_eq!(&b[..], &[9; 100][..]);
-        let other = spares.take(10);
-        assert_ne!(other.as_ptr(), at, "still lent");
-        drop(b);
-        let again = spares.take(10);
-        assert_eq!(again.as_ptr(), at, "reused");
-        assert!(again.is_empty(), "nothing of the last stage shows");
-        drop(spares.wrap(Vec::with_capacity(KEEP_BYTES + 1)));
-        assert!(shelf(&spares.0).is_empty(), "too large to keep");
-    }
 }

@@ -28,8 +28,8 @@ use crate::mapping;
 mod host;
 mod view;
 
-pub(crate) use crate::recycle::Recycler;
 pub(crate) use host::{HostShared, Loss};
+pub(crate) use strata_proto::recycle::Recycler;
 pub use view::View;
 
 /// What the buffer manager hears when a buffer's last user let go.

@@ -222,7 +222,7 @@ impl GrpcDialer {
             fd: fd.map(tokio::sync::Mutex::new),
             ring,
             data: data.map(|c| tokio::sync::Mutex::new(Some(c))),
-            recycler: crate::recycle::Recycler::default(),
+            recycler: strata_proto::recycle::Recycler::default(),
             tasks: Mutex::new(vec![reader, watch]),
             down,
         })
@@ -246,7 +246,7 @@ pub(crate) struct GrpcLink {
     data: Option<tokio::sync::Mutex<Option<DataConnection>>>,
     /// Strings fetched bytes land in, kept for the next fetch (their
     /// pages stay resident).
-    recycler: crate::recycle::Recycler,
+    recycler: strata_proto::recycle::Recycler,
     /// The completion reader and the health watch.
     tasks: Mutex<Vec<JoinHandle<()>>>,
     /// Why the session is over or the worker silent, once it is.

@@ -1,30 +1,35 @@
-//! Packed-byte strings kept for the next task's view bytes.
+//! Byte strings kept for the next view's bytes, on both sides of a remote
+//! link: the driver packs a task's views into them, the worker receives
+//! staged bytes into them.
 //!
-//! A staged task's packed bytes are tens of megabytes that live until
-//! tonic has encoded them. Freshly allocated, every page of them is a page
-//! fault and a page the kernel zeroes before the pack writes it — measured
-//! as the largest single cost of sending view bytes. Recycled, the pages
-//! stay resident and are only written. The pool keeps at most
-//! [`KEEP_BYTES`] per endpoint, so a worker that once received a large
-//! view costs at most that much memory for as long as it is connected.
+//! View bytes are tens of megabytes that live until they are sent or their
+//! task lets go of them. Freshly allocated, every page of them is a page
+//! fault and a page the kernel zeroes before the pack or the socket writes
+//! it — measured as the largest single cost of moving view bytes. Recycled,
+//! the pages stay resident and are only written. A pool keeps at most
+//! [`KEEP_BYTES`] of capacity, so a peer that once moved a large view costs
+//! at most that much memory for as long as it lives. A kept string is never
+//! seen past what the next user wrote into it (it comes back empty, and the
+//! `Bytes` of [`Recycler::wrap`] covers only what was written), so one
+//! session's bytes never show through in another's.
 
 use std::sync::{Arc, Mutex, Weak};
 
 use bytes::Bytes;
 
 /// Most bytes of capacity one pool keeps.
-const KEEP_BYTES: usize = 128 << 20;
+pub const KEEP_BYTES: usize = 128 << 20;
 
 type Shelf = Mutex<Vec<Vec<u8>>>;
 
 /// Strings whose bytes went out, kept for reuse (cheap to clone: shared).
 #[derive(Debug, Clone, Default)]
-pub(crate) struct Recycler(Arc<Shelf>);
+pub struct Recycler(Arc<Shelf>);
 
 impl Recycler {
     /// An empty string with room for at least `len` bytes: a kept one when
     /// one is large enough (the smallest such), else a new one.
-    pub(crate) fn take(&self, len: usize) -> Vec<u8> {
+    pub fn take(&self, len: usize) -> Vec<u8> {
         let mut shelf = lock(&self.0);
         let best = shelf
             .iter()
@@ -40,7 +45,7 @@ impl Recycler {
 
     /// `bytes` as a message field (no copy); its string comes back to this
     /// pool when the last reference is dropped, if there is room.
-    pub(crate) fn wrap(&self, bytes: Vec<u8>) -> Bytes {
+    pub fn wrap(&self, bytes: Vec<u8>) -> Bytes {
         Bytes::from_owner(Kept {
             bytes,
             pool: Arc::downgrade(&self.0),
@@ -102,5 +107,23 @@ mod tests {
         // Nothing larger than the pool keeps is kept.
         drop(pool.wrap(Vec::with_capacity(KEEP_BYTES + 1)));
         assert!(lock(&pool.0).is_empty());
+    }
+
+    #[test]
+    fn a_kept_string_comes_back_empty_and_is_reused_until_the_pool_is_full() {
+        let pool = Recycler::default();
+        let mut v = pool.take(100);
+        v.extend_from_slice(&[9; 100]);
+        let at = v.as_ptr();
+        let b = pool.wrap(v);
+        assert_eq!(&b[..], &[9; 100][..]);
+        let other = pool.take(10);
+        assert_ne!(other.as_ptr(), at, "still lent");
+        drop(b);
+        let again = pool.take(10);
+        assert_eq!(again.as_ptr(), at, "reused");
+        assert!(again.is_empty(), "nothing of the last user shows");
+        drop(pool.wrap(Vec::with_capacity(KEEP_BYTES + 1)));
+        assert!(lock(&pool.0).is_empty(), "too large to keep");
     }
 }

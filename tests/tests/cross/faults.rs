@@ -291,19 +291,22 @@ fn a_worker_hung_while_a_view_is_staged_to_it_is_lost_at_the_deadline() {
         "1048576",
         "--no-data-port",
     ];
-    let detected = lost_while_hung(true, &args, |cluster, b| {
-        // 64 MiB to stage: far more than the socket buffers hold.
-        let n = 16u32 << 20;
-        let big = cluster
-            .buffer(u64::from(n) * 4)
-            .unwrap()
-            .tensor(&[n], DType::F32)
-            .unwrap();
-        cluster
-            .submit(Task::new("test.touch").input(&big).on(b))
-            .unwrap()
-    });
+    let detected = lost_while_hung(true, &args, touch_64_mib);
     eprintln!("hung while staging: lost in {:.1} ms", ms(detected));
+}
+
+/// A task on `b` reading 64 MiB: far more than the socket buffers hold,
+/// so a hung worker leaves its bytes stuck on the way.
+fn touch_64_mib(cluster: &Cluster, b: WorkerId) -> TaskHandle {
+    let n = 16u32 << 20;
+    let big = cluster
+        .buffer(u64::from(n) * 4)
+        .unwrap()
+        .tensor(&[n], DType::F32)
+        .unwrap();
+    cluster
+        .submit(Task::new("test.touch").input(&big).on(b))
+        .unwrap()
 }
 
 /// A TCP worker that hangs (SIGSTOP) while a large view is on its data
@@ -314,17 +317,7 @@ fn a_worker_hung_while_a_view_is_staged_to_it_is_lost_at_the_deadline() {
 fn a_worker_hung_while_a_view_is_on_its_data_connection_is_lost_at_the_deadline() {
     let detected = lost_while_hung(true, &["--insecure"], |cluster, b| {
         assert!(cluster.workers()[1].data_connection);
-        // 64 MiB on the data connection: far more than the socket buffers
-        // hold.
-        let n = 16u32 << 20;
-        let big = cluster
-            .buffer(u64::from(n) * 4)
-            .unwrap()
-            .tensor(&[n], DType::F32)
-            .unwrap();
-        cluster
-            .submit(Task::new("test.touch").input(&big).on(b))
-            .unwrap()
+        touch_64_mib(cluster, b)
     });
     eprintln!(
         "hung while on the data connection: lost in {:.1} ms",

@@ -70,55 +70,37 @@ impl EndpointActor {
                 }
             };
             // Views for the data connection go first, whatever their
-            // message's size.
-            if let Err((arg, bytes, e)) = self.stage_each(&mut req, ahead).await {
-                match e {
-                    LinkError::Refused(why) => {
-                        self.finish(
-                            item,
-                            Err(MemberFailure::StagedAhead {
-                                arg,
-                                bytes,
-                                why: why.to_string(),
-                            }),
-                        );
-                        continue;
-                    }
-                    e => {
-                        return self.lost(format!(
-                            "staging the {bytes} bytes of argument {arg} of {}: {e}",
-                            item.task
-                        ));
-                    }
+            // message's size; then views too large for the message go
+            // ahead of it, largest first, until the rest fits (written
+            // views too large for the completion come back the same way:
+            // the worker holds them and `complete` fetches them).
+            let staged = match self.stage_each(&mut req, ahead).await {
+                Ok(()) if wire_size(&req) > room && self.staged() => {
+                    self.stage_ahead(&mut req, room).await
                 }
-            }
-            // Views too large for the message go ahead of it, largest first,
-            // until the rest fits (written views too large for the
-            // completion come back the same way: the worker holds them and
-            // `complete` fetches them).
-            if wire_size(&req) > room && self.staged() {
-                match self.stage_ahead(&mut req, room).await {
-                    Ok(()) => {}
-                    // The worker refused the bytes: this member fails alone.
-                    Err((arg, bytes, LinkError::Refused(why))) => {
-                        self.finish(
-                            item,
-                            Err(MemberFailure::StagedAhead {
-                                arg,
-                                bytes,
-                                why: why.to_string(),
-                            }),
-                        );
-                        continue;
-                    }
-                    // The connection failed: the worker is lost, and with it
-                    // every member placed on it (the scheduler knows them).
-                    Err((arg, bytes, e)) => {
-                        return self.lost(format!(
-                            "staging the {bytes} bytes of argument {arg} of {}: {e}",
-                            item.task
-                        ));
-                    }
+                r => r,
+            };
+            match staged {
+                Ok(()) => {}
+                // The worker refused the bytes: this member fails alone.
+                Err((arg, bytes, LinkError::Refused(why))) => {
+                    self.finish(
+                        item,
+                        Err(MemberFailure::StagedAhead {
+                            arg,
+                            bytes,
+                            why: why.to_string(),
+                        }),
+                    );
+                    continue;
+                }
+                // The connection failed: the worker is lost, and with it
+                // every member placed on it (the scheduler knows them).
+                Err((arg, bytes, e)) => {
+                    return self.lost(format!(
+                        "staging the {bytes} bytes of argument {arg} of {}: {e}",
+                        item.task
+                    ));
                 }
             }
             let bytes = wire_size(&req);

@@ -26,6 +26,7 @@ use bytes::Bytes;
 use strata_chip::{ArgBacking, HostBuffer, HostBytes, HostMemory, Launch, LaunchArg, LaunchReport};
 use strata_proto::TaskId;
 use strata_proto::convert::{TaskCompletion, TaskOutcome, TaskRequest};
+use strata_proto::offload::off_runtime;
 use strata_wire::{AddressSpace, BufferDescriptor, Tensor};
 use strata_worker_core::ImportError;
 
@@ -134,7 +135,10 @@ fn prepare(
     let mut held: Held = Vec::new();
     let mut inline_args = Vec::new();
     let mut args = Vec::with_capacity(req.args.tensors().len());
-    let mut staged = unpack_inline(req.args.tensors(), &req.inline, &writes)?;
+    let inline_bytes: usize = req.inline.iter().flatten().map(Bytes::len).sum();
+    let mut staged = off_runtime(inline_bytes as u64, || {
+        unpack_inline(req.args.tensors(), &req.inline, &writes)
+    })?;
     for (i, ((tensor, tag), inline)) in req
         .args
         .tensors()

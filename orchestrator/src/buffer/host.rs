@@ -11,6 +11,7 @@ use bytes::Bytes;
 
 use strata_chip::staging;
 use strata_core::{Holders, WorkerId};
+use strata_proto::offload::off_runtime;
 use strata_wire::{BufferDescriptor, CanonicalIdentity, Tensor};
 use tokio::sync::mpsc;
 
@@ -140,7 +141,13 @@ impl HostShared {
     /// mapping, no pages allocated for bytes never written), short ones
     /// copied from the mapping (one call each would cost more than it
     /// saves).
+    /// A view of a megabyte or more is packed without holding up the
+    /// async runtime's other tasks (see `strata_proto::offload`).
     pub(crate) fn pack(&self, view: &Tensor, into: &Recycler) -> Result<Bytes, BufferError> {
+        off_runtime(staging::packed_len(view), || self.pack_here(view, into))
+    }
+
+    fn pack_here(&self, view: &Tensor, into: &Recycler) -> Result<Bytes, BufferError> {
         const PREAD_RUN: usize = 64 << 10;
         let first = usize::try_from(view.byte_offset()).map_err(|_| too_big())?;
         let mut out = into.take(usize::try_from(staging::packed_len(view)).map_err(|_| too_big())?);
@@ -169,7 +176,12 @@ impl HostShared {
     }
 
     /// Writes a view's packed bytes back, run after run.
+    /// Large ones off the runtime, as [`HostShared::pack`].
     pub(crate) fn unpack(&self, view: &Tensor, packed: &[u8]) -> Result<(), BufferError> {
+        off_runtime(packed.len() as u64, || self.unpack_here(view, packed))
+    }
+
+    fn unpack_here(&self, view: &Tensor, packed: &[u8]) -> Result<(), BufferError> {
         let want = staging::packed_len(view);
         if packed.len() as u64 != want {
             return Err(BufferError::PackedLength {

@@ -270,6 +270,19 @@ pub trait Device: Send + Sync + std::fmt::Debug {
     /// ([`Error::Argument`], [`Error::Scalars`]), or a shut-down device.
     fn launch(&self, launch: Launch, done: Completion) -> Result<(), Error>;
 
+    /// As [`Device::launch`], from a thread that only feeds the device and
+    /// may lend itself: a device may run the launch on this thread, before
+    /// returning, when it would start at once anyway (it saves the wake-up
+    /// of a device thread, which across cores costs more than a small
+    /// kernel). `done` may then be called on this thread. The default
+    /// queues it, as `launch` does.
+    ///
+    /// # Errors
+    /// As [`Device::launch`].
+    fn launch_here(&self, launch: Launch, done: Completion) -> Result<(), Error> {
+        self.launch(launch, done)
+    }
+
     /// Waits until every accepted launch has completed.
     fn synchronize(&self);
 

@@ -50,6 +50,18 @@ struct InlineArg {
 
 /// Runs `req` and calls `done` exactly once.
 pub(crate) fn execute(node: &Arc<Node>, session: &Session, req: TaskRequest, done: Done) {
+    run(node, session, req, done, false);
+}
+
+/// As [`execute`], from a thread that only feeds the device (the ring's
+/// reader): the device may run the kernel on this thread when it would
+/// start at once anyway ([`strata_chip::Device::launch_here`]), which saves
+/// waking a lane thread.
+pub(crate) fn execute_here(node: &Arc<Node>, session: &Session, req: TaskRequest, done: Done) {
+    run(node, session, req, done, true);
+}
+
+fn run(node: &Arc<Node>, session: &Session, req: TaskRequest, done: Done, here: bool) {
     node.counters.in_flight.fetch_add(1, Ordering::Relaxed);
     let counting = counted(node, done);
     let id = req.id;
@@ -78,7 +90,12 @@ pub(crate) fn execute(node: &Arc<Node>, session: &Session, req: TaskRequest, don
                     f(outcome);
                 }
             });
-            if let Err(e) = node.device.launch(launch, relay) {
+            let launched = if here {
+                node.device.launch_here(launch, relay)
+            } else {
+                node.device.launch(launch, relay)
+            };
+            if let Err(e) = launched {
                 if let Some(f) = take(&slot) {
                     f(Err(e));
                 }

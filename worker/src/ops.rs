@@ -352,7 +352,7 @@ impl Intake {
         let Ok(permit) = Arc::clone(&self.permits).acquire_owned().await else {
             return;
         };
-        self.start(running, permit, id, req);
+        self.start(running, permit, id, req, false);
     }
 
     /// [`Intake::take`] from a thread outside the runtime (the ring's
@@ -376,15 +376,18 @@ impl Intake {
                 }
             }
         };
-        self.start(running, permit, id, req);
+        self.start(running, permit, id, req, true);
     }
 
+    /// `here`: the caller's thread may run the kernel (it is the ring's
+    /// reader, not a runtime thread).
     fn start(
         &self,
         running: crate::node::RunningTask,
         permit: tokio::sync::OwnedSemaphorePermit,
         id: TaskId,
         req: Result<TaskRequest, String>,
+        here: bool,
     ) {
         let tx = self.done.clone();
         let done: exec::Done = Box::new(move |c| {
@@ -395,6 +398,7 @@ impl Intake {
             tx.send(c);
         });
         match req {
+            Ok(req) if here => exec::execute_here(&self.node, &self.session, req, done),
             Ok(req) => exec::execute(&self.node, &self.session, req, done),
             Err(e) => {
                 let c = &self.node.counters;

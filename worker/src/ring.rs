@@ -18,7 +18,8 @@
 //! the session's [`Intake`], whose backpressure stops it reading; the
 //! *flusher* writes completions that found the completion lane full.
 //! A completion that fits is written by whoever completes the task (a
-//! lane thread), with no thread hop.
+//! lane thread, or the reader itself when the device ran the kernel on it:
+//! the reader launches with `launch_here`), with no thread hop.
 
 use std::collections::VecDeque;
 use std::os::fd::OwnedFd;

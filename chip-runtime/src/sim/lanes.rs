@@ -10,8 +10,17 @@
 //! 3. Shutdown (drop) sets the flag and wakes every lane; lanes finish the
 //!    queued jobs, then exit, and drop joins them.
 //!
+//! 4. `run_here` (a pool of one lane only) runs a job on the caller's own
+//!    thread when the lane is idle and nothing is queued: it marks the
+//!    lane busy and counts the job in flight under the lock, runs it
+//!    outside, then frees the lane and wakes the lane thread if jobs
+//!    queued meanwhile. The lane thread takes no job while its lane is
+//!    lent, so one lane still runs one job at a time, in queue order.
+//!
 //! LANES-1: `in_flight` = queued jobs + running jobs; every submitted job
 //! runs exactly once.
+//! LANES-2: at most one job runs as a given lane index at a time (on its
+//! thread or lent to a caller).
 //!
 //! An idle lane spins a while, then yields a while (`LANE_SPIN` and
 //! `LANE_YIELDS` checks of `queued`, a hint written under the lock and
@@ -64,6 +73,8 @@ struct State {
     queue: VecDeque<Job>,
     in_flight: usize,
     shutdown: bool,
+    /// Per lane: running a job (on its thread, or lent to a caller).
+    busy: Vec<bool>,
 }
 
 impl std::fmt::Debug for State {
@@ -83,6 +94,7 @@ impl LanePool {
                 queue: VecDeque::new(),
                 in_flight: 0,
                 shutdown: false,
+                busy: vec![false; lanes],
             }),
             work: Condvar::new(),
             idle: Condvar::new(),
@@ -108,6 +120,36 @@ impl LanePool {
             .queued
             .store(s.queue.len() as u64, Ordering::Relaxed);
         self.shared.work.notify_one();
+        Ok(())
+    }
+
+    /// Runs `job` on this thread, as lane 0, when the pool has one lane,
+    /// that lane is idle and nothing is queued — what a thread that feeds
+    /// the device (the ring's reader) saves is the wake-up of the lane
+    /// thread. Gives the job back otherwise (then [`LanePool::submit`] it).
+    /// With several lanes it always gives it back: a feeding thread held
+    /// by one kernel would keep the next from starting on another lane.
+    pub(crate) fn run_here(&self, job: Job) -> Result<(), Job> {
+        {
+            let mut s = lock(&self.shared.state);
+            if s.shutdown || s.busy.len() != 1 || s.busy[0] || !s.queue.is_empty() {
+                return Err(job);
+            }
+            s.busy[0] = true;
+            s.in_flight += 1;
+        }
+        // As on a lane: a panic is the job's, not the caller's.
+        let _ = catch_unwind(AssertUnwindSafe(|| job(0)));
+        let mut s = lock(&self.shared.state);
+        s.busy[0] = false;
+        s.in_flight -= 1;
+        if s.in_flight == 0 {
+            self.shared.idle.notify_all();
+        }
+        if !s.queue.is_empty() || s.shutdown {
+            // The lane thread may have parked on the lent lane.
+            self.shared.work.notify_all();
+        }
         Ok(())
     }
 
@@ -147,14 +189,19 @@ fn spawn(
 fn run_lane(shared: &Shared, lane: usize) {
     let mut s = lock(&shared.state);
     loop {
-        if let Some(job) = s.queue.pop_front() {
+        if s.busy[lane] {
+            // Lent to a caller (`run_here`), which wakes us when it is done.
+            s = wait(&shared.work, s);
+        } else if let Some(job) = s.queue.pop_front() {
             shared.queued.store(s.queue.len() as u64, Ordering::Relaxed);
+            s.busy[lane] = true;
             drop(s);
             // A job's own failures are reported through its completion; a
             // panic here (say, in a user's completion callback) must not
             // kill the lane or leak the in-flight count.
             let _ = catch_unwind(AssertUnwindSafe(|| job(lane)));
             s = lock(&shared.state);
+            s.busy[lane] = false;
             s.in_flight -= 1;
             if s.in_flight == 0 {
                 shared.idle.notify_all();
@@ -238,6 +285,84 @@ mod tests {
         assert_eq!(count.load(Ordering::Relaxed), 1000);
         assert_eq!(pool.in_flight(), 0);
     }
+
+    /// An idle one-lane pool runs the job on the caller's thread, as lane
+    /// 0, before `run_here` returns; a panic in it stays in the job.
+    #[test]
+    fn an_idle_single_lane_runs_the_job_on_the_caller() {
+        let pool = LanePool::new(1).unwrap();
+        let me = std::thread::current().id();
+        let ran = std::sync::Arc::new(std::sync::Mutex::new(None));
+        let r = std::sync::Arc::clone(&ran);
+        let job: Job = Box::new(move |lane| {
+            *r.lock().unwrap() = Some((std::thread::current().id(), lane));
+        });
+        assert!(pool.run_here(job).is_ok());
+        assert_eq!(*ran.lock().unwrap(), Some((me, 0)));
+        let prev = std::panic::take_hook();
+        std::panic::set_hook(Box::new(|_| {}));
+        let ok = pool.run_here(Box::new(|_| panic!("job panics"))).is_ok();
+        std::panic::set_hook(prev);
+        assert!(ok);
+        assert_eq!(pool.in_flight(), 0);
+    }
+
+    /// The job comes back (to be queued) when the pool has several lanes,
+    /// when its lane is running a job, or when it has shut down.
+    #[test]
+    fn the_job_comes_back_unless_it_would_start_at_once() {
+        let two = LanePool::new(2).unwrap();
+        assert!(two.run_here(Box::new(|_| {})).is_err(), "several lanes");
+        let one = LanePool::new(1).unwrap();
+        let (started_tx, started) = std::sync::mpsc::channel();
+        let (release, released) = std::sync::mpsc::channel::<()>();
+        assert!(
+            one.submit(Box::new(move |_| {
+                started_tx.send(()).unwrap();
+                let _ = released.recv();
+            }))
+            .is_ok()
+        );
+        started.recv().unwrap();
+        assert!(one.run_here(Box::new(|_| {})).is_err(), "lane busy");
+        release.send(()).unwrap();
+        one.wait_idle();
+        lock(&one.shared.state).shutdown = true;
+        assert!(one.run_here(Box::new(|_| {})).is_err(), "shut down");
+    }
+
+    /// A job queued while the lane is lent waits for the lent job (one
+    /// lane, one job at a time), then runs on the lane thread.
+    #[test]
+    fn a_job_queued_while_the_lane_is_lent_runs_after_it() {
+        let pool = std::sync::Arc::new(LanePool::new(1).unwrap());
+        let running = std::sync::Arc::new(AtomicUsize::new(0));
+        let order = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let (p, r, o) = (
+            std::sync::Arc::clone(&pool),
+            std::sync::Arc::clone(&running),
+            std::sync::Arc::clone(&order),
+        );
+        let lent: Job = Box::new(move |_| {
+            r.fetch_add(1, Ordering::SeqCst);
+            let (r2, o2) = (std::sync::Arc::clone(&r), std::sync::Arc::clone(&o));
+            assert!(
+                p.submit(Box::new(move |_| {
+                    assert_eq!(r2.fetch_add(1, Ordering::SeqCst), 0, "two jobs at once");
+                    o2.lock().unwrap().push("queued");
+                    r2.fetch_sub(1, Ordering::SeqCst);
+                }))
+                .is_ok()
+            );
+            // Long enough for a lane thread that ignored the loan to start.
+            std::thread::sleep(std::time::Duration::from_millis(50));
+            o.lock().unwrap().push("lent");
+            r.fetch_sub(1, Ordering::SeqCst);
+        });
+        assert!(pool.run_here(lent).is_ok());
+        pool.wait_idle();
+        assert_eq!(*order.lock().unwrap(), vec!["lent", "queued"]);
+    }
 }
 
 #[cfg(all(test, loom))]
@@ -273,6 +398,43 @@ mod loom_models {
             for count in &runs {
                 assert_eq!(count.load(Ordering::Relaxed), 1);
             }
+        });
+    }
+
+    /// One lane: a caller runs a job on its own thread (`run_here`) while
+    /// another submits one. Both run exactly once, never at the same time
+    /// (LANES-2), `wait_idle` returns only after both, and the lane thread
+    /// does not sleep through a job queued while its lane was lent (the
+    /// pool's drop would then hang, which loom reports as a deadlock).
+    #[test]
+    fn a_lent_lane_runs_one_job_at_a_time_and_loses_none() {
+        use crate::sync::{AtomicU64, Ordering};
+        loom::model(|| {
+            let pool = Arc::new(LanePool::new(1).unwrap());
+            let running = Arc::new(AtomicU64::new(0));
+            let runs = Arc::new(AtomicU64::new(0));
+            let job = |running: &Arc<AtomicU64>, runs: &Arc<AtomicU64>| -> Job {
+                let (running, runs) = (Arc::clone(running), Arc::clone(runs));
+                Box::new(move |_| {
+                    assert_eq!(
+                        running.fetch_add(1, Ordering::SeqCst),
+                        0,
+                        "two jobs at once"
+                    );
+                    runs.fetch_add(1, Ordering::SeqCst);
+                    running.fetch_sub(1, Ordering::SeqCst);
+                })
+            };
+            let p = Arc::clone(&pool);
+            let other = job(&running, &runs);
+            let submitter = thread::spawn(move || assert!(p.submit(other).is_ok()));
+            if let Err(back) = pool.run_here(job(&running, &runs)) {
+                assert!(pool.submit(back).is_ok());
+            }
+            submitter.join().unwrap();
+            pool.wait_idle();
+            assert_eq!(runs.load(Ordering::SeqCst), 2);
+            drop(Arc::try_unwrap(pool).ok());
         });
     }
 

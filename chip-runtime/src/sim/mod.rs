@@ -106,6 +106,36 @@ impl SimDevice {
     pub fn check_invariants(&self) -> Result<(), String> {
         self.inner.arena.check_invariants()
     }
+
+    /// Checks `launch` and makes the job that runs it on a lane.
+    fn job(&self, launch: Launch, done: Completion) -> Result<lanes::Job, Error> {
+        let tagged: Vec<(Tensor, ArgTag)> = launch.args.iter().map(|a| (a.tensor, a.tag)).collect();
+        validate_launch(launch.kernel.as_ref(), &tagged, &launch.scalars)?;
+        for (i, arg) in launch.args.iter().enumerate() {
+            self.inner.check_backing(&launch, i, arg)?;
+        }
+        self.inner.counters.launched.fetch_add(1, Ordering::Relaxed);
+        let inner = Arc::clone(&self.inner);
+        let queued_at = Instant::now();
+        let job = Box::new(move |lane: usize| {
+            let queued = queued_at.elapsed();
+            // The gate is checked here, on the lane, and not when the
+            // launch is accepted: a job may wait in the queue long after.
+            let outcome = match launch.gate.as_ref().map(StartGate::check) {
+                Some(Err(e)) => {
+                    inner.counters.failed.fetch_add(1, Ordering::Relaxed);
+                    Err(e)
+                }
+                _ => inner.execute(&launch, lane, queued),
+            };
+            // The launch's leases go before the completion runs, so that a
+            // private buffer the task wrote is its completion's alone (and
+            // can leave as its bytes without a copy).
+            drop(launch);
+            done(outcome);
+        });
+        Ok(job)
+    }
 }
 
 impl Device for SimDevice {
@@ -188,32 +218,18 @@ impl Device for SimDevice {
     }
 
     fn launch(&self, launch: Launch, done: Completion) -> Result<(), Error> {
-        let tagged: Vec<(Tensor, ArgTag)> = launch.args.iter().map(|a| (a.tensor, a.tag)).collect();
-        validate_launch(launch.kernel.as_ref(), &tagged, &launch.scalars)?;
-        for (i, arg) in launch.args.iter().enumerate() {
-            self.inner.check_backing(&launch, i, arg)?;
-        }
-        self.inner.counters.launched.fetch_add(1, Ordering::Relaxed);
-        let inner = Arc::clone(&self.inner);
-        let queued_at = Instant::now();
-        let job = Box::new(move |lane: usize| {
-            let queued = queued_at.elapsed();
-            // The gate is checked here, on the lane, and not when the
-            // launch is accepted: a job may wait in the queue long after.
-            let outcome = match launch.gate.as_ref().map(StartGate::check) {
-                Some(Err(e)) => {
-                    inner.counters.failed.fetch_add(1, Ordering::Relaxed);
-                    Err(e)
-                }
-                _ => inner.execute(&launch, lane, queued),
-            };
-            // The launch's leases go before the completion runs, so that a
-            // private buffer the task wrote is its completion's alone (and
-            // can leave as its bytes without a copy).
-            drop(launch);
-            done(outcome);
-        });
+        let job = self.job(launch, done)?;
         self.lanes.submit(job).map_err(|_| Error::ShutDown)
+    }
+
+    /// On this thread when the device has one lane, idle, with nothing
+    /// queued (`LanePool::run_here`); queued otherwise.
+    fn launch_here(&self, launch: Launch, done: Completion) -> Result<(), Error> {
+        let job = self.job(launch, done)?;
+        match self.lanes.run_here(job) {
+            Ok(()) => Ok(()),
+            Err(job) => self.lanes.submit(job).map_err(|_| Error::ShutDown),
+        }
     }
 
     fn synchronize(&self) {

@@ -18,6 +18,11 @@
 //!   (a hash of the task id in scalar 0 and of every element read, in
 //!   argument then row-major order, written to every element of every
 //!   written view), on real workers.
+//! - `test.tile.x`, `test.tile.rx`, `test.tile.rrx`: one step of the
+//!   benchmark's stencil on rank-1 U64 tiles of f64 bits (the neighbours read, then
+//!   the own tile read and written), the same update as the StarPU peer's
+//!   (`bench/starpu/starpu_bench.c`, `tile_update`), so that the two
+//!   stencils compare runtimes and not kernels: see [`tile_update`].
 
 use std::sync::Arc;
 
@@ -175,6 +180,66 @@ impl Kernel for Hash {
     }
 }
 
+/// One stencil step of `own` from its existing neighbours (left before
+/// right), as the StarPU peer computes it: elements 1.. diffuse
+/// (`0.5 * own + 0.25 * sum of neighbours`), element 0 counts the
+/// wavefront exactly (`max(own, neighbours) + 1`), so reading a
+/// neighbour's old value instead of its new one always shows.
+pub fn tile_update(own: &mut [f64], neighbours: &[&[f64]]) {
+    let mut m = own[0];
+    for n in neighbours {
+        if n[0] > m {
+            m = n[0];
+        }
+    }
+    for j in 1..own.len() {
+        let s = neighbours.iter().fold(0.0, |acc, n| acc + n[j]);
+        own[j] = 0.5 * own[j] + 0.25 * s;
+    }
+    own[0] = m + 1.0;
+}
+
+/// `test.tile.*`: [`tile_update`] on the last argument (INOUT) from the
+/// ones before it (INPUT), all rank-1 U64 views of one length holding
+/// f64 bits (strata has no F64 dtype; the StarPU peer's tiles are 64
+/// doubles, 512 bytes, and so are these).
+struct Tile(KernelDescriptor);
+
+impl Kernel for Tile {
+    fn descriptor(&self) -> &KernelDescriptor {
+        &self.0
+    }
+    fn run(&self, ctx: &mut KernelContext<'_>) -> Result<(), String> {
+        let last = ctx.arg_count() - 1;
+        let neighbours = (0..last)
+            .map(|i| ctx.input::<u64>(i))
+            .collect::<Result<Vec<_>, _>>()?;
+        let mut own = ctx.output::<u64>(last)?;
+        let n = own.geometry().len();
+        if let Some(i) = neighbours.iter().position(|v| v.geometry().len() != n) {
+            return Err(format!(
+                "argument {i} has {} elements; the tile (argument {last}) has {n}",
+                neighbours[i].geometry().len()
+            ));
+        }
+        let get = |v: &strata_chip::kernel::View<'_, u64>, j: usize| f64::from_bits(v.get(&[j]));
+        let mut m = f64::from_bits(own.get(&[0]));
+        for v in &neighbours {
+            let x = get(v, 0);
+            if x > m {
+                m = x;
+            }
+        }
+        for j in 1..n {
+            let s = neighbours.iter().fold(0.0, |acc, v| acc + get(v, j));
+            let x = 0.5 * f64::from_bits(own.get(&[j])) + 0.25 * s;
+            own.set(&[j], x.to_bits());
+        }
+        own.set(&[0], (m + 1.0).to_bits());
+        Ok(())
+    }
+}
+
 /// `test.late_fill(x; ms, value)`: sleeps `ms`, then writes `value` into
 /// every element of the F32 view `x` — a task whose write lands late
 /// when its worker was stopped and woken (the quarantine tests).
@@ -285,6 +350,25 @@ pub fn registry_with_hash_delay(delay: std::time::Duration) -> Result<Registry, 
         )],
         vec![u64_scalar("value")],
     ))))?;
+    for pattern in ["x", "rx", "rrx"] {
+        let tile = |name: &str, access| {
+            ArgSpec::new(
+                name,
+                access,
+                DTypes::OneOf(vec![DType::U64]),
+                Rank::Exactly(1),
+            )
+        };
+        let mut args: Vec<ArgSpec> = (0..pattern.len() - 1)
+            .map(|i| tile(&format!("neighbour{i}"), Access::Read))
+            .collect();
+        args.push(tile("tile", Access::ReadWrite));
+        add(Arc::new(Tile(descriptor(
+            &format!("test.tile.{pattern}"),
+            args,
+            vec![],
+        ))))?;
+    }
     let mut patterns: Vec<String> = vec![String::new()];
     let mut all = Vec::new();
     for _ in 0..4 {

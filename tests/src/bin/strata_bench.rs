@@ -294,8 +294,18 @@ fn stencil(mode: Mode, quick: bool, only: &[u32]) -> Result<bool, String> {
         let buf = cluster
             .buffer(u64::from(k) * u64::from(tile) * 8)
             .map_err(|e| e.to_string())?;
-        let init: Vec<u64> = (0..u64::from(k * tile)).collect();
-        buf.write_slice(0, &init).map_err(|e| e.to_string())?;
+        // f64 values as U64 bits (the tiles of `test.tile.*`).
+        let init: Vec<f64> = (0..k * tile)
+            .map(|e| {
+                if e % tile == 0 {
+                    0.0
+                } else {
+                    f64::from(e % 1000)
+                }
+            })
+            .collect();
+        let bits: Vec<u64> = init.iter().map(|x| x.to_bits()).collect();
+        buf.write_slice(0, &bits).map_err(|e| e.to_string())?;
         let views: Vec<_> = (0..k)
             .map(|i| buf.tensor_at(u64::from(i * tile) * 8, &[tile], DType::U64))
             .collect::<Result<_, _>>()
@@ -305,10 +315,10 @@ fn stencil(mode: Mode, quick: bool, only: &[u32]) -> Result<bool, String> {
         for _ in 0..steps {
             for i in 0..k as usize {
                 let mut t = Task::new(match (i > 0, i + 1 < k as usize) {
-                    (true, true) => "test.hash.rrx",
-                    _ => "test.hash.rx",
-                })
-                .scalar_u64(id);
+                    (true, true) => "test.tile.rrx",
+                    (false, false) => "test.tile.x",
+                    _ => "test.tile.rx",
+                });
                 if i > 0 {
                     t = t.input(&views[i - 1]);
                 }
@@ -324,24 +334,27 @@ fn stencil(mode: Mode, quick: bool, only: &[u32]) -> Result<bool, String> {
         let s = cluster.wait_all().map_err(|e| e.to_string())?;
         let wall = t0.elapsed();
         // The sequential oracle: the same tasks one by one.
-        let mut mem: Vec<Vec<u64>> = init.chunks(tile as usize).map(<[u64]>::to_vec).collect();
-        let mut id = 0u64;
+        let mut mem: Vec<Vec<f64>> = init.chunks(tile as usize).map(<[f64]>::to_vec).collect();
         for _ in 0..steps {
             for i in 0..k as usize {
-                let mut args: Vec<(&[u64], bool, bool)> = Vec::new();
+                let mut own = std::mem::take(&mut mem[i]);
+                let mut neighbours: Vec<&[f64]> = Vec::new();
                 if i > 0 {
-                    args.push((&mem[i - 1], true, false));
+                    neighbours.push(&mem[i - 1]);
                 }
                 if i + 1 < k as usize {
-                    args.push((&mem[i + 1], true, false));
+                    neighbours.push(&mem[i + 1]);
                 }
-                args.push((&mem[i], true, true));
-                let out = hash_kernel(id, &args).remove(0);
-                mem[i] = out;
-                id += 1;
+                strata_tests::kernels::tile_update(&mut own, &neighbours);
+                mem[i] = own;
             }
         }
-        let got = buf.to_vec::<u64>().map_err(|e| e.to_string())?;
+        let got: Vec<f64> = buf
+            .to_vec::<u64>()
+            .map_err(|e| e.to_string())?
+            .into_iter()
+            .map(f64::from_bits)
+            .collect();
         let ok = got == mem.concat() && s.succeeded == id;
         all_ok &= emit(
             &mode.name("stencil"),

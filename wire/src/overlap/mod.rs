@@ -121,19 +121,23 @@ impl Footprint {
     /// The footprint of `view`.
     pub fn of(view: &Tensor) -> Footprint {
         let (set, exact) = byte_set(view);
-        let compact = Compact::of(&set).unwrap_or_else(|| {
-            // Unreachable for valid tensors; stay sound with the bounding run.
-            let (lo, hi) = set.bounds();
-            let lo = u64::try_from(lo).unwrap_or(0);
-            let hi = u64::try_from(hi).unwrap_or(u64::MAX);
-            Compact {
-                base: lo,
-                width: hi - lo,
-                len: 0,
-                dims: [(0, 0); MAX_DIMS],
+        let (compact, exact) = match Compact::of(&set) {
+            Some(c) => (c, exact),
+            None => {
+                // Unreachable for valid tensors; stay sound with the
+                // bounding run (no longer exact).
+                let (lo, hi) = set.bounds();
+                let lo = u64::try_from(lo).unwrap_or(0);
+                let hi = u64::try_from(hi).unwrap_or(u64::MAX);
+                let run = Compact {
+                    base: lo,
+                    width: hi - lo,
+                    len: 0,
+                    dims: [(0, 0); MAX_DIMS],
+                };
+                (run, false)
             }
-        });
-        let exact = exact && Compact::of(&set).is_some();
+        };
         Footprint {
             identity: *view.identity(),
             set: compact,
@@ -189,6 +193,18 @@ impl Footprint {
         let ((alo, ahi), (blo, bhi)) = (self.set.bounds(), other.set.bounds());
         if ahi <= blo || bhi <= alo {
             return Overlap::Disjoint;
+        }
+        // Two single runs (contiguous views, the common case) are their
+        // bounding ranges: they share a byte, and `self` covers `other`
+        // exactly when its range holds `other`'s (a run that is only a
+        // superset of its view's bytes proves nothing, as below).
+        let run = |c: &Compact| c.len == 0 && c.width > 0;
+        if run(&self.set) && run(&other.set) {
+            return if self.exact && alo <= blo && bhi <= ahi {
+                Overlap::Covers
+            } else {
+                Overlap::Partial
+            };
         }
         let (a, b) = (self.set.set(), other.set.set());
         match solve::intersects(&a, &b, &mut budget) {

@@ -135,7 +135,7 @@ impl BufferIndex {
         let rs = rects(fp, self.row);
         let mut candidates: Vec<u64> = Vec::new();
         if cell_count(&rs, self.cell) <= SCAN_CELLS {
-            for r in &rs {
+            for r in rs.iter() {
                 let (r0, r1, c0, c1) = cell_span(r, self.cell);
                 for cr in r0..=r1 {
                     for cc in c0..=c1 {
@@ -148,7 +148,7 @@ impl BufferIndex {
         } else {
             candidates.extend(self.cells.values().flatten());
         }
-        for r in &rs {
+        for r in rs.iter() {
             candidates.extend(
                 self.wide
                     .locate_in_envelope_intersecting(*r)
@@ -199,7 +199,7 @@ impl BufferIndex {
         // so it is recomputed rather than stored.
         let rs = rects(&e.footprint, self.row);
         if cell_count(&rs, self.cell) <= SMALL_CELLS {
-            for r in &rs {
+            for r in rs.iter() {
                 let (r0, r1, c0, c1) = cell_span(r, self.cell);
                 for cr in r0..=r1 {
                     for cc in c0..=c1 {
@@ -215,7 +215,7 @@ impl BufferIndex {
                 }
             }
         } else {
-            for env in rs {
+            for &env in rs.iter() {
                 self.wide.remove(&Item { env, entry: id });
             }
         }
@@ -237,7 +237,7 @@ impl BufferIndex {
     fn place(&mut self, id: u64, fp: &Footprint) {
         let rs = rects(fp, self.row);
         if cell_count(&rs, self.cell) <= SMALL_CELLS {
-            for r in &rs {
+            for r in rs.iter() {
                 let (r0, r1, c0, c1) = cell_span(r, self.cell);
                 for cr in r0..=r1 {
                     for cc in c0..=c1 {
@@ -249,7 +249,7 @@ impl BufferIndex {
                 }
             }
         } else {
-            for env in rs {
+            for &env in rs.iter() {
                 self.wide.insert(Item { env, entry: id });
             }
         }
@@ -320,9 +320,39 @@ fn rect(r0: u64, c0: u64, r1: u64, c1: u64) -> AABB<[i64; 2]> {
     AABB::from_corners([clamp(r0), clamp(c0)], [clamp(r1), clamp(c1)])
 }
 
+/// One to three rectangles, kept inline (every access computes them
+/// several times: an allocation each time showed in the engine's
+/// profile).
+#[derive(Clone, Copy)]
+struct Rects {
+    r: [AABB<[i64; 2]>; 3],
+    n: usize,
+}
+
+impl Rects {
+    fn of(rs: &[AABB<[i64; 2]>]) -> Rects {
+        let mut r = [AABB::from_point([0, 0]); 3];
+        r[..rs.len()].copy_from_slice(rs);
+        Rects { r, n: rs.len() }
+    }
+}
+
+impl std::ops::Deref for Rects {
+    type Target = [AABB<[i64; 2]>];
+    fn deref(&self) -> &Self::Target {
+        &self.r[..self.n]
+    }
+}
+
+impl std::fmt::Debug for Rects {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_list().entries(self.iter()).finish()
+    }
+}
+
 /// Rectangles (inclusive corners, in rows of `row` bytes) that contain
 /// every byte of `fp`.
-fn rects(fp: &Footprint, row: u64) -> Vec<AABB<[i64; 2]>> {
+fn rects(fp: &Footprint, row: u64) -> Rects {
     let range = fp.byte_range();
     let (lo, hi) = (range.start, range.end.max(range.start + 1));
     let base = fp.base();
@@ -349,23 +379,26 @@ fn rects(fp: &Footprint, row: u64) -> Vec<AABB<[i64; 2]>> {
     if blocked && gridded && inner <= row {
         let r1 = r0 + rows_span;
         if c0 + inner <= row {
-            return vec![rect(r0, c0, r1, c0 + inner - 1)];
+            return Rects::of(&[rect(r0, c0, r1, c0 + inner - 1)]);
         }
-        return vec![
+        return Rects::of(&[
             rect(r0, c0, r1, row - 1),
             rect(r0 + 1, 0, r1 + 1, c0 + inner - row - 1),
-        ];
+        ]);
     }
     let (r1, c1) = ((hi - 1) / row, (hi - 1) % row);
     let (r0, c0) = (lo / row, lo % row);
     if r0 == r1 {
-        return vec![rect(r0, c0, r0, c1)];
+        return Rects::of(&[rect(r0, c0, r0, c1)]);
     }
-    let mut out = vec![rect(r0, c0, r0, row - 1), rect(r1, 0, r1, c1)];
     if r1 > r0 + 1 {
-        out.push(rect(r0 + 1, 0, r1 - 1, row - 1));
+        return Rects::of(&[
+            rect(r0, c0, r0, row - 1),
+            rect(r1, 0, r1, c1),
+            rect(r0 + 1, 0, r1 - 1, row - 1),
+        ]);
     }
-    out
+    Rects::of(&[rect(r0, c0, r0, row - 1), rect(r1, 0, r1, c1)])
 }
 
 #[cfg(test)]

@@ -310,7 +310,7 @@ impl Dag {
     /// nothing is recorded then.
     pub fn insert(&mut self, task: CheckedTask) -> Result<Inserted, SubmitError> {
         submit::check_order(task.id(), self.last)?;
-        let task = task.into_inner();
+        let (task, prints) = task.into_parts();
         let id = task.id;
         self.last = Some(id);
         self.stats.inserted += 1;
@@ -324,13 +324,13 @@ impl Dag {
         // retires nothing — a lost task's late nibble would otherwise hide
         // behind it).
         let mut accesses: Vec<(CanonicalIdentity, Footprint, ArgTag, bool)> = Vec::new();
-        for arg in task
+        for (arg, &fp) in task
             .members
             .iter()
             .flatten()
-            .filter(|a| a.tag != ArgTag::NoDep)
+            .zip(prints.iter().flatten())
+            .filter(|(a, _)| a.tag != ArgTag::NoDep)
         {
-            let fp = Footprint::of(&arg.tensor);
             let identity = *arg.tensor.identity();
             if let Some(idx) = self.index.get(&identity) {
                 for (entry_id, _) in idx.matches(&fp) {

@@ -112,24 +112,31 @@ pub enum SubmitReason {
     Unplaceable(#[from] PlacementError),
 }
 
-/// A task that passed the submit-time checks of the task alone. Only
-/// [`super::Dag::check`] makes one.
+/// A task that passed the submit-time checks of the task alone, with the
+/// footprint of every argument the checks computed (per member, per
+/// argument), which [`super::Dag::insert`] uses instead of computing them
+/// again: the checks run on the submitting thread, the insert on the
+/// engine's. Only [`super::Dag::check`] makes one.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct CheckedTask(NewTask);
+pub struct CheckedTask {
+    task: NewTask,
+    prints: Vec<Vec<Footprint>>,
+}
 
 impl CheckedTask {
     /// The task.
     pub fn task(&self) -> &NewTask {
-        &self.0
+        &self.task
     }
 
     /// Its id.
     pub fn id(&self) -> TaskId {
-        self.0.id
+        self.task.id
     }
 
-    pub(super) fn into_inner(self) -> NewTask {
-        self.0
+    /// The task and its arguments' footprints, member by member.
+    pub(super) fn into_parts(self) -> (NewTask, Vec<Vec<Footprint>>) {
+        (self.task, self.prints)
     }
 }
 
@@ -146,11 +153,12 @@ pub(super) fn check_order(id: TaskId, last: Option<TaskId>) -> Result<(), Submit
 
 /// Rules 2 to 5.
 pub(super) fn check(task: NewTask) -> Result<CheckedTask, SubmitError> {
-    check_alone(&task)?;
-    Ok(CheckedTask(task))
+    let prints = check_alone(&task)?;
+    Ok(CheckedTask { task, prints })
 }
 
-fn check_alone(task: &NewTask) -> Result<(), SubmitError> {
+/// The checks; on success, the footprints of every member's arguments.
+fn check_alone(task: &NewTask) -> Result<Vec<Vec<Footprint>>, SubmitError> {
     let bad = |reason: SubmitReason| SubmitError {
         task: task.id,
         reason,
@@ -158,6 +166,7 @@ fn check_alone(task: &NewTask) -> Result<(), SubmitError> {
     if task.members.is_empty() {
         return Err(bad(SubmitReason::NoMembers));
     }
+    let mut all = Vec::with_capacity(task.members.len());
     for (m, args) in task.members.iter().enumerate() {
         if args.len() > MAX_TENSORS {
             return Err(bad(SubmitReason::TooManyTensors {
@@ -199,11 +208,12 @@ fn check_alone(task: &NewTask) -> Result<(), SubmitError> {
                 }
             }
         }
+        all.push(prints);
     }
     for a in &task.after {
         if *a >= task.id {
             return Err(bad(SubmitReason::AfterNotEarlier { after: *a }));
         }
     }
-    Ok(())
+    Ok(all)
 }

@@ -22,6 +22,7 @@ use crate::cluster::{Cluster, Offered};
 use crate::error::{ClusterError, Error};
 use crate::link::grpc::GrpcDialer;
 use crate::link::inproc::InProcessDialer;
+use crate::link::ring::RingPoller;
 use crate::link::{Dialer, WorkerInfo};
 use crate::local::{LocalWorkers, default_worker_binary};
 use crate::policy::Quarantine;
@@ -332,6 +333,8 @@ fn start(b: ClusterBuilder) -> Result<Cluster, Error> {
         .enable_all()
         .build()
         .map_err(ClusterError::Runtime)?;
+    let poller = Arc::new(RingPoller::default());
+    runtime.spawn(Arc::clone(&poller).run());
     let health_ms = u32::try_from(b.health_interval.as_millis().max(1)).unwrap_or(u32::MAX);
     let grpc = |endpoint: Endpoint, token: Option<String>, tls: Option<ClientTls>| GrpcDialer {
         endpoint,
@@ -341,6 +344,7 @@ fn start(b: ClusterBuilder) -> Result<Cluster, Error> {
         health_deadline: b.health_deadline,
         ring: b.ring,
         data_connection: b.data_connection,
+        poller: Some(Arc::clone(&poller)),
     };
     let (targets, local) = targets(&b, &grpc)?;
 

@@ -42,6 +42,7 @@
 
 pub mod shm;
 mod sync;
+pub mod watched;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -583,14 +584,33 @@ impl Consumer {
     /// read first, so a producer waiting for room is not kept waiting.
     pub fn wait(&mut self, spin: Spin, deadline: Option<Instant>) -> Waited {
         self.release();
-        let lane = self.mem.lane(self.which);
-        let tail = self.tail;
+        Consumer::wait_published(&*self.mem, self.which, self.tail, spin, deadline)
+    }
+
+    /// Waits until a record is published past `tail` (an earlier
+    /// [`Consumer::position`]), the ring closes, or `deadline` passes: what
+    /// a reader that does not hold the consumer while it waits (because
+    /// another thread may read the lane meanwhile) waits on before it
+    /// takes the consumer again. Release what was read first.
+    pub fn wait_published(
+        mem: &dyn Memory,
+        which: Which,
+        tail: u64,
+        spin: Spin,
+        deadline: Option<Instant>,
+    ) -> Waited {
+        let lane = mem.lane(which);
         lane.data.0.wait(
             spin,
             deadline,
             || lane.head.0.load(Ordering::Acquire) != tail,
             || lane.is_closed(),
         )
+    }
+
+    /// The end of what this consumer has read.
+    pub fn position(&self) -> u64 {
+        self.tail
     }
 
     /// The memory this consumer reads.

@@ -210,6 +210,59 @@ mod loom_models {
             assert!(matches!(w, Waited::Ready | Waited::Closed), "{w:?}");
         });
     }
+    /// A lane handed between a thread and a poller (`watched`): the
+    /// poller takes it, looks once and hands it back while the producer
+    /// publishes two records; both are handed on, once each and in order
+    /// (the main thread waits for them: a hand-off that loses one is a
+    /// deadlock loom reports), and closing the ring ends the thread
+    /// wherever it waits.
+    #[test]
+    fn a_lane_handed_between_thread_and_poller_loses_no_record() {
+        use crate::watched::Watched;
+        use loom::sync::{Condvar, Mutex};
+        loom::model(|| {
+            let (mut p, c, heap) = ends(64);
+            let lane = Arc::new(Watched::new(c, Vec::new()));
+            let got = Arc::new((Mutex::new(Vec::<Vec<u8>>::new()), Condvar::new()));
+            let pass = {
+                let got = Arc::clone(&got);
+                move |c: &mut Consumer, buf: &mut Vec<u8>| {
+                    while c.try_pop(buf).unwrap() {
+                        got.0.lock().unwrap().push(buf.clone());
+                        got.1.notify_all();
+                    }
+                    true
+                }
+            };
+            let reader = {
+                let (lane, pass) = (Arc::clone(&lane), pass.clone());
+                thread::spawn(move || lane.serve(pass))
+            };
+            let poller = {
+                let lane = Arc::clone(&lane);
+                thread::spawn(move || {
+                    lane.take();
+                    lane.poll(pass);
+                    lane.hand_back();
+                })
+            };
+            assert!(p.try_push(&record(0, 5)).unwrap());
+            p.publish();
+            assert!(p.try_push(&record(1, 3)).unwrap());
+            p.publish();
+            {
+                let mut g = got.0.lock().unwrap();
+                while g.len() < 2 {
+                    g = got.1.wait(g).unwrap();
+                }
+                assert_eq!(*g, vec![record(0, 5), record(1, 3)]);
+            }
+            poller.join().unwrap();
+            crate::close(&*heap);
+            lane.wake();
+            reader.join().unwrap();
+        });
+    }
 }
 
 #[cfg(not(loom))]

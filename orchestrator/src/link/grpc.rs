@@ -43,6 +43,9 @@ pub(crate) struct GrpcDialer {
     /// Stage and fetch large view bytes on the worker's data connection
     /// when it offers one (TCP without TLS).
     pub(crate) data_connection: bool,
+    /// Watches the rings' completion lanes from the cluster's runtime
+    /// while tasks come and go (`None`: their reader threads alone do).
+    pub(crate) poller: Option<Arc<super::ring::RingPoller>>,
 }
 
 /// Views of at least this many bytes go on the data connection; smaller
@@ -114,7 +117,9 @@ impl GrpcDialer {
         };
         let ring = match &mut fd {
             Some(fd) if self.ring && hs.ring => {
-                RingPlane::attach(fd, events.clone()).await?.map(Arc::new)
+                RingPlane::attach(fd, events.clone(), self.poller.clone())
+                    .await?
+                    .map(Arc::new)
             }
             _ => None,
         };

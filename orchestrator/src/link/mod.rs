@@ -19,7 +19,7 @@
 
 pub(crate) mod grpc;
 pub(crate) mod inproc;
-mod ring;
+pub(crate) mod ring;
 
 use std::fmt;
 use std::future::Future;

@@ -371,6 +371,9 @@ impl RingPoller {
             if self.sent.load(Ordering::Acquire) == seen {
                 work.await;
             }
+            // Taken now, whatever follows: a batch written to a ring that
+            // closed since must not keep this loop from waiting again.
+            seen = self.sent.load(Ordering::Acquire);
             let mut sides: Vec<Arc<Side>> = {
                 let mut all = lock(&self.sides);
                 all.retain(|s| s.strong_count() > 0);
@@ -596,5 +599,38 @@ mod tests {
         reader.join().unwrap();
         assert!(drained.try_recv().is_err(), "the reader has ended");
         assert!(rx.try_recv().is_err(), "nothing more");
+    }
+
+    /// A batch counted for a ring that has since closed (no lane left to
+    /// watch) leaves the poller waiting again, not looping: on a
+    /// one-thread runtime a poller that never waits would keep everything
+    /// else from running.
+    #[test]
+    fn the_poller_waits_again_when_no_lane_is_left_to_watch() {
+        let (tx, _rx) = mpsc::unbounded_channel();
+        let mem = lane_with(&[]);
+        let side = Arc::new(Side::new(Arc::clone(&mem), tx));
+        strata_ring::close(&*mem);
+        let poller = Arc::new(RingPoller::default());
+        poller.register(&side);
+        let (done, finished) = std::sync::mpsc::channel();
+        let p = Arc::clone(&poller);
+        std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_time()
+                .build()
+                .unwrap();
+            rt.block_on(async move {
+                tokio::spawn(Arc::clone(&p).run());
+                for _ in 0..3 {
+                    p.busy();
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+            });
+            let _ = done.send(());
+        });
+        finished
+            .recv_timeout(Duration::from_secs(10))
+            .expect("the runtime kept running beside the poller");
     }
 }

@@ -29,7 +29,8 @@
 //! made under the watcher lock and signalled, so the thread at 1 cannot
 //! miss it, and its pass at 2 reads what came since the poller's last
 //! look. The loom model `a_lane_handed_between_thread_and_poller_loses_no_record`
-//! checks it over every interleaving.
+//! checks it over every interleaving with up to three preemptions (as
+//! `scripts/loom.sh` runs it).
 
 use std::sync::Arc;
 

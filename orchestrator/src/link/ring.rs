@@ -85,15 +85,15 @@ struct Writer {
     record: Vec<u8>,
 }
 
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 /// The completion side of a session, shared by its reader thread and the
 /// runtime's poller (`strata_ring::watched`: one of the two watches the
 /// lane at a time, and whoever reads hands what it read up under the
 /// lane's lock, so completions go up in order and none after the
 /// reader's last pass).
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
-
 #[derive(Debug)]
 struct Side {
     mem: Arc<dyn Memory>,

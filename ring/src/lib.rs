@@ -215,6 +215,24 @@ impl Lane {
         self.closed.0.load(Ordering::Acquire) != 0
     }
 
+    /// Waits on `bell` until `position` is no longer `from`, the lane
+    /// closes, or `deadline` passes.
+    fn wait_moved(
+        &self,
+        bell: &Bell,
+        position: &AtomicU64,
+        from: u64,
+        spin: Spin,
+        deadline: Option<Instant>,
+    ) -> Waited {
+        bell.wait(
+            spin,
+            deadline,
+            || position.load(Ordering::Acquire) != from,
+            || self.is_closed(),
+        )
+    }
+
     fn close(&self) {
         self.closed.0.store(1, Ordering::Release);
         self.data.0.ring();
@@ -442,12 +460,7 @@ impl Producer {
         deadline: Option<Instant>,
     ) -> Waited {
         let lane = mem.lane(which);
-        lane.space.0.wait(
-            spin,
-            deadline,
-            || lane.tail.0.load(Ordering::Acquire) != tail,
-            || lane.is_closed(),
-        )
+        lane.wait_moved(&lane.space.0, &lane.tail.0, tail, spin, deadline)
     }
 
     /// The consumer's tail as it stands (unchecked: for
@@ -600,12 +613,7 @@ impl Consumer {
         deadline: Option<Instant>,
     ) -> Waited {
         let lane = mem.lane(which);
-        lane.data.0.wait(
-            spin,
-            deadline,
-            || lane.head.0.load(Ordering::Acquire) != tail,
-            || lane.is_closed(),
-        )
+        lane.wait_moved(&lane.data.0, &lane.head.0, tail, spin, deadline)
     }
 
     /// The end of what this consumer has read.

@@ -63,6 +63,17 @@ struct Reading<S> {
     ended: bool,
 }
 
+impl<S> Reading<S> {
+    /// One pass of `pass`, then what it read is released; passes end when
+    /// it returns `false`.
+    fn pass(&mut self, pass: impl FnOnce(&mut Consumer, &mut S) -> bool) -> bool {
+        let go_on = pass(&mut self.consumer, &mut self.state);
+        self.consumer.release();
+        self.ended |= !go_on;
+        go_on
+    }
+}
+
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
@@ -117,15 +128,7 @@ impl<S> Watched<S> {
         if r.ended {
             return None;
         }
-        let Reading {
-            consumer,
-            state,
-            ended,
-        } = &mut *r;
-        let go_on = pass(consumer, state);
-        consumer.release();
-        *ended = !go_on;
-        Some(go_on)
+        Some(r.pass(pass))
     }
 
     /// The thread's loop: a pass of `pass` whenever the lane is its to
@@ -144,21 +147,11 @@ impl<S> Watched<S> {
             let closing = self.is_closed();
             let tail = {
                 let mut r = lock(&self.reading);
-                if r.ended {
+                if r.ended || !r.pass(&mut pass) || closing {
+                    r.ended = true;
                     return;
                 }
-                let Reading {
-                    consumer,
-                    state,
-                    ended,
-                } = &mut *r;
-                let go_on = pass(consumer, state);
-                consumer.release();
-                if !go_on || closing {
-                    *ended = true;
-                    return;
-                }
-                consumer.position()
+                r.consumer.position()
             };
             Consumer::wait_published(&*self.mem, self.which, tail, Spin::NONE, None);
         }

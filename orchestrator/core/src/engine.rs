@@ -151,6 +151,11 @@ pub struct Engine {
     unfenced: HashMap<TaskId, Vec<Loss>>,
     /// Losses whose fence was given up on, with the reason.
     abandoned: HashMap<Loss, String>,
+    /// Scheduler actions not yet followed through the DAG, and those their
+    /// transitions caused: buffers kept between events, so that a task's
+    /// way through the engine allocates no `Vec` of actions.
+    pending: Vec<Action>,
+    next: Vec<Action>,
 }
 
 impl Engine {
@@ -177,66 +182,80 @@ impl Engine {
     /// Applies one event and returns what to do next: the one way to
     /// drive an engine.
     pub fn on_event(&mut self, event: Event) -> Vec<Action> {
+        let mut out = Vec::new();
+        self.on_event_into(event, &mut out);
+        out
+    }
+
+    /// [`Engine::on_event`], appending the actions to `out`: the same
+    /// door for a caller that reuses one buffer across events.
+    pub fn on_event_into(&mut self, event: Event, out: &mut Vec<Action>) {
         match event {
-            Event::Submit(s) => match self.on_submit(s) {
-                Ok(actions) => actions,
-                Err(e) => vec![Action::Refused(Refusal::Submit(e))],
-            },
-            Event::Cancel(task) => self
-                .on_cancel(task)
-                .unwrap_or_else(|error| vec![Action::Refused(Refusal::Cancel(error))]),
+            Event::Submit(s) => {
+                if let Err(e) = self.on_submit(s, out) {
+                    out.push(Action::Refused(Refusal::Submit(e)));
+                }
+            }
+            Event::Cancel(task) => {
+                if let Err(error) = self.on_cancel(task, out) {
+                    out.push(Action::Refused(Refusal::Cancel(error)));
+                }
+            }
             Event::WorkerUp {
                 worker,
                 callables,
                 window,
             } => {
-                let out = self.sched.worker_up(worker, callables, window);
-                self.after_sched(out)
+                let up = self.sched.worker_up(worker, callables, window);
+                self.pending.extend(up);
+                self.follow(out);
             }
             Event::WorkerLost {
                 worker,
                 cause,
                 fenced,
-            } => self.on_worker_lost(worker, &cause, fenced),
+            } => self.on_worker_lost(worker, &cause, fenced, out),
             Event::Finished {
                 task,
                 member,
                 result,
             } => {
-                let out = self.sched.finished(task, member, result);
-                self.after_sched(out)
+                self.sched
+                    .finished_into(task, member, result, &mut self.pending);
+                self.follow(out);
             }
-            Event::Fenced { worker, epoch } => self.on_fence(worker, epoch),
-            Event::Abandoned { worker, epoch, why } => self.on_abandon(worker, epoch, &why),
+            Event::Fenced { worker, epoch } => self.on_fence(worker, epoch, out),
+            Event::Abandoned { worker, epoch, why } => self.on_abandon(worker, epoch, &why, out),
             Event::DeviceBuffer {
                 worker,
                 identity,
                 present,
-            } => {
-                self.sched.device_buffer(worker, identity, present);
-                Vec::new()
-            }
-            Event::OpenScope => vec![Action::ScopeOpened(self.dag.open_scope())],
+            } => self.sched.device_buffer(worker, identity, present),
+            Event::OpenScope => out.push(Action::ScopeOpened(self.dag.open_scope())),
             Event::ScopeBuffer { scope, identity } => {
-                match self.dag.scope_buffer(scope, identity) {
-                    Ok(()) => Vec::new(),
-                    Err(error) => vec![Action::Refused(Refusal::Scope(error))],
+                if let Err(error) = self.dag.scope_buffer(scope, identity) {
+                    out.push(Action::Refused(Refusal::Scope(error)));
                 }
             }
             Event::EndScope(scope) => match self.dag.end_scope(scope) {
-                Ok(t) => self.transitions(t),
-                Err(error) => vec![Action::Refused(Refusal::Scope(error))],
+                Ok(t) => self.transitions(t, out),
+                Err(error) => out.push(Action::Refused(Refusal::Scope(error))),
             },
         }
     }
 
-    fn on_worker_lost(&mut self, worker: WorkerId, cause: &str, fenced: bool) -> Vec<Action> {
+    fn on_worker_lost(
+        &mut self,
+        worker: WorkerId,
+        cause: &str,
+        fenced: bool,
+        out: &mut Vec<Action>,
+    ) {
         let epoch = {
             let e = self.losses.entry(worker).or_insert(0);
             *e += 1;
             *e
         };
-        let mut out = Vec::new();
         if !fenced {
             let loss = Loss { worker, epoch };
             let mut running = self.sched.running_on(worker);
@@ -247,8 +266,8 @@ impl Engine {
             }
         }
         let sched = self.sched.worker_lost(worker, cause, fenced);
-        out.extend(self.after_sched(sched));
-        out
+        self.pending.extend(sched);
+        self.follow(out);
     }
 
     /// How many times `worker` was lost.
@@ -273,10 +292,9 @@ impl Engine {
     }
 
     /// [`Event::Fenced`].
-    fn on_fence(&mut self, worker: WorkerId, epoch: u64) -> Vec<Action> {
+    fn on_fence(&mut self, worker: WorkerId, epoch: u64, out: &mut Vec<Action>) {
         let loss = Loss { worker, epoch };
         self.abandoned.remove(&loss);
-        let mut out = Vec::new();
         let mut retry = Vec::new();
         let mut transitions = Vec::new();
         for task in self.tasks_of(loss) {
@@ -296,17 +314,17 @@ impl Engine {
             }
         }
         let placed = self.sched.fence(&retry);
-        out.extend(self.after_sched(placed));
-        out.extend(self.transitions(transitions));
-        out
+        self.pending.extend(placed);
+        self.follow(out);
+        self.transitions(transitions, out);
     }
 
     /// [`Event::Abandoned`].
-    fn on_abandon(&mut self, worker: WorkerId, epoch: u64, why: &str) -> Vec<Action> {
+    fn on_abandon(&mut self, worker: WorkerId, epoch: u64, why: &str, out: &mut Vec<Action>) {
         let loss = Loss { worker, epoch };
         let tasks = self.tasks_of(loss);
         if tasks.is_empty() {
-            return Vec::new();
+            return;
         }
         self.abandoned.insert(loss, why.to_string());
         let fencing: Vec<TaskId> = tasks
@@ -319,15 +337,15 @@ impl Engine {
              was not retried: {why}"
         );
         let failed = self.sched.abandon(&fencing, &cause);
-        let mut out = self.after_sched(failed);
+        self.pending.extend(failed);
+        self.follow(out);
         let mut transitions = Vec::new();
         for task in tasks {
             if self.dag.is_lost(task) {
                 transitions.extend(self.dag.abandon(task).unwrap_or_default());
             }
         }
-        out.extend(self.transitions(transitions));
-        out
+        self.transitions(transitions, out);
     }
 
     /// Why a task that writes bytes quarantined by `lost` fails.
@@ -351,7 +369,7 @@ impl Engine {
     /// [`Event::Submit`]: the placement against the workers up, then the
     /// DAG (which checks only that ids increase: the rest was checked when
     /// the task was built).
-    fn on_submit(&mut self, s: Submission) -> Result<Vec<Action>, SubmitError> {
+    fn on_submit(&mut self, s: Submission, out: &mut Vec<Action>) -> Result<(), SubmitError> {
         let id = s.task.id();
         if s.members.len() != s.task.task().members.len() {
             return Err(SubmitError {
@@ -369,10 +387,10 @@ impl Engine {
                 reason: e.into(),
             })?;
         let inserted = self.dag.insert(s.task)?;
-        let mut out = vec![Action::Accepted {
+        out.push(Action::Accepted {
             task: id,
             edges: inserted.edges,
-        }];
+        });
         match inserted.born {
             Born::Skipped { because } => out.push(Action::Done {
                 task: id,
@@ -393,44 +411,38 @@ impl Engine {
                 if s.retries > 0 {
                     self.sched.allow_retries(id, s.retries);
                 }
-                let ready = self.sched.ready(id);
-                out.extend(self.after_sched(ready));
+                self.sched.ready_into(id, &mut self.pending);
+                self.follow(out);
             }
         }
-        Ok(out)
+        Ok(())
     }
 
     /// [`Event::Cancel`].
-    fn on_cancel(&mut self, task: TaskId) -> Result<Vec<Action>, CancelError> {
+    fn on_cancel(&mut self, task: TaskId, out: &mut Vec<Action>) -> Result<(), CancelError> {
         let transitions = self.dag.cancel(task)?;
         let cancelled = self.sched.cancel(task)?;
-        let mut out = self.after_sched(cancelled);
-        out.extend(self.transitions(transitions));
-        Ok(out)
+        self.pending.extend(cancelled);
+        self.follow(out);
+        self.transitions(transitions, out);
+        Ok(())
     }
 
-    /// Follows scheduler actions through the DAG until nothing changes:
-    /// dispatches mark tasks running; finished tasks complete or fail in the
-    /// DAG, whose transitions feed the scheduler again.
-    fn after_sched(&mut self, mut pending: Vec<Action>) -> Vec<Action> {
-        let mut out = Vec::new();
+    /// Follows the scheduler's actions in `self.pending` through the DAG
+    /// until nothing changes, appending them to `out`: dispatches mark
+    /// tasks running; finished tasks complete or fail in the DAG, whose
+    /// transitions feed the scheduler again (the next round).
+    fn follow(&mut self, out: &mut Vec<Action>) {
+        let mut pending = std::mem::take(&mut self.pending);
+        let mut next = std::mem::take(&mut self.next);
         while !pending.is_empty() {
-            let mut next = Vec::new();
-            for a in pending {
+            for a in pending.drain(..) {
                 match a {
-                    Action::Dispatch {
-                        task,
-                        member,
-                        worker,
-                    } => {
+                    Action::Dispatch { task, member, .. } => {
                         if member == 0 {
                             let _ = self.dag.start(task);
                         }
-                        out.push(Action::Dispatch {
-                            task,
-                            member,
-                            worker,
-                        });
+                        out.push(a);
                     }
                     Action::Done { task, outcome } => {
                         let transitions = if outcome.is_success() {
@@ -443,32 +455,37 @@ impl Engine {
                             self.dag.fail(task)
                         };
                         out.push(Action::Done { task, outcome });
-                        next.extend(self.apply(transitions.unwrap_or_default(), &mut out));
+                        self.apply(transitions.unwrap_or_default(), out, &mut next);
                     }
                     // The scheduler asks for nothing else.
                     other => out.push(other),
                 }
             }
-            pending = next;
+            std::mem::swap(&mut pending, &mut next);
         }
-        out
+        self.pending = pending;
+        self.next = next;
     }
 
-    fn transitions(&mut self, ts: Vec<Transition>) -> Vec<Action> {
-        let mut out = Vec::new();
-        let sched_actions = self.apply(ts, &mut out);
-        out.extend(self.after_sched(sched_actions));
-        out
+    fn transitions(&mut self, ts: Vec<Transition>, out: &mut Vec<Action>) {
+        let mut sched_actions = std::mem::take(&mut self.pending);
+        self.apply(ts, out, &mut sched_actions);
+        self.pending = sched_actions;
+        self.follow(out);
     }
 
     /// Feeds DAG transitions to the scheduler: ready tasks are placed (the
-    /// scheduler's actions are returned), skipped ones finish, released
-    /// buffers are reported in `out`.
-    fn apply(&mut self, ts: Vec<Transition>, out: &mut Vec<Action>) -> Vec<Action> {
-        let mut sched_actions = Vec::new();
+    /// scheduler's actions go to `sched_actions`), skipped ones finish,
+    /// released buffers are reported in `out`.
+    fn apply(
+        &mut self,
+        ts: Vec<Transition>,
+        out: &mut Vec<Action>,
+        sched_actions: &mut Vec<Action>,
+    ) {
         for t in ts {
             match t {
-                Transition::Ready(r) => sched_actions.extend(self.sched.ready(r)),
+                Transition::Ready(r) => self.sched.ready_into(r, sched_actions),
                 Transition::Skipped { task, because } => {
                     self.sched.forget(task);
                     out.push(Action::Done {
@@ -486,6 +503,5 @@ impl Engine {
                 }
             }
         }
-        sched_actions
     }
 }

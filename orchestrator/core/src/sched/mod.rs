@@ -117,17 +117,21 @@ struct Worker {
     device_buffers: HashSet<CanonicalIdentity>,
 }
 
+/// Per member of a task, inline up to two members: placing and running a
+/// plain task allocates nothing.
+type Members<T> = smallvec::SmallVec<[T; 2]>;
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum State {
     /// Submitted, not ready yet.
     Waiting,
     /// Ready, queued on these workers (one per member).
-    Queued(Vec<WorkerId>),
+    Queued(Members<WorkerId>),
     /// Dispatched to these workers; members still to report, and the first
     /// failure among them.
     Running {
-        workers: Vec<WorkerId>,
-        left: Vec<bool>,
+        workers: Members<WorkerId>,
+        left: Members<bool>,
         failure: Option<(usize, Outcome)>,
     },
     /// Lost with its worker without a fence; placed again once fenced.
@@ -277,10 +281,16 @@ impl Scheduler {
     /// The task became ready: place and, room allowing, dispatch it.
     pub fn ready(&mut self, task: TaskId) -> Vec<Action> {
         let mut out = Vec::new();
-        self.enqueue(task, &mut out);
-        self.pump(&mut out);
-        self.debug_check();
+        self.ready_into(task, &mut out);
         out
+    }
+
+    /// [`Scheduler::ready`], appending to `out` (a buffer the caller
+    /// reuses: the engine's per-task path allocates no `Vec` of actions).
+    pub fn ready_into(&mut self, task: TaskId, out: &mut Vec<Action>) {
+        self.enqueue(task, out);
+        self.pump(out);
+        self.debug_check();
     }
 
     /// Forgets a task that will not run (skipped or cancelled before ready).
@@ -296,8 +306,20 @@ impl Scheduler {
         result: Result<(), String>,
     ) -> Vec<Action> {
         let mut out = Vec::new();
+        self.finished_into(task, member, result, &mut out);
+        out
+    }
+
+    /// [`Scheduler::finished`], appending to `out`.
+    pub fn finished_into(
+        &mut self,
+        task: TaskId,
+        member: usize,
+        result: Result<(), String>,
+        out: &mut Vec<Action>,
+    ) {
         let Some(t) = self.tasks.get_mut(&task) else {
-            return out;
+            return;
         };
         let State::Running {
             workers,
@@ -305,10 +327,10 @@ impl Scheduler {
             failure,
         } = &mut t.state
         else {
-            return out;
+            return;
         };
         if !left.get(member).copied().unwrap_or(false) {
-            return out; // unknown or duplicate report
+            return; // unknown or duplicate report
         }
         left[member] = false;
         let w = workers[member];
@@ -319,11 +341,10 @@ impl Scheduler {
             failure.get_or_insert((member, Outcome::TaskFailure(cause)));
         }
         if left.iter().all(|l| !l) {
-            self.finish(task, &mut out);
+            self.finish(task, out);
         }
-        self.pump(&mut out);
+        self.pump(out);
         self.debug_check();
-        out
     }
 
     /// A worker was lost (nothing is retried: see

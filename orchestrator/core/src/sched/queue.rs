@@ -11,7 +11,7 @@ impl Scheduler {
         let Some(t) = self.tasks.get(&task) else {
             return;
         };
-        let mut chosen: Vec<WorkerId> = Vec::with_capacity(t.members.len());
+        let mut chosen: super::Members<WorkerId> = super::Members::new();
         for info in &t.members {
             let pick = match info.placement {
                 Placement::On(w) => match self.workers.get(&w) {
@@ -112,7 +112,7 @@ impl Scheduler {
                     let n = ws.len();
                     t.state = State::Running {
                         workers: ws,
-                        left: vec![true; n],
+                        left: smallvec::smallvec![true; n],
                         failure: None,
                     };
                 }

@@ -44,7 +44,6 @@ impl DagActor {
     }
 
     pub(super) fn done(&mut self, task: TaskId, outcome: Outcome) {
-        let finished = Instant::now();
         let Some(record) = self.records.remove(&task) else {
             return;
         };
@@ -61,10 +60,10 @@ impl DagActor {
             Ok(())
         } else {
             let (member, worker) = record
-                .workers
+                .members
                 .iter()
                 .enumerate()
-                .find_map(|(m, w)| w.map(|w| (m, w)))
+                .find_map(|(m, s)| s.worker.map(|w| (m, w)))
                 .map_or((0, None), |(m, w)| (m, Some(w)));
             let err = RunError {
                 task,
@@ -91,7 +90,7 @@ impl DagActor {
                 task,
                 &record,
                 outcome.clone(),
-                finished,
+                Instant::now(),
             ));
         }
         for w in record.waiters {
@@ -126,12 +125,10 @@ fn task_trace(
     finished: Instant,
 ) -> TaskTrace {
     let members = r
-        .workers
+        .members
         .iter()
-        .zip(&r.dispatched)
-        .zip(&r.reports)
-        .filter_map(|((w, d), rep)| {
-            let (worker, dispatched, rep) = ((*w)?, (*d)?, (*rep)?);
+        .filter_map(|s| {
+            let (worker, dispatched, rep) = (s.worker?, s.dispatched?, s.report?);
             let received = rep.received?;
             let end = micros(origin, received);
             let dispatched_us = micros(origin, dispatched);
@@ -158,7 +155,7 @@ fn task_trace(
             .map(|m| m.name.to_string())
             .unwrap_or_default(),
         outcome,
-        submitted_us: micros(origin, r.submitted),
+        submitted_us: r.submitted.map_or(0.0, |at| micros(origin, at)),
         finished_us: micros(origin, finished),
         edges: r.edges.clone(),
         members,

@@ -7,6 +7,7 @@
 use rustc_hash::FxHashMap as HashMap;
 use std::time::{Duration, Instant};
 
+use smallvec::SmallVec;
 use strata_core::{Action, Engine, Event, Outcome, Refusal, TaskId, WorkerId};
 use strata_wire::CanonicalIdentity;
 use tokio::sync::{mpsc, oneshot};
@@ -31,12 +32,25 @@ pub(crate) struct EndpointRef {
 
 struct Record {
     spec: TaskSpec,
-    workers: Vec<Option<WorkerId>>,
+    /// Per member (inline for one: a task's record is one allocation
+    /// fewer per member field).
+    members: SmallVec<[MemberState; 1]>,
     waiters: Vec<oneshot::Sender<Result<(), RunError>>>,
-    submitted: Instant,
+    /// When it was submitted, when tracing (the clock is read for the
+    /// trace alone).
+    submitted: Option<Instant>,
     edges: Vec<(TaskId, u8)>,
-    dispatched: Vec<Option<Instant>>,
-    reports: Vec<Option<Report>>,
+}
+
+/// A member of a task as the DAG actor knows it.
+#[derive(Debug, Default, Clone, Copy)]
+struct MemberState {
+    /// The worker it was dispatched to.
+    worker: Option<WorkerId>,
+    /// When it was dispatched, when tracing.
+    dispatched: Option<Instant>,
+    /// What its endpoint reported.
+    report: Option<Report>,
 }
 
 pub(crate) struct DagActor {
@@ -73,6 +87,8 @@ pub(crate) struct DagActor {
     pending: Vec<Vec<DispatchItem>>,
     /// Members in `pending`.
     pending_n: usize,
+    /// The engine's actions for the message at hand: one buffer, reused.
+    actions: Vec<Action>,
 }
 
 /// Messages taken in one step at most before the dispatches they caused
@@ -112,6 +128,7 @@ impl DagActor {
             quarantined: HashMap::default(),
             policy,
             deadlines: Vec::new(),
+            actions: Vec::new(),
         }
     }
 
@@ -153,15 +170,21 @@ impl DagActor {
             let mut taken = 0;
             let mut held_since = None;
             loop {
+                // Anything but a completion or a submission first sends
+                // what is pending (see `on_notice` and `on_cmd`, which
+                // are not `async`: a message is handled without being
+                // moved into a future).
+                if msg.as_ref().is_some_and(Msg::flushes) {
+                    self.flush().await;
+                }
                 match msg {
-                    Some(Msg::Up(up)) => self.on_notice(up).await,
+                    Some(Msg::Up(up)) => self.on_notice(up),
                     Some(Msg::Cmd(Cmd::Shutdown { reply })) => {
-                        self.flush().await;
                         self.shutdown().await;
                         let _ = reply.send(());
                         return;
                     }
-                    Some(Msg::Cmd(cmd)) => self.on_cmd(cmd).await,
+                    Some(Msg::Cmd(cmd)) => self.on_cmd(cmd),
                     None => {}
                 }
                 taken += 1;
@@ -179,17 +202,17 @@ impl DagActor {
                 // submissions would keep the actor on its thread and
                 // starve the endpoints woken onto the same thread by its
                 // sends (seen: the demo's first imports two times later).
-                // With a dispatch pending only completions are taken, for
-                // 20 µs at most, and the step ends without yielding.
+                // With a dispatch pending the step ends within 20 µs (plus
+                // the message at hand) without yielding.
                 if self.pending_n == 0 {
                     tokio::task::coop::consume_budget().await;
                 }
+                // Completions first; then submissions, which join the
+                // batch too: when only completions did, the throughput
+                // bench's batches held 2-3 members (about 8 now), and the
+                // hold above bounds what a dispatch waits for them.
                 msg = match ups.try_recv() {
                     Ok(up) if ups_open => Some(Msg::Up(up)),
-                    // A submission costs what inserting it into the graph
-                    // costs, which has no bound worth waiting for: once a
-                    // dispatch is decided only completions join its batch.
-                    _ if self.pending_n > 0 => break,
                     _ => match cmds.try_recv() {
                         Ok(cmd) => Some(Msg::Cmd(cmd)),
                         Err(_) => break,
@@ -244,7 +267,11 @@ impl DagActor {
         self.all_waiters.clear();
     }
 
-    async fn on_notice(&mut self, up: Notice) {
+    /// A message from an endpoint. What is not a completion changes a
+    /// worker's state (up, lost, fenced): the caller first sent the
+    /// dispatches decided before it, as they were decided, under the
+    /// worker's session as it was ([`Msg::flushes`]).
+    fn on_notice(&mut self, up: Notice) {
         let event = match up {
             Notice::Event(event) => event,
             Notice::Completed { event, report } => {
@@ -257,9 +284,9 @@ impl DagActor {
                     if let Some(slot) = self
                         .records
                         .get_mut(task)
-                        .and_then(|r| r.reports.get_mut(*member))
+                        .and_then(|r| r.members.get_mut(*member))
                     {
-                        *slot = Some(report);
+                        slot.report = Some(report);
                     }
                 }
                 event
@@ -270,12 +297,6 @@ impl DagActor {
                 return;
             }
         };
-        if !matches!(event, Event::Finished { .. }) {
-            // What changes a worker's state (up, lost, fenced) is acted on
-            // after the dispatches decided before it are sent, as they
-            // were decided: under the worker's session as it was.
-            self.flush().await;
-        }
         match &event {
             Event::WorkerUp { worker, .. } => {
                 if let Some(ep) = self.endpoints.get_mut(worker.0 as usize) {
@@ -299,7 +320,8 @@ impl DagActor {
             } => Some(*worker),
             _ => None,
         };
-        let mut actions = self.engine.on_event(event);
+        let mut actions = std::mem::take(&mut self.actions);
+        self.engine.on_event_into(event, &mut actions);
         // A loss without a fence: wait for the fence (up to the policy's
         // limit), or give up on it at once.
         if let Some(worker) = lost {
@@ -314,20 +336,18 @@ impl DagActor {
                          on its bytes at once (Quarantine::FailAtOnce)",
                         self.worker_name(worker)
                     );
-                    actions.extend(
-                        self.engine
-                            .on_event(Event::Abandoned { worker, epoch, why }),
-                    );
+                    self.engine
+                        .on_event_into(Event::Abandoned { worker, epoch, why }, &mut actions);
                 }
             }
         }
-        self.act(actions);
+        self.act(actions.drain(..));
+        self.actions = actions;
     }
 
-    async fn on_cmd(&mut self, cmd: Cmd) {
-        if !matches!(cmd, Cmd::Submit { .. }) {
-            self.flush().await;
-        }
+    /// A driver's call; any but a submit comes after the caller sent what
+    /// was pending ([`Msg::flushes`]).
+    fn on_cmd(&mut self, cmd: Cmd) {
         match cmd {
             Cmd::Submit { spec, submission } => {
                 let id = submission.task.id();
@@ -339,16 +359,17 @@ impl DagActor {
                     id,
                     Record {
                         spec,
-                        workers: vec![None; n],
+                        members: smallvec::smallvec![MemberState::default(); n],
                         waiters: Vec::new(),
-                        submitted: Instant::now(),
+                        submitted: self.trace.is_some().then(Instant::now),
                         edges: Vec::new(),
-                        dispatched: vec![None; n],
-                        reports: vec![None; n],
                     },
                 );
-                let actions = self.engine.on_event(Event::Submit(submission));
-                self.act(actions);
+                let mut actions = std::mem::take(&mut self.actions);
+                self.engine
+                    .on_event_into(Event::Submit(submission), &mut actions);
+                self.act(actions.drain(..));
+                self.actions = actions;
             }
             Cmd::Wait { task, reply } => {
                 if let Some(r) = self.records.get_mut(&task) {
@@ -430,8 +451,9 @@ impl DagActor {
     /// batch (sent by [`DagActor::flush`] at the end of the step); finished
     /// tasks wake their waiters and let go of their buffers; scoped buffers
     /// whose scope ended are dropped.
-    fn act(&mut self, actions: Vec<Action>) {
+    fn act(&mut self, actions: impl IntoIterator<Item = Action>) {
         let mut now = None;
+        let tracing = self.trace.is_some();
         for a in actions {
             match a {
                 Action::Accepted { task, edges } => {
@@ -458,8 +480,13 @@ impl DagActor {
                     let Some(batch) = self.pending.get_mut(worker.0 as usize) else {
                         continue;
                     };
-                    r.workers[member] = Some(worker);
-                    r.dispatched[member] = Some(*now.get_or_insert_with(Instant::now));
+                    let Some(slot) = r.members.get_mut(member) else {
+                        continue;
+                    };
+                    slot.worker = Some(worker);
+                    if tracing {
+                        slot.dispatched = Some(*now.get_or_insert_with(Instant::now));
+                    }
                     self.pending_n += 1;
                     let m = &r.spec.members[member];
                     batch.push(DispatchItem {
@@ -564,6 +591,24 @@ impl DagActor {
 enum Msg {
     Up(Notice),
     Cmd(Cmd),
+}
+
+impl Msg {
+    /// Whether the dispatches pending go before this message is acted on:
+    /// all but a completion and a submission (which join the batch).
+    fn flushes(&self) -> bool {
+        !matches!(
+            self,
+            Msg::Up(
+                Notice::Imported { .. }
+                    | Notice::Completed {
+                        event: Event::Finished { .. },
+                        ..
+                    }
+            ) | Msg::Up(Notice::Event(Event::Finished { .. }))
+                | Msg::Cmd(Cmd::Submit { .. })
+        )
+    }
 }
 
 /// The refusal an answer of the engine holds, if it is one.

@@ -385,6 +385,9 @@ impl EndpointActor {
         if self.dead {
             return;
         }
+        // When the batch was had: one clock read for the batch, again
+        // after a fetch (which waits on the worker).
+        let mut received = None;
         for c in batch {
             let Some(f) = self.in_flight.remove(&c.id.0) else {
                 warn!(worker = %self.id, task = c.id.0, "completion for an unknown task");
@@ -417,7 +420,10 @@ impl EndpointActor {
                     Err(Fetched::Lost(cause)) => return self.lost(cause),
                 },
             };
-            report.received = Some(std::time::Instant::now());
+            if !c.held.is_empty() {
+                received = None;
+            }
+            report.received = Some(*received.get_or_insert_with(std::time::Instant::now));
             let _ = self.up.send(Notice::Completed {
                 event: Event::Finished {
                     task: f.task,

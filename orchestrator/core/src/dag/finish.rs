@@ -119,7 +119,7 @@ impl Dag {
         self.failed.insert(id, root);
         self.poison(&node);
         node.entries.clear();
-        let mut keep = Vec::new();
+        let mut keep = super::Few::new();
         for (s, kind) in std::mem::take(&mut node.succs) {
             if kind & edge::PROPAGATES_FAILURE != 0 {
                 self.skip(root, s, out);

@@ -91,7 +91,9 @@ pub(crate) struct BufferIndex {
     row: u64,
     /// Cell height (rows) and width (columns), in grid units.
     cell: (u64, u64),
-    cells: FxHashMap<(i64, i64), Vec<u64>>,
+    /// The entries in each cell: a few at a time (inline: a cell that
+    /// empties and fills again, as a tile's does, allocates nothing).
+    cells: FxHashMap<(i64, i64), smallvec::SmallVec<[u64; 3]>>,
     wide: RTree<Item, Params>,
     entries: FxHashMap<u64, Entry>,
 }
@@ -131,9 +133,25 @@ fn cell_count(rs: &[AABB<[i64; 2]>], cell: (u64, u64)) -> u64 {
 impl BufferIndex {
     /// Live entries that share a byte with `fp`, with how `fp` relates to
     /// each (`Covers` when `fp` covers the entry).
+    #[cfg(test)]
     pub(crate) fn matches(&self, fp: &Footprint) -> Vec<(u64, Overlap)> {
+        let mut out = Vec::new();
+        self.matches_into(fp, &mut Vec::new(), &mut out);
+        out
+    }
+
+    /// [`BufferIndex::matches`] into `out` (cleared first), with
+    /// `candidates` as scratch: buffers the caller keeps, so that a query
+    /// allocates nothing.
+    pub(crate) fn matches_into(
+        &self,
+        fp: &Footprint,
+        candidates: &mut Vec<u64>,
+        out: &mut Vec<(u64, Overlap)>,
+    ) {
         let rs = rects(fp, self.row);
-        let mut candidates: Vec<u64> = Vec::new();
+        candidates.clear();
+        out.clear();
         if cell_count(&rs, self.cell) <= SCAN_CELLS {
             for r in rs.iter() {
                 let (r0, r1, c0, c1) = cell_span(r, self.cell);
@@ -148,23 +166,22 @@ impl BufferIndex {
         } else {
             candidates.extend(self.cells.values().flatten());
         }
-        for r in rs.iter() {
-            candidates.extend(
-                self.wide
-                    .locate_in_envelope_intersecting(*r)
-                    .map(|i| i.entry),
-            );
+        if self.wide.size() > 0 {
+            for r in rs.iter() {
+                candidates.extend(
+                    self.wide
+                        .locate_in_envelope_intersecting(*r)
+                        .map(|i| i.entry),
+                );
+            }
         }
         candidates.sort_unstable();
         candidates.dedup();
-        candidates
-            .into_iter()
-            .filter_map(|id| {
-                let e = self.entries.get(&id)?;
-                let rel = fp.overlap(&e.footprint);
-                (rel != Overlap::Disjoint).then_some((id, rel))
-            })
-            .collect()
+        out.extend(candidates.iter().filter_map(|&id| {
+            let e = self.entries.get(&id)?;
+            let rel = fp.overlap(&e.footprint);
+            (rel != Overlap::Disjoint).then_some((id, rel))
+        }));
     }
 
     pub(crate) fn get(&self, id: u64) -> Option<&Entry> {
@@ -301,7 +318,7 @@ impl BufferIndex {
                 in_tree += rs.len();
             }
         }
-        let cells: usize = self.cells.values().map(Vec::len).sum();
+        let cells: usize = self.cells.values().map(|l| l.len()).sum();
         if in_tree != self.wide.size() || cells > in_cells {
             return Err(format!(
                 "index: tree holds {} (expected {in_tree}), cells hold {cells} (at most {in_cells})",

@@ -212,14 +212,18 @@ enum State {
 struct Node {
     state: State,
     unmet: u32,
-    succs: Vec<(TaskId, u8)>,
-    entries: Vec<(CanonicalIdentity, u64)>,
-    buffers: Vec<CanonicalIdentity>,
+    succs: Few<(TaskId, u8)>,
+    entries: Few<(CanonicalIdentity, u64)>,
+    buffers: Few<CanonicalIdentity>,
     /// Its arguments, kept (moved, not copied) for the rare loss: to
     /// quarantine its writes whole (later writes may have retired some of
     /// its entries) and to find the later tasks that touch them.
     members: Vec<Vec<Arg>>,
 }
+
+/// A node's edges, index entries and buffers: a few each for most tasks,
+/// kept inline so that inserting a task allocates none of them.
+type Few<T> = smallvec::SmallVec<[T; 4]>;
 
 #[derive(Debug, Default)]
 struct Scope {
@@ -254,6 +258,18 @@ pub struct Dag {
     scope_of: HashMap<CanonicalIdentity, ScopeId>,
     next_scope: u64,
     stats: DagStats,
+    /// Buffers for [`Dag::insert`], kept between calls so that the index
+    /// queries of a task allocate nothing.
+    scratch: Scratch,
+}
+
+/// What [`Dag::insert`] reuses.
+#[derive(Debug, Default)]
+struct Scratch {
+    /// Index candidates (see [`BufferIndex::matches_into`]).
+    candidates: Vec<u64>,
+    /// Entries that share bytes with the access at hand.
+    matches: Vec<(u64, Overlap)>,
 }
 
 impl Dag {
@@ -311,6 +327,7 @@ impl Dag {
     pub fn insert(&mut self, task: CheckedTask) -> Result<Inserted, SubmitError> {
         submit::check_order(task.id(), self.last)?;
         let (task, prints) = task.into_parts();
+        let mut scratch = std::mem::take(&mut self.scratch);
         let id = task.id;
         self.last = Some(id);
         self.stats.inserted += 1;
@@ -333,7 +350,8 @@ impl Dag {
         {
             let identity = *arg.tensor.identity();
             if let Some(idx) = self.index.get(&identity) {
-                for (entry_id, _) in idx.matches(&fp) {
+                idx.matches_into(&fp, &mut scratch.candidates, &mut scratch.matches);
+                for &(entry_id, _) in &scratch.matches {
                     self.stats.matches += 1;
                     let Some(e) = idx.get(entry_id) else { continue };
                     if e.poisoned {
@@ -404,6 +422,7 @@ impl Dag {
                 }
             }
             self.failed.insert(id, root);
+            self.scratch = scratch;
             self.debug_check();
             return Ok(Inserted {
                 edges: Vec::new(),
@@ -419,9 +438,9 @@ impl Dag {
                 State::Waiting
             },
             unmet: u32::try_from(preds.len()).unwrap_or(u32::MAX),
-            succs: Vec::new(),
-            entries: Vec::new(),
-            buffers: Vec::new(),
+            succs: Few::new(),
+            entries: Few::new(),
+            buffers: Few::new(),
             members: Vec::new(),
         };
         for &(p, kind) in &preds {
@@ -441,26 +460,24 @@ impl Dag {
             let entry = self.new_entry();
             let idx = self.index.entry(identity).or_default();
             if tag.writes() && whole {
-                let covered: Vec<u64> = idx
-                    .matches(&fp)
-                    .into_iter()
-                    .filter(|(eid, rel)| {
-                        *rel == Overlap::Covers
-                            && idx.get(*eid).is_some_and(|e| {
-                                e.task != id
-                                    && !matches!(
-                                        self.nodes.get(&e.task).map(|n| n.state),
-                                        Some(State::Lost { .. })
-                                    )
-                            })
-                    })
-                    .map(|(eid, _)| eid)
-                    .collect();
-                for eid in covered {
+                idx.matches_into(&fp, &mut scratch.candidates, &mut scratch.matches);
+                scratch.matches.retain(|&(eid, rel)| {
+                    rel == Overlap::Covers
+                        && idx.get(eid).is_some_and(|e| {
+                            e.task != id
+                                && !matches!(
+                                    self.nodes.get(&e.task).map(|n| n.state),
+                                    Some(State::Lost { .. })
+                                )
+                        })
+                });
+                for &(eid, _) in &scratch.matches {
                     if let Some(e) = idx.remove(eid) {
                         self.stats.retired += 1;
                         if let Some(owner) = self.nodes.get_mut(&e.task) {
-                            owner.entries.retain(|&(i, x)| !(i == identity && x == eid));
+                            owner
+                                .entries
+                                .retain(|&mut (i, x)| !(i == identity && x == eid));
                         }
                     }
                 }
@@ -474,6 +491,7 @@ impl Dag {
             node.entries.push((identity, entry));
         }
         node.members = task.members;
+        self.scratch = scratch;
         let born = if node.unmet == 0 {
             Born::Ready
         } else {

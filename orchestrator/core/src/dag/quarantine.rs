@@ -51,7 +51,7 @@ impl Dag {
             }
             node.entries.push((identity, entry));
         }
-        let mut waiting = Vec::new();
+        let mut waiting = super::Few::new();
         for (s, kind) in std::mem::take(&mut node.succs) {
             if kind & edge::WAW != 0 {
                 // It writes bytes this task may still write: it waits for

@@ -65,7 +65,8 @@ impl Dag {
         if let Some(idx) = self.index.remove(identity) {
             for (eid, e) in idx.entries() {
                 if let Some(n) = self.nodes.get_mut(&e.task) {
-                    n.entries.retain(|&(i, x)| !(i == *identity && x == *eid));
+                    n.entries
+                        .retain(|&mut (i, x)| !(i == *identity && x == *eid));
                 }
             }
         }

@@ -169,6 +169,9 @@ impl DagActor {
             let mut msg = first;
             let mut taken = 0;
             let mut held_since = None;
+            // A dispatch a completion made ready is the next step of a
+            // chain: it waits for no submission.
+            let mut chained = false;
             loop {
                 // Anything but a completion or a submission first sends
                 // what is pending (see `on_notice` and `on_cmd`, which
@@ -178,7 +181,11 @@ impl DagActor {
                     self.flush().await;
                 }
                 match msg {
-                    Some(Msg::Up(up)) => self.on_notice(up),
+                    Some(Msg::Up(up)) => {
+                        let before = self.pending_n;
+                        self.on_notice(up);
+                        chained |= self.pending_n > before;
+                    }
                     Some(Msg::Cmd(Cmd::Shutdown { reply })) => {
                         self.shutdown().await;
                         let _ = reply.send(());
@@ -207,12 +214,16 @@ impl DagActor {
                 if self.pending_n == 0 {
                     tokio::task::coop::consume_budget().await;
                 }
-                // Completions first; then submissions, which join the
-                // batch too: when only completions did, the throughput
-                // bench's batches held 2-3 members (about 8 now), and the
-                // hold above bounds what a dispatch waits for them.
+                // Completions first; then submissions, which join a batch
+                // of new work (dispatches that submissions decided): when
+                // only completions did, the throughput bench's batches
+                // held 2-3 members (about 8 now), and the hold above
+                // bounds what a dispatch waits for them. A batch with a
+                // chain's next step goes at once instead (a chain
+                // submitted as it runs waited up to the hold per hop).
                 msg = match ups.try_recv() {
                     Ok(up) if ups_open => Some(Msg::Up(up)),
+                    _ if chained => break,
                     _ => match cmds.try_recv() {
                         Ok(cmd) => Some(Msg::Cmd(cmd)),
                         Err(_) => break,

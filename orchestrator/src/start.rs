@@ -3,7 +3,6 @@
 //! [`WorkerLink`](crate::link::WorkerLink) each, and the actors wired
 //! together on the cluster's runtime.
 
-use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -378,7 +377,9 @@ fn start(b: ClusterBuilder) -> Result<Cluster, Error> {
     let (up_tx, up_rx) = mpsc::unbounded_channel();
     let (released_tx, released_rx) = mpsc::unbounded_channel();
     let mut workers = Vec::new();
-    let mut callables: BTreeMap<String, Vec<Offered>> = BTreeMap::new();
+    // Looked up by name on every submit: a hash of the name, not a walk
+    // of string comparisons (the test worker offers about a hundred).
+    let mut callables: rustc_hash::FxHashMap<String, Vec<Offered>> = Default::default();
     let mut ep_txs = Vec::new();
     let mut ep_refs = Vec::new();
     let mut offers = Vec::new();

@@ -5,7 +5,6 @@
 //! Call it from ordinary threads, not from inside an async runtime (its
 //! calls block on the actors' replies).
 
-use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -42,12 +41,12 @@ pub struct Cluster {
     pub(crate) endpoints: Vec<mpsc::Sender<EpCmd>>,
     pub(crate) workers: Vec<WorkerInfo>,
     /// Callable name → its versions, highest last.
-    pub(crate) callables: BTreeMap<String, Vec<Offered>>,
+    pub(crate) callables: rustc_hash::FxHashMap<String, Vec<Offered>>,
     pub(crate) mint: IdentityMint,
     pub(crate) released: mpsc::UnboundedSender<Released>,
     pub(crate) local: Option<Arc<Mutex<LocalWorkers>>>,
     /// Per worker, the callables it offers.
-    pub(crate) offers: Vec<std::collections::HashSet<KernelHandle>>,
+    pub(crate) offers: Vec<rustc_hash::FxHashSet<KernelHandle>>,
     /// Per worker, whether it is up and how many times it was lost.
     pub(crate) lives: Vec<std::sync::Arc<Life>>,
     /// The retry policy ([`crate::ClusterBuilder::retry`]).

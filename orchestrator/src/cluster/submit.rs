@@ -39,7 +39,11 @@ impl Cluster {
             .get(name)
             .ok_or_else(|| SubmitError::UnknownCallable {
                 name: name.to_owned(),
-                offered: self.callables.keys().cloned().collect(),
+                offered: {
+                    let mut names: Vec<String> = self.callables.keys().cloned().collect();
+                    names.sort_unstable();
+                    names
+                },
             })?;
         let found = match version {
             Some(v) => versions.iter().find(|o| o.version == v),
@@ -176,9 +180,15 @@ impl Cluster {
                 .collect(),
             retries,
         };
-        self.cmds
-            .blocking_send(Cmd::Submit { spec, submission })
-            .map_err(|_| Error::Closed)?;
+        // A free slot takes the command at once; only a full channel
+        // (the actor behind) parks the thread.
+        match self.cmds.try_send(Cmd::Submit { spec, submission }) {
+            Ok(()) => {}
+            Err(tokio::sync::mpsc::error::TrySendError::Full(cmd)) => {
+                self.cmds.blocking_send(cmd).map_err(|_| Error::Closed)?;
+            }
+            Err(tokio::sync::mpsc::error::TrySendError::Closed(_)) => return Err(Error::Closed),
+        }
         *next += 1;
         Ok(TaskHandle(id))
     }
@@ -186,7 +196,7 @@ impl Cluster {
     /// The scheduler's placement rules, checked against the callables each
     /// worker reported at the start.
     fn check_placement(&self, spec: &TaskSpec) -> Result<(), Error> {
-        let mut named = std::collections::HashSet::new();
+        let mut named = rustc_hash::FxHashSet::default();
         for (m, member) in spec.members.iter().enumerate() {
             match member.placement {
                 Placement::On(w) => {

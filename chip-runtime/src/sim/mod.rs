@@ -118,7 +118,9 @@ impl SimDevice {
         let inner = Arc::clone(&self.inner);
         let queued_at = Instant::now();
         let job = Box::new(move |lane: usize| {
-            let queued = queued_at.elapsed();
+            // One clock read ends the wait and starts the run.
+            let begun = Instant::now();
+            let queued = begun.saturating_duration_since(queued_at);
             // The gate is checked here, on the lane, and not when the
             // launch is accepted: a job may wait in the queue long after.
             let outcome = match launch.gate.as_ref().map(StartGate::check) {
@@ -126,7 +128,7 @@ impl SimDevice {
                     inner.counters.failed.fetch_add(1, Ordering::Relaxed);
                     Err(e)
                 }
-                _ => inner.execute(&launch, lane, queued),
+                _ => inner.execute(&launch, lane, queued, begun),
             };
             // The launch's leases go before the completion runs, so that a
             // private buffer the task wrote is its completion's alone (and
@@ -363,8 +365,8 @@ impl Inner {
         launch: &Launch,
         lane: usize,
         queued: Duration,
+        started: Instant,
     ) -> Result<LaunchReport, Error> {
-        let started = Instant::now();
         let mut report = LaunchReport {
             lane,
             queued,

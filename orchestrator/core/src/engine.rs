@@ -207,8 +207,7 @@ impl Engine {
                 window,
             } => {
                 let up = self.sched.worker_up(worker, callables, window);
-                self.pending.extend(up);
-                self.follow(out);
+                self.follow_these(up, out);
             }
             Event::WorkerLost {
                 worker,
@@ -266,8 +265,7 @@ impl Engine {
             }
         }
         let sched = self.sched.worker_lost(worker, cause, fenced);
-        self.pending.extend(sched);
-        self.follow(out);
+        self.follow_these(sched, out);
     }
 
     /// How many times `worker` was lost.
@@ -314,8 +312,7 @@ impl Engine {
             }
         }
         let placed = self.sched.fence(&retry);
-        self.pending.extend(placed);
-        self.follow(out);
+        self.follow_these(placed, out);
         self.transitions(transitions, out);
     }
 
@@ -337,8 +334,7 @@ impl Engine {
              was not retried: {why}"
         );
         let failed = self.sched.abandon(&fencing, &cause);
-        self.pending.extend(failed);
-        self.follow(out);
+        self.follow_these(failed, out);
         let mut transitions = Vec::new();
         for task in tasks {
             if self.dag.is_lost(task) {
@@ -422,8 +418,7 @@ impl Engine {
     fn on_cancel(&mut self, task: TaskId, out: &mut Vec<Action>) -> Result<(), CancelError> {
         let transitions = self.dag.cancel(task)?;
         let cancelled = self.sched.cancel(task)?;
-        self.pending.extend(cancelled);
-        self.follow(out);
+        self.follow_these(cancelled, out);
         self.transitions(transitions, out);
         Ok(())
     }
@@ -465,6 +460,13 @@ impl Engine {
         }
         self.pending = pending;
         self.next = next;
+    }
+
+    /// [`Engine::follow`] for actions the scheduler returned in a `Vec`
+    /// of their own (its rarer calls: a worker up or lost, a fence).
+    fn follow_these(&mut self, actions: Vec<Action>, out: &mut Vec<Action>) {
+        self.pending.extend(actions);
+        self.follow(out);
     }
 
     fn transitions(&mut self, ts: Vec<Transition>, out: &mut Vec<Action>) {

@@ -331,8 +331,7 @@ impl DagActor {
             } => Some(*worker),
             _ => None,
         };
-        let mut actions = std::mem::take(&mut self.actions);
-        self.engine.on_event_into(event, &mut actions);
+        let mut actions = self.answer_of(event);
         // A loss without a fence: wait for the fence (up to the policy's
         // limit), or give up on it at once.
         if let Some(worker) = lost {
@@ -352,6 +351,20 @@ impl DagActor {
                 }
             }
         }
+        self.act_reusing(actions);
+    }
+
+    /// The engine's answer to `event`, in the actor's reused buffer (hand
+    /// it back through [`DagActor::act_reusing`]).
+    fn answer_of(&mut self, event: Event) -> Vec<Action> {
+        let mut actions = std::mem::take(&mut self.actions);
+        self.engine.on_event_into(event, &mut actions);
+        actions
+    }
+
+    /// [`DagActor::act`] on `actions`, keeping the buffer for the next
+    /// message.
+    fn act_reusing(&mut self, mut actions: Vec<Action>) {
         self.act(actions.drain(..));
         self.actions = actions;
     }
@@ -376,11 +389,8 @@ impl DagActor {
                         edges: Vec::new(),
                     },
                 );
-                let mut actions = std::mem::take(&mut self.actions);
-                self.engine
-                    .on_event_into(Event::Submit(submission), &mut actions);
-                self.act(actions.drain(..));
-                self.actions = actions;
+                let actions = self.answer_of(Event::Submit(submission));
+                self.act_reusing(actions);
             }
             Cmd::Wait { task, reply } => {
                 if let Some(r) = self.records.get_mut(&task) {

@@ -1,6 +1,8 @@
 //! A counting gate: at most `limit` holders at once; `enter` blocks until
 //! there is room, `leave` makes room, `close` releases every waiter with an
-//! error. The driver enters once per submitted task and the DAG actor
+//! error. A waiter on a full gate waits until a sixteenth of it is free,
+//! and `leave` wakes nobody when nobody waits: a driver far ahead of its
+//! workers is woken once per batch of finished tasks, not once per task. The driver enters once per submitted task and the DAG actor
 //! leaves when the task is finished, so a driver that submits faster than
 //! the workers run cannot pile up unbounded task records.
 
@@ -10,6 +12,8 @@ use crate::sync::{Condvar, Mutex};
 struct State {
     used: usize,
     open: bool,
+    /// Threads blocked in `enter`.
+    waiting: usize,
 }
 
 /// The gate.
@@ -18,6 +22,8 @@ pub struct Gate {
     state: Mutex<State>,
     room: Condvar,
     limit: usize,
+    /// A blocked `enter` goes on once `used` is at most this.
+    low: usize,
 }
 
 /// The gate was closed.
@@ -27,24 +33,32 @@ pub struct Closed;
 impl Gate {
     /// A gate letting `limit` holders in at once (at least 1).
     pub fn new(limit: usize) -> Self {
+        let limit = limit.max(1);
         Gate {
             state: Mutex::new(State {
                 used: 0,
                 open: true,
+                waiting: 0,
             }),
             room: Condvar::new(),
-            limit: limit.max(1),
+            limit,
+            low: limit - (limit / 16).max(1),
         }
     }
 
-    /// Waits for room, then holds one place.
+    /// Waits for room, then holds one place. On a full gate it waits
+    /// until a sixteenth of the places (at least one) are free.
     ///
     /// # Errors
     /// [`Closed`] when the gate is (or gets) closed.
     pub fn enter(&self) -> Result<(), Closed> {
         let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        while s.open && s.used >= self.limit {
-            s = self.room.wait(s).unwrap_or_else(|e| e.into_inner());
+        if s.open && s.used >= self.limit {
+            s.waiting += 1;
+            while s.open && s.used > self.low {
+                s = self.room.wait(s).unwrap_or_else(|e| e.into_inner());
+            }
+            s.waiting -= 1;
         }
         if !s.open {
             return Err(Closed);
@@ -57,8 +71,11 @@ impl Gate {
     pub fn leave(&self, n: usize) {
         let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
         s.used = s.used.saturating_sub(n);
+        let wake = s.waiting > 0 && s.used <= self.low;
         drop(s);
-        self.room.notify_all();
+        if wake {
+            self.room.notify_all();
+        }
     }
 
     /// Closes the gate: waiters and later callers get [`Closed`].
@@ -92,6 +109,23 @@ mod tests {
         g.close();
         assert_eq!(g.enter(), Err(Closed));
     }
+
+    #[test]
+    fn a_full_gate_waits_for_a_sixteenth_free() {
+        let g = std::sync::Arc::new(Gate::new(32));
+        for _ in 0..32 {
+            g.enter().unwrap();
+        }
+        let g2 = std::sync::Arc::clone(&g);
+        let t = std::thread::spawn(move || g2.enter());
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        g.leave(1);
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        assert!(!t.is_finished(), "one free place of 32 is not yet a batch");
+        g.leave(1);
+        assert_eq!(t.join().unwrap(), Ok(()));
+        assert_eq!(g.used(), 31);
+    }
 }
 
 #[cfg(all(loom, test))]
@@ -123,6 +157,23 @@ mod loom_models {
                 t.join().unwrap();
             }
             assert_eq!(g.used(), 0);
+        });
+    }
+
+    /// A submitter blocked on a full gate of 16 places goes on once the
+    /// actor has left one (a sixteenth), never before, and is not lost.
+    #[test]
+    fn a_blocked_enter_wakes_once_a_batch_is_free() {
+        loom::model(|| {
+            let g = Arc::new(Gate::new(16));
+            for _ in 0..16 {
+                g.enter().unwrap();
+            }
+            let g2 = Arc::clone(&g);
+            let t = thread::spawn(move || g2.enter());
+            g.leave(1);
+            assert_eq!(t.join().unwrap(), Ok(()));
+            assert_eq!(g.used(), 16);
         });
     }
 

@@ -181,11 +181,20 @@ impl Cluster {
             retries,
         };
         // A free slot takes the command at once; only a full channel
-        // (the actor behind) parks the thread.
+        // (the actor behind) parks the thread, and then until a batch of
+        // slots is free: waiting for one slot woke this thread (a futex
+        // call on the actor's thread) for every command the actor took.
         match self.cmds.try_send(Cmd::Submit { spec, submission }) {
             Ok(()) => {}
             Err(tokio::sync::mpsc::error::TrySendError::Full(cmd)) => {
-                self.cmds.blocking_send(cmd).map_err(|_| Error::Closed)?;
+                let runtime = self.runtime.as_ref().ok_or(Error::Closed)?;
+                let batch = (self.cmds.max_capacity() / 4).max(1);
+                let mut room = runtime
+                    .block_on(self.cmds.reserve_many(batch))
+                    .map_err(|_| Error::Closed)?;
+                // The other slots go back as `room` drops, for the next
+                // submits to take without waiting.
+                room.next().ok_or(Error::Closed)?.send(cmd);
             }
             Err(tokio::sync::mpsc::error::TrySendError::Closed(_)) => return Err(Error::Closed),
         }

@@ -48,5 +48,5 @@ pub use dag::{CheckedTask, Dag, ScopeError, SubmitError, SubmitReason};
 pub use engine::{Engine, Event, Submission};
 pub use gate::Gate;
 pub use holders::Holders;
-pub use ids::{KernelHandle, ScopeId, TaskId, WorkerId};
+pub use ids::{KernelHandle, ScopeId, SeqHasher, SeqMap, TaskId, WorkerId};
 pub use sched::{CancelError, Outcome, Placement, PlacementError, Scheduler};

@@ -248,7 +248,7 @@ pub struct DagStats {
 #[derive(Debug, Default)]
 pub struct Dag {
     last: Option<TaskId>,
-    nodes: HashMap<TaskId, Node>,
+    nodes: crate::ids::SeqMap<TaskId, Node>,
     index: HashMap<CanonicalIdentity, BufferIndex>,
     next_entry: u64,
     /// Tasks that failed, were skipped or cancelled, with the root cause.

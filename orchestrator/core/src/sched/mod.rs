@@ -41,7 +41,7 @@ pub use errors::{CancelError, PlacementError};
 
 use std::collections::{BTreeMap, VecDeque};
 
-use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
+use rustc_hash::FxHashSet as HashSet;
 
 use strata_wire::CanonicalIdentity;
 
@@ -150,7 +150,7 @@ struct Task {
 #[derive(Debug, Default)]
 pub struct Scheduler {
     workers: BTreeMap<WorkerId, Worker>,
-    tasks: HashMap<TaskId, Task>,
+    tasks: crate::ids::SeqMap<TaskId, Task>,
     first_error: Option<FirstError>,
     /// Scratch for `pump` (the workers' queue heads), kept to be reused.
     heads: Vec<TaskId>,

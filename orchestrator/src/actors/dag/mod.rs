@@ -57,7 +57,7 @@ pub(crate) struct DagActor {
     engine: Engine,
     endpoints: Vec<EndpointRef>,
     next_id: u64,
-    records: HashMap<TaskId, Record>,
+    records: strata_core::SeqMap<TaskId, Record>,
     /// Outcomes of finished tasks that did not succeed (for late waits).
     failed: HashMap<TaskId, RunError>,
     all_waiters: Vec<oneshot::Sender<Result<RunSummary, RunError>>>,
@@ -115,7 +115,7 @@ impl DagActor {
             pending_n: 0,
             endpoints,
             next_id: 1,
-            records: HashMap::default(),
+            records: strata_core::SeqMap::default(),
             failed: HashMap::default(),
             all_waiters: Vec::new(),
             run: RunSummary::default(),

@@ -37,7 +37,12 @@ pub type SeqMap<K, V> = std::collections::HashMap<K, V, std::hash::BuildHasherDe
 /// which the table compares before a key.
 ///
 /// For ids handed out in increasing order; any key stays correct, only
-/// slower when it does not hash as one `u64`.
+/// slower when it does not hash as one `u64`. The price is memory: a slot
+/// freed inside a run of full ones becomes a tombstone, not an empty slot,
+/// so under a steady stream the table holds about twice the buckets a
+/// mixing hash needs (measured: 229,375 against 114,688 for 65,536 live
+/// ids). Keep its values small — the DAG's nodes and the actor's records
+/// are boxed: a 368-byte node inline cost the 5M-task soak 100 MB of RSS.
 #[derive(Debug, Default, Clone, Copy)]
 pub struct SeqHasher(u64);
 

@@ -12,7 +12,7 @@ impl Dag {
         self.next_entry
     }
 
-    pub(super) fn take_runnable(&mut self, id: TaskId) -> Result<Node, String> {
+    pub(super) fn take_runnable(&mut self, id: TaskId) -> Result<Box<Node>, String> {
         match self.nodes.get(&id).map(|n| n.state) {
             Some(State::Ready | State::Running) => self
                 .nodes
@@ -113,7 +113,7 @@ impl Dag {
         &mut self,
         root: TaskId,
         id: TaskId,
-        mut node: Node,
+        mut node: Box<Node>,
         out: &mut Vec<Transition>,
     ) {
         self.failed.insert(id, root);

@@ -248,7 +248,7 @@ pub struct DagStats {
 #[derive(Debug, Default)]
 pub struct Dag {
     last: Option<TaskId>,
-    nodes: crate::ids::SeqMap<TaskId, Node>,
+    nodes: crate::ids::SeqMap<TaskId, Box<Node>>,
     index: HashMap<CanonicalIdentity, BufferIndex>,
     next_entry: u64,
     /// Tasks that failed, were skipped or cancelled, with the root cause.
@@ -497,7 +497,7 @@ impl Dag {
         } else {
             Born::Waiting
         };
-        self.nodes.insert(id, node);
+        self.nodes.insert(id, Box::new(node));
         self.debug_check();
         Ok(Inserted { edges: preds, born })
     }

@@ -57,7 +57,7 @@ pub(crate) struct DagActor {
     engine: Engine,
     endpoints: Vec<EndpointRef>,
     next_id: u64,
-    records: strata_core::SeqMap<TaskId, Record>,
+    records: strata_core::SeqMap<TaskId, Box<Record>>,
     /// Outcomes of finished tasks that did not succeed (for late waits).
     failed: HashMap<TaskId, RunError>,
     all_waiters: Vec<oneshot::Sender<Result<RunSummary, RunError>>>,
@@ -381,13 +381,13 @@ impl DagActor {
                 // dispatched or done at once; or refused) acts on it.
                 self.records.insert(
                     id,
-                    Record {
+                    Box::new(Record {
                         spec,
                         members: smallvec::smallvec![MemberState::default(); n],
                         waiters: Vec::new(),
                         submitted: self.trace.is_some().then(Instant::now),
                         edges: Vec::new(),
-                    },
+                    }),
                 );
                 let actions = self.answer_of(Event::Submit(submission));
                 self.act_reusing(actions);

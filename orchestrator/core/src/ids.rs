@@ -33,8 +33,11 @@ pub type SeqMap<K, V> = std::collections::HashMap<K, V, std::hash::BuildHasherDe
 /// live tasks, so inserting or removing one was a cache miss. Placing
 /// blocks by hash keeps ids that share their low bits (every 64th task
 /// live, say) spread over the table, where an identity hash would pile
-/// them on a few positions; the multiply also fills the top seven bits,
-/// which the table compares before a key.
+/// them on a few positions. The table compares the top seven bits of a
+/// hash before a key: the multiply fills them per block, and the id's
+/// low seven bits are XORed in, so that the ids of one block — neighbours
+/// in the table — do not all look alike there (without it, the stencil's
+/// driver ran 1.5–2 % more instructions, callgrind).
 ///
 /// For ids handed out in increasing order; any key stays correct, only
 /// slower when it does not hash as one `u64`. The price is memory: a slot
@@ -53,6 +56,7 @@ impl std::hash::Hasher for SeqHasher {
     fn finish(&self) -> u64 {
         self.0
             .wrapping_add((self.0 >> SEQ_BLOCK).wrapping_mul(0x9E37_79B9_7F4A_7C15))
+            ^ (self.0 << 57)
     }
 
     fn write(&mut self, bytes: &[u8]) {
@@ -78,10 +82,16 @@ mod tests {
 
     #[test]
     fn a_block_of_ids_takes_consecutive_positions() {
-        let base = hash(5 << SEQ_BLOCK);
+        // The bucket position is the low bits; the top seven are the tag.
+        let position = |h: u64| h & ((1 << 57) - 1);
+        let base = position(hash(5 << SEQ_BLOCK));
+        let mut tags = std::collections::HashSet::new();
         for i in 0..256 {
-            assert_eq!(hash((5 << SEQ_BLOCK) + i), base + i);
+            let h = hash((5 << SEQ_BLOCK) + i);
+            assert_eq!(position(h), base + i);
+            tags.insert(h >> 57);
         }
+        assert_eq!(tags.len(), 128, "a block's ids take every tag");
     }
 
     #[test]

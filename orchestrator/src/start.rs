@@ -308,8 +308,9 @@ impl ClusterBuilder {
     }
 
     /// The most tasks submitted and not yet finished (default 65,536):
-    /// past it, `submit` waits for tasks to finish, so a driver that
-    /// submits faster than the workers run keeps bounded memory.
+    /// past it, `submit` waits until a sixteenth of them (at least one)
+    /// have finished, so a driver that submits faster than the workers
+    /// run keeps bounded memory and is woken once per batch.
     #[must_use]
     pub fn max_unfinished(mut self, n: usize) -> Self {
         self.max_unfinished = n.max(1);

@@ -97,7 +97,8 @@ impl Core {
 ///     ring: shared-memory task rings for local workers (default on).
 ///     trace: record where and when tasks ran, for ``trace(path)``.
 ///     window: the most tasks in flight on one worker.
-///     max_unfinished: past this many unfinished tasks, ``submit`` waits.
+///     max_unfinished: past this many unfinished tasks, ``submit`` waits
+///         until a sixteenth of them have finished.
 ///
 /// Raises:
 ///     ClusterError: a worker could not be started or reached (the

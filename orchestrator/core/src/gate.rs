@@ -1,10 +1,12 @@
 //! A counting gate: at most `limit` holders at once; `enter` blocks until
 //! there is room, `leave` makes room, `close` releases every waiter with an
-//! error. A waiter on a full gate waits until a sixteenth of it is free,
-//! and `leave` wakes nobody when nobody waits: a driver far ahead of its
-//! workers is woken once per batch of finished tasks, not once per task. The driver enters once per submitted task and the DAG actor
+//! error. The driver enters once per submitted task and the DAG actor
 //! leaves when the task is finished, so a driver that submits faster than
 //! the workers run cannot pile up unbounded task records.
+//!
+//! A waiter on a full gate waits until a sixteenth of it is free, and
+//! `leave` wakes nobody when nobody waits: a driver far ahead of its
+//! workers is woken once per batch of finished tasks, not once per task.
 
 use crate::sync::{Condvar, Mutex};
 
@@ -161,7 +163,8 @@ mod loom_models {
     }
 
     /// A submitter blocked on a full gate of 16 places goes on once the
-    /// actor has left one (a sixteenth), never before, and is not lost.
+    /// actor has left one (a sixteenth) and is not lost (that less is not
+    /// enough is the unit test `a_full_gate_waits_for_a_sixteenth_free`).
     #[test]
     fn a_blocked_enter_wakes_once_a_batch_is_free() {
         loom::model(|| {

@@ -20,8 +20,8 @@ impl fmt::Display for WorkerId {
     }
 }
 
-/// A hash map keyed by ids handed out in increasing order (task ids, index
-/// entry ids): see [`SeqHasher`].
+/// A hash map keyed by ids handed out in increasing order (task ids): see
+/// [`SeqHasher`].
 pub type SeqMap<K, V> = std::collections::HashMap<K, V, std::hash::BuildHasherDefault<SeqHasher>>;
 
 /// The hasher of [`SeqMap`]: ids in one block of 256 take consecutive

@@ -198,6 +198,10 @@ pub struct DeviceStats {
     pub failed: u64,
     /// Launches whose kernel panicked.
     pub panicked: u64,
+    /// Device bytes zeroed before anyone could see them: new blocks, a
+    /// kernel's scratch, and the parts of a staged argument's scratch that
+    /// no copy-in overwrites.
+    pub zeroed: u64,
     /// Total time lanes spent on launches.
     pub busy: Duration,
 }
@@ -207,7 +211,9 @@ pub trait Device: Send + Sync + std::fmt::Debug {
     /// What it is.
     fn info(&self) -> DeviceInfo;
 
-    /// Allocates `nbytes` in the persistent or the run region.
+    /// Allocates `nbytes` in the persistent or the run region, zeroed: a
+    /// block never shows bytes of the block's earlier owner (a freed
+    /// buffer, an ended run), whoever reads it.
     ///
     /// # Errors
     /// [`Error::OutOfMemory`] naming the region; [`Error::Spec`] for the

@@ -10,7 +10,7 @@ use std::fmt;
 use std::ptr::NonNull;
 
 use bytes::Bytes;
-use memmap2::MmapMut;
+use memmap2::{MmapMut, UncheckedAdvice};
 use strata_wire::Tensor;
 
 use crate::staging;
@@ -25,7 +25,8 @@ pub const DEVICE_BASE: u64 = 0x0000_1000_0000_0000;
 /// The simulated chip's memory: one anonymous mapping of its own, separate
 /// from every host buffer.
 pub(crate) struct DeviceMemory {
-    // Owns the mapping; never dereferenced after construction (see `ptr`).
+    // Owns the mapping; never dereferenced after construction (see `ptr`),
+    // only advised (`zero`).
     _map: MmapMut,
     ptr: NonNull<u8>,
     len: u64,
@@ -77,6 +78,61 @@ impl DeviceMemory {
         Ok(unsafe { self.ptr.as_ptr().add(offset) })
     }
 
+    /// Zeroes device range `[addr, addr + len)`.
+    ///
+    /// With `release` set, the whole pages inside the range are handed back
+    /// to the kernel (`MADV_DONTNEED` on this private anonymous mapping:
+    /// they read as zeros again, and cost no memory until touched) and only
+    /// the ragged ends are written; that is for large allocations, which
+    /// may never be touched in full. Hot paths (a kernel's scratch, a
+    /// staged view) pass `false`: their pages are about to be written, and
+    /// handing them back would make every task fault them in again.
+    pub(crate) fn zero(&self, addr: u64, len: u64, release: bool) -> Result<(), Error> {
+        let dst = self.ptr(addr, len)?;
+        let len = usize::try_from(len).map_err(|_| Error::OutOfRange {
+            addr,
+            len,
+            what: "device memory",
+        })?;
+        let (mut head, mut tail) = (len, 0usize);
+        if release {
+            let page = page_size();
+            // Whole pages inside [dst, dst + len): [first, last).
+            let start = dst as usize;
+            let first = start.next_multiple_of(page);
+            let last = (start + len) / page * page;
+            if last > first {
+                let offset = first - self.ptr.as_ptr() as usize;
+                // SAFETY: [offset, offset + (last - first)) is page-aligned
+                // and lies inside [addr, addr + len), which `ptr` checked
+                // against the mapping; those pages belong to the caller's
+                // block alone (no two live blocks share a byte, and a page
+                // wholly inside one block holds no other block's byte), and
+                // nothing holds a reference into device memory.
+                let dropped = unsafe {
+                    self._map.unchecked_advise_range(
+                        UncheckedAdvice::DontNeed,
+                        offset,
+                        last - first,
+                    )
+                };
+                if dropped.is_ok() {
+                    head = first - start;
+                    tail = start + len - last;
+                }
+            }
+        }
+        // SAFETY: `dst` is valid for `len` bytes (checked by `ptr`); the
+        // head and tail lie inside it.
+        unsafe {
+            std::ptr::write_bytes(dst, 0, head);
+            if tail > 0 {
+                std::ptr::write_bytes(dst.add(len - tail), 0, tail);
+            }
+        }
+        Ok(())
+    }
+
     /// Copies `src` to device address `addr`.
     pub(crate) fn write(&self, addr: u64, src: &[u8]) -> Result<(), Error> {
         let dst = self.ptr(addr, src.len() as u64)?;
@@ -94,6 +150,16 @@ impl DeviceMemory {
         unsafe { std::ptr::copy_nonoverlapping(src, dst.as_mut_ptr(), dst.len()) };
         Ok(())
     }
+}
+
+/// The system's page size (4 KiB when it cannot be read).
+fn page_size() -> usize {
+    nix::unistd::sysconf(nix::unistd::SysconfVar::PAGE_SIZE)
+        .ok()
+        .flatten()
+        .and_then(|p| usize::try_from(p).ok())
+        .filter(|p| p.is_power_of_two())
+        .unwrap_or(4096)
 }
 
 /// Host memory that host-backed kernel arguments live in: a mapped memfd on

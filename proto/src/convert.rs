@@ -515,6 +515,8 @@ pub struct WorkerStats {
     pub sessions: u64,
     /// Tasks started and not yet completed.
     pub tasks_in_flight: u64,
+    /// Device bytes zeroed before anyone could see them.
+    pub zeroed: u64,
 }
 
 fn region_stats(
@@ -559,6 +561,7 @@ impl TryFrom<pb::StatsReply> for WorkerStats {
             imports: s.imports,
             sessions: s.sessions,
             tasks_in_flight: s.tasks_in_flight,
+            zeroed: s.zeroed,
         })
     }
 }
@@ -587,6 +590,7 @@ impl From<WorkerStats> for pb::StatsReply {
             imports: s.imports,
             sessions: s.sessions,
             tasks_in_flight: s.tasks_in_flight,
+            zeroed: s.zeroed,
         }
     }
 }

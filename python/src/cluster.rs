@@ -393,9 +393,7 @@ impl PyCluster {
                     } else {
                         c.device_buffer(w, n)?
                     };
-                    // Device memory is not zeroed by allocation.
-                    let zeros = vec![0u8; usize::try_from(n).unwrap_or(usize::MAX)];
-                    c.write_device(&b, 0, &zeros)?;
+                    // A worker hands out every device block zeroed.
                     b.tensor(&shape, d)
                 })
             })
@@ -556,6 +554,7 @@ impl PyCluster {
         d.set_item("tasks_failed", s.tasks_failed)?;
         d.set_item("kernels_panicked", s.kernels_panicked)?;
         d.set_item("tasks_in_flight", s.tasks_in_flight)?;
+        d.set_item("zeroed", s.zeroed)?;
         d.set_item("imports", s.imports)?;
         d.set_item("sessions", s.sessions)?;
         d.set_item("staged_to_device", s.staged_to_device)?;

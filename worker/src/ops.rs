@@ -216,6 +216,7 @@ impl Node {
             imports: self.imports().len() as u64,
             sessions: self.session_count() as u64,
             tasks_in_flight: self.tasks_in_flight(),
+            zeroed: s.zeroed,
         }
     }
 

@@ -11,12 +11,24 @@
 //!    start gate completes it as `NotStarted` and nothing runs.
 //! 2. On a lane, each argument is materialized: device-backed arguments and,
 //!    in unified mode, host-backed ones resolve in place; in staged mode a
-//!    scratch block receives the view's bytes (if the kernel reads them).
+//!    scratch block receives the view's bytes when the kernel reads them or
+//!    the task keeps the elements it leaves alone (`OUTPUT_EXISTING`,
+//!    `INOUT`), and is zeroed wherever no copy-in writes (see below).
 //! 3. The kernel runs under `catch_unwind`.
 //! 4. On success, staged arguments the kernel writes are copied back, view
 //!    bytes only. On failure nothing is copied back: host memory keeps its
 //!    old bytes.
 //! 5. Scratch blocks are freed, counters updated, and the completion called.
+//!
+//! Isolation: device memory is reused (scratch blocks by the next task,
+//! persistent blocks after a free, the run region after a reset), so no
+//! byte of it reaches a kernel, a client or a device buffer with an earlier
+//! owner's bytes in it. Every block `alloc` hands out is zeroed (large
+//! ones by handing their pages back to the kernel, which zero-fills them);
+//! a kernel's scratch is zeroed; a staged argument's scratch is zeroed
+//! except where the copy-in overwrites it (a contiguous view copied in
+//! covers its whole extent, so that common path pays nothing). The bytes
+//! zeroed are counted (`DeviceStats::zeroed`).
 
 mod lanes;
 
@@ -65,7 +77,13 @@ struct Counters {
     failed: AtomicU64,
     panicked: AtomicU64,
     busy_ns: AtomicU64,
+    zeroed: AtomicU64,
 }
+
+/// From this size on, `alloc` zeroes a block by handing its whole pages
+/// back to the kernel instead of writing them: a large device buffer costs
+/// no memory or time until it is touched.
+const RELEASE_FROM: u64 = 256 * 1024;
 
 impl SimDevice {
     /// A device built from a spec string such as `sim:mem=2GiB,lanes=2`.
@@ -161,8 +179,15 @@ impl Device for SimDevice {
             });
         }
         let b = self.inner.arena.alloc(region, nbytes)?;
+        let addr = DEVICE_BASE + b.offset;
+        // A freed persistent block, or a run block after a reset, holds
+        // whatever its last owner left: the block is handed out zeroed.
+        if let Err(e) = self.inner.zero(addr, b.len, b.len >= RELEASE_FROM) {
+            let _ = self.inner.arena.free(region, b.offset);
+            return Err(e);
+        }
         Ok(DeviceBlock {
-            addr: DEVICE_BASE + b.offset,
+            addr,
             len: b.len,
             region,
             epoch: b.epoch,
@@ -252,6 +277,7 @@ impl Device for SimDevice {
             failed: get(&c.failed),
             panicked: get(&c.panicked),
             busy: Duration::from_nanos(get(&c.busy_ns)),
+            zeroed: get(&c.zeroed),
         }
     }
 }
@@ -270,6 +296,13 @@ impl Drop for ScratchGuard<'_> {
 }
 
 impl Inner {
+    /// Zeroes `len` device bytes at `addr` and counts them.
+    fn zero(&self, addr: DeviceAddr, len: u64, release: bool) -> Result<(), Error> {
+        self.memory.zero(addr, len, release)?;
+        self.counters.zeroed.fetch_add(len, Ordering::Relaxed);
+        Ok(())
+    }
+
     /// Checks that `block` is a live persistent block or a run block of the
     /// current run; errors carry device addresses.
     fn check_block(&self, block: &DeviceBlock) -> Result<(), Error> {
@@ -422,10 +455,24 @@ impl Inner {
                     };
                     let addr = DEVICE_BASE + block.offset;
                     let dev = self.memory.ptr(addr, extent)?;
-                    // Sub-byte views share bytes with neighbours; staging them
-                    // in even for write-only use keeps the neighbours intact
-                    // on the way back.
-                    if spec.access.allows_read() || t.dtype().is_sub_byte() {
+                    // The view's bytes go in when the kernel reads them, when
+                    // the task keeps the elements it does not write
+                    // (OUTPUT_EXISTING, INOUT: the copy-back returns every
+                    // element, so an untouched one must hold its own bytes),
+                    // and for sub-byte views, whose bytes are shared with
+                    // neighbours the copy-back must keep intact.
+                    let copy_in = spec.access.allows_read()
+                        || matches!(arg.tag, ArgTag::OutputExisting | ArgTag::InOut)
+                        || t.dtype().is_sub_byte();
+                    // Wherever no copy-in writes — the whole block for an
+                    // OUTPUT, the gaps of a strided view — the block still
+                    // holds an earlier task's bytes: zero them, so that a
+                    // kernel sees no foreign byte and an OUTPUT element it
+                    // leaves alone comes back as zero, not as someone else's.
+                    if !copy_in || !t.is_contiguous() {
+                        self.zero(addr, extent, false)?;
+                    }
+                    if copy_in {
                         // SAFETY: the view's extent lies inside the host
                         // mapping (check_backing) and inside the fresh
                         // scratch block; the two never overlap.
@@ -463,16 +510,20 @@ impl Inner {
             staged.push(guard);
         }
 
-        let arena = &self.arena;
-        let memory = &self.memory;
-        let scratch = move |nbytes: usize| -> Result<Scratch<'_>, String> {
+        let scratch = |nbytes: usize| -> Result<Scratch<'_>, String> {
+            let arena = &self.arena;
             let block = arena
                 .alloc(Region::Scratch, nbytes as u64)
                 .map_err(|e| e.to_string())?;
-            let ptr = memory
-                .ptr(DEVICE_BASE + block.offset, nbytes as u64)
-                .map_err(|e| e.to_string())?;
             let guard = ScratchGuard { arena, block };
+            let addr = DEVICE_BASE + block.offset;
+            let ptr = self
+                .memory
+                .ptr(addr, nbytes as u64)
+                .map_err(|e| e.to_string())?;
+            // The block last held another kernel's temporaries.
+            self.zero(addr, nbytes as u64, false)
+                .map_err(|e| e.to_string())?;
             // SAFETY: a fresh scratch block is exclusively this kernel's until
             // the guard frees it, 64-byte aligned, and `ptr` covers nbytes.
             Ok(unsafe { Scratch::new(ptr, nbytes, Box::new(move || drop(guard))) })

@@ -6,5 +6,6 @@
 mod arena;
 mod common;
 mod failures;
+mod isolation;
 mod kernels;
 mod staging;

@@ -13,7 +13,7 @@ use crate::link::LinkError;
 
 impl Cluster {
     /// A device buffer of `nbytes` in `worker`'s device memory (persistent
-    /// region). Tasks that use it run on that worker.
+    /// region), zeroed. Tasks that use it run on that worker.
     ///
     /// # Errors
     /// An unknown worker, or the worker's refusal (out of memory names the

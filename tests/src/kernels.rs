@@ -18,6 +18,11 @@
 //!   (a hash of the task id in scalar 0 and of every element read, in
 //!   argument then row-major order, written to every element of every
 //!   written view), on real workers.
+//! - `test.partial.<p>` for the same patterns: as `test.hash.<p>`, but a
+//!   written argument whose bit is set in scalar 2 gets only a seeded
+//!   random subset of its elements (those [`partially_writes`] picks with
+//!   the salt in scalar 1) and keeps the rest: the partial writers of the
+//!   isolation tests (`OUTPUT_EXISTING`, `INOUT`).
 //! - `test.tile.x`, `test.tile.rx`, `test.tile.rrx`: one step of the
 //!   benchmark's stencil on rank-1 U64 tiles of f64 bits (the neighbours read, then
 //!   the own tile read and written), the same update as the StarPU peer's
@@ -98,6 +103,8 @@ struct Hash {
     /// Slept after reading and before writing, so that a worker stopped
     /// mid-task writes late (the quarantine tests).
     delay: std::time::Duration,
+    /// `test.partial.*`: scalars 1 and 2 pick the elements written.
+    partial: bool,
 }
 
 /// FNV-1a step, as `strata_core::sim` hashes (shared with `strata-bench`'s
@@ -129,12 +136,22 @@ impl Hash {
         })
     }
 
-    fn write(ctx: &KernelContext<'_>, i: usize, h: u64) -> Result<(), String> {
+    fn write(
+        ctx: &KernelContext<'_>,
+        i: usize,
+        h: u64,
+        keep: Option<(u64, u64)>,
+    ) -> Result<(), String> {
         macro_rules! write {
             ($t:ty) => {{
                 let mut v = ctx.output_raw::<$t>(i)?;
                 let g = *v.geometry();
                 for k in 0..g.len() {
+                    if let Some((salt, task)) = keep {
+                        if !partially_writes(salt, task, i, k as u64) {
+                            continue;
+                        }
+                    }
                     let mut x = h;
                     fnv(&mut x, &[i as u8]);
                     fnv(&mut x, &(k as u64).to_le_bytes());
@@ -171,9 +188,17 @@ impl Kernel for Hash {
         if !self.delay.is_zero() {
             std::thread::sleep(self.delay);
         }
+        // A partial writer: scalar 1 salts the subset, bit i of scalar 2
+        // says argument i is written partially.
+        let (salt, mask) = if self.partial {
+            (ctx.scalar(1)?, ctx.scalar(2)?)
+        } else {
+            (0, 0)
+        };
         for (i, a) in self.access.iter().enumerate() {
             if a.allows_write() {
-                Self::write(ctx, i, h)?;
+                let keep = (mask >> i & 1 == 1).then(|| (salt, ctx.scalar(0).unwrap_or(0)));
+                Self::write(ctx, i, h, keep)?;
             }
         }
         Ok(())
@@ -265,15 +290,40 @@ impl Kernel for LateFill {
 /// The `test.hash.<p>` name for arguments with these tags (INPUT and
 /// NO_DEP read, OUTPUT and OUTPUT_EXISTING write, INOUT both).
 pub fn hash_callable(tags: &[ArgTag]) -> String {
-    let p: String = tags
+    format!("test.hash.{}", pattern(tags))
+}
+
+/// The `test.partial.<p>` name for arguments with these tags, and the
+/// mask of the arguments it writes partially (the `OUTPUT_EXISTING` and
+/// `INOUT` ones: an `OUTPUT` is written whole).
+pub fn partial_callable(tags: &[ArgTag]) -> (String, u64) {
+    let mask = tags
         .iter()
+        .enumerate()
+        .filter(|(_, t)| matches!(t, ArgTag::OutputExisting | ArgTag::InOut))
+        .fold(0u64, |m, (i, _)| m | 1 << i);
+    (format!("test.partial.{}", pattern(tags)), mask)
+}
+
+/// Whether a partial writer salted `salt` writes element `k` (row-major)
+/// of its argument `arg` in task `task`: about half of them, differently
+/// per task, argument and salt.
+pub fn partially_writes(salt: u64, task: u64, arg: usize, k: u64) -> bool {
+    let mut h = 0x9e37_79b9_7f4a_7c15u64 ^ salt;
+    fnv(&mut h, &task.to_le_bytes());
+    fnv(&mut h, &[arg as u8]);
+    fnv(&mut h, &k.to_le_bytes());
+    h >> 29 & 1 == 1
+}
+
+fn pattern(tags: &[ArgTag]) -> String {
+    tags.iter()
         .map(|t| match t {
             ArgTag::Input | ArgTag::NoDep => 'r',
             ArgTag::Output | ArgTag::OutputExisting => 'w',
             ArgTag::InOut => 'x',
         })
-        .collect();
-    format!("test.hash.{p}")
+        .collect()
 }
 
 fn descriptor(name: &str, args: Vec<ArgSpec>, scalars: Vec<ScalarSpec>) -> KernelDescriptor {
@@ -387,15 +437,30 @@ pub fn registry_with_hash_delay(delay: std::time::Duration) -> Result<Registry, 
                 _ => Access::ReadWrite,
             })
             .collect();
-        let args = access
+        let args: Vec<ArgSpec> = access
             .iter()
             .enumerate()
             .map(|(i, a)| ArgSpec::new(&format!("a{i}"), *a, DTypes::Any, Rank::Any))
             .collect();
         add(Arc::new(Hash {
-            desc: descriptor(&format!("test.hash.{name}"), args, vec![u64_scalar("task")]),
+            desc: descriptor(
+                &format!("test.hash.{name}"),
+                args.clone(),
+                vec![u64_scalar("task")],
+            ),
+            access: access.clone(),
+            delay,
+            partial: false,
+        }))?;
+        add(Arc::new(Hash {
+            desc: descriptor(
+                &format!("test.partial.{name}"),
+                args,
+                vec![u64_scalar("task"), u64_scalar("salt"), u64_scalar("mask")],
+            ),
             access,
             delay,
+            partial: true,
         }))?;
     }
     Ok(kernels)

@@ -128,6 +128,18 @@ fn pipeline_keeps_intermediates_in_device_buffers() {
 
 /// Rebuilds a program's views over real buffers of the cluster.
 pub(crate) fn remap(program: &Program, cluster: &Cluster) -> (Vec<Buffer>, Vec<(u64, Vec<Task>)>) {
+    remap_with(program, cluster, &|tags, task| {
+        Task::new(hash_callable(tags)).scalar_u64(task)
+    })
+}
+
+/// As [`remap`], each member's task (callable and scalars) made by
+/// `task(tags, program task id)`.
+pub(crate) fn remap_with(
+    program: &Program,
+    cluster: &Cluster,
+    task: &dyn Fn(&[strata_wire::ArgTag], u64) -> Task,
+) -> (Vec<Buffer>, Vec<(u64, Vec<Task>)>) {
     let buffers: Vec<Buffer> = program
         .buffers
         .iter()
@@ -154,7 +166,7 @@ pub(crate) fn remap(program: &Program, cluster: &Cluster) -> (Vec<Buffer>, Vec<(
                 .iter()
                 .map(|args| {
                     let tags: Vec<_> = args.iter().map(|a| a.tag).collect();
-                    let mut task = Task::new(hash_callable(&tags)).scalar_u64(t.id.0);
+                    let mut member = task(&tags, t.id.0);
                     for a in args {
                         let v = find(a.tensor.identity())
                             .view(
@@ -164,9 +176,9 @@ pub(crate) fn remap(program: &Program, cluster: &Cluster) -> (Vec<Buffer>, Vec<(
                                 a.tensor.dtype(),
                             )
                             .unwrap();
-                        task = task.arg(&v, a.tag);
+                        member = member.arg(&v, a.tag);
                     }
-                    task
+                    member
                 })
                 .collect();
             (t.id.0, members)

@@ -332,6 +332,20 @@ pub struct Writes(Vec<(CanonicalIdentity, DType, u64, u64)>);
 /// written element gets a hash of the task id, the argument, the element
 /// position and everything the member read.
 pub fn compute(task: TaskId, args: &[Arg], mem: &Memory) -> Writes {
+    compute_partial(task, args, mem, &|_, _, _, _| true)
+}
+
+/// As [`compute`], for a partial writer: element `k` (row-major) of a
+/// written argument `i` tagged `tag` is written only when `writes(task, i,
+/// tag, k)` says so,
+/// and keeps its bytes otherwise (an `OUTPUT_EXISTING` or `INOUT` that
+/// writes some elements and keeps the rest).
+pub fn compute_partial(
+    task: TaskId,
+    args: &[Arg],
+    mem: &Memory,
+    writes: &dyn Fn(TaskId, usize, ArgTag, u64) -> bool,
+) -> Writes {
     let mut h = 0xcbf2_9ce4_8422_2325u64 ^ task.0;
     for (i, a) in args.iter().enumerate() {
         if a.tag.reads() || a.tag == ArgTag::NoDep {
@@ -345,6 +359,9 @@ pub fn compute(task: TaskId, args: &[Arg], mem: &Memory) -> Writes {
     let mut out = Vec::new();
     for (i, a) in args.iter().enumerate().filter(|(_, a)| a.tag.writes()) {
         for (k, e) in elements(&a.tensor).into_iter().enumerate() {
+            if !writes(task, i, a.tag, k as u64) {
+                continue;
+            }
             let mut v = h;
             fnv(&mut v, &[i as u8]);
             fnv(&mut v, &(k as u64).to_le_bytes());
@@ -366,10 +383,20 @@ pub fn apply(writes: &Writes, mem: &mut Memory) {
 /// The oracle: every task, one by one, in submission order (a group's
 /// members one after another).
 pub fn run_sequential(p: &Program) -> Memory {
+    run_sequential_partial(p, &|_, _, _, _| true)
+}
+
+/// The oracle for partial writers ([`compute_partial`]): `writes(task,
+/// member's argument, its tag, element)` says which elements of which
+/// written argument a task writes.
+pub fn run_sequential_partial(
+    p: &Program,
+    writes: &dyn Fn(TaskId, usize, ArgTag, u64) -> bool,
+) -> Memory {
     let mut mem = p.initial.clone();
     for t in &p.tasks {
         for m in &t.members {
-            let w = compute(t.id, m, &mem);
+            let w = compute_partial(t.id, m, &mem, writes);
             apply(&w, &mut mem);
         }
     }

@@ -9,6 +9,10 @@
 //!   writes (INOUT): long tasks for the retry policy's tests.
 //! - `test.touch`: takes one view it reads and does nothing (the cost of
 //!   dispatching a view, whatever its size).
+//! - `test.scratch`: takes a scratch block of scalar 0 bytes, fails if any
+//!   of it is not zero (an earlier kernel's bytes) when scalar 2 is not 0,
+//!   then fills it with the 8 bytes of scalar 1 repeated and leaves them
+//!   for the next kernel.
 //! - `test.mark`: takes one rank-1 U64 view it writes (OUTPUT) and sets
 //!   its first and last elements to its scalar (the cost of a view's
 //!   bytes coming back, whatever its size).
@@ -77,6 +81,31 @@ impl Kernel for Touch {
         &self.0
     }
     fn run(&self, _: &mut KernelContext<'_>) -> Result<(), String> {
+        Ok(())
+    }
+}
+
+struct ScratchFill(KernelDescriptor);
+
+impl Kernel for ScratchFill {
+    fn descriptor(&self) -> &KernelDescriptor {
+        &self.0
+    }
+    fn run(&self, ctx: &mut KernelContext<'_>) -> Result<(), String> {
+        let n = usize::try_from(ctx.scalar(0)?).map_err(|e| e.to_string())?;
+        let word = ctx.scalar(1)?.to_le_bytes();
+        let mut s = ctx.scratch(n)?;
+        let bytes = s.as_mut_slice::<u8>();
+        let check = ctx.scalar(2)? != 0;
+        if let Some(i) = bytes.iter().position(|&b| b != 0).filter(|_| check) {
+            return Err(format!(
+                "scratch byte {i} of {n} was {:#04x}, not zero: an earlier kernel's",
+                bytes[i]
+            ));
+        }
+        for (i, b) in bytes.iter_mut().enumerate() {
+            *b = word[i % 8];
+        }
         Ok(())
     }
 }
@@ -389,6 +418,15 @@ pub fn registry_with_hash_delay(delay: std::time::Duration) -> Result<Registry, 
         "test.touch",
         vec![ArgSpec::new("x", Access::Read, DTypes::Any, Rank::Any)],
         vec![],
+    ))))?;
+    add(Arc::new(ScratchFill(descriptor(
+        "test.scratch",
+        vec![],
+        vec![
+            u64_scalar("nbytes"),
+            u64_scalar("word"),
+            u64_scalar("check"),
+        ],
     ))))?;
     add(Arc::new(Mark(descriptor(
         "test.mark",

@@ -7,6 +7,7 @@ mod cluster;
 mod faults;
 mod fence;
 mod graphs;
+mod leaks;
 mod partial;
 mod quarantine;
 mod ring;

@@ -46,3 +46,25 @@ def die_once(out):
         os.kill(os.getpid(), signal.SIGKILL)
         time.sleep(10)
     out[...] = 7
+
+
+def _chosen(shape, seed):
+    # The elements a partial writer writes: a seeded random half.
+    return np.random.default_rng(seed).random(shape) < 0.5
+
+
+@strata.kernel("test.partial_write", args=("y:w:f32",), scalars=("seed:u64", "value:f64"))
+def partial_write(y, seed, value):
+    y[_chosen(y.shape, seed)] = value
+
+
+@strata.kernel("test.partial_copy", args=("x:r:f32", "y:w:f32"), scalars=("seed:u64",))
+def partial_copy(x, y, seed):
+    m = _chosen(y.shape, seed)
+    y[m] = x[m]
+
+
+@strata.kernel("test.partial_update", args=("y:rw:f32",), scalars=("seed:u64",))
+def partial_update(y, seed):
+    m = _chosen(y.shape, seed)
+    y[m] = y[m] * np.float32(2) + np.float32(1)

@@ -3,7 +3,10 @@
 //! Benchmarks of the chip runtime: F32 512×512×512 matmul on one lane
 //! (throughput in FLOP/s: 2·m·k·n per iteration), in unified mode (the
 //! kernel alone) and staged mode (with the copies), and persistent-region
-//! allocation and free in ns per operation.
+//! allocation and free in ns per operation; what isolation costs: a
+//! staged `fill` of a 1 MiB view tagged OUTPUT (its scratch zeroed),
+//! OUTPUT_EXISTING (copied in) and a strided OUTPUT, and device
+//! allocations (zeroed) of 4 KiB to 16 MiB.
 //!
 //! `cargo bench -p strata-chip-runtime --bench chip`
 
@@ -13,7 +16,7 @@ use std::time::Duration;
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use strata_chip::arena::{Arena, Region};
-use strata_chip::{ArgBacking, HostBuffer, Launch, LaunchArg, Registry, SimDevice, device};
+use strata_chip::{ArgBacking, Device, HostBuffer, Launch, LaunchArg, Registry, SimDevice, device};
 use strata_wire::{
     Access, AddressSpace, ArgTag, Backing, BufferDescriptor, CanonicalIdentity, DType, Tensor,
 };
@@ -112,9 +115,72 @@ fn bench_arena(c: &mut Criterion) {
     group.finish();
 }
 
+fn host_view(i: u64, nbytes: usize, shape: &[u32], strides: &[u32]) -> (Arc<HostBuffer>, Tensor) {
+    let host = HostBuffer::new(nbytes).unwrap();
+    let id = CanonicalIdentity::new(*b"benchiso", i, 1).unwrap();
+    let buf = BufferDescriptor::new(
+        id,
+        nbytes as u64,
+        AddressSpace::Host,
+        Access::ReadWrite,
+        Backing::Memfd {
+            st_dev: 1,
+            st_ino: i,
+        },
+    )
+    .unwrap();
+    let t = Tensor::new(buf, 0, shape, strides, DType::F32).unwrap();
+    (Arc::new(host), t)
+}
+
+fn bench_isolation(c: &mut Criterion) {
+    let reg = Registry::with_builtins();
+    let fill = reg.get(reg.find("fill", 1).unwrap()).unwrap();
+    let dev = SimDevice::from_spec("sim:mem=256MiB,mode=staged,lanes=1").unwrap();
+    let mut group = c.benchmark_group("staged_fill_1MiB");
+    let n = 256 * 1024u32;
+    let contiguous = host_view(1, 1 << 20, &[n], &[1]);
+    let strided = host_view(2, 2 << 20, &[n], &[2]);
+    for (name, (host, t), tag) in [
+        ("output", &contiguous, ArgTag::Output),
+        ("output_existing", &contiguous, ArgTag::OutputExisting),
+        ("strided_output", &strided, ArgTag::Output),
+    ] {
+        let launch = Launch {
+            kernel: fill.clone(),
+            args: vec![LaunchArg {
+                tensor: *t,
+                tag,
+                backing: ArgBacking::Host(host.clone()),
+            }],
+            scalars: vec![1f32.to_bits().into()],
+            gate: None,
+        };
+        group.bench_function(name, |b| {
+            b.iter(|| {
+                device::launch(&dev, launch.clone())
+                    .unwrap()
+                    .wait()
+                    .unwrap()
+            })
+        });
+    }
+    group.finish();
+    let mut group = c.benchmark_group("device_alloc_free");
+    for (name, nbytes) in [("4KiB", 4096u64), ("1MiB", 1 << 20), ("16MiB", 16 << 20)] {
+        group.bench_function(name, |b| {
+            b.iter(|| {
+                let blk = dev.alloc(Region::Persistent, black_box(nbytes)).unwrap();
+                dev.free(blk.addr).unwrap()
+            })
+        });
+    }
+    group.finish();
+}
+
 criterion_group! {
     name = benches;
     config = Criterion::default().warm_up_time(Duration::from_millis(500)).measurement_time(Duration::from_secs(3));
-    targets = bench_matmul, bench_arena
+    targets = bench_matmul, bench_arena, bench_isolation
 }
 criterion_main!(benches);

@@ -43,6 +43,8 @@ tests=(
   worker::a_session_without_a_task_stream_is_ended_after_the_grace_period
   worker::sigterm_finishes_in_flight_work_and_exits_zero
   worker::a_panicking_kernel_fails_only_its_task
+  sessions::a_session_cannot_name_another_sessions_imports_or_device_buffers_over_unix
+  sessions::a_session_cannot_name_another_sessions_device_buffers_over_tcp
   quarantine::a_hung_unix_worker_s_late_write_never_lands_on_a_reported_result
   quarantine::failing_at_once_names_the_quarantine_and_the_fence_lifts_it
   quarantine::a_hung_tcp_worker_is_fenced_at_once_and_its_late_result_is_dropped

@@ -170,12 +170,9 @@ fn prepare(
                 return Err(bad("a DEVICE buffer cannot travel inline".into()));
             }
             (AddressSpace::Device, None) => {
-                let buf = session.device_buffer(tensor.identity()).map_err(|why| {
-                    bad(format!(
-                        "{} on this worker",
-                        why.describe(tensor.identity())
-                    ))
-                })?;
+                let buf = session
+                    .device_buffer(tensor.identity())
+                    .map_err(|why| bad(why.describe(tensor.identity())))?;
                 let block = buf.block;
                 held.push(Box::new(buf));
                 (*tensor, ArgBacking::Device(block))
@@ -200,22 +197,27 @@ fn prepare(
                 (view, ArgBacking::Host(backing))
             }
             (AddressSpace::Host, None) => {
-                let mapping = node.imports().acquire(tensor.buffer()).map_err(|e| {
-                    // A refused fd was never offered, so the registry only
-                    // knows it is missing; the session knows why.
-                    let refused = match &e {
-                        ImportError::NotImported(identity) => session.refusal(identity),
-                        _ => None,
-                    };
-                    match refused {
-                        Some(reason) => bad(format!(
-                            "{} buffer {} was refused at import: {reason}",
-                            tensor.buffer().backing().kind().name(),
-                            tensor.identity()
-                        )),
-                        None => bad(e.to_string()),
-                    }
-                })?;
+                // Only the session's own imports: another session's
+                // descriptor, however exact, finds nothing here.
+                let mapping = node
+                    .imports()
+                    .acquire(session.id, tensor.buffer())
+                    .map_err(|e| {
+                        // A refused fd was never offered, so the registry only
+                        // knows it is missing; the session knows why.
+                        let refused = match &e {
+                            ImportError::NotImported(identity) => session.refusal(identity),
+                            _ => None,
+                        };
+                        match refused {
+                            Some(reason) => bad(format!(
+                                "{} buffer {} was refused at import: {reason}",
+                                tensor.buffer().backing().kind().name(),
+                                tensor.identity()
+                            )),
+                            None => bad(e.to_string()),
+                        }
+                    })?;
                 let access = tensor.buffer().access();
                 (
                     *tensor,

@@ -259,9 +259,9 @@ impl InProcessSession {
             .collect())
     }
 
-    /// Releases imports; returns how many were held.
+    /// Releases this session's imports; returns how many it held.
     pub fn release_imports(&self, identities: &[CanonicalIdentity]) -> u32 {
-        self.node.release_imports(identities)
+        self.node.release_imports(self.id, identities)
     }
 
     /// Allocates a device buffer; returns its device address.

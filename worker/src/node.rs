@@ -138,7 +138,7 @@ const MAX_RETIRED: usize = 4096;
 /// Why a session has no live device buffer for an identity.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Missing {
-    /// Never allocated in this session, or freed.
+    /// Never allocated by this session (perhaps by another), or freed.
     NotAllocated,
     /// A run-region buffer of run `run` of this session, which ended.
     RunEnded {
@@ -151,7 +151,9 @@ impl Missing {
     /// What to tell the caller about `identity`.
     pub(crate) fn describe(self, identity: &CanonicalIdentity) -> String {
         match self {
-            Missing::NotAllocated => format!("device buffer {identity} is not allocated"),
+            Missing::NotAllocated => format!(
+                "device buffer {identity} was not allocated by this session (or it was freed)"
+            ),
             Missing::RunEnded { run } => format!(
                 "device buffer {identity} was a run-region buffer of run {run} of this session, which has ended: its device memory went with the run (allocate a new one in the current run)"
             ),
@@ -170,7 +172,11 @@ struct Runs {
 /// One orchestrator connection.
 #[derive(Debug, Default)]
 pub(crate) struct Session {
-    /// Device buffers by identity (DEVICE_MALLOC).
+    /// The session's id: what it names in the import registry, where it
+    /// finds only its own imports.
+    pub(crate) id: SessionId,
+    /// Device buffers by identity (DEVICE_MALLOC): the session's own, the
+    /// only ones its tasks and calls can name.
     device_buffers: Mutex<HashMap<CanonicalIdentity, Arc<DeviceBuffer>>>,
     runs: Mutex<Runs>,
     /// Whether a task stream is open.
@@ -443,6 +449,7 @@ impl Node {
             }
             if let std::collections::hash_map::Entry::Vacant(v) = sessions.entry(id) {
                 v.insert(Arc::new(Session {
+                    id,
                     data_secret: rand::random(),
                     ..Session::default()
                 }));
@@ -741,5 +748,33 @@ mod tests {
         assert_eq!((state.known, state.ended, state.running), (true, false, 0));
         assert!(f.node.session_state(a).is_fenced());
         assert!(f.node.instance.0 != 0);
+    }
+
+    /// An fd that arrives for a session already ended (its fd channel
+    /// outlived its task stream) is refused and not kept: nothing could
+    /// name or release it again. A live session's import of the same
+    /// identity is its own.
+    #[test]
+    fn an_import_for_an_ended_session_is_not_kept() {
+        let f = fixture();
+        let sealed = || {
+            let mfd = memfd::MemfdOptions::default()
+                .allow_sealing(true)
+                .create("late-import")
+                .unwrap();
+            mfd.as_file().set_len(64).unwrap();
+            mfd.add_seals(&[memfd::FileSeal::SealShrink]).unwrap();
+            std::os::fd::OwnedFd::from(mfd.into_file())
+        };
+        let identity = CanonicalIdentity::new([9; 8], 1, 1).unwrap();
+        let (a, b) = (f.node.open_session(), f.node.open_session());
+        f.node.end_session(a, "task stream closed");
+        let err = f.node.import_one(a, identity, None, sealed()).unwrap_err();
+        assert_eq!(err, format!("buffer {identity}: session {a} has ended"));
+        assert_eq!(f.node.imports().len(), 0, "nothing kept for it");
+        f.node.import_one(b, identity, None, sealed()).unwrap();
+        assert_eq!(f.node.imports().session_len(b), 1);
+        assert_eq!(f.node.release_imports(a, &[identity]), 0);
+        assert_eq!(f.node.release_imports(b, &[identity]), 1);
     }
 }

@@ -190,11 +190,16 @@ impl Node {
         Ok(data)
     }
 
-    /// Releases imports by identity; returns how many were held.
-    pub(crate) fn release_imports(&self, identities: &[CanonicalIdentity]) -> u32 {
+    /// Releases `session`'s imports by identity; returns how many it
+    /// held (another session's imports of the same identities stay).
+    pub(crate) fn release_imports(
+        &self,
+        session: SessionId,
+        identities: &[CanonicalIdentity],
+    ) -> u32 {
         identities
             .iter()
-            .map(|i| u32::from(self.imports().release(i)))
+            .map(|i| u32::from(self.imports().release(session, i)))
             .sum()
     }
 
@@ -252,7 +257,18 @@ impl Node {
                     Some(grant) => self.imports().offer_as(session, grant, fd),
                     None => self.imports().offer(session, identity, fd),
                 }
-                .map_err(|e| e.to_string())
+                .map_err(|e| e.to_string())?;
+                // A session that ended while this fd was on its way has
+                // released its imports already: this one would be held
+                // for ever under an id nobody can name again. Checked
+                // after the offer (the session leaves the table before it
+                // releases its imports), so either that release or this
+                // one takes it.
+                if !self.has_session(session) {
+                    self.imports().release(session, &identity);
+                    return Err(format!("buffer {identity}: session {session} has ended"));
+                }
+                Ok(())
             }
             Err(reason) => {
                 warn!(%session, %identity, %reason, "import refused");

@@ -459,7 +459,7 @@ impl pb::worker_server::Worker for WorkerService {
         &self,
         request: Request<pb::ReleaseImportRequest>,
     ) -> Result<Response<pb::ReleaseImportReply>, Status> {
-        self.session(request.metadata())?;
+        let (id, _) = self.session(request.metadata())?;
         let identities = request
             .into_inner()
             .identities
@@ -467,7 +467,7 @@ impl pb::worker_server::Worker for WorkerService {
             .enumerate()
             .map(|(i, raw)| convert::identity(&format!("identities[{i}]"), raw))
             .collect::<Result<Vec<_>, _>>()?;
-        let released = self.node.release_imports(&identities);
+        let released = self.node.release_imports(id, &identities);
         Ok(Response::new(pb::ReleaseImportReply { released }))
     }
 

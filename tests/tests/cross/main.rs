@@ -12,4 +12,5 @@ mod partial;
 mod quarantine;
 mod ring;
 mod seals;
+mod sessions;
 mod worker;

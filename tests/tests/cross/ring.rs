@@ -17,7 +17,7 @@ use strata_wire::{Access, ArgTag, DType, Tensor};
 
 use crate::worker::{assert_failed, f32s, mint, session, task};
 
-const SMALL: Capacities = Capacities {
+pub(crate) const SMALL: Capacities = Capacities {
     submit: 4096,
     complete: 4096,
 };
@@ -37,7 +37,7 @@ fn worker() -> WorkerProcess {
 
 /// Makes a ring of `caps` and hands it to the session of `fds` (which
 /// must stay open: its end ends the session).
-async fn attach(fds: &mut FdChannel, caps: Capacities) -> std::sync::Arc<dyn Memory> {
+pub(crate) async fn attach(fds: &mut FdChannel, caps: Capacities) -> std::sync::Arc<dyn Memory> {
     let (ring, fd) = SharedRing::create(caps).unwrap();
     let r = fds
         .attach_ring(
@@ -89,7 +89,7 @@ async fn import(fds: &mut FdChannel, buf: &SharedBuffer) {
 
 /// Writes `tasks` to the submission lane (waiting for room) while reading
 /// `n` completions off the completion lane, as a driver would.
-async fn run_on_ring(
+pub(crate) async fn run_on_ring(
     mem: &std::sync::Arc<dyn Memory>,
     tasks: Vec<TaskRequest>,
     n: usize,

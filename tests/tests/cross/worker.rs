@@ -350,7 +350,7 @@ async fn bad_input_is_refused_and_the_worker_keeps_serving() {
     assert_failed(&done[&3], "holds 64 bytes but the buffer has nbytes 256");
     assert_failed(&done[&4], "but the MEMFD body names (1, 2)");
     assert_failed(&done[&5], "unknown callable 07070707");
-    assert_failed(&done[&6], "is not imported");
+    assert_failed(&done[&6], "was not imported by this session");
     assert_failed(&done[&7], "tagged INPUT, but the kernel writes it");
     assert_eq!(done[&8].outcome, TaskOutcome::Success);
     assert_eq!(f32s(&good.read(0, 16)), vec![1.0; 4]);
@@ -899,7 +899,7 @@ async fn views_larger_than_a_message_are_staged_and_fetched() {
 }
 
 /// A DEVICE_MALLOC view of `n` F32 at a device address.
-fn device_view(identity: strata_wire::CanonicalIdentity, addr: u64, n: u32) -> Tensor {
+pub(crate) fn device_view(identity: strata_wire::CanonicalIdentity, addr: u64, n: u32) -> Tensor {
     let desc = strata_wire::BufferDescriptor::new(
         identity,
         u64::from(n) * 4,

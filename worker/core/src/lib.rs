@@ -3,8 +3,9 @@
 //! net module).
 //!
 //! Today it holds the [`ImportRegistry`]: imported buffer backings by
-//! identity, each mapped exactly once, however many tasks resolve it at the
-//! same time, and unmapped once released and no running task uses it.
+//! session and identity, each mapped exactly once, however many tasks
+//! resolve it at the same time, unmapped once released and no running task
+//! uses it, and never found by a session that did not import it.
 //!
 //! ```
 //! use std::sync::atomic::{AtomicUsize, Ordering};
@@ -25,12 +26,13 @@
 //! let reg = ImportRegistry::new(Upper(AtomicUsize::new(0)));
 //! let buf = test_buffer(64);
 //! reg.offer(SessionId(1), *buf.identity(), "fd".to_owned()).unwrap();
-//! let a = reg.acquire(&buf).unwrap();
-//! let b = reg.acquire(&buf).unwrap();
+//! let a = reg.acquire(SessionId(1), &buf).unwrap();
+//! let b = reg.acquire(SessionId(1), &buf).unwrap();
 //! assert_eq!(*a, "FD");
 //! assert_eq!(reg.mapper().0.load(Ordering::Relaxed), 1, "mapped once");
-//! assert!(reg.release(buf.identity()));
-//! assert!(reg.acquire(&buf).is_err(), "released");
+//! assert!(reg.acquire(SessionId(2), &buf).is_err(), "another session's");
+//! assert!(reg.release(SessionId(1), buf.identity()));
+//! assert!(reg.acquire(SessionId(1), &buf).is_err(), "released");
 //! assert_eq!(*b, "FD", "running tasks keep their mapping");
 //! ```
 

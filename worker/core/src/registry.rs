@@ -1,13 +1,23 @@
 //! The import registry.
 //!
-//! Protocol for one identity:
-//! 1. `offer` records the backing's source (an fd) under the session that
-//!    sent it, with the descriptor it is imported as (its *grant*) when the
-//!    sender named one; a second offer of a live identity is refused.
-//! 2. Every `acquire` checks the task's descriptor against the import: the
-//!    same buffer (size, space, backing, owner path id) and an access
-//!    within the import's (a task may narrow the grant, never widen it).
-//!    An import offered without a descriptor takes the first acquirer's.
+//! Imports belong to the session that made them: each session has its own
+//! table, and a session can find only what it offered itself. A session
+//! that names another session's buffer (say, by reproducing its
+//! descriptor byte for byte) is told the buffer was not imported by this
+//! session, in the same words as for a buffer nobody imported, so the
+//! refusal does not tell it whether the other session's buffer exists.
+//!
+//! Protocol for one identity of one session:
+//! 1. `offer` records the backing's source (an fd) in the session's table,
+//!    with the descriptor it is imported as (its *grant*) when the sender
+//!    named one; a second offer of an identity live in the same session is
+//!    refused. Another session may offer the same identity: it gets its
+//!    own entry and its own mapping.
+//! 2. Every `acquire` names the session and looks only in its table, then
+//!    checks the task's descriptor against the import: the same buffer
+//!    (size, space, backing, owner path id) and an access within the
+//!    import's (a task may narrow the grant, never widen it). An import
+//!    offered without a descriptor takes the first acquirer's.
 //! 3. The first acquire that passes maps it with the import's descriptor
 //!    (checks happen in the [`Mapper`]), under the entry's own lock, so
 //!    concurrent acquirers wait for that one map and share its result; later
@@ -15,15 +25,30 @@
 //!    than the first task's keeps the mapping independent of which task came
 //!    first. A failed map is remembered: every later acquire gets the same
 //!    error.
-//! 4. `release` (or the end of the session) removes the entry: no new
-//!    acquire can find it, the source closes, and the mapping is dropped
-//!    when the last running task's lease (an `Arc`) goes.
+//! 4. `release` (or the end of the session) removes the entry from the
+//!    session's table: no new acquire can find it, the source closes, and
+//!    the mapping is dropped when the last running task's lease (an `Arc`)
+//!    goes. Another session's entry for the same identity is untouched.
 //!
 //! Invariants: IMPORT-1, an identity is mapped at most once per offer;
 //! IMPORT-2, a mapping is dropped exactly once, after release and after the
 //! last lease; IMPORT-3, every acquirer of a mapped entry sees the same
 //! mapping, made with the import's descriptor; IMPORT-4, an acquire whose
-//! access is not within the import's is refused and changes nothing.
+//! access is not within the import's is refused and changes nothing;
+//! IMPORT-5, an acquire or release by one session never finds, maps or
+//! drops another session's entry.
+//!
+//! Why a table per session rather than one mapping per identity shared by
+//! every session that imported it: sharing would have to prove that a
+//! second session's fd is the same backing as the first's before handing
+//! it the first's mapping (POSIX shared-memory descriptors carry no inode
+//! to compare), decide whose grant the one mapping is made with when the
+//! sessions' grants differ, and count the sessions so that only the last
+//! release unmaps. Separate entries need none of that, and a session's
+//! lookups cannot reach another's by construction. The price is one more
+//! `mmap` of the same pages when two sessions import one buffer, which no
+//! driver does on the hot path (a driver has one session per worker);
+//! both mappings are shared, so they see the same bytes.
 //!
 //! The registry hands out the mapping, which may be writable while the
 //! task's descriptor grants READ only; the caller must not write through a
@@ -37,8 +62,9 @@ use strata_wire::{Access, BufferDescriptor, CanonicalIdentity};
 
 use crate::sync::{Arc, Mutex, lock};
 
-/// The session (orchestrator connection) that imported a backing.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+/// The session (orchestrator connection) that imported a backing. The
+/// default, 0, is no live session's id (the worker draws odd ones).
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct SessionId(pub u64);
 
 impl fmt::Display for SessionId {
@@ -70,9 +96,12 @@ pub trait Mapper: Send + Sync {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum ImportError {
-    /// No live import for the identity (never sent, or released).
+    /// No live import for the identity in the asking session: never sent
+    /// by it, released, or imported by another session only (the message
+    /// does not say which, so that it tells a session nothing of another's
+    /// buffers).
     #[error(
-        "buffer {0} is not imported on this worker (its fd was never received, or it was released)"
+        "buffer {0} was not imported by this session (its fd was never received on this session's fd channel, or it was released)"
     )]
     NotImported(CanonicalIdentity),
     /// The identity is already imported.
@@ -123,14 +152,16 @@ enum State<M: Mapper> {
 }
 
 struct Entry<M: Mapper> {
-    session: SessionId,
     state: Mutex<State<M>>,
 }
 
-/// Imported backings by full identity.
+/// One session's imports, by identity.
+type Table<M> = HashMap<CanonicalIdentity, Arc<Entry<M>>>;
+
+/// Imported backings by session, then by full identity.
 pub struct ImportRegistry<M: Mapper> {
     mapper: M,
-    entries: Mutex<HashMap<CanonicalIdentity, Arc<Entry<M>>>>,
+    sessions: Mutex<HashMap<SessionId, Table<M>>>,
 }
 
 impl<M: Mapper> fmt::Debug for ImportRegistry<M> {
@@ -146,7 +177,7 @@ impl<M: Mapper> ImportRegistry<M> {
     pub fn new(mapper: M) -> Self {
         ImportRegistry {
             mapper,
-            entries: Mutex::new(HashMap::new()),
+            sessions: Mutex::new(HashMap::new()),
         }
     }
 
@@ -160,7 +191,8 @@ impl<M: Mapper> ImportRegistry<M> {
     /// the import's descriptor. Prefer [`ImportRegistry::offer_as`].
     ///
     /// # Errors
-    /// [`ImportError::AlreadyImported`] (the source is dropped, closing it).
+    /// [`ImportError::AlreadyImported`] when `session` has a live import of
+    /// `identity` (the source is dropped, closing it).
     pub fn offer(
         &self,
         session: SessionId,
@@ -175,7 +207,8 @@ impl<M: Mapper> ImportRegistry<M> {
     /// narrower descriptor of it, and it is mapped as `grant` says.
     ///
     /// # Errors
-    /// [`ImportError::AlreadyImported`] (the source is dropped, closing it).
+    /// [`ImportError::AlreadyImported`] when `session` has a live import of
+    /// the buffer (the source is dropped, closing it).
     pub fn offer_as(
         &self,
         session: SessionId,
@@ -192,35 +225,42 @@ impl<M: Mapper> ImportRegistry<M> {
         grant: Option<BufferDescriptor>,
         source: M::Source,
     ) -> Result<(), ImportError> {
-        let mut entries = lock(&self.entries);
-        if entries.contains_key(&identity) {
+        let mut sessions = lock(&self.sessions);
+        let table = sessions.entry(session).or_default();
+        if table.contains_key(&identity) {
             return Err(ImportError::AlreadyImported(identity));
         }
-        entries.insert(
+        table.insert(
             identity,
             Arc::new(Entry {
-                session,
                 state: Mutex::new(State::Unmapped { source, grant }),
             }),
         );
         Ok(())
     }
 
-    /// The mapping of the buffer `descriptor` describes, mapping it if this
-    /// is the first use. The returned `Arc` is the task's lease: the mapping
+    /// The mapping of the buffer `descriptor` describes, as `session`
+    /// imported it, mapping it if this is the first use. Only `session`'s
+    /// own imports are looked at (IMPORT-5). The returned `Arc` is the task's lease: the mapping
     /// stays valid while it is held, even after a release. The mapping is
     /// made as the import's descriptor says, which may grant more than
     /// `descriptor` does: writing through it is allowed only where
     /// `descriptor.access()` allows it.
     ///
     /// # Errors
-    /// [`ImportError::NotImported`], [`ImportError::MapFailed`],
+    /// [`ImportError::NotImported`] (also when only another session
+    /// imported it), [`ImportError::MapFailed`],
     /// [`ImportError::DescriptorMismatch`], [`ImportError::AccessWidened`]
     /// (the last two leave the import as it was).
-    pub fn acquire(&self, descriptor: &BufferDescriptor) -> Result<Arc<M::Mapping>, ImportError> {
+    pub fn acquire(
+        &self,
+        session: SessionId,
+        descriptor: &BufferDescriptor,
+    ) -> Result<Arc<M::Mapping>, ImportError> {
         let identity = *descriptor.identity();
-        let entry = lock(&self.entries)
-            .get(&identity)
+        let entry = lock(&self.sessions)
+            .get(&session)
+            .and_then(|table| table.get(&identity))
             .cloned()
             .ok_or(ImportError::NotImported(identity))?;
         let mut state = lock(&entry.state);
@@ -270,23 +310,41 @@ impl<M: Mapper> ImportRegistry<M> {
         }
     }
 
-    /// Releases `identity`: new acquires fail at once; the mapping goes when
-    /// the last running task drops its lease. `false` if it was not imported.
-    pub fn release(&self, identity: &CanonicalIdentity) -> bool {
-        lock(&self.entries).remove(identity).is_some()
+    /// Releases `session`'s import of `identity`: the session's new
+    /// acquires fail at once; the mapping goes when the last running task
+    /// drops its lease. Another session's import of the same identity
+    /// stays. `false` if `session` had not imported it.
+    pub fn release(&self, session: SessionId, identity: &CanonicalIdentity) -> bool {
+        let removed = {
+            let mut sessions = lock(&self.sessions);
+            let Some(table) = sessions.get_mut(&session) else {
+                return false;
+            };
+            let removed = table.remove(identity);
+            if table.is_empty() {
+                sessions.remove(&session);
+            }
+            removed
+        };
+        // The source closes here, outside the registry's lock.
+        removed.is_some()
     }
 
     /// Releases every import of `session`; returns how many.
     pub fn release_session(&self, session: SessionId) -> usize {
-        let mut entries = lock(&self.entries);
-        let before = entries.len();
-        entries.retain(|_, e| e.session != session);
-        before - entries.len()
+        let table = lock(&self.sessions).remove(&session);
+        // Sources close here, outside the registry's lock.
+        table.map_or(0, |t| t.len())
     }
 
-    /// Live imports.
+    /// Live imports, over every session.
     pub fn len(&self) -> usize {
-        lock(&self.entries).len()
+        lock(&self.sessions).values().map(HashMap::len).sum()
+    }
+
+    /// Live imports of `session`.
+    pub fn session_len(&self, session: SessionId) -> usize {
+        lock(&self.sessions).get(&session).map_or(0, HashMap::len)
     }
 
     /// Whether there are no live imports.
@@ -340,274 +398,7 @@ fn differences(a: &BufferDescriptor, b: &BufferDescriptor) -> Option<String> {
 }
 
 #[cfg(all(test, not(loom)))]
-mod tests {
-    use super::*;
-    use std::sync::atomic::{AtomicUsize, Ordering};
-    use strata_wire::check::test_buffer;
-    use strata_wire::{Access, AddressSpace, Backing};
-
-    struct Counting {
-        maps: AtomicUsize,
-        fail: bool,
-        /// The access of the descriptor the last map was made with.
-        mapped_as: std::sync::Mutex<Option<Access>>,
-    }
-
-    impl Mapper for Counting {
-        type Source = u32;
-        type Mapping = u32;
-        fn map(&self, source: &u32, d: &BufferDescriptor) -> Result<u32, String> {
-            self.maps.fetch_add(1, Ordering::Relaxed);
-            *self.mapped_as.lock().unwrap() = Some(d.access());
-            if self.fail {
-                Err("not a memfd".into())
-            } else {
-                Ok(*source * 10)
-            }
-        }
-    }
-
-    fn reg(fail: bool) -> ImportRegistry<Counting> {
-        ImportRegistry::new(Counting {
-            maps: AtomicUsize::new(0),
-            fail,
-            mapped_as: std::sync::Mutex::new(None),
-        })
-    }
-
-    #[test]
-    fn map_once_share_and_release() {
-        let r = reg(false);
-        let buf = test_buffer(64);
-        assert_eq!(
-            r.acquire(&buf),
-            Err(ImportError::NotImported(*buf.identity()))
-        );
-        r.offer(SessionId(1), *buf.identity(), 4).unwrap();
-        assert_eq!(
-            r.offer(SessionId(1), *buf.identity(), 5),
-            Err(ImportError::AlreadyImported(*buf.identity()))
-        );
-        let leases: Vec<_> = (0..10).map(|_| r.acquire(&buf).unwrap()).collect();
-        assert!(
-            leases
-                .iter()
-                .all(|l| **l == 40 && Arc::ptr_eq(l, &leases[0]))
-        );
-        assert_eq!(r.mapper().maps.load(Ordering::Relaxed), 1);
-        let other = BufferDescriptor::new(
-            *buf.identity(),
-            buf.nbytes() + 8,
-            buf.address_space(),
-            buf.access(),
-            *buf.backing(),
-        )
-        .unwrap();
-        let err = r.acquire(&other).unwrap_err();
-        assert!(
-            matches!(err, ImportError::DescriptorMismatch { .. }),
-            "{err}"
-        );
-        assert!(err.to_string().contains("nbytes 64 vs 72"), "{err}");
-        assert_eq!(Arc::strong_count(&leases[0]), 11);
-        assert!(r.release(buf.identity()));
-        assert!(!r.release(buf.identity()));
-        assert_eq!(
-            Arc::strong_count(&leases[0]),
-            10,
-            "the registry let go; tasks keep theirs"
-        );
-        assert!(r.is_empty());
-    }
-
-    /// The seed's alias rule at the worker: a task's descriptor may grant
-    /// less than the import, never more; the mapping is made as the import
-    /// says whichever task comes first; a refused acquire spoils nothing.
-    #[test]
-    fn a_task_may_narrow_an_import_never_widen_it() {
-        let rw = test_buffer(64);
-        assert_eq!(rw.access(), Access::ReadWrite);
-        let ro = rw.narrowed(Access::Read).unwrap();
-        let wo = rw.narrowed(Access::Write).unwrap();
-
-        // Imported READWRITE: a READ task first still maps it READWRITE,
-        // and READ, WRITE and READWRITE tasks all share that mapping.
-        let r = reg(false);
-        r.offer_as(SessionId(1), rw, 3).unwrap();
-        let first = r.acquire(&ro).unwrap();
-        assert_eq!(
-            *r.mapper().mapped_as.lock().unwrap(),
-            Some(Access::ReadWrite)
-        );
-        for d in [&rw, &wo, &ro] {
-            assert!(Arc::ptr_eq(&r.acquire(d).unwrap(), &first));
-        }
-        assert_eq!(r.mapper().maps.load(Ordering::Relaxed), 1);
-
-        // Imported READ: a wider descriptor is refused, naming both grants,
-        // before anything is mapped; the import still serves READ tasks.
-        let r = reg(false);
-        r.offer_as(SessionId(1), ro, 3).unwrap();
-        for wider in [&rw, &wo] {
-            let err = r.acquire(wider).unwrap_err();
-            assert_eq!(
-                err,
-                ImportError::AccessWidened {
-                    identity: *rw.identity(),
-                    imported: Access::Read,
-                    requested: wider.access(),
-                }
-            );
-            assert!(
-                err.to_string().contains(&format!(
-                    "grants {} but the buffer was imported with READ",
-                    wider.access()
-                )),
-                "{err}"
-            );
-        }
-        assert_eq!(r.mapper().maps.load(Ordering::Relaxed), 0);
-        assert_eq!(*r.acquire(&ro).unwrap(), 30);
-        assert_eq!(*r.mapper().mapped_as.lock().unwrap(), Some(Access::Read));
-        assert!(matches!(
-            r.acquire(&rw),
-            Err(ImportError::AccessWidened { .. })
-        ));
-
-        // Offered without a grant: the first acquirer's descriptor is the
-        // import's, and the same rule applies after it.
-        let r = reg(false);
-        r.offer(SessionId(1), *rw.identity(), 3).unwrap();
-        r.acquire(&ro).unwrap();
-        assert!(matches!(
-            r.acquire(&rw),
-            Err(ImportError::AccessWidened { .. })
-        ));
-    }
-
-    #[test]
-    fn a_failed_map_is_remembered_and_sessions_release_their_own() {
-        let r = reg(true);
-        let buf = test_buffer(64);
-        r.offer(SessionId(1), *buf.identity(), 1).unwrap();
-        for _ in 0..3 {
-            let err = r.acquire(&buf).unwrap_err();
-            assert_eq!(
-                err.to_string(),
-                format!("buffer {}: not a memfd", buf.identity())
-            );
-        }
-        assert_eq!(r.mapper().maps.load(Ordering::Relaxed), 1);
-        let r = reg(false);
-        for (i, s) in [(1u64, 1u64), (2, 1), (3, 2)] {
-            let id = CanonicalIdentity::new([0; 8], i, 1).unwrap();
-            let d = BufferDescriptor::new(
-                id,
-                8,
-                AddressSpace::Host,
-                Access::Read,
-                Backing::Memfd {
-                    st_dev: 0,
-                    st_ino: 0,
-                },
-            )
-            .unwrap();
-            r.offer(SessionId(s), *d.identity(), 0).unwrap();
-        }
-        assert_eq!(r.release_session(SessionId(1)), 2);
-        assert_eq!(r.len(), 1);
-    }
-}
+mod tests;
 
 #[cfg(all(test, loom))]
-mod loom_models {
-    use super::*;
-    use crate::sync::Arc;
-    use loom::sync::atomic::{AtomicUsize, Ordering};
-    use loom::thread;
-    use strata_wire::check::test_buffer;
-
-    /// A mapping that counts its drops.
-    struct Tracked(Arc<AtomicUsize>);
-    impl Drop for Tracked {
-        fn drop(&mut self) {
-            self.0.fetch_add(1, Ordering::SeqCst);
-        }
-    }
-
-    struct Fake {
-        maps: Arc<AtomicUsize>,
-        drops: Arc<AtomicUsize>,
-    }
-    impl Mapper for Fake {
-        type Source = ();
-        type Mapping = Tracked;
-        fn map(&self, _: &(), _: &BufferDescriptor) -> Result<Tracked, String> {
-            self.maps.fetch_add(1, Ordering::SeqCst);
-            Ok(Tracked(Arc::clone(&self.drops)))
-        }
-    }
-
-    fn setup() -> (
-        Arc<ImportRegistry<Fake>>,
-        Arc<AtomicUsize>,
-        Arc<AtomicUsize>,
-        BufferDescriptor,
-    ) {
-        let maps = Arc::new(AtomicUsize::new(0));
-        let drops = Arc::new(AtomicUsize::new(0));
-        let reg = Arc::new(ImportRegistry::new(Fake {
-            maps: Arc::clone(&maps),
-            drops: Arc::clone(&drops),
-        }));
-        let buf = test_buffer(64);
-        reg.offer(SessionId(1), *buf.identity(), ()).unwrap();
-        (reg, maps, drops, buf)
-    }
-
-    /// Two tasks resolve the same identity at once: it is mapped exactly
-    /// once and both get that mapping (IMPORT-1, IMPORT-3).
-    #[test]
-    fn concurrent_acquires_map_once() {
-        loom::model(|| {
-            let (reg, maps, drops, buf) = setup();
-            let r = Arc::clone(&reg);
-            let t = thread::spawn(move || r.acquire(&buf).map(|m| Arc::as_ptr(&m) as usize));
-            let mine = reg.acquire(&buf).map(|m| Arc::as_ptr(&m) as usize);
-            let theirs = t.join().unwrap();
-            assert_eq!(mine.unwrap(), theirs.unwrap());
-            assert_eq!(maps.load(Ordering::SeqCst), 1);
-            assert!(reg.release(buf.identity()));
-            assert_eq!(
-                drops.load(Ordering::SeqCst),
-                1,
-                "dropped once, after release and the last lease"
-            );
-        });
-    }
-
-    /// A release racing a task's acquire: the task either gets the mapping
-    /// and keeps it valid until it lets go, or is told the buffer is not
-    /// imported; the mapping is dropped exactly once, never under a lease
-    /// (IMPORT-2).
-    #[test]
-    fn release_waits_for_the_last_lease() {
-        loom::model(|| {
-            let (reg, _maps, drops, buf) = setup();
-            let r = Arc::clone(&reg);
-            let d = Arc::clone(&drops);
-            let t = thread::spawn(move || {
-                if let Ok(lease) = r.acquire(&buf) {
-                    assert_eq!(d.load(Ordering::SeqCst), 0, "mapping dropped under a lease");
-                    drop(lease);
-                }
-            });
-            assert!(reg.release(buf.identity()));
-            t.join().unwrap();
-            let dropped = drops.load(Ordering::SeqCst);
-            let mapped = reg.mapper().maps.load(Ordering::SeqCst);
-            assert_eq!(dropped, mapped, "every mapping made is dropped once");
-            assert!(dropped <= 1);
-        });
-    }
-}
+mod loom_models;

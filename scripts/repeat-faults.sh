@@ -45,6 +45,8 @@ tests=(
   worker::a_panicking_kernel_fails_only_its_task
   sessions::a_session_cannot_name_another_sessions_imports_or_device_buffers_over_unix
   sessions::a_session_cannot_name_another_sessions_device_buffers_over_tcp
+  leaks::no_byte_of_an_ended_session_reaches_the_next
+  partial::partial_writers_keep_untouched_elements_on_every_link_with_two_clients
   quarantine::a_hung_unix_worker_s_late_write_never_lands_on_a_reported_result
   quarantine::failing_at_once_names_the_quarantine_and_the_fence_lifts_it
   quarantine::a_hung_tcp_worker_is_fenced_at_once_and_its_late_result_is_dropped

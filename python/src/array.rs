@@ -349,6 +349,9 @@ impl PyArray {
     /// that does not grant WRITE; :class:`Quarantined` while a lost task
     /// may still write the bytes.
     pub(crate) fn numpy<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, PyAny>> {
+        // numpy calls the interface, which checks too; checking here keeps
+        // the error ours whatever numpy does with one raised inside it.
+        slf.get().view.check_read().map_err(err)?;
         slf.py().import("numpy")?.call_method1("asarray", (slf,))
     }
 

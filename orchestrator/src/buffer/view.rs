@@ -215,9 +215,7 @@ impl View {
         });
         result.map_err(|e| h.mapping(e).into())
     }
-}
 
-impl View {
     /// Refuses a driver write through a view that does not grant WRITE.
     fn granted_write(&self) -> Result<(), ViewError> {
         let granted = self.access();

@@ -3,6 +3,14 @@
 //! `reshape` and `.view(dtype)` make new views of the same bytes (no
 //! copy); `numpy()` and `__array_interface__` hand numpy the mapped memory
 //! of a host buffer in place.
+//!
+//! Every host access checks first what the Rust driver's own reads and
+//! writes check: `View::check_read` (quarantined bytes) before numpy gets
+//! the memory, `View::check_write` (the view's grant, then quarantine)
+//! before `__setitem__` and `write`. A view that does not grant WRITE
+//! hands numpy read-only memory (`(address, True)` in the interface's
+//! `data`): the ndarray's base is this object, which exposes no writable
+//! buffer, so numpy refuses to make it writable again.
 
 use std::sync::Arc;
 
@@ -30,7 +38,11 @@ use crate::errors::{err, invalid_view, obj, raise};
 /// ``numpy.asarray(arr)``) is an ``ndarray`` over the buffer's mapped
 /// memory with this view's shape and strides; writing through it is the
 /// driver's own access — write inputs before submitting the tasks that read
-/// them, and read results after ``wait``/``wait_all``.
+/// them, and read results after ``wait``/``wait_all``. The view's grant
+/// binds it: a :meth:`read_only` array gives a read-only ``ndarray`` and
+/// refuses ``arr[...] = v`` and ``write`` with :class:`ReadOnlyView`.
+/// While a lost task may still write the bytes, every host access raises
+/// :class:`Quarantined`; an ``ndarray`` taken earlier is not checked.
 #[pyclass(name = "Array", module = "strata", frozen)]
 pub(crate) struct PyArray {
     pub(crate) view: View,
@@ -125,9 +137,13 @@ impl PyArray {
         }
     }
 
-    /// The numpy array interface of the view (host buffers).
+    /// The numpy array interface of the view (host buffers), after the
+    /// quarantine check; read-only memory for a view that does not grant
+    /// WRITE.
     fn interface<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let addr = self.host_address()?;
+        self.view.check_read().map_err(err)?;
+        let read_only = !self.view.access().allows_write();
         let ts = dtype::typestr(self.view.dtype()).ok_or_else(|| {
             invalid_view(format!("{} has no numpy dtype", self.view.dtype().name()))
         })?;
@@ -135,7 +151,7 @@ impl PyArray {
         d.set_item("version", 3)?;
         d.set_item("shape", PyTuple::new(py, self.view.shape())?)?;
         d.set_item("typestr", ts)?;
-        d.set_item("data", (addr, false))?;
+        d.set_item("data", (addr, read_only))?;
         d.set_item("strides", PyTuple::new(py, self.byte_strides()?)?)?;
         Ok(d)
     }
@@ -209,8 +225,10 @@ impl PyArray {
         }
     }
 
-    /// The same view, granting tasks read access only (a task that
-    /// writes through it is refused at submit).
+    /// The same view, granting read access only: a task that writes
+    /// through it is refused at submit, and so is the driver's own
+    /// ``arr[...] = v`` and ``write`` (:class:`ReadOnlyView`); its
+    /// ``numpy()`` is a read-only ``ndarray``.
     fn read_only(&self) -> PyResult<Self> {
         let v = self.view.read_only().map_err(err)?;
         Ok(PyArray::new(v, Arc::clone(&self.core)))
@@ -253,12 +271,13 @@ impl PyArray {
     }
 
     /// Assigns through numpy (host buffers): ``arr[1:3] = 7`` is
-    /// ``arr.numpy()[1:3] = 7``.
+    /// ``arr.numpy()[1:3] = 7``, after the checks of ``write``.
     fn __setitem__(
         slf: &Bound<'_, Self>,
         key: Bound<'_, PyAny>,
         value: Bound<'_, PyAny>,
     ) -> PyResult<()> {
+        slf.get().view.check_write().map_err(err)?;
         let a = PyArray::numpy(slf)?;
         a.set_item(key, value)
     }
@@ -326,8 +345,13 @@ impl PyArray {
     /// An ``ndarray`` over the buffer's memory with this view's shape,
     /// strides and dtype: no copy (``numpy.shares_memory`` with every other
     /// array of the buffer). Host buffers only; bf16 and fp8 views come as
-    /// unsigned integers of their width (their bits).
+    /// unsigned integers of their width (their bits). Read-only for a view
+    /// that does not grant WRITE; :class:`Quarantined` while a lost task
+    /// may still write the bytes.
     pub(crate) fn numpy<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, PyAny>> {
+        // numpy calls the interface, which checks too; checking here keeps
+        // the error ours whatever numpy does with one raised inside it.
+        slf.get().view.check_read().map_err(err)?;
         slf.py().import("numpy")?.call_method1("asarray", (slf,))
     }
 
@@ -367,10 +391,12 @@ impl PyArray {
     /// dtype) into the view: in place for a host buffer, by a control call
     /// for a device buffer (whose view must then be row-major contiguous).
     /// Order it against tasks yourself: before submitting readers, after
-    /// writers are done.
+    /// writers are done. Refused for a view that does not grant WRITE
+    /// (:class:`ReadOnlyView`) and while the bytes are quarantined.
     fn write(slf: &Bound<'_, Self>, values: Bound<'_, PyAny>) -> PyResult<()> {
         let py = slf.py();
         let me = slf.get();
+        me.view.check_write().map_err(err)?;
         if me.view.buffer().device_worker().is_none() {
             let a = PyArray::numpy(slf)?;
             return a

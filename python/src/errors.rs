@@ -9,7 +9,9 @@
 use pyo3::IntoPyObjectExt;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
-use strata_orchestrator::{ClusterError, Error, LinkError, Outcome, RunError, SubmitError};
+use strata_orchestrator::{
+    ClusterError, Error, LinkError, Outcome, RunError, SubmitError, ViewError,
+};
 
 /// `v` as a Python object (`None` if it cannot be one).
 pub(crate) fn obj<'py, T: IntoPyObject<'py>>(py: Python<'py>, v: T) -> Py<PyAny> {
@@ -51,8 +53,21 @@ pub(crate) fn err(e: Error) -> PyErr {
         Error::Cluster(ClusterError::InsideAsync) => raise("Error", message, &[]),
         Error::Cluster(_) => raise("ClusterError", message, &[]),
         Error::Buffer(_) => raise("BufferError", message, &[]),
+        Error::View(ViewError::ReadOnly { .. }) => raise("ReadOnlyView", message, &[]),
         Error::View(_) => raise("InvalidView", message, &[]),
-        Error::Quarantined(_) => raise("Quarantined", message, &[]),
+        Error::Quarantined(q) => Python::attach(|py| {
+            raise(
+                "Quarantined",
+                message,
+                &[
+                    ("buffer", obj(py, q.buffer.to_string())),
+                    ("bytes", obj(py, (q.bytes.start, q.bytes.end))),
+                    ("task", obj(py, q.task.0)),
+                    ("callable", obj(py, q.callable.as_str())),
+                    ("worker", obj(py, q.worker.0)),
+                ],
+            )
+        }),
         Error::Submit(SubmitError::UnknownCallable { .. } | SubmitError::UnknownVersion { .. }) => {
             raise("UnknownCallable", message, &[])
         }

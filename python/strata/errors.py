@@ -16,6 +16,7 @@ __all__ = [
     "BufferError",
     "InvalidView",
     "InvalidIndex",
+    "ReadOnlyView",
     "SubmitError",
     "UnknownCallable",
     "WrongTag",
@@ -76,6 +77,13 @@ class InvalidIndex(InvalidView, IndexError):
     lists, arrays or masks) or that is not an index at all."""
 
 
+class ReadOnlyView(InvalidView):
+    """A write by the driver itself (``arr[...] = v``, ``write``) through a
+    view that does not grant WRITE (a :meth:`Array.read_only` view): the
+    grant binds the driver as it binds tasks. A ``ValueError``, as numpy's
+    own refusal to assign to a read-only ``ndarray``."""
+
+
 class SubmitError(Error, ValueError):
     """A task was refused at submit; nothing was queued. The message names
     the argument or member at fault."""
@@ -117,7 +125,13 @@ class TaskCancelled(TaskFailed):
 
 class Quarantined(Error):
     """The bytes are quarantined: a task writing them was lost without a
-    fence and its worker may still write them."""
+    fence and its worker may still write them. Raised by every host access
+    to them (``numpy()``, ``numpy.asarray``, ``arr[...] = v``, ``write``,
+    ``to_numpy``, ``save_npy``) until the worker is fenced.
+
+    Attributes: ``buffer`` (its identity, as text), ``bytes`` (the
+    quarantined ``(start, end)`` byte range), ``task`` (the lost task's
+    id), ``callable`` and ``worker`` (its id)."""
 
 
 class ClusterClosed(Error):

@@ -6,6 +6,7 @@ use std::fs::File;
 use std::io;
 use std::os::fd::{AsFd, BorrowedFd};
 use std::os::unix::fs::MetadataExt;
+use std::sync::atomic::Ordering;
 
 use bytes::Bytes;
 
@@ -31,6 +32,11 @@ pub(crate) struct HostShared {
     /// (DESIGN §7). Empty but for the rare loss; the DAG actor marks and
     /// lifts, driver threads check.
     quarantine: std::sync::Mutex<Vec<Mark>>,
+    /// Whether `quarantine` holds any mark, so that the driver's checks
+    /// (every `numpy()` of the Python binding among them) cost one load
+    /// when nothing is quarantined. Written under the lock; a check that
+    /// races a new mark may pass, as one just before the loss would.
+    any_marked: std::sync::atomic::AtomicBool,
 }
 
 /// A view of a host buffer quarantined by a lost task.
@@ -115,6 +121,7 @@ impl HostShared {
             imported_on: Holders::new(),
             notify,
             quarantine: std::sync::Mutex::new(Vec::new()),
+            any_marked: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
@@ -231,17 +238,29 @@ impl HostShared {
 
     /// Quarantines `view`: the lost task writes it.
     pub(crate) fn quarantine(&self, view: Tensor, loss: Loss) {
-        self.marks().push(Mark { view, loss });
+        let mut marks = self.marks();
+        marks.push(Mark { view, loss });
+        self.any_marked.store(true, Ordering::Release);
     }
 
     /// Lifts what `task` quarantined: it can no longer write.
     pub(crate) fn lift(&self, task: strata_core::TaskId) {
-        self.marks().retain(|m| m.loss.task != task);
+        let mut marks = self.marks();
+        marks.retain(|m| m.loss.task != task);
+        self.any_marked.store(!marks.is_empty(), Ordering::Release);
+    }
+
+    /// Whether no byte is quarantined (no lock taken).
+    fn none_marked(&self) -> bool {
+        !self.any_marked.load(Ordering::Acquire)
     }
 
     /// Refuses a driver access to `view`'s bytes while any of them is
     /// quarantined.
     pub(super) fn check_view(&self, view: &Tensor) -> Result<(), Error> {
+        if self.none_marked() {
+            return Ok(());
+        }
         let marks = self.marks();
         match marks
             .iter()
@@ -254,6 +273,9 @@ impl HostShared {
 
     /// As [`HostShared::check_view`], for `len` bytes at `offset`.
     fn check_range(&self, offset: u64, len: usize) -> Result<(), Error> {
+        if self.none_marked() {
+            return Ok(());
+        }
         let end = offset.saturating_add(len as u64);
         let marks = self.marks();
         match marks.iter().find(|m| {

@@ -79,29 +79,68 @@ pub(crate) enum Backing {
 /// A buffer: host memory shared with local workers, or device memory on
 /// one worker. Cheap to clone; the memory lives while any clone or any
 /// unfinished task uses it.
+///
+/// The handle the cluster returns is the owner's: the driver reads and
+/// writes through it whatever it grants tasks (a READ buffer is filled
+/// through it). The handle a narrowed view holds ([`View::buffer`] of a
+/// [`View::read_only`] view) carries the narrowed grant: its descriptor
+/// and the views made from it grant no more, and the driver's writes
+/// through it are refused unless it grants WRITE.
 #[derive(Debug, Clone)]
 pub struct Buffer {
     pub(crate) backing: Backing,
+    /// The narrowed descriptor of a handle taken from a narrowed view;
+    /// `None` for the owner's handle.
+    narrowed: Option<BufferDescriptor>,
 }
 
 impl Buffer {
     pub(crate) fn host(shared: HostShared) -> Self {
         Buffer {
             backing: Backing::Host(Arc::new(shared)),
+            narrowed: None,
         }
     }
 
     pub(crate) fn device(shared: DeviceShared) -> Self {
         Buffer {
             backing: Backing::Device(Arc::new(shared)),
+            narrowed: None,
         }
     }
 
-    /// Its wire descriptor.
+    /// The same buffer through a handle granting what `desc` (its own
+    /// descriptor, narrowed) grants.
+    pub(crate) fn narrowed_to(&self, desc: BufferDescriptor) -> Self {
+        Buffer {
+            backing: self.backing.clone(),
+            narrowed: Some(desc),
+        }
+    }
+
+    /// Its wire descriptor (granting what this handle grants).
     pub fn descriptor(&self) -> BufferDescriptor {
+        if let Some(d) = self.narrowed {
+            return d;
+        }
         match &self.backing {
             Backing::Host(h) => h.desc,
             Backing::Device(d) => d.desc,
+        }
+    }
+
+    /// Refuses a driver write through a handle narrowed to exclude WRITE.
+    ///
+    /// # Errors
+    /// [`ViewError::ReadOnly`] naming the buffer and the grant.
+    pub(crate) fn check_write(&self) -> Result<(), Error> {
+        match self.narrowed {
+            Some(d) if !d.access().allows_write() => Err(ViewError::ReadOnly {
+                buffer: *d.identity(),
+                granted: d.access(),
+            }
+            .into()),
+            _ => Ok(()),
         }
     }
 
@@ -131,10 +170,13 @@ impl Buffer {
     /// For handing the memory to foreign code that reads and writes it in
     /// place (the Python binding's numpy arrays). Such access is the
     /// driver's own, as with [`Buffer::write_bytes`], but unchecked: it
-    /// bypasses the bounds checks and the quarantine of bytes a lost task
-    /// may still write, and it must be ordered against the tasks that use
-    /// the bytes (write inputs before submitting their readers; read
-    /// results after their writers are done).
+    /// bypasses the bounds checks, the handle's grant and the quarantine
+    /// of bytes a lost task may still write, so whoever hands the memory
+    /// on calls [`View::check_read`] or [`View::check_write`] first (and
+    /// hands out read-only memory for a view that does not grant WRITE);
+    /// and it must be ordered against the tasks that use the bytes (write
+    /// inputs before submitting their readers; read results after their
+    /// writers are done).
     pub fn host_address(&self) -> Option<(*mut u8, usize)> {
         match &self.backing {
             Backing::Host(h) => Some((h.address(), h.len())),
@@ -198,7 +240,8 @@ impl Buffer {
     /// tasks that write them are done ([`crate::Cluster::wait`]).
     ///
     /// # Errors
-    /// A device buffer, or bytes past the end.
+    /// A device buffer, quarantined bytes ([`Error::Quarantined`]), or
+    /// bytes past the end.
     pub fn read_bytes(&self, offset: u64, len: usize) -> Result<Vec<u8>, Error> {
         self.host_shared()?.read(offset, len)
     }
@@ -233,8 +276,11 @@ impl Buffer {
     /// those bytes are done.
     ///
     /// # Errors
-    /// A device buffer, or bytes past the end.
+    /// A handle taken from a view that does not grant WRITE
+    /// ([`ViewError::ReadOnly`]), a device buffer, quarantined bytes
+    /// ([`Error::Quarantined`]), or bytes past the end.
     pub fn write_bytes(&self, offset: u64, bytes: &[u8]) -> Result<(), Error> {
+        self.check_write()?;
         self.host_shared()?.write(offset, bytes)
     }
 

@@ -22,7 +22,8 @@ impl View {
         &self.tensor
     }
 
-    /// The buffer it views.
+    /// The buffer it views, through a handle granting what this view
+    /// grants (the owner's handle for a view that was never narrowed).
     pub fn buffer(&self) -> &Buffer {
         &self.buffer
     }
@@ -47,8 +48,12 @@ impl View {
     /// view grants: a derived view may narrow access, never widen it
     /// (DESIGN §3). The grant is what tasks named with the view get: a task
     /// that writes through a READ view is refused at submit (requested
-    /// access ⊆ granted access), and a worker refuses it too. The driver's
-    /// own [`View::write`] is the buffer owner's and is not limited by it.
+    /// access ⊆ granted access), and a worker refuses it too. It binds
+    /// the driver as well: [`View::write`] through a view that does not
+    /// grant WRITE is refused, and so are writes through its
+    /// [`View::buffer`], whose handle is narrowed with it. (The driver's
+    /// reads are not bound by a WRITE-only grant: that grant tells tasks
+    /// not to read, and the driver reads what they wrote.)
     ///
     /// # Errors
     /// [`Error::View`] naming both accesses when `access` is wider.
@@ -68,11 +73,12 @@ impl View {
         .map_err(ViewError::Wire)?;
         Ok(View {
             tensor,
-            buffer: self.buffer.clone(),
+            buffer: self.buffer.narrowed_to(buffer),
         })
     }
 
-    /// The same view, granting READ only.
+    /// The same view, granting READ only: tasks and the driver alike may
+    /// only read through it.
     ///
     /// # Errors
     /// [`Error::View`] when this view grants WRITE only (READ is not
@@ -101,12 +107,41 @@ impl View {
         })
     }
 
+    /// Refuses what [`View::read`] refuses before it reads a byte: bytes
+    /// of a host buffer that are quarantined (a task writing them was lost
+    /// without a fence). For code that reads the view's memory in place
+    /// ([`Buffer::host_address`]); a device view passes. Cheap: one atomic
+    /// load unless the buffer has quarantined bytes.
+    ///
+    /// # Errors
+    /// [`Error::Quarantined`] naming the bytes, the lost task and its
+    /// worker.
+    pub fn check_read(&self) -> Result<(), Error> {
+        match &self.buffer.backing {
+            super::Backing::Host(h) => h.check_view(&self.tensor),
+            super::Backing::Device(_) => Ok(()),
+        }
+    }
+
+    /// Refuses what [`View::write`] refuses before it writes a byte: a
+    /// view that does not grant WRITE, then quarantined bytes (as
+    /// [`View::check_read`]).
+    ///
+    /// # Errors
+    /// [`ViewError::ReadOnly`] naming the buffer and the grant, or
+    /// [`Error::Quarantined`].
+    pub fn check_write(&self) -> Result<(), Error> {
+        self.granted_write()?;
+        self.check_read()
+    }
+
     /// The view's elements in row-major index order, as `T` (whose dtype
     /// must be the view's). Host buffers only; read after the tasks that
     /// write the view are done.
     ///
     /// # Errors
-    /// A device buffer or a dtype mismatch.
+    /// A device buffer, a dtype mismatch, or quarantined bytes
+    /// ([`Error::Quarantined`]).
     pub fn read<T: Element>(&self) -> Result<Vec<T>, Error> {
         if T::DTYPE != self.dtype() {
             return Err(ViewError::DType {
@@ -123,7 +158,7 @@ impl View {
     /// FP4 views are refused).
     ///
     /// # Errors
-    /// A device buffer or an FP4 view.
+    /// A device buffer, an FP4 view, or quarantined bytes.
     pub fn read_elements(&self) -> Result<Vec<u8>, Error> {
         let h = self.buffer.host_shared()?;
         h.check_view(&self.tensor)?;
@@ -144,11 +179,14 @@ impl View {
     }
 
     /// Writes `values` (row-major index order) into the view's elements.
-    /// Host buffers only.
+    /// Host buffers only; the view must grant WRITE.
     ///
     /// # Errors
-    /// A device buffer, a dtype mismatch or a wrong count.
+    /// A view that does not grant WRITE ([`ViewError::ReadOnly`]), a
+    /// device buffer, a dtype mismatch, a wrong count, or quarantined
+    /// bytes ([`Error::Quarantined`]).
     pub fn write<T: Element>(&self, values: &[T]) -> Result<(), Error> {
+        self.granted_write()?;
         if T::DTYPE != self.dtype() {
             return Err(ViewError::DType {
                 holds: self.dtype(),
@@ -176,6 +214,19 @@ impl View {
             }
         });
         result.map_err(|e| h.mapping(e).into())
+    }
+
+    /// Refuses a driver write through a view that does not grant WRITE.
+    fn granted_write(&self) -> Result<(), ViewError> {
+        let granted = self.access();
+        if granted.allows_write() {
+            Ok(())
+        } else {
+            Err(ViewError::ReadOnly {
+                buffer: *self.tensor.identity(),
+                granted,
+            })
+        }
     }
 }
 

@@ -134,8 +134,11 @@ impl Cluster {
     /// tasks yourself (write before submitting readers; wait for writers).
     ///
     /// # Errors
-    /// A host buffer, or the worker's refusal.
+    /// A handle taken from a view that does not grant WRITE
+    /// ([`crate::error::ViewError::ReadOnly`]), a host buffer, or the
+    /// worker's refusal.
     pub fn write_device(&self, buffer: &Buffer, offset: u64, data: &[u8]) -> Result<(), Error> {
+        buffer.check_write()?;
         let worker = self.device_of(buffer)?;
         let identity = buffer.identity();
         let data = data.to_vec();

@@ -5,7 +5,7 @@ use std::io;
 use std::ops::Range;
 
 use strata_core::{TaskId, WorkerId};
-use strata_wire::{CanonicalIdentity, DType};
+use strata_wire::{Access, CanonicalIdentity, DType};
 
 /// Why a buffer could not be made, read or written.
 #[derive(Debug, thiserror::Error)]
@@ -125,6 +125,18 @@ pub enum ViewError {
     /// A dtype of less than a byte per element.
     #[error("{} packs two values per byte; read the buffer's bytes instead", .0.name())]
     SubByte(DType),
+    /// A driver write through a view (or a buffer handle taken from one)
+    /// whose grant does not include WRITE: the grant binds the driver as
+    /// it binds tasks.
+    #[error(
+        "buffer {buffer}: this view grants {granted}, which binds the driver too: it may not write through it (write through a view that grants WRITE)"
+    )]
+    ReadOnly {
+        /// The buffer.
+        buffer: CanonicalIdentity,
+        /// The view's grant.
+        granted: Access,
+    },
 }
 
 /// Bytes the driver may not touch: a task that writes them was lost

@@ -154,6 +154,28 @@ fn a_lost_worker_quarantines_its_task_and_rejoins_once_fenced() {
                 && q.callable.starts_with("t.gate") && q.buffer == x.buffer().identity()),
         "{e:?}"
     );
+    // Every driver access is refused alike: the in-place checks (what
+    // the Python binding calls before handing numpy the memory), writes,
+    // and a view of only part of the bytes; a read-only view's write is
+    // refused for its grant first.
+    let part = x.reshape(8, &[2], &[1], DType::F32).unwrap();
+    for e in [
+        x.check_read(),
+        x.check_write(),
+        part.check_read(),
+        x.write(&[0.0f32; 16]),
+        x.buffer().write_bytes(60, &[0; 4]),
+    ] {
+        assert!(matches!(e, Err(Error::Quarantined(_))), "{e:?}");
+    }
+    let ro = x.read_only().unwrap();
+    assert!(matches!(ro.check_read(), Err(Error::Quarantined(_))));
+    assert!(matches!(
+        ro.check_write(),
+        Err(Error::View(crate::error::ViewError::ReadOnly { .. }))
+    ));
+    // Other buffers are untouched by it.
+    z.check_write().unwrap();
     // Back, the same node reports the lost session ended with nothing
     // running once the kernel returns: that is the fence.
     w0.resume();
@@ -166,6 +188,8 @@ fn a_lost_worker_quarantines_its_task_and_rejoins_once_fenced() {
     );
     c.wait(writer).unwrap();
     assert_eq!(x.read::<f32>().unwrap(), vec![7.0; 16]);
+    x.check_write().unwrap();
+    part.check_read().unwrap();
     // It takes work again.
     let y = f32s(&c, &[0.0; 16]);
     let t = c

@@ -3,3 +3,4 @@
 
 mod actors;
 mod errors;
+mod grants;

@@ -10,4 +10,5 @@ mod graphs;
 mod quarantine;
 mod ring;
 mod seals;
+mod timeout;
 mod worker;

@@ -209,17 +209,18 @@ impl EndpointActor {
     }
 
     /// Starts dialing a lost worker the cluster connected to, or
-    /// restarting one it spawned (while the respawn budget lasts).
+    /// restarting one it spawned (while the respawn budget lasts, or after
+    /// a timeout).
     fn redial(&mut self) {
+        // A worker killed for a timeout did not crash: it is restarted
+        // whatever the budget, which is left as it was.
+        let timed_out = std::mem::take(&mut self.timed_out);
         let Some(dialer) = self.rejoin.clone() else {
             return;
         };
         let tx = self.internal_tx.clone();
         let (id, name) = (self.id, self.name.clone());
         if self.spawned.is_some() {
-            // A worker killed for a timeout did not crash: it is restarted
-            // whatever the budget, which is left as it was.
-            let timed_out = std::mem::take(&mut self.timed_out);
             let Some(respawn) = self.respawn.as_mut().filter(|s| timed_out || s.left > 0) else {
                 return;
             };

@@ -59,6 +59,11 @@ tests=(
   seals::an_unsealed_memfd_is_refused_and_shrinking_it_leaves_the_worker_serving
   seals::a_posix_shm_object_is_refused_and_shrinking_it_leaves_the_worker_serving
   seals::a_sealed_import_in_use_cannot_be_shrunk
+  timeout::a_spawned_worker_running_a_timed_out_task_is_killed_and_restarted
+  timeout::a_connected_unix_worker_keeps_a_timed_out_task_s_bytes_quarantined_until_it_ended
+  timeout::an_in_process_worker_keeps_a_timed_out_task_s_bytes_quarantined_until_its_kernel_ends
+  timeout::a_tcp_worker_s_timed_out_task_is_fenced_at_once_and_its_late_result_dropped
+  graphs::a_graph_task_past_its_timeout_fails_the_run_saying_so
 )
 if [ $# -gt 0 ]; then
   picked=()

@@ -449,10 +449,12 @@ fn start(b: ClusterBuilder) -> Result<Cluster, Error> {
             window: b.window,
         }));
         // A worker spawned here is killed when lost, and restarted on its
-        // socket while the respawn budget lasts; one the cluster connected
-        // to (or started in this process) is dialed again and may rejoin.
+        // socket while the respawn budget lasts (and after a task's
+        // timeout, whatever the budget: that is no crash); one the
+        // cluster connected to (or started in this process) is dialed
+        // again and may rejoin.
         let respawn = match (&local, t.local) {
-            (Some(lw), Some(chip)) if b.respawns > 0 => Some(Respawn {
+            (Some(lw), Some(chip)) => Some(Respawn {
                 local: Arc::clone(lw),
                 chip,
                 left: b.respawns,

@@ -1,6 +1,8 @@
 //! Describing a task: a callable, tagged views, scalars, placement and
 //! explicit edges.
 
+use std::time::Duration;
+
 use strata_core::{TaskId, WorkerId};
 use strata_wire::ArgTag;
 
@@ -41,6 +43,7 @@ pub struct Task {
     pub(crate) scalars: Vec<u64>,
     pub(crate) on: Option<WorkerId>,
     pub(crate) after: Vec<TaskId>,
+    pub(crate) timeout: Option<Duration>,
 }
 
 impl Task {
@@ -53,6 +56,7 @@ impl Task {
             scalars: Vec::new(),
             on: None,
             after: Vec::new(),
+            timeout: None,
         }
     }
 
@@ -119,6 +123,27 @@ impl Task {
     #[must_use]
     pub fn on(mut self, worker: WorkerId) -> Self {
         self.on = Some(worker);
+        self
+    }
+
+    /// Bounds how long it may run: counted from when its endpoint sends
+    /// it to its worker (time queued on the worker counts, time waiting
+    /// for its inputs in the driver does not). When it passes, the task
+    /// fails with TASK_FAILURE and a cause saying it timed out, and is
+    /// never retried. A running kernel cannot be trusted to stop, so the
+    /// worker's session is ended as lost: a worker the cluster spawned is
+    /// killed (fenced) and restarted; one it connected to keeps the bytes
+    /// the task writes quarantined until it proves the task ended; a
+    /// remote (TCP) worker only held copies, so nothing is quarantined.
+    /// Other tasks in flight on that worker fail with ENDPOINT_FAILURE as
+    /// on any loss (or rerun under the retry policy). A group member's
+    /// timeout is its own. Without one (the default) a task runs as long
+    /// as its kernel does.
+    ///
+    /// A zero timeout is refused at submit.
+    #[must_use]
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = Some(timeout);
         self
     }
 

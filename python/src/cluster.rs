@@ -412,8 +412,18 @@ impl PyCluster {
     /// Raises :class:`UnknownCallable`, :class:`WrongTag` (a tag the
     /// kernel contradicts, or wrong argument counts) or
     /// :class:`SubmitError` (grant mismatch, a task's own arguments
-    /// overlapping where one is written, placement...): nothing is queued.
-    #[pyo3(signature = (callable, *args, on=None, after=None))]
+    /// overlapping where one is written, placement, a timeout that is not
+    /// a positive number of seconds...): nothing is queued.
+    ///
+    /// ``timeout=`` bounds the task, in seconds, counted from when it is
+    /// sent to its worker. Past it the task fails (:class:`TaskFailed`,
+    /// ``cause`` starting ``task N (name@v) timed out after …``) and its
+    /// worker is treated as lost, since a running kernel cannot be trusted
+    /// to stop: a worker the cluster spawned is killed and restarted; the
+    /// bytes the task writes on a worker it connected to (or an
+    /// in-process one) stay quarantined until the kernel has ended; other
+    /// tasks running there fail with :class:`WorkerLost`.
+    #[pyo3(signature = (callable, *args, on=None, after=None, timeout=None))]
     fn submit(
         &self,
         py: Python<'_>,
@@ -421,9 +431,10 @@ impl PyCluster {
         args: Bound<'_, PyTuple>,
         on: Option<u32>,
         after: Option<Bound<'_, PyAny>>,
+        timeout: Option<f64>,
     ) -> PyResult<PyTask> {
         let sig = self.core.sig(callable)?;
-        let task = build(&sig, callable, &args, on, after.as_ref())?;
+        let task = build(&sig, callable, &args, on, after.as_ref(), timeout)?;
         let core = &self.core;
         let handle = py.detach(|| core.run(|c| c.submit(task))).map_err(err)?;
         Ok(PyTask {
@@ -433,17 +444,18 @@ impl PyCluster {
     }
 
     /// A group member, as ``submit`` takes it, for :meth:`submit_group`.
-    #[pyo3(signature = (callable, *args, on=None, after=None))]
+    #[pyo3(signature = (callable, *args, on=None, after=None, timeout=None))]
     fn task(
         &self,
         callable: &str,
         args: Bound<'_, PyTuple>,
         on: Option<u32>,
         after: Option<Bound<'_, PyAny>>,
+        timeout: Option<f64>,
     ) -> PyResult<PyTaskSpec> {
         let sig = self.core.sig(callable)?;
         Ok(PyTaskSpec {
-            task: build(&sig, callable, &args, on, after.as_ref())?,
+            task: build(&sig, callable, &args, on, after.as_ref(), timeout)?,
         })
     }
 

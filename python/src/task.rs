@@ -208,8 +208,12 @@ pub(crate) fn build(
     args: &Bound<'_, PyTuple>,
     on: Option<u32>,
     after: Option<&Bound<'_, PyAny>>,
+    timeout: Option<f64>,
 ) -> PyResult<Task> {
     let mut task = Task::new(callable);
+    if let Some(secs) = timeout {
+        task = task.timeout(timeout_of(&sig.qualified, secs)?);
+    }
     let mut tensors = 0usize;
     let mut dtypes: Vec<DType> = Vec::with_capacity(sig.args.len());
     let mut numbers: Vec<Bound<'_, PyAny>> = Vec::new();
@@ -334,6 +338,27 @@ pub(crate) fn build(
         }
     }
     Ok(task)
+}
+
+/// ``timeout=`` seconds as a bound: positive and finite, or
+/// :class:`SubmitError` naming the callable.
+fn timeout_of(qualified: &str, secs: f64) -> PyResult<Duration> {
+    if secs <= 0.0 || !secs.is_finite() {
+        return Err(crate::errors::raise(
+            "SubmitError",
+            format!(
+                "{qualified}: timeout={secs} can never be met; give a positive number of seconds, or None"
+            ),
+            &[],
+        ));
+    }
+    Duration::try_from_secs_f64(secs).map_err(|_| {
+        crate::errors::raise(
+            "SubmitError",
+            format!("{qualified}: timeout={secs} seconds is too long to count"),
+            &[],
+        )
+    })
 }
 
 /// A submitted task: ``wait()`` for it, ``cancel()`` it, or name it in

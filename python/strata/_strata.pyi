@@ -186,6 +186,7 @@ class Cluster:
         *args: Union[Array, Tagged, Number],
         on: Optional[int] = None,
         after: Optional[Iterable[Task]] = None,
+        timeout: Optional[float] = None,
     ) -> Task: ...
     def task(
         self,
@@ -193,6 +194,7 @@ class Cluster:
         *args: Union[Array, Tagged, Number],
         on: Optional[int] = None,
         after: Optional[Iterable[Task]] = None,
+        timeout: Optional[float] = None,
     ) -> TaskSpec: ...
     def submit_group(self, members: Sequence[TaskSpec]) -> Task: ...
     def wait(self, task: Task) -> None: ...

@@ -124,3 +124,39 @@ def test_closed_cluster_and_start_errors():
         strata.Cluster()
     with pytest.raises(strata.ClusterError):
         strata.Cluster(workers=["unix:/nonexistent/strata.sock"])
+
+
+def test_a_task_past_its_timeout_fails_and_its_spawned_worker_is_restarted():
+    import pykernels
+
+    with strata.Cluster(local=1, kernels=[pykernels.sleep]) as c:
+        x = c.zeros(4)
+        first = c.worker_pid(0)
+        # In time: the timeout changes nothing.
+        c.submit("test.sleep", x, 0.01, timeout=10).wait()
+        assert c.worker_pid(0) == first
+        t0 = time.monotonic()
+        with pytest.raises(strata.TaskFailed) as e:
+            c.submit("test.sleep", x, 5.0, timeout=0.3).wait()
+        assert time.monotonic() - t0 < 4
+        assert not isinstance(e.value, strata.WorkerLost)
+        assert e.value.outcome == "TASK_FAILURE"
+        assert "timed out after 300 ms" in e.value.cause, e.value.cause
+        # Its kernel cannot be trusted to stop: the worker was killed...
+        assert not alive(first)
+        # ...and restarted, though no respawn budget was given.
+        c.wait_up(0, 15)
+        assert c.worker_pid(0) != first
+        c.submit("test.sleep", x, 0.0, timeout=5).wait()
+        assert (x.numpy() == 1).all()
+
+
+def test_a_timeout_must_be_a_positive_number_of_seconds(inproc):
+    x = inproc.zeros(4)
+    for bad in (0, -1.5, float("nan"), float("inf")):
+        with pytest.raises(strata.SubmitError, match="timeout"):
+            inproc.submit("fill", x, 1.0, timeout=bad)
+        with pytest.raises(strata.SubmitError, match="timeout"):
+            inproc.task("fill", x, 1.0, timeout=bad)
+    inproc.submit("fill", x, 2.0, timeout=30).wait()
+    assert (x.numpy() == 2).all()

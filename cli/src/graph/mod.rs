@@ -128,6 +128,8 @@ pub struct TaskDef {
     pub worker: Option<u32>,
     /// Earlier tasks (indices) it runs after.
     pub after: Vec<usize>,
+    /// How long it may run once sent to its worker (`timeout`, seconds).
+    pub timeout: Option<std::time::Duration>,
 }
 
 /// What an output must hold.
@@ -190,5 +192,43 @@ impl Graph {
             .or_else(|e| err("$", format!("{}: not JSON: {e}", path.display())))?;
         let dir = path.parent().map(Path::to_path_buf).unwrap_or_default();
         Graph::from_json(&json, &dir, out_dir.unwrap_or(&dir))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn graph_with(task: &str) -> Result<Graph, GraphError> {
+        let text = format!(
+            r#"{{"buffers": {{"a": {{"shape": [4], "dtype": "f32"}}}}, "tasks": [{task}]}}"#
+        );
+        let json: serde_json::Value = serde_json::from_str(&text).unwrap();
+        Graph::from_json(&json, Path::new("."), Path::new("."))
+    }
+
+    #[test]
+    fn a_task_timeout_is_positive_finite_seconds() {
+        let g = graph_with(r#"{"callable": "noop", "timeout": 0.25}"#).unwrap();
+        assert_eq!(
+            g.tasks[0].timeout,
+            Some(std::time::Duration::from_millis(250))
+        );
+        let g = graph_with(r#"{"callable": "noop"}"#).unwrap();
+        assert_eq!(g.tasks[0].timeout, None);
+        for (timeout, want) in [
+            ("0", "tasks[0].timeout: 0 seconds can never be met"),
+            ("-1.5", "tasks[0].timeout: -1.5 seconds can never be met"),
+            (
+                r#""2s""#,
+                "tasks[0].timeout: expected a number of seconds, found a string",
+            ),
+            ("1e300", "seconds is too long to count"),
+        ] {
+            let e = graph_with(&format!(r#"{{"callable": "noop", "timeout": {timeout}}}"#))
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains(want), "{timeout}: {e}");
+        }
     }
 }

@@ -225,7 +225,9 @@ fn tasks(top: &Map<String, Value>, g: &mut Graph, view_names: &Names) -> Result<
         let o = object(
             t,
             &path,
-            &["name", "callable", "args", "scalars", "worker", "after"],
+            &[
+                "name", "callable", "args", "scalars", "worker", "after", "timeout",
+            ],
         )?;
         let name = match o.get("name") {
             Some(n) => {
@@ -327,6 +329,10 @@ fn tasks(top: &Map<String, Value>, g: &mut Graph, view_names: &Names) -> Result<
                 after.push(j);
             }
         }
+        let timeout = match o.get("timeout") {
+            Some(t) => Some(timeout_of(t, &join(&path, "timeout"))?),
+            None => None,
+        };
         g.tasks.push(TaskDef {
             path,
             name,
@@ -335,6 +341,7 @@ fn tasks(top: &Map<String, Value>, g: &mut Graph, view_names: &Names) -> Result<
             scalars,
             worker,
             after,
+            timeout,
         });
     }
     Ok(())
@@ -501,6 +508,28 @@ pub(super) fn u32_of(v: &Value, path: &str) -> Result<u32, GraphError> {
 pub(super) fn f64_of(v: &Value, path: &str) -> Result<f64, GraphError> {
     v.as_f64()
         .map_or_else(|| err(path, format!("expected a number, found {v}")), Ok)
+}
+
+/// A task's timeout: a positive, finite number of seconds that a
+/// [`Duration`](std::time::Duration) can hold.
+pub(super) fn timeout_of(v: &Value, path: &str) -> Result<std::time::Duration, GraphError> {
+    let secs = v.as_f64().map_or_else(
+        || {
+            err(
+                path,
+                format!("expected a number of seconds, found {}", kind(v)),
+            )
+        },
+        Ok,
+    )?;
+    if secs <= 0.0 || !secs.is_finite() {
+        return err(
+            path,
+            format!("{v} seconds can never be met; give a positive number of seconds"),
+        );
+    }
+    std::time::Duration::try_from_secs_f64(secs)
+        .or_else(|_| err(path, format!("{v} seconds is too long to count")))
 }
 
 pub(super) fn str_of<'a>(v: &'a Value, path: &str) -> Result<&'a str, GraphError> {

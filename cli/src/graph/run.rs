@@ -112,6 +112,9 @@ impl Graph {
                 for &j in &t.after {
                     task = task.after(handles[j]);
                 }
+                if let Some(timeout) = t.timeout {
+                    task = task.timeout(timeout);
+                }
                 let h = cluster.submit(task).map_err(|e| match e {
                     Error::Submit(m) => Error::Submit(SubmitError::At {
                         path: t.path.clone(),

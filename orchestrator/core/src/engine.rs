@@ -77,6 +77,20 @@ pub enum Event {
         /// Its result; the error is the cause.
         result: Result<(), String>,
     },
+    /// Member `member` of `task` ran past its timeout on its worker. Its
+    /// task fails with TASK_FAILURE and `cause` (never retried) once the
+    /// worker's loss, which must follow ([`Event::WorkerLost`]: a kernel
+    /// cannot be trusted to stop), ends it; that loss quarantines its
+    /// bytes like any other when it has no fence. Nothing for a member not
+    /// in flight.
+    TimedOut {
+        /// The task.
+        task: TaskId,
+        /// Which member.
+        member: usize,
+        /// Why, in words (saying it timed out).
+        cause: String,
+    },
     /// Loss `epoch` of `worker` is fenced: its tasks can no longer write.
     /// Their quarantine lifts (once every loss that touched them is
     /// fenced): writers that waited go on, tasks allowed to retry are
@@ -223,6 +237,11 @@ impl Engine {
                     .finished_into(task, member, result, &mut self.pending);
                 self.follow(out);
             }
+            Event::TimedOut {
+                task,
+                member,
+                cause,
+            } => self.sched.timed_out(task, member, &cause),
             Event::Fenced { worker, epoch } => self.on_fence(worker, epoch, out),
             Event::Abandoned { worker, epoch, why } => self.on_abandon(worker, epoch, &why, out),
             Event::DeviceBuffer {

@@ -53,6 +53,8 @@ pub(crate) struct MemberSpec {
     pub(crate) scalars: std::sync::Arc<[u64]>,
     pub(crate) placement: Placement,
     pub(crate) device_buffers: Vec<CanonicalIdentity>,
+    /// How long it may run once sent to its worker ([`crate::Task::timeout`]).
+    pub(crate) timeout: Option<std::time::Duration>,
 }
 
 /// A task, resolved by the driver: what its dispatches carry and what
@@ -200,6 +202,8 @@ pub(crate) struct DispatchItem {
     pub(crate) callable: KernelHandle,
     pub(crate) args: std::sync::Arc<[ArgRef]>,
     pub(crate) scalars: std::sync::Arc<[u64]>,
+    /// How long it may run once sent ([`crate::Task::timeout`]).
+    pub(crate) timeout: Option<std::time::Duration>,
 }
 
 /// DAG actor, buffer manager and driver → one endpoint.

@@ -59,6 +59,12 @@ impl Cluster {
     fn member(&self, task: Task) -> Result<(MemberSpec, Vec<TaskId>), Error> {
         let offered = self.resolve(&task.callable)?;
         let (callable, name) = (offered.handle, Arc::clone(&offered.qualified));
+        if task.timeout.is_some_and(|t| t.is_zero()) {
+            return Err(SubmitError::ZeroTimeout {
+                callable: name.to_string(),
+            }
+            .into());
+        }
         let mut device_on: Option<(usize, WorkerId)> = None;
         let mut device_buffers = Vec::new();
         let mut args = Vec::with_capacity(task.args.len());
@@ -112,6 +118,7 @@ impl Cluster {
                 scalars: task.scalars.into(),
                 placement,
                 device_buffers,
+                timeout: task.timeout,
             },
             task.after,
         ))

@@ -145,6 +145,12 @@ pub enum SubmitError {
     /// (the demos, a graph file's task), with where it was.
     #[error("{0}")]
     Job(String),
+    /// A task's timeout is zero: it could never be met.
+    #[error("{callable}: a timeout of zero can never be met; give a positive one, or none")]
+    ZeroTimeout {
+        /// The task's callable.
+        callable: String,
+    },
     /// A refusal of the task at `path` of a graph file.
     #[error("{path}: {error}")]
     At {

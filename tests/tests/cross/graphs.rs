@@ -136,6 +136,10 @@ fn malformed_graphs_name_the_json_path_exit_2_and_leave_no_worker() {
         ),
         ("bad_dtype.json", "buffers.a.dtype: unknown dtype \"f33\""),
         (
+            "bad_timeout.json",
+            "tasks[0].timeout: 0 seconds can never be met; give a positive number of seconds",
+        ),
+        (
             "bad_tag.json",
             "tasks[0].args[0].tag: unknown tag \"inptu\"",
         ),
@@ -268,4 +272,50 @@ fn demo_trace_has_one_slice_per_task_within_the_run() {
     let finishes = events.iter().filter(|e| e["ph"] == "f").count();
     assert_eq!(starts, finishes);
     assert!(starts > 0, "the matmul chains have edges");
+}
+
+/// A graph task's `timeout` (seconds) bounds it: a kernel that sleeps past
+/// it fails the run at its timeout, with a cause saying so and naming the
+/// task by its place in the file, long before the kernel would end.
+#[test]
+fn a_graph_task_past_its_timeout_fails_the_run_saying_so() {
+    let worker = strata_tests::WorkerProcess::spawn_unix(
+        Path::new(env!("CARGO_BIN_EXE_strata-test-worker")),
+        &[],
+        &[],
+    );
+    let tmp = tempfile::tempdir().unwrap();
+    let graph = tmp.path().join("timeout.json");
+    std::fs::write(
+        &graph,
+        r#"{
+  "buffers": {"a": {"shape": [64], "dtype": "f32"}},
+  "tasks": [
+    {"callable": "fill", "args": [{"view": "a", "tag": "output"}], "scalars": [1.0], "timeout": 30},
+    {"callable": "test.sleep", "scalars": [5000], "timeout": 0.2}
+  ]
+}"#,
+    )
+    .unwrap();
+    let started = std::time::Instant::now();
+    let o = strata(
+        &[
+            "run",
+            graph.to_str().unwrap(),
+            "--workers",
+            &worker.endpoint.to_string(),
+            "--quiet",
+        ],
+        tmp.path(),
+    );
+    let took = started.elapsed();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("tasks[1]")
+            && err.contains("TASK_FAILURE")
+            && err.contains("timed out after 200 ms"),
+        "{err}"
+    );
+    assert!(took < std::time::Duration::from_secs(4), "took {took:?}");
 }

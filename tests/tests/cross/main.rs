@@ -13,4 +13,5 @@ mod quarantine;
 mod ring;
 mod seals;
 mod sessions;
+mod timeout;
 mod worker;

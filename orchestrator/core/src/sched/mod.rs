@@ -22,6 +22,9 @@
 //!   retry is placed again at once when the loss is fenced; when it is not
 //!   (the worker may still run it), it waits for [`Scheduler::fence`] and
 //!   fails at [`Scheduler::abandon`].
+//! - Timeout: a member that ran past its timeout
+//!   ([`Scheduler::timed_out`]) fails with TASK_FAILURE naming the
+//!   timeout, is never retried, and ends with its worker's loss.
 //!
 //! Invariants, checked by [`Scheduler::check_invariants`] after every
 //! event in debug builds and by the property tests:
@@ -437,6 +440,25 @@ impl Scheduler {
         self.pump(&mut out);
         self.debug_check();
         out
+    }
+
+    /// Member `member` of `task` ran past its timeout: its failure is
+    /// TASK_FAILURE with `cause` (unless another member failed first), and
+    /// the task is not run again by the retry policy (it would likely time
+    /// out again). The member stays in flight: the worker's loss, which the
+    /// caller reports next, ends it (and quarantines its bytes when that
+    /// loss has no fence). Does nothing for a member not in flight.
+    pub fn timed_out(&mut self, task: TaskId, member: usize, cause: &str) {
+        let Some(t) = self.tasks.get_mut(&task) else {
+            return;
+        };
+        if let State::Running { left, failure, .. } = &mut t.state {
+            if left.get(member).copied().unwrap_or(false) {
+                failure.get_or_insert((member, Outcome::TaskFailure(cause.to_owned())));
+                t.retries = 0;
+            }
+        }
+        self.debug_check();
     }
 
     /// Tasks with a member in flight on `worker`.

@@ -108,7 +108,10 @@ pub fn check_after_faults(
 /// later, the rest later still — until the fence, which comes after all
 /// of them (a worker that proved its tasks ended); sometimes the fence is
 /// first given up on, and the late writes land after that. Worker 0 comes
-/// back up at some point and takes work again.
+/// back up at some point and takes work again. On half the runs the loss
+/// is a timeout's: one member in flight there is reported
+/// [`Event::TimedOut`] first (as an endpoint does), and must end with
+/// TASK_FAILURE (its own cause for a plain task), never succeed.
 ///
 /// # Panics
 /// When the engine refuses a task or a task never ends.
@@ -138,6 +141,7 @@ pub fn run_engine_with_faults(p: &Program, workers: u32, rng: &mut Rng) -> Fault
     let mut fenced = false;
     let mut back = false;
     let mut abandoned = false;
+    let mut timed_out: Option<(TaskId, bool)> = None;
     let fail_rate = 30;
     let mut next = 0usize;
     let mut steps = 0usize;
@@ -186,12 +190,22 @@ pub fn run_engine_with_faults(p: &Program, workers: u32, rng: &mut Rng) -> Fault
             let (gone, stay): (Vec<_>, Vec<_>) =
                 in_flight.drain(..).partition(|m| m.2 == WorkerId(0));
             in_flight = stay;
+            let mut actions = Vec::new();
+            if let Some(m) = gone.first().filter(|_| rng.range(0, 2) == 0) {
+                timed_out = Some((m.0, members[&m.0].len() == 1));
+                actions.extend(engine.on_event(Event::TimedOut {
+                    task: m.0,
+                    member: m.1,
+                    cause: "timed out".into(),
+                }));
+            }
             late = gone.into_iter().map(|m| m.3).collect();
-            engine.on_event(Event::WorkerLost {
+            actions.extend(engine.on_event(Event::WorkerLost {
                 worker: WorkerId(0),
                 cause: "stopped".into(),
                 fenced: false,
-            })
+            }));
+            actions
         } else if lost && !fenced && rng.range(0, 8) == 0 {
             // Part of a late write lands.
             if let Some(w) = late.pop() {
@@ -259,6 +273,13 @@ pub fn run_engine_with_faults(p: &Program, workers: u32, rng: &mut Rng) -> Fault
         .check_invariants()
         .expect("scheduler invariants");
     assert_eq!(engine.dag().live(), 0, "tasks left in the DAG");
+    if let Some((task, plain)) = timed_out {
+        let outcome = &outcomes[&task];
+        assert!(
+            matches!(outcome, Outcome::TaskFailure(c) if !plain || c == "timed out"),
+            "timed-out {task} ended {outcome:?}"
+        );
+    }
     FaultRun {
         mem,
         outcomes,

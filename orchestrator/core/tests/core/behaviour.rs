@@ -1096,3 +1096,82 @@ fn a_group_publishes_one_completion_token() {
     assert_eq!(done_with(&out, 1), Some(Outcome::Success));
     assert_eq!(dispatched(&out).len(), 1);
 }
+
+/// A member past its timeout fails with TASK_FAILURE naming the timeout
+/// (never retried, whatever the policy) once its worker's loss follows;
+/// the other task in flight there fails (or retries) as on any loss; an
+/// unfenced loss quarantines the timed-out task's bytes like any other
+/// until the fence, and a timeout for a member not in flight does nothing.
+#[test]
+fn a_timed_out_member_fails_naming_the_timeout_and_its_bytes_follow_the_loss() {
+    let b = buffer(1, Access::ReadWrite);
+    let mut e = Engine::new();
+    e.worker_up(WorkerId(0), [K], 4);
+    e.worker_up(WorkerId(1), [K], 4);
+    let on = |w| Placement::On(WorkerId(w));
+    // 1 (allowed to retry, placed on worker 0 by the scheduler) times out;
+    // 2 is in flight beside it on worker 0; 3 overwrites 1's row (WAW).
+    let out = e
+        .submit(retrying(
+            submission(1, &[(row(b, 0), ArgTag::Output)], on(0)),
+            3,
+        ))
+        .unwrap();
+    assert_eq!(dispatched(&out), vec![(1, 0)]);
+    let out = e
+        .submit(submission(2, &[(row(b, 1), ArgTag::Output)], on(0)))
+        .unwrap();
+    assert_eq!(dispatched(&out), vec![(2, 0)]);
+    assert!(
+        e.submit(submission(3, &[(row(b, 0), ArgTag::Output)], on(1)))
+            .unwrap()
+            .is_empty()
+    );
+    let cause = "timed out after 200 ms on worker 0";
+    let timed = e.on_event(Event::TimedOut {
+        task: TaskId(1),
+        member: 0,
+        cause: cause.into(),
+    });
+    assert!(timed.is_empty(), "it ends with the loss: {timed:?}");
+    assert!(e.scheduler().running_on(WorkerId(0)).contains(&TaskId(1)));
+    // A timeout of a task not in flight (or unknown) changes nothing.
+    assert!(
+        e.on_event(Event::TimedOut {
+            task: TaskId(3),
+            member: 0,
+            cause: cause.into(),
+        })
+        .is_empty()
+    );
+    let out = e.worker_lost(WorkerId(0), "task 1 timed out", false);
+    let loss = Loss {
+        worker: WorkerId(0),
+        epoch: 1,
+    };
+    assert!(out.contains(&Action::Quarantined {
+        task: TaskId(1),
+        loss
+    }));
+    assert_eq!(
+        done_with(&out, 1),
+        Some(Outcome::TaskFailure(cause.into())),
+        "{out:?}"
+    );
+    assert!(
+        matches!(done_with(&out, 2), Some(Outcome::EndpointFailure(c)) if c.contains("task 1 timed out")),
+        "{out:?}"
+    );
+    assert_eq!(done_with(&out, 3), None, "WAW: waits for the fence");
+    assert!(e.dag().is_lost(TaskId(1)));
+    assert_eq!(
+        e.first_error().map(|f| (f.task, f.outcome.clone())),
+        Some((TaskId(1), Outcome::TaskFailure(cause.into())))
+    );
+    let out = e.fence(WorkerId(0), 1);
+    assert_eq!(dispatched(&out), vec![(3, 1)], "the fence lets 3 run");
+    e.finished(TaskId(3), 0, Ok(()));
+    assert_eq!(e.dag().live(), 0);
+    e.dag().check_invariants().unwrap();
+    e.scheduler().check_invariants().unwrap();
+}

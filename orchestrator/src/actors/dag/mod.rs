@@ -516,6 +516,7 @@ impl DagActor {
                         callable: m.callable,
                         args: std::sync::Arc::clone(&m.args),
                         scalars: std::sync::Arc::clone(&m.scalars),
+                        timeout: m.timeout,
                     });
                 }
                 Action::Done { task, outcome } => self.done(task, outcome),

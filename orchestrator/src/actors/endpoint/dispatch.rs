@@ -26,12 +26,16 @@ type Ahead = Vec<(u32, StageBody)>;
 
 /// A member on the worker.
 pub(super) struct InFlight {
-    task: strata_core::TaskId,
-    member: usize,
+    pub(super) task: strata_core::TaskId,
+    pub(super) member: usize,
     /// Host views whose bytes travel (staged links): argument index,
     /// view, buffer, how the task uses it.
     staged: Vec<(u32, Tensor, Arc<HostShared>, ArgTag)>,
     sent: u64,
+    pub(super) callable: strata_chip::KernelHandle,
+    /// Its timeout, and its deadline once sent.
+    pub(super) timeout: Option<std::time::Duration>,
+    pub(super) deadline: Option<tokio::time::Instant>,
 }
 
 impl EndpointActor {
@@ -61,6 +65,8 @@ impl EndpointActor {
         let room = self.link.facts().max_message.saturating_sub(64 * 1024);
         let mut batches: Vec<Vec<TaskRequest>> = vec![Vec::new()];
         let mut size = 0usize;
+        // Members with a timeout, whose clocks start once they are sent.
+        let mut timed = Vec::new();
         for item in &items {
             let (mut req, f, ahead) = match self.request(item, &refused) {
                 Ok(r) => r,
@@ -120,6 +126,9 @@ impl EndpointActor {
                 size = 0;
             }
             size += bytes;
+            if let Some(t) = item.timeout {
+                timed.push((item.task, t));
+            }
             self.in_flight.insert(item.task.0, f);
             batches.last_mut().expect("a batch").push(req);
         }
@@ -127,6 +136,9 @@ impl EndpointActor {
             if let Err(e) = self.link.send(batch).await {
                 return self.lost(format!("sending tasks: {e}"));
             }
+        }
+        if !timed.is_empty() {
+            self.start_clocks(&timed);
         }
     }
 
@@ -376,6 +388,9 @@ impl EndpointActor {
                 member: item.member,
                 staged,
                 sent,
+                callable: item.callable,
+                timeout: item.timeout,
+                deadline: None,
             },
             ahead,
         ))

@@ -75,6 +75,7 @@ impl EndpointActor {
         let _ = self.lost_tx.send(true);
         self.link.close();
         self.in_flight.clear();
+        self.deadlines.clear();
         self.imported.clear();
         // A staged link only ever held copies of task bytes, and their
         // completions are dropped from here on: it cannot touch memory.
@@ -208,18 +209,24 @@ impl EndpointActor {
     }
 
     /// Starts dialing a lost worker the cluster connected to, or
-    /// restarting one it spawned (while the respawn budget lasts).
+    /// restarting one it spawned (while the respawn budget lasts, or after
+    /// a timeout).
     fn redial(&mut self) {
+        // A worker killed for a timeout did not crash: it is restarted
+        // whatever the budget, which is left as it was.
+        let timed_out = std::mem::take(&mut self.timed_out);
         let Some(dialer) = self.rejoin.clone() else {
             return;
         };
         let tx = self.internal_tx.clone();
         let (id, name) = (self.id, self.name.clone());
         if self.spawned.is_some() {
-            let Some(respawn) = self.respawn.as_mut().filter(|s| s.left > 0) else {
+            let Some(respawn) = self.respawn.as_mut().filter(|s| timed_out || s.left > 0) else {
                 return;
             };
-            respawn.left -= 1;
+            if !timed_out {
+                respawn.left -= 1;
+            }
             let respawn = respawn.clone();
             self.dialer = Some(tokio::spawn(async move {
                 match restart(&respawn).await {

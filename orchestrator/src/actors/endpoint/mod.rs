@@ -13,10 +13,13 @@
 //! deadline; an in-process worker halted). The endpoint then reports it
 //! down once (the engine fails what ran there with ENDPOINT_FAILURE),
 //! kills it if the cluster spawned it (so a hung process cannot write into
-//! buffers later), and dials it again to rejoin ([`loss`]).
+//! buffers later), and dials it again to rejoin ([`loss`]). A member
+//! past its timeout is reported timed out and the worker is lost with
+//! that cause ([`timeout`]).
 
 mod dispatch;
 mod loss;
+mod timeout;
 
 use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
 use std::sync::Arc;
@@ -173,6 +176,11 @@ pub(crate) struct EndpointActor {
     /// What looks for fences (process watches, session polls), with the
     /// loss each looks for.
     fencers: Vec<(u64, Fencer)>,
+    /// Deadlines of members in flight that have a timeout.
+    deadlines: timeout::Deadlines,
+    /// The current loss was a timeout: a spawned worker is restarted
+    /// outside the respawn budget (which counts crashes).
+    timed_out: bool,
 }
 
 impl EndpointActor {
@@ -214,6 +222,8 @@ impl EndpointActor {
             unfenced: Vec::new(),
             process,
             fencers: Vec::new(),
+            deadlines: timeout::Deadlines::default(),
+            timed_out: false,
         }
     }
 
@@ -241,6 +251,11 @@ impl EndpointActor {
                     LinkEvent::Closed(Some(e)) => self.lost(format!("task stream broke: {e}")),
                     LinkEvent::Unhealthy(cause) => self.lost(cause),
                 },
+                // After the completions: one that came in time is taken
+                // before the deadline is looked at.
+                () = self.deadlines.next(), if self.deadlines.armed() && !self.dead => {
+                    self.expire();
+                }
                 cmd = cmds.recv() => match cmd {
                     None => break,
                     Some(EpCmd::Shutdown { reply }) => {

@@ -7,6 +7,7 @@ mod cluster;
 mod faults;
 mod fence;
 mod graphs;
+mod orphans;
 mod quarantine;
 mod ring;
 mod seals;

@@ -139,9 +139,10 @@ impl WorkerArgs {
 }
 
 /// Runs a worker until SIGTERM or SIGINT (or, with `--exit-with-stdin`,
-/// until stdin closes: see the `orphan` module's protocol): logs to stderr (`RUST_LOG`,
-/// default `info`), prints one ready line to stdout once serving, exits 0
-/// after a clean shutdown and 1 when it cannot start.
+/// until stdin closes, when it removes its files and exits 0 at once):
+/// logs to stderr (`RUST_LOG`, default `info`), prints one ready line to
+/// stdout once serving, exits 0 after a clean shutdown and 1 when it
+/// cannot start.
 pub fn run(args: WorkerArgs, kernels: Registry) -> ExitCode {
     let _ = tracing_subscriber::fmt()
         .with_env_filter(

@@ -26,6 +26,8 @@ tests=(
   cluster::a_crashed_workers_last_words_are_in_the_error
   cluster::workers_spawned_by_a_killed_driver_exit_on_their_own
   cluster::a_killed_driver_leaves_nothing_held_on_its_workers
+  orphans::a_killed_driver_takes_its_sleeping_and_spinning_workers_and_their_files
+  orphans::the_next_driver_sweeps_a_dead_drivers_folder_and_keeps_a_live_ones
   cluster::with_the_retry_policy_output_tasks_rerun_elsewhere_and_inout_tasks_never
   cluster::a_task_too_big_for_a_message_fails_alone
   faults::a_worker_restarted_on_its_unix_socket_rejoins

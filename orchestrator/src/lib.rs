@@ -34,6 +34,7 @@ mod actors;
 mod buffer;
 mod cluster;
 pub mod demo;
+mod driver_dir;
 mod error;
 mod link;
 mod local;

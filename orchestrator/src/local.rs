@@ -1,6 +1,9 @@
 //! Local workers the cluster spawns itself: one `strata worker` process
-//! per chip, on private sockets in a temporary directory (mode 0700),
-//! logging to files there, killed and reaped when the cluster goes.
+//! per chip, on private sockets in a temporary directory (mode 0700,
+//! marked as this driver's: see [`crate::driver_dir`]), logging to files
+//! there, killed and reaped when the cluster goes. They hold a pipe from
+//! the driver as stdin and exit at once when it closes, so they do not
+//! outlive a driver that is killed.
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
@@ -94,11 +97,7 @@ impl LocalWorkers {
         device: &str,
         timeout: Duration,
     ) -> Result<(Self, Vec<Endpoint>), ClusterError> {
-        let dir = tempfile::Builder::new()
-            .prefix("strata-")
-            .permissions(std::os::unix::fs::PermissionsExt::from_mode(0o700))
-            .tempdir()
-            .map_err(ClusterError::TempDir)?;
+        let dir = crate::driver_dir::create()?;
         let mut me = LocalWorkers {
             spawned: Vec::new(),
             dir: Some(dir),
@@ -127,6 +126,17 @@ impl LocalWorkers {
         let Some(dir) = &self.dir else {
             return Err(ClusterError::WorkersShutDown);
         };
+        // The worker before goes first, killed and reaped before its stdin
+        // closes: a worker whose stdin closes removes its socket and log,
+        // which are then the new one's.
+        if let Some(old) = self.spawned.get_mut(chip) {
+            let _ = old.child.kill();
+            let _ = old.child.wait();
+            old.stdin = None;
+            if let Some(d) = old.drain.take() {
+                let _ = d.join();
+            }
+        }
         let sock = dir.path().join(format!("chip{chip}.sock"));
         let log = dir.path().join(format!("chip{chip}.log"));
         // A restarted worker appends to the log of the one before.
@@ -148,6 +158,8 @@ impl LocalWorkers {
             .arg("--listen")
             .arg(format!("unix:{}", sock.display()))
             .arg("--exit-with-stdin")
+            .arg("--driver-dir")
+            .arg(dir.path())
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(log_file);
@@ -177,13 +189,7 @@ impl LocalWorkers {
             drain: Some(drain),
         };
         if let Some(old) = self.spawned.get_mut(chip) {
-            let mut old = std::mem::replace(old, fresh);
-            old.stdin = None;
-            let _ = old.child.kill();
-            let _ = old.child.wait();
-            if let Some(d) = old.drain.take() {
-                let _ = d.join();
-            }
+            *old = fresh;
         } else {
             self.spawned.push(fresh);
         }
@@ -254,9 +260,9 @@ impl LocalWorkers {
             .unwrap_or_default()
     }
 
-    /// Closes every worker's stdin and sends SIGTERM, waits up to `grace`
-    /// for them to exit, then SIGKILLs; reaps them all and removes the
-    /// temporary directory.
+    /// Closes every worker's stdin (a worker then exits at once, removing
+    /// its files) and sends SIGTERM, waits up to `grace` for them to exit,
+    /// then SIGKILLs; reaps them all and removes the temporary directory.
     pub(crate) fn shutdown(&mut self, grace: Duration) {
         for s in &mut self.spawned {
             s.stdin = None;

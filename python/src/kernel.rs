@@ -309,7 +309,8 @@ struct WorkerCmd {
 
 /// Runs a worker in this process with `kernels` beside the built-in ones,
 /// on `strata worker`'s options `argv`, until SIGTERM or SIGINT (or, with
-/// ``--exit-with-stdin``, until stdin closes); returns the exit status.
+/// ``--exit-with-stdin``, until stdin closes: the process then ends at
+/// once, even while a kernel holds the GIL); returns the exit status.
 /// The GIL is released while it serves (kernels take it to run).
 #[pyfunction]
 pub(crate) fn run_worker(

@@ -21,10 +21,26 @@ def stencil(x, y):
     y[...] = x[:, :-1] * np.float32(2) + x[:, 1:]
 
 
+def _started(kernel):
+    # A test's sign that the kernel runs: $STRATA_TEST_STARTED/<kernel>.<pid>.
+    folder = os.environ.get("STRATA_TEST_STARTED")
+    if folder:
+        open(os.path.join(folder, f"{kernel}.{os.getpid()}"), "w").close()
+
+
 @strata.kernel("test.sleep", args=("x:w",), scalars=("seconds:f64",))
 def sleep(x, seconds):
+    _started("test.sleep")
     time.sleep(seconds)
     x[...] = 1
+
+
+@strata.kernel("test.spin", args=("x:w",))
+def spin(x):
+    # Busy for ever, holding the GIL and heeding nothing.
+    _started("test.spin")
+    while True:
+        pass
 
 
 @strata.kernel("test.fail", args=("x:r",))

@@ -2,6 +2,12 @@
 //!
 //! - `test.panic`: panics on purpose.
 //! - `test.sleep`: sleeps for its scalar's milliseconds.
+//! - `test.spin`: busy-loops for its scalar's milliseconds (for ever if
+//!   they overflow the clock), never yielding or looking at anything else.
+//!
+//!   `test.sleep`, `test.slow*` and `test.spin` create the file
+//!   `$STRATA_TEST_STARTED/<kernel>.<worker pid>` when they start, if that
+//!   variable names a folder: a test's sign that they run.
 //! - `test.abort`: says so on stderr and aborts the whole worker process
 //!   (a crash, not a task failure).
 //! - `test.slow`: sleeps for its scalar's milliseconds with one view it
@@ -57,8 +63,34 @@ impl Kernel for Sleep {
         &self.0
     }
     fn run(&self, ctx: &mut KernelContext<'_>) -> Result<(), String> {
+        mark_started(&self.0.name);
         std::thread::sleep(std::time::Duration::from_millis(ctx.scalar(0)?));
         Ok(())
+    }
+}
+
+struct Spin(KernelDescriptor);
+
+impl Kernel for Spin {
+    fn descriptor(&self) -> &KernelDescriptor {
+        &self.0
+    }
+    fn run(&self, ctx: &mut KernelContext<'_>) -> Result<(), String> {
+        mark_started(&self.0.name);
+        let end =
+            std::time::Instant::now().checked_add(std::time::Duration::from_millis(ctx.scalar(0)?));
+        while end.is_none_or(|end| std::time::Instant::now() < end) {
+            std::hint::spin_loop();
+        }
+        Ok(())
+    }
+}
+
+/// Says that `kernel` started, in `$STRATA_TEST_STARTED` (when set).
+fn mark_started(kernel: &str) {
+    if let Some(dir) = std::env::var_os("STRATA_TEST_STARTED") {
+        let file = std::path::Path::new(&dir).join(format!("{kernel}.{}", std::process::id()));
+        let _ = std::fs::write(file, "");
     }
 }
 
@@ -390,6 +422,11 @@ pub fn registry_with_hash_delay(delay: std::time::Duration) -> Result<Registry, 
     add(Arc::new(Panic(descriptor("test.panic", vec![], vec![]))))?;
     add(Arc::new(Sleep(descriptor(
         "test.sleep",
+        vec![],
+        vec![u64_scalar("ms")],
+    ))))?;
+    add(Arc::new(Spin(descriptor(
+        "test.spin",
         vec![],
         vec![u64_scalar("ms")],
     ))))?;

@@ -11,6 +11,7 @@ use strata_chip::Registry;
 use tracing::{error, info};
 
 use crate::config::{Auth, Endpoint, TlsFiles, WorkerConfig};
+use crate::orphan::DriverWatch;
 use crate::{Worker, WorkerError};
 
 /// Options of `strata worker`.
@@ -51,11 +52,18 @@ pub struct WorkerArgs {
     /// Also write the ready line, as JSON, to this file once serving.
     #[arg(long)]
     pub ready_file: Option<PathBuf>,
-    /// Exit (as on SIGTERM) when stdin reaches end of file: a driver that
-    /// spawns workers holds their stdin, so they go when it goes, even if
-    /// it is killed.
+    /// Exit at once when stdin reaches end of file, whatever the running
+    /// kernels are doing, after removing this worker's sockets and ready
+    /// file: a driver that spawns workers holds their stdin, so they go
+    /// when it goes, even if it is killed.
     #[arg(long)]
     pub exit_with_stdin: bool,
+    /// The private folder of the driver that spawned this worker (with
+    /// --exit-with-stdin): when the driver is gone the worker also removes
+    /// its log chip<N>.log there, and the folder when it is the last one
+    /// out.
+    #[arg(long, requires = "exit_with_stdin")]
+    pub driver_dir: Option<PathBuf>,
     /// Largest gRPC message accepted or sent, in bytes.
     #[arg(long, default_value_t = strata_proto::DEFAULT_MAX_MESSAGE_BYTES)]
     pub max_message_bytes: usize,
@@ -130,9 +138,11 @@ impl WorkerArgs {
     }
 }
 
-/// Runs a worker until SIGTERM or SIGINT: logs to stderr (`RUST_LOG`,
-/// default `info`), prints one ready line to stdout once serving, exits 0
-/// after a clean shutdown and 1 when it cannot start.
+/// Runs a worker until SIGTERM or SIGINT (or, with `--exit-with-stdin`,
+/// until stdin closes, when it removes its files and exits 0 at once):
+/// logs to stderr (`RUST_LOG`, default `info`), prints one ready line to
+/// stdout once serving, exits 0 after a clean shutdown and 1 when it
+/// cannot start.
 pub fn run(args: WorkerArgs, kernels: Registry) -> ExitCode {
     let _ = tracing_subscriber::fmt()
         .with_env_filter(
@@ -164,6 +174,13 @@ pub fn run(args: WorkerArgs, kernels: Registry) -> ExitCode {
 
 async fn serve(args: WorkerArgs, kernels: Registry) -> Result<(), WorkerError> {
     let config = args.config()?;
+    // Watching from the start: a driver gone while the worker starts up
+    // is noticed as soon as it serves.
+    let driver = if args.exit_with_stdin {
+        Some(DriverWatch::start().map_err(WorkerError::StdinWatch)?)
+    } else {
+        None
+    };
     let bound = Worker::new(config).kernels(kernels).bind().await?;
     let fd = bound
         .fd_socket()
@@ -192,6 +209,15 @@ async fn serve(args: WorkerArgs, kernels: Registry) -> Result<(), WorkerError> {
         std::fs::write(path, json.to_string())
             .map_err(|e| WorkerError::Config(format!("ready file {}: {e}", path.display())))?;
     }
+    if let Some(driver) = &driver {
+        let mut files: Vec<PathBuf> = Vec::new();
+        if let Endpoint::Unix(p) = bound.endpoint() {
+            files.push(p.clone());
+        }
+        files.extend(bound.fd_socket().map(std::path::Path::to_path_buf));
+        files.extend(args.ready_file.clone());
+        driver.serving(files, args.driver_dir.as_deref(), args.chip);
+    }
     {
         use std::io::Write;
         let mut out = std::io::stdout().lock();
@@ -199,31 +225,7 @@ async fn serve(args: WorkerArgs, kernels: Registry) -> Result<(), WorkerError> {
         let _ = out.flush();
     }
     info!(ready = %line, "serving");
-    let stdin_closed = args.exit_with_stdin;
-    bound
-        .serve(async move {
-            if stdin_closed {
-                tokio::select! {
-                    () = terminate() => {}
-                    () = stdin_eof() => info!("stdin closed: the driver is gone; shutting down"),
-                }
-            } else {
-                terminate().await;
-            }
-        })
-        .await
-}
-
-/// Resolves when stdin reaches end of file (or fails).
-async fn stdin_eof() {
-    use tokio::io::AsyncReadExt;
-    let mut stdin = tokio::io::stdin();
-    let mut buf = [0u8; 64];
-    while let Ok(n) = stdin.read(&mut buf).await {
-        if n == 0 {
-            break;
-        }
-    }
+    bound.serve(terminate()).await
 }
 
 /// Resolves on SIGTERM or SIGINT.

@@ -8,6 +8,13 @@ use strata_proto::DEFAULT_MAX_MESSAGE_BYTES;
 /// so that the address a worker prints is the one a client parses.
 pub use strata_client::Endpoint;
 
+/// The file a driver puts in the private folder of the workers it spawns
+/// (their sockets and logs), naming itself as `pid=<pid> start=<start
+/// time>`: the last worker out removes it with the folder (see
+/// `--driver-dir`), and a later driver recognises by it a folder that a
+/// dead one left behind.
+pub const DRIVER_MARKER: &str = "strata-driver";
+
 /// Server-side TLS with client certificates.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TlsFiles {

@@ -31,9 +31,10 @@
 //! orchestrator that only talks to workers needs. The client lives in
 //! `strata-client`; it is re-exported here under its old paths.
 
-// `unsafe` lives in two places only, each allowed where it is: taking
-// ownership of fds the kernel installed (fdchan.rs) and the `HostMemory`
-// contract of a mapped import (imports.rs).
+// `unsafe` lives in three places only, each allowed where it is: taking
+// ownership of fds the kernel installed (fdchan.rs), the `HostMemory`
+// contract of a mapped import (imports.rs), and `_exit` when the driver
+// is gone (orphan.rs: neither std nor nix offers it safely).
 #![deny(unsafe_code)]
 
 #[cfg(feature = "server")]
@@ -53,6 +54,8 @@ mod listen;
 mod node;
 mod ops;
 #[cfg(feature = "server")]
+mod orphan;
+#[cfg(feature = "server")]
 mod ring;
 #[cfg(feature = "server")]
 mod server;
@@ -62,7 +65,7 @@ mod service;
 mod staging;
 mod tombstones;
 
-pub use config::{Auth, Endpoint, TlsFiles, WorkerConfig};
+pub use config::{Auth, DRIVER_MARKER, Endpoint, TlsFiles, WorkerConfig};
 pub use imports::HostMapping;
 pub use inproc::{InProcessCallable, InProcessFacts, InProcessSession, InProcessWorker};
 pub use ops::NodeError;
@@ -89,4 +92,8 @@ pub enum WorkerError {
     /// The server failed.
     #[error("server: {0}")]
     Serve(String),
+    /// The thread that watches stdin for the driver's exit
+    /// (`--exit-with-stdin`) could not be started.
+    #[error("cannot watch stdin for the driver's exit: {0}")]
+    StdinWatch(#[source] std::io::Error),
 }

@@ -36,6 +36,15 @@ pub enum ClusterError {
     /// The private directory of the local workers' sockets and logs.
     #[error("temporary directory: {0}")]
     TempDir(#[source] io::Error),
+    /// The marker naming this driver could not be written in the private
+    /// directory of its local workers.
+    #[error("driver marker {}: {source}", .path.display())]
+    DriverMarker {
+        /// The marker file.
+        path: PathBuf,
+        /// Why.
+        source: io::Error,
+    },
     /// A local worker's log file could not be opened.
     #[error("{}: {source}", .path.display())]
     Log {

@@ -8,6 +8,7 @@ mod faults;
 mod fence;
 mod graphs;
 mod leaks;
+mod orphans;
 mod partial;
 mod quarantine;
 mod ring;

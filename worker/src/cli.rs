@@ -60,7 +60,7 @@ pub struct WorkerArgs {
     pub exit_with_stdin: bool,
     /// The private folder of the driver that spawned this worker (with
     /// --exit-with-stdin): when the driver is gone the worker also removes
-    /// its log chip<N>.log there, and the folder when it is the last one
+    /// its log chipN.log there, and the folder when it is the last one
     /// out.
     #[arg(long, requires = "exit_with_stdin")]
     pub driver_dir: Option<PathBuf>,

@@ -33,25 +33,12 @@ fn bench_matmul(c: &mut Criterion) {
         let dev = SimDevice::from_spec(&format!("sim:mem=64MiB,mode={mode},lanes=1")).unwrap();
         let mats: Vec<(Arc<HostBuffer>, Tensor)> = (0..3)
             .map(|i| {
-                let host = HostBuffer::new(bytes).unwrap();
+                let (host, t) = host_view(*b"benchmat", i + 1, bytes, &[N, N], &[N, 1]);
                 let vals: Vec<u8> = (0..N * N)
                     .flat_map(|j| ((j % 13) as f32 * 0.25 - i as f32).to_le_bytes())
                     .collect();
                 host.write(0, &vals).unwrap();
-                let id = CanonicalIdentity::new(*b"benchmat", i as u64 + 1, 1).unwrap();
-                let buf = BufferDescriptor::new(
-                    id,
-                    bytes as u64,
-                    AddressSpace::Host,
-                    Access::ReadWrite,
-                    Backing::Memfd {
-                        st_dev: 1,
-                        st_ino: i as u64,
-                    },
-                )
-                .unwrap();
-                let t = Tensor::row_major(buf, 0, &[N, N], DType::F32).unwrap();
-                (Arc::new(host), t)
+                (host, t)
             })
             .collect();
         let arg = |i: usize, tag| LaunchArg {
@@ -115,9 +102,16 @@ fn bench_arena(c: &mut Criterion) {
     group.finish();
 }
 
-fn host_view(i: u64, nbytes: usize, shape: &[u32], strides: &[u32]) -> (Arc<HostBuffer>, Tensor) {
+/// A fresh host buffer of `nbytes` and an F32 view over it from byte 0.
+fn host_view(
+    owner: [u8; 8],
+    i: u64,
+    nbytes: usize,
+    shape: &[u32],
+    strides: &[u32],
+) -> (Arc<HostBuffer>, Tensor) {
     let host = HostBuffer::new(nbytes).unwrap();
-    let id = CanonicalIdentity::new(*b"benchiso", i, 1).unwrap();
+    let id = CanonicalIdentity::new(owner, i, 1).unwrap();
     let buf = BufferDescriptor::new(
         id,
         nbytes as u64,
@@ -139,8 +133,8 @@ fn bench_isolation(c: &mut Criterion) {
     let dev = SimDevice::from_spec("sim:mem=256MiB,mode=staged,lanes=1").unwrap();
     let mut group = c.benchmark_group("staged_fill_1MiB");
     let n = 256 * 1024u32;
-    let contiguous = host_view(1, 1 << 20, &[n], &[1]);
-    let strided = host_view(2, 2 << 20, &[n], &[2]);
+    let contiguous = host_view(*b"benchiso", 1, 1 << 20, &[n], &[1]);
+    let strided = host_view(*b"benchiso", 2, 2 << 20, &[n], &[2]);
     for (name, (host, t), tag) in [
         ("output", &contiguous, ArgTag::Output),
         ("output_existing", &contiguous, ArgTag::OutputExisting),

@@ -56,16 +56,21 @@ fn bench_matmul(c: &mut Criterion) {
             scalars: vec![],
             gate: None,
         };
-        group.bench_function(mode, |b| {
-            b.iter(|| {
-                device::launch(&dev, launch.clone())
-                    .unwrap()
-                    .wait()
-                    .unwrap()
-            })
-        });
+        bench_launch(&mut group, mode, &dev, &launch);
     }
     group.finish();
+}
+
+/// Times `launch` on `dev`, from launch to completion.
+fn bench_launch(
+    group: &mut criterion::BenchmarkGroup<'_, criterion::measurement::WallTime>,
+    name: &str,
+    dev: &SimDevice,
+    launch: &Launch,
+) {
+    group.bench_function(name, |b| {
+        b.iter(|| device::launch(dev, launch.clone()).unwrap().wait().unwrap())
+    });
 }
 
 fn bench_arena(c: &mut Criterion) {
@@ -150,14 +155,7 @@ fn bench_isolation(c: &mut Criterion) {
             scalars: vec![1f32.to_bits().into()],
             gate: None,
         };
-        group.bench_function(name, |b| {
-            b.iter(|| {
-                device::launch(&dev, launch.clone())
-                    .unwrap()
-                    .wait()
-                    .unwrap()
-            })
-        });
+        bench_launch(&mut group, name, &dev, &launch);
     }
     group.finish();
     let mut group = c.benchmark_group("device_alloc_free");

@@ -146,7 +146,7 @@ impl EndpointActor {
             );
             warn!(worker = %self.id, task = f.task.0, timeout_ms = timeout.as_millis(), "task timed out");
             let cause = format!(
-                "{what} (counted from when it was sent to the worker); {}",
+                "{what} (counted from when it was sent to the worker); {UNTRUSTED}, so {}",
                 self.after_timeout()
             );
             let _ = self.up.send(Notice::Event(Event::TimedOut {
@@ -158,23 +158,20 @@ impl EndpointActor {
         }
         if let Some(what) = lost {
             self.timed_out = true;
-            self.lost(format!(
-                "{what}, and a running kernel cannot be trusted to stop"
-            ));
+            self.lost(format!("{what}, and {UNTRUSTED}"));
         }
     }
 
     /// What a timeout does to this worker, in words.
     fn after_timeout(&self) -> &'static str {
         if self.spawned.is_some() {
-            "a running kernel cannot be trusted to stop, so the worker is killed and restarted"
+            "the worker is killed and restarted"
         } else if self.link.facts().memory == Memory::Staged {
-            "a running kernel cannot be trusted to stop, so the worker's session is ended; it \
-             only held copies of the bytes, and its late results are dropped"
+            "the worker's session is ended; it only held copies of the bytes, and its late \
+             results are dropped"
         } else {
-            "a running kernel cannot be trusted to stop, so the worker's session is ended and \
-             the bytes the task writes stay quarantined until the worker is seen dead or \
-             proves the task ended"
+            "the worker's session is ended and the bytes the task writes stay quarantined \
+             until the worker is seen dead or proves the task ended"
         }
     }
 
@@ -191,6 +188,9 @@ impl EndpointActor {
             )
     }
 }
+
+/// Why a timeout loses the worker.
+const UNTRUSTED: &str = "a running kernel cannot be trusted to stop";
 
 /// A duration as a person reads it: whole milliseconds when it is some.
 fn span(d: Duration) -> String {

@@ -60,7 +60,7 @@ pub enum Overlap {
 ///
 /// Computing it once per view and comparing footprints saves the
 /// normalization when one view is compared with many.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Footprint {
     identity: CanonicalIdentity,
     set: Compact,
@@ -69,7 +69,7 @@ pub struct Footprint {
 
 /// A nested set stored in 64-bit fields (every value of a valid view fits),
 /// a third of the solver's 128-bit form: indexes keep many footprints.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 struct Compact {
     base: u64,
     width: u64,

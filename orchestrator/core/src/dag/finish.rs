@@ -24,9 +24,11 @@ impl Dag {
         }
     }
 
-    pub(super) fn remove_entry(&mut self, identity: CanonicalIdentity, entry: u64) {
+    /// Takes `task` out of an index entry (the entry goes with its last
+    /// task).
+    pub(super) fn remove_entry(&mut self, identity: CanonicalIdentity, entry: u64, task: TaskId) {
         if let Some(idx) = self.index.get_mut(&identity) {
-            idx.remove(entry);
+            idx.leave(entry, task);
             if idx.is_empty() {
                 self.index.remove(&identity);
             }
@@ -84,23 +86,18 @@ impl Dag {
         }
     }
 
-    /// Leaves `node`'s writes in the index as poisoned entries and drops
-    /// its reads.
-    pub(super) fn poison(&mut self, node: &Node) {
+    /// Leaves the writes of `node` (task `id`) in the index as poisoned
+    /// entries and drops its reads.
+    pub(super) fn poison(&mut self, id: TaskId, node: &Node) {
         for &(identity, entry) in &node.entries {
-            let poison = self
+            let write = self
                 .index
-                .get_mut(&identity)
-                .and_then(|idx| idx.get_mut(entry))
-                .map(|e| {
-                    if e.kind == Kind::Write {
-                        e.poisoned = true;
-                    }
-                    e.kind == Kind::Write
-                })
-                .unwrap_or(false);
-            if !poison {
-                self.remove_entry(identity, entry);
+                .get(&identity)
+                .and_then(|idx| idx.get(entry))
+                .is_some_and(|e| e.kind == Kind::Write);
+            match self.index.get_mut(&identity) {
+                Some(idx) if write => idx.poison(entry),
+                _ => self.remove_entry(identity, entry, id),
             }
         }
     }
@@ -117,7 +114,7 @@ impl Dag {
         out: &mut Vec<Transition>,
     ) {
         self.failed.insert(id, root);
-        self.poison(&node);
+        self.poison(id, &node);
         node.entries.clear();
         let mut keep = super::Few::new();
         for (s, kind) in std::mem::take(&mut node.succs) {

@@ -17,7 +17,7 @@
 //! rectangles: the grid never hides a candidate, it only prunes.
 
 use rstar::{AABB, RStarInsertionStrategy, RTree, RTreeObject, RTreeParams};
-use rustc_hash::FxHashMap;
+use rustc_hash::{FxHashMap, FxHashSet};
 use strata_wire::{Footprint, Overlap};
 
 use crate::ids::TaskId;
@@ -31,15 +31,90 @@ pub(crate) enum Kind {
     Write,
 }
 
+/// The tasks of one entry: the writer of a write; every live reader of a
+/// read (readers of identical footprints share one entry, so that N
+/// readers of one view cost one entry, not N).
+#[derive(Debug, Clone)]
+pub(crate) enum Tasks {
+    /// One task (every write, and most reads).
+    One(TaskId),
+    /// Two or more readers, or fewer after some finished: a set, so that
+    /// joining and leaving cost O(1) however many read.
+    Many(FxHashSet<TaskId>),
+}
+
+impl Tasks {
+    /// Whether `t` is one of them.
+    pub(crate) fn contains(&self, t: TaskId) -> bool {
+        match self {
+            Tasks::One(x) => *x == t,
+            Tasks::Many(s) => s.contains(&t),
+        }
+    }
+
+    /// How many.
+    pub(crate) fn len(&self) -> usize {
+        match self {
+            Tasks::One(_) => 1,
+            Tasks::Many(s) => s.len(),
+        }
+    }
+
+    /// Each of them (in no particular order).
+    pub(crate) fn iter(&self) -> impl Iterator<Item = TaskId> + '_ {
+        let (one, many) = match self {
+            Tasks::One(t) => (Some(*t), None),
+            Tasks::Many(s) => (None, Some(s.iter().copied())),
+        };
+        one.into_iter().chain(many.into_iter().flatten())
+    }
+
+    fn add(&mut self, t: TaskId) -> bool {
+        match self {
+            Tasks::One(x) if *x == t => false,
+            Tasks::One(x) => {
+                let mut s = FxHashSet::default();
+                s.insert(*x);
+                s.insert(t);
+                *self = Tasks::Many(s);
+                true
+            }
+            Tasks::Many(s) => s.insert(t),
+        }
+    }
+
+    /// Removes `t`; whether none is left.
+    fn remove(&mut self, t: TaskId) -> bool {
+        match self {
+            Tasks::One(x) => *x == t,
+            Tasks::Many(s) => {
+                s.remove(&t);
+                s.is_empty()
+            }
+        }
+    }
+}
+
 /// One live access.
 #[derive(Debug, Clone)]
 pub(crate) struct Entry {
-    pub(crate) task: TaskId,
     pub(crate) kind: Kind,
+    pub(crate) tasks: Tasks,
     pub(crate) footprint: Footprint,
     /// The task failed, was skipped or cancelled: it never wrote these
-    /// bytes, so whoever reads them must be skipped too.
+    /// bytes, so whoever reads them must be skipped too. Only writes are
+    /// poisoned.
     pub(crate) poisoned: bool,
+}
+
+impl Entry {
+    /// The task of a write entry (for a read, one of its readers).
+    pub(crate) fn task(&self) -> TaskId {
+        match &self.tasks {
+            Tasks::One(t) => *t,
+            Tasks::Many(s) => s.iter().copied().min().unwrap_or(TaskId(0)),
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -60,8 +135,8 @@ impl RTreeObject for Item {
 /// intersecting.
 const COORD_MAX: i64 = 1 << 30;
 
-/// While the index holds at most this many entries, a footprint with a
-/// different innermost stride re-chooses the grid (a cheap rebuild).
+/// While a grid holds at most this many entries, a footprint with a
+/// different innermost stride re-chooses it (a cheap rebuild).
 const REGRID_LIMIT: usize = 64;
 
 /// Wider nodes than rstar's default: a shallower tree touches fewer nodes
@@ -85,9 +160,10 @@ const SMALL_CELLS: u64 = 16;
 /// of the cells.
 const SCAN_CELLS: u64 = 1024;
 
-/// Live accesses to one buffer.
+/// Where entries lie: their rectangles, in a cell hash or an R-tree. A
+/// grid holds ids only; the footprints live in the [`BufferIndex`].
 #[derive(Debug)]
-pub(crate) struct BufferIndex {
+struct Grid {
     row: u64,
     /// Cell height (rows) and width (columns), in grid units.
     cell: (u64, u64),
@@ -95,17 +171,17 @@ pub(crate) struct BufferIndex {
     /// empties and fills again, as a tile's does, allocates nothing).
     cells: FxHashMap<(i64, i64), smallvec::SmallVec<[u64; 3]>>,
     wide: RTree<Item, Params>,
-    entries: FxHashMap<u64, Entry>,
+    len: usize,
 }
 
-impl Default for BufferIndex {
+impl Default for Grid {
     fn default() -> Self {
-        BufferIndex {
+        Grid {
             row: 4096,
             cell: (1, 4096),
             cells: FxHashMap::default(),
             wide: RTree::new_with_params(),
-            entries: FxHashMap::default(),
+            len: 0,
         }
     }
 }
@@ -130,125 +206,34 @@ fn cell_count(rs: &[AABB<[i64; 2]>], cell: (u64, u64)) -> u64 {
         .fold(0u64, u64::saturating_add)
 }
 
-impl BufferIndex {
-    /// Live entries that share a byte with `fp`, with how `fp` relates to
-    /// each (`Covers` when `fp` covers the entry).
-    #[cfg(test)]
-    pub(crate) fn matches(&self, fp: &Footprint) -> Vec<(u64, Overlap)> {
-        let mut out = Vec::new();
-        self.matches_into(fp, &mut Vec::new(), &mut out);
-        out
-    }
-
-    /// [`BufferIndex::matches`] into `out` (cleared first), with
-    /// `candidates` as scratch: buffers the caller keeps, so that a query
-    /// allocates nothing.
-    pub(crate) fn matches_into(
-        &self,
-        fp: &Footprint,
-        candidates: &mut Vec<u64>,
-        out: &mut Vec<(u64, Overlap)>,
-    ) {
+impl Grid {
+    /// Appends the ids of entries whose rectangles meet `fp`'s (a
+    /// superset of those that share a byte; possibly with repeats).
+    fn candidates(&self, fp: &Footprint, out: &mut Vec<u64>) {
         let rs = rects(fp, self.row);
-        candidates.clear();
-        out.clear();
         if cell_count(&rs, self.cell) <= SCAN_CELLS {
             for r in rs.iter() {
                 let (r0, r1, c0, c1) = cell_span(r, self.cell);
                 for cr in r0..=r1 {
                     for cc in c0..=c1 {
                         if let Some(list) = self.cells.get(&(cr, cc)) {
-                            candidates.extend_from_slice(list);
+                            out.extend_from_slice(list);
                         }
                     }
                 }
             }
         } else {
-            candidates.extend(self.cells.values().flatten());
+            out.extend(self.cells.values().flatten());
         }
         if self.wide.size() > 0 {
             for r in rs.iter() {
-                candidates.extend(
+                out.extend(
                     self.wide
                         .locate_in_envelope_intersecting(*r)
                         .map(|i| i.entry),
                 );
             }
         }
-        candidates.sort_unstable();
-        candidates.dedup();
-        out.extend(candidates.iter().filter_map(|&id| {
-            let e = self.entries.get(&id)?;
-            let rel = fp.overlap(&e.footprint);
-            (rel != Overlap::Disjoint).then_some((id, rel))
-        }));
-    }
-
-    pub(crate) fn get(&self, id: u64) -> Option<&Entry> {
-        self.entries.get(&id)
-    }
-
-    pub(crate) fn get_mut(&mut self, id: u64) -> Option<&mut Entry> {
-        self.entries.get_mut(&id)
-    }
-
-    /// Adds an entry under `id`.
-    pub(crate) fn insert(&mut self, id: u64, task: TaskId, kind: Kind, footprint: Footprint) {
-        if self.entries.len() <= REGRID_LIMIT {
-            self.maybe_regrid(&footprint);
-        }
-        self.place(id, &footprint);
-        self.entries.insert(
-            id,
-            Entry {
-                task,
-                kind,
-                footprint,
-                poisoned: false,
-            },
-        );
-    }
-
-    /// Removes an entry.
-    pub(crate) fn remove(&mut self, id: u64) -> Option<Entry> {
-        let e = self.entries.remove(&id)?;
-        // Where an entry lives is a function of its footprint and the grid,
-        // so it is recomputed rather than stored.
-        let rs = rects(&e.footprint, self.row);
-        if cell_count(&rs, self.cell) <= SMALL_CELLS {
-            for r in rs.iter() {
-                let (r0, r1, c0, c1) = cell_span(r, self.cell);
-                for cr in r0..=r1 {
-                    for cc in c0..=c1 {
-                        if let Some(list) = self.cells.get_mut(&(cr, cc)) {
-                            if let Some(pos) = list.iter().position(|x| *x == id) {
-                                list.swap_remove(pos);
-                            }
-                            if list.is_empty() {
-                                self.cells.remove(&(cr, cc));
-                            }
-                        }
-                    }
-                }
-            }
-        } else {
-            for &env in rs.iter() {
-                self.wide.remove(&Item { env, entry: id });
-            }
-        }
-        Some(e)
-    }
-
-    pub(crate) fn is_empty(&self) -> bool {
-        self.entries.is_empty()
-    }
-
-    pub(crate) fn len(&self) -> usize {
-        self.entries.len()
-    }
-
-    pub(crate) fn entries(&self) -> impl Iterator<Item = (&u64, &Entry)> {
-        self.entries.iter()
     }
 
     fn place(&mut self, id: u64, fp: &Footprint) {
@@ -272,10 +257,43 @@ impl BufferIndex {
         }
     }
 
-    /// While the index is small, follows the shape of what it is given: the
+    /// Takes out entry `id`, placed with footprint `fp`. Where an entry
+    /// lives is a function of its footprint and the grid, so it is
+    /// recomputed rather than stored.
+    fn unplace(&mut self, id: u64, fp: &Footprint) {
+        self.len = self.len.saturating_sub(1);
+        let rs = rects(fp, self.row);
+        if cell_count(&rs, self.cell) <= SMALL_CELLS {
+            for r in rs.iter() {
+                let (r0, r1, c0, c1) = cell_span(r, self.cell);
+                for cr in r0..=r1 {
+                    for cc in c0..=c1 {
+                        if let Some(list) = self.cells.get_mut(&(cr, cc)) {
+                            if let Some(pos) = list.iter().position(|x| *x == id) {
+                                list.swap_remove(pos);
+                            }
+                            if list.is_empty() {
+                                self.cells.remove(&(cr, cc));
+                            }
+                        }
+                    }
+                }
+            }
+        } else {
+            for &env in rs.iter() {
+                self.wide.remove(&Item { env, entry: id });
+            }
+        }
+    }
+
+    /// Whether a new entry of footprint `fp` would re-choose the grid,
+    /// following the shape of what it is given while it is small: the
     /// grid's row becomes the footprint's innermost stride and a cell the
     /// size of its first rectangle (a tile).
-    fn maybe_regrid(&mut self, fp: &Footprint) {
+    fn wants_regrid(&self, fp: &Footprint) -> Option<(u64, (u64, u64))> {
+        if self.len > REGRID_LIMIT {
+            return None;
+        }
         let row = fp.levels().next().map_or(self.row, |(_, s)| s).max(1);
         let shape = rects(fp, row).first().map_or((1, row), |r| {
             let (lo, hi) = (r.lower(), r.upper());
@@ -284,28 +302,30 @@ impl BufferIndex {
                 u64::try_from(hi[1] - lo[1] + 1).unwrap_or(row),
             )
         });
-        if (row, shape) == (self.row, self.cell) {
-            return;
-        }
+        ((row, shape) != (self.row, self.cell)).then_some((row, shape))
+    }
+
+    /// Re-chooses the grid and places `placed` again.
+    fn regrid<'a>(
+        &mut self,
+        (row, cell): (u64, (u64, u64)),
+        placed: impl Iterator<Item = (u64, &'a Footprint)>,
+    ) {
         self.row = row;
-        self.cell = shape;
+        self.cell = cell;
         self.cells.clear();
         self.wide = RTree::new_with_params();
-        let ids: Vec<(u64, Footprint)> = self
-            .entries
-            .iter()
-            .map(|(id, e)| (*id, e.footprint))
-            .collect();
-        for (id, fp) in ids {
-            self.place(id, &fp);
+        for (id, fp) in placed {
+            self.place(id, fp);
         }
     }
 
-    /// The cells and the R-tree hold exactly the entries' rectangles.
-    pub(crate) fn check(&self) -> Result<(), String> {
-        let (mut in_cells, mut in_tree) = (0usize, 0usize);
-        for e in self.entries.values() {
-            let rs = rects(&e.footprint, self.row);
+    /// The cells and the R-tree hold exactly the rectangles of `placed`.
+    fn check<'a>(&self, placed: impl Iterator<Item = &'a Footprint>) -> Result<(), String> {
+        let (mut in_cells, mut in_tree, mut n) = (0usize, 0usize, 0usize);
+        for fp in placed {
+            n += 1;
+            let rs = rects(fp, self.row);
             if cell_count(&rs, self.cell) <= SMALL_CELLS {
                 in_cells += rs
                     .iter()
@@ -319,11 +339,224 @@ impl BufferIndex {
             }
         }
         let cells: usize = self.cells.values().map(|l| l.len()).sum();
-        if in_tree != self.wide.size() || cells > in_cells {
+        if in_tree != self.wide.size() || cells > in_cells || n != self.len {
             return Err(format!(
-                "index: tree holds {} (expected {in_tree}), cells hold {cells} (at most {in_cells})",
-                self.wide.size()
+                "index: tree holds {} (expected {in_tree}), cells hold {cells} (at most {in_cells}), {} entries counted (expected {n})",
+                self.wide.size(),
+                self.len
             ));
+        }
+        Ok(())
+    }
+}
+
+/// Live accesses to one buffer: write entries and read entries in
+/// separate grids (a reader looks for writers only, so however many read
+/// the same bytes, a new reader's query costs what a private reader's
+/// does), and read entries grouped by footprint (a reader of bytes that
+/// others read with the same view joins their entry: O(1)).
+#[derive(Debug, Default)]
+pub(crate) struct BufferIndex {
+    writes: Grid,
+    reads: Grid,
+    entries: FxHashMap<u64, Entry>,
+    /// The read entry of each footprint read.
+    groups: FxHashMap<Footprint, u64>,
+}
+
+impl BufferIndex {
+    /// Live entries that share a byte with `fp`, with how `fp` relates to
+    /// each (`Covers` when `fp` covers the entry): writes only, or reads
+    /// too.
+    #[cfg(test)]
+    pub(crate) fn matches(&self, fp: &Footprint, reads: bool) -> Vec<(u64, Overlap)> {
+        let mut out = Vec::new();
+        self.matches_into(fp, reads, &mut Vec::new(), &mut out);
+        out
+    }
+
+    /// [`BufferIndex::matches`] into `out` (cleared first), with
+    /// `candidates` as scratch: buffers the caller keeps, so that a query
+    /// allocates nothing.
+    pub(crate) fn matches_into(
+        &self,
+        fp: &Footprint,
+        reads: bool,
+        candidates: &mut Vec<u64>,
+        out: &mut Vec<(u64, Overlap)>,
+    ) {
+        candidates.clear();
+        out.clear();
+        self.writes.candidates(fp, candidates);
+        if reads {
+            self.reads.candidates(fp, candidates);
+        }
+        candidates.sort_unstable();
+        candidates.dedup();
+        out.extend(candidates.iter().filter_map(|&id| {
+            let e = self.entries.get(&id)?;
+            let rel = fp.overlap(&e.footprint);
+            (rel != Overlap::Disjoint).then_some((id, rel))
+        }));
+    }
+
+    pub(crate) fn get(&self, id: u64) -> Option<&Entry> {
+        self.entries.get(&id)
+    }
+
+    /// Adds a write entry under `id`.
+    pub(crate) fn insert_write(
+        &mut self,
+        id: u64,
+        task: TaskId,
+        footprint: Footprint,
+        poisoned: bool,
+    ) {
+        self.add(
+            id,
+            Entry {
+                kind: Kind::Write,
+                tasks: Tasks::One(task),
+                footprint,
+                poisoned,
+            },
+        );
+    }
+
+    /// Records that `task` reads `footprint`: it joins the read entry of
+    /// that footprint, or a new one under `new_id()`. Returns the entry,
+    /// and whether `task` is new to it (a task reading one view twice is
+    /// one reader).
+    pub(crate) fn add_reader(
+        &mut self,
+        task: TaskId,
+        footprint: Footprint,
+        new_id: impl FnOnce() -> u64,
+    ) -> (u64, bool) {
+        if let Some(&id) = self.groups.get(&footprint) {
+            if let Some(e) = self.entries.get_mut(&id) {
+                return (id, e.tasks.add(task));
+            }
+        }
+        let id = new_id();
+        self.groups.insert(footprint, id);
+        self.add(
+            id,
+            Entry {
+                kind: Kind::Read,
+                tasks: Tasks::One(task),
+                footprint,
+                poisoned: false,
+            },
+        );
+        (id, true)
+    }
+
+    fn add(&mut self, id: u64, e: Entry) {
+        let grid = match e.kind {
+            Kind::Read => &mut self.reads,
+            Kind::Write => &mut self.writes,
+        };
+        if let Some(shape) = grid.wants_regrid(&e.footprint) {
+            let kind = e.kind;
+            grid.regrid(
+                shape,
+                self.entries
+                    .iter()
+                    .filter(|(_, x)| x.kind == kind)
+                    .map(|(id, x)| (*id, &x.footprint)),
+            );
+        }
+        grid.place(id, &e.footprint);
+        grid.len += 1;
+        self.entries.insert(id, e);
+    }
+
+    /// Marks a write entry poisoned.
+    pub(crate) fn poison(&mut self, id: u64) {
+        if let Some(e) = self.entries.get_mut(&id) {
+            if e.kind == Kind::Write {
+                e.poisoned = true;
+            }
+        }
+    }
+
+    /// Takes `task` out of entry `id`; the entry goes when no task is left
+    /// in it, and is returned then.
+    pub(crate) fn leave(&mut self, id: u64, task: TaskId) -> Option<Entry> {
+        let e = self.entries.get_mut(&id)?;
+        if e.tasks.remove(task) {
+            return self.remove(id);
+        }
+        None
+    }
+
+    /// Removes an entry, whoever holds it.
+    pub(crate) fn remove(&mut self, id: u64) -> Option<Entry> {
+        let e = self.entries.remove(&id)?;
+        match e.kind {
+            Kind::Read => {
+                self.reads.unplace(id, &e.footprint);
+                if self.groups.get(&e.footprint) == Some(&id) {
+                    self.groups.remove(&e.footprint);
+                }
+            }
+            Kind::Write => self.writes.unplace(id, &e.footprint),
+        }
+        Some(e)
+    }
+
+    pub(crate) fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    /// Live entries (a read entry counts once, whatever its readers).
+    pub(crate) fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    pub(crate) fn entries(&self) -> impl Iterator<Item = (&u64, &Entry)> {
+        self.entries.iter()
+    }
+
+    /// The grids hold exactly the entries' rectangles, and each read entry
+    /// is its footprint's group.
+    pub(crate) fn check(&self) -> Result<(), String> {
+        for kind in [Kind::Read, Kind::Write] {
+            let grid = match kind {
+                Kind::Read => &self.reads,
+                Kind::Write => &self.writes,
+            };
+            grid.check(
+                self.entries
+                    .values()
+                    .filter(|e| e.kind == kind)
+                    .map(|e| &e.footprint),
+            )?;
+        }
+        let reads = self
+            .entries
+            .values()
+            .filter(|e| e.kind == Kind::Read)
+            .count();
+        if reads != self.groups.len() {
+            return Err(format!(
+                "index: {reads} read entries but {} groups",
+                self.groups.len()
+            ));
+        }
+        for (fp, id) in &self.groups {
+            match self.entries.get(id) {
+                Some(e) if e.kind == Kind::Read && e.footprint == *fp && !e.poisoned => {}
+                _ => {
+                    return Err(format!(
+                        "index: group {id} is not a read entry of its footprint"
+                    ));
+                }
+            }
+        }
+        if let Some((id, _)) = self.entries.iter().find(|(_, e)| e.tasks.len() == 0) {
+            return Err(format!("index: entry {id} has no task"));
         }
         Ok(())
     }
@@ -450,29 +683,64 @@ mod tests {
     }
 
     /// The index finds exactly the entries the overlap engine says share a
-    /// byte, however the grid was chosen.
+    /// byte, writes alone or reads too, however the grids were chosen; a
+    /// reader of an identical footprint joins its entry.
     #[test]
     fn matches_agree_with_a_scan() {
         let mut rng = Rng(22);
         for class in ViewClass::ALL {
             let mut idx = BufferIndex::default();
-            let mut all = Vec::new();
-            for i in 0..200u64 {
+            // (entry, footprint, is a write)
+            let mut all: Vec<(u64, Footprint, bool)> = Vec::new();
+            let mut next = 1000u64;
+            for i in 0..300u64 {
                 let (v, _) = view_pair(class, &mut rng);
                 let fp = Footprint::of(&v);
-                let mut got: Vec<u64> = idx.matches(&fp).into_iter().map(|(id, _)| id).collect();
-                got.sort_unstable();
-                let want: Vec<u64> = all
-                    .iter()
-                    .filter(|(_, f): &&(u64, Footprint)| fp.overlap(f) != Overlap::Disjoint)
-                    .map(|(id, _)| *id)
-                    .collect();
-                assert_eq!(got, want, "{class:?} at {i}");
-                idx.insert(i, TaskId(i), Kind::Write, fp);
-                all.push((i, fp));
+                for reads in [false, true] {
+                    let mut got: Vec<u64> = idx
+                        .matches(&fp, reads)
+                        .into_iter()
+                        .map(|(id, _)| id)
+                        .collect();
+                    got.sort_unstable();
+                    let mut want: Vec<u64> = all
+                        .iter()
+                        .filter(|(_, f, w)| (reads || *w) && fp.overlap(f) != Overlap::Disjoint)
+                        .map(|(id, _, _)| *id)
+                        .collect();
+                    want.sort_unstable();
+                    want.dedup();
+                    assert_eq!(got, want, "{class:?} at {i}, reads {reads}");
+                }
+                if i % 2 == 0 {
+                    idx.insert_write(i, TaskId(i), fp, false);
+                    all.push((i, fp, true));
+                } else {
+                    // Every third read repeats an earlier read's footprint.
+                    let fp = match all.iter().rev().find(|(_, _, w)| !*w) {
+                        Some(&(_, f, _)) if i % 3 == 0 => f,
+                        _ => fp,
+                    };
+                    let (id, new) = idx.add_reader(TaskId(i), fp, || {
+                        next += 1;
+                        next
+                    });
+                    assert!(new);
+                    if let Some(&(old, _, _)) = all.iter().find(|(_, f, w)| !*w && *f == fp) {
+                        assert_eq!(id, old, "{class:?} at {i}: a second reader joins");
+                    }
+                    all.push((id, fp, false));
+                    assert!(!idx.add_reader(TaskId(i), fp, || unreachable!()).1);
+                }
                 if i % 3 == 0 {
-                    let (id, _) = all.remove(0);
-                    idx.remove(id).unwrap();
+                    let (id, _, w) = all.remove(0);
+                    if w {
+                        idx.remove(id).unwrap();
+                    } else {
+                        let reader = idx.get(id).unwrap().task();
+                        let gone = idx.leave(id, reader).is_some();
+                        assert_eq!(gone, !all.iter().any(|(x, _, _)| *x == id));
+                    }
                 }
                 idx.check().unwrap();
             }

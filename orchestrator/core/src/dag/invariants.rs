@@ -67,7 +67,7 @@ impl Dag {
             for (identity, entry) in &n.entries {
                 match self.index.get(identity).and_then(|i| i.get(*entry)) {
                     Some(e)
-                        if e.task == id
+                        if e.tasks.contains(id)
                             && e.poisoned == lost
                             && (!lost || e.kind == Kind::Write) => {}
                     _ => {
@@ -92,18 +92,31 @@ impl Dag {
             idx.check().map_err(|e| format!("DAG-5: {e}"))?;
             for (eid, e) in idx.entries() {
                 seen.insert(*eid);
-                let ok = if e.poisoned {
-                    self.failed.contains_key(&e.task)
-                } else {
-                    self.nodes
-                        .get(&e.task)
-                        .is_some_and(|n| !matches!(n.state, State::Lost { .. }))
-                };
-                if !ok {
+                if e.kind == Kind::Write && e.tasks.len() != 1 {
                     return Err(format!(
-                        "DAG-4: entry {eid} of {} outlives its task",
-                        e.task
+                        "DAG-4: write entry {eid} has {} tasks",
+                        e.tasks.len()
                     ));
+                }
+                for t in e.tasks.iter() {
+                    let ok = if e.poisoned {
+                        self.failed.contains_key(&t)
+                    } else {
+                        self.nodes
+                            .get(&t)
+                            .is_some_and(|n| !matches!(n.state, State::Lost { .. }))
+                    };
+                    // A live task lists its entries (a failed one's
+                    // poisoned writes outlive its node).
+                    let listed = ok
+                        && (e.poisoned
+                            || self
+                                .nodes
+                                .get(&t)
+                                .is_some_and(|n| n.entries.iter().any(|&(_, x)| x == *eid)));
+                    if !listed {
+                        return Err(format!("DAG-4: entry {eid} of {t} outlives its task"));
+                    }
                 }
             }
         }

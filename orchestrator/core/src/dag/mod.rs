@@ -238,7 +238,8 @@ pub struct DagStats {
     pub inserted: u64,
     /// Edges created (one per predecessor, whatever its kinds).
     pub edges: u64,
-    /// Index entries retired because a newer write covered them.
+    /// Accesses retired because a newer write covered them (a read
+    /// entry counts once per reader).
     pub retired: u64,
     /// Candidate entries the overlap engine confirmed.
     pub matches: u64,
@@ -350,26 +351,33 @@ impl Dag {
         {
             let identity = *arg.tensor.identity();
             if let Some(idx) = self.index.get(&identity) {
-                idx.matches_into(&fp, &mut scratch.candidates, &mut scratch.matches);
+                // A reader meets writers only; a writer, readers too.
+                idx.matches_into(
+                    &fp,
+                    arg.tag.writes(),
+                    &mut scratch.candidates,
+                    &mut scratch.matches,
+                );
                 for &(entry_id, _) in &scratch.matches {
                     self.stats.matches += 1;
                     let Some(e) = idx.get(entry_id) else { continue };
                     if e.poisoned {
+                        let writer = e.task();
                         if arg.tag.reads() && e.kind == Kind::Write {
                             skipped_by
-                                .get_or_insert(self.failed.get(&e.task).copied().unwrap_or(e.task));
+                                .get_or_insert(self.failed.get(&writer).copied().unwrap_or(writer));
                         } else if arg.tag.writes() {
                             // A dead task's writes stand for the writes
                             // they retired: a writer orders after it. For
                             // quarantined bytes, a writer waits for the
                             // lost task's fence (or is refused once the
                             // fence was given up on).
-                            match self.nodes.get(&e.task).map(|n| n.state) {
+                            match self.nodes.get(&writer).map(|n| n.state) {
                                 Some(State::Lost { abandoned: false } | State::Dead) => {
-                                    add_edge(&mut preds, e.task, edge::WAW);
+                                    preds.push((writer, edge::WAW));
                                 }
                                 Some(State::Lost { abandoned: true }) => {
-                                    quarantined_by.get_or_insert(e.task);
+                                    quarantined_by.get_or_insert(writer);
                                 }
                                 _ => {}
                             }
@@ -384,7 +392,9 @@ impl Dag {
                         _ => 0,
                     };
                     if kind != 0 {
-                        add_edge(&mut preds, e.task, kind);
+                        // A writer after N readers of these bytes: N edges,
+                        // once (the readers' entry goes if it covers them).
+                        preds.extend(e.tasks.iter().map(|t| (t, kind)));
                     }
                 }
             }
@@ -396,11 +406,13 @@ impl Dag {
                 Some(State::Lost { .. } | State::Dead)
             );
             if self.nodes.contains_key(&a) && !lost {
-                add_edge(&mut preds, a, edge::EXPLICIT);
+                preds.push((a, edge::EXPLICIT));
             } else if let Some(&root) = self.failed.get(&a) {
                 skipped_by.get_or_insert(root);
             }
         }
+
+        merge_edges(&mut preds);
 
         // 2. A task born skipped (or refused by a quarantine) never runs:
         //    record its writes as poisoned (without retiring anything: it
@@ -415,10 +427,7 @@ impl Dag {
                 if tag.writes() {
                     let entry = self.new_entry();
                     let idx = self.index.entry(identity).or_default();
-                    idx.insert(entry, id, Kind::Write, fp);
-                    if let Some(e) = idx.get_mut(entry) {
-                        e.poisoned = true;
-                    }
+                    idx.insert_write(entry, id, fp, true);
                 }
             }
             self.failed.insert(id, root);
@@ -457,38 +466,48 @@ impl Dag {
                 node.buffers.push(identity);
                 *self.users.entry(identity).or_insert(0) += 1;
             }
-            let entry = self.new_entry();
             let idx = self.index.entry(identity).or_default();
             if tag.writes() && whole {
-                idx.matches_into(&fp, &mut scratch.candidates, &mut scratch.matches);
+                idx.matches_into(&fp, true, &mut scratch.candidates, &mut scratch.matches);
                 scratch.matches.retain(|&(eid, rel)| {
                     rel == Overlap::Covers
                         && idx.get(eid).is_some_and(|e| {
-                            e.task != id
-                                && !matches!(
-                                    self.nodes.get(&e.task).map(|n| n.state),
+                            // Not its own, nor a lost task's quarantine.
+                            let lost = e.kind == Kind::Write
+                                && matches!(
+                                    self.nodes.get(&e.task()).map(|n| n.state),
                                     Some(State::Lost { .. })
-                                )
+                                );
+                            !e.tasks.contains(id) && !lost
                         })
                 });
                 for &(eid, _) in &scratch.matches {
                     if let Some(e) = idx.remove(eid) {
-                        self.stats.retired += 1;
-                        if let Some(owner) = self.nodes.get_mut(&e.task) {
-                            owner
-                                .entries
-                                .retain(|&mut (i, x)| !(i == identity && x == eid));
+                        self.stats.retired += e.tasks.len() as u64;
+                        for t in e.tasks.iter() {
+                            if let Some(owner) = self.nodes.get_mut(&t) {
+                                owner
+                                    .entries
+                                    .retain(|&mut (i, x)| !(i == identity && x == eid));
+                            }
                         }
                     }
                 }
             }
-            let kind = if tag.writes() {
-                Kind::Write
+            if tag.writes() {
+                self.next_entry += 1;
+                idx.insert_write(self.next_entry, id, fp, false);
+                node.entries.push((identity, self.next_entry));
             } else {
-                Kind::Read
-            };
-            idx.insert(entry, id, kind, fp);
-            node.entries.push((identity, entry));
+                let next = &mut self.next_entry;
+                let (entry, new) = idx.add_reader(id, fp, || {
+                    *next += 1;
+                    *next
+                });
+                if new {
+                    node.entries.push((identity, entry));
+                }
+            }
         }
         node.members = task.members;
         self.scratch = scratch;
@@ -527,7 +546,7 @@ impl Dag {
         let node = self.take_runnable(id)?;
         let mut out = Vec::new();
         for (identity, entry) in &node.entries {
-            self.remove_entry(*identity, *entry);
+            self.remove_entry(*identity, *entry, id);
         }
         for &(s, _) in &node.succs {
             self.release_one(s, &mut out);
@@ -570,9 +589,39 @@ impl Dag {
     }
 }
 
-fn add_edge(preds: &mut Vec<(TaskId, u8)>, from: TaskId, kind: u8) {
-    match preds.iter_mut().find(|(p, _)| *p == from) {
-        Some((_, k)) => *k |= kind,
-        None => preds.push((from, kind)),
+/// One edge per predecessor, with the union of its kinds, in the order
+/// they were found: a scan for the few edges of most tasks, a hash for a
+/// writer after many readers (a scan per edge would be quadratic in them).
+fn merge_edges(preds: &mut Vec<(TaskId, u8)>) {
+    const SCAN: usize = 16;
+    if preds.len() <= SCAN {
+        let mut n = 0;
+        for i in 0..preds.len() {
+            let (p, kind) = preds[i];
+            match preds[..n].iter_mut().find(|(q, _)| *q == p) {
+                Some((_, k)) => *k |= kind,
+                None => {
+                    preds[n] = (p, kind);
+                    n += 1;
+                }
+            }
+        }
+        preds.truncate(n);
+        return;
     }
+    let mut at: HashMap<TaskId, usize> = HashMap::default();
+    at.reserve(preds.len());
+    let mut n = 0;
+    for i in 0..preds.len() {
+        let (p, kind) = preds[i];
+        match at.get(&p) {
+            Some(&j) => preds[j].1 |= kind,
+            None => {
+                at.insert(p, n);
+                preds[n] = (p, kind);
+                n += 1;
+            }
+        }
+    }
+    preds.truncate(n);
 }

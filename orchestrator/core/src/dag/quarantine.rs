@@ -7,7 +7,7 @@ use std::collections::HashSet;
 
 use strata_wire::{ArgTag, CanonicalIdentity, Footprint, Overlap};
 
-use super::{Dag, Kind, Node, State, Transition, edge};
+use super::{Dag, Node, State, Transition, edge};
 use crate::ids::TaskId;
 
 impl Dag {
@@ -25,7 +25,7 @@ impl Dag {
         // Its whole writes become quarantined entries (some of its own may
         // have been retired by covering writes, which order after it).
         for (identity, entry) in std::mem::take(&mut node.entries) {
-            self.remove_entry(identity, entry);
+            self.remove_entry(identity, entry, id);
         }
         let writes: Vec<(CanonicalIdentity, Footprint)> = node
             .members
@@ -45,10 +45,7 @@ impl Dag {
             let identity = *tensor.identity();
             let entry = self.new_entry();
             let idx = self.index.entry(identity).or_default();
-            idx.insert(entry, id, Kind::Write, Footprint::of(&tensor));
-            if let Some(e) = idx.get_mut(entry) {
-                e.poisoned = true;
-            }
+            idx.insert_write(entry, id, Footprint::of(&tensor), true);
             node.entries.push((identity, entry));
         }
         let mut waiting = super::Few::new();

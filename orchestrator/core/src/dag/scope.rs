@@ -64,9 +64,11 @@ impl Dag {
     pub fn forget_buffer(&mut self, identity: &CanonicalIdentity) {
         if let Some(idx) = self.index.remove(identity) {
             for (eid, e) in idx.entries() {
-                if let Some(n) = self.nodes.get_mut(&e.task) {
-                    n.entries
-                        .retain(|&mut (i, x)| !(i == *identity && x == *eid));
+                for t in e.tasks.iter() {
+                    if let Some(n) = self.nodes.get_mut(&t) {
+                        n.entries
+                            .retain(|&mut (i, x)| !(i == *identity && x == *eid));
+                    }
                 }
             }
         }

@@ -10,12 +10,29 @@
 //! - `per_access/k`: with k live readers on k distinct tiles of one buffer,
 //!   insert a reader of a random tile and complete it (k stays constant):
 //!   the cost of one access against k live entries.
+//! - `readers/<pattern>/n`: with n unfinished tasks that read the same
+//!   bytes, one more such task inserted and the oldest completed (n stays
+//!   constant): the cost of a task against n live readers, for n = 10³ to
+//!   10⁶. Patterns: `private` (each task reads its own row of an input
+//!   buffer and writes its own row of an output buffer: the yardstick),
+//!   `one_view` (every task reads one view of a weights buffer instead),
+//!   `overlapping`
+//!   (each reads a window of 64 elements at offset i mod 1024 of one
+//!   buffer: distinct, overlapping views) and `inference` (the `one_view`
+//!   tasks, plus an INOUT update of the weights every 1,000 tasks).
+//! - `writer_after/n`: n readers of one view, then a task that overwrites
+//!   it; the time of the writer's insert and of completing the n readers
+//!   and the writer, per reader.
 //!
 //! `cargo bench -p strata-orchestrator-core --bench dag`
 
 use std::collections::VecDeque;
 use std::hint::black_box;
 use std::time::{Duration, Instant};
+
+/// The allocator the `strata` binaries use: the core runs on it there.
+#[global_allocator]
+static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use strata_core::dag::{Arg, NewTask};
@@ -168,9 +185,130 @@ fn per_access(c: &mut Criterion) {
     group.finish();
 }
 
+/// A 1-D F32 buffer of `len` elements.
+fn vector(ino: u32, len: u32) -> BufferDescriptor {
+    BufferDescriptor::new(
+        CanonicalIdentity::new(*b"dagbench", 2, ino).unwrap(),
+        u64::from(len) * 4,
+        AddressSpace::Host,
+        Access::ReadWrite,
+        Backing::Memfd {
+            st_dev: 0,
+            st_ino: ino.into(),
+        },
+    )
+    .unwrap()
+}
+
+fn slice(desc: BufferDescriptor, start: u32, len: u32) -> Tensor {
+    Tensor::new(desc, u64::from(start) * 4, &[len], &[1], DType::F32).unwrap()
+}
+
+/// Live readers of shared bytes: `readers/<pattern>/n` (module docs).
+fn readers(c: &mut Criterion) {
+    const ROW: u32 = 64;
+    const UPDATE_EVERY: u64 = 1000;
+    const OUT_ROWS: u32 = 1 << 20;
+    let weights = vector(10, 1024 + ROW);
+    let out = vector(11, OUT_ROWS * ROW);
+    let input = vector(12, OUT_ROWS * ROW);
+    // Task `id`'s arguments in `pattern`.
+    let task = |pattern: &str, id: u64| -> Vec<Arg> {
+        let row = u32::try_from(id % u64::from(OUT_ROWS)).unwrap();
+        let dst = Arg {
+            tensor: slice(out, row * ROW, ROW),
+            tag: ArgTag::Output,
+        };
+        if pattern == "inference" && id % UPDATE_EVERY == 0 {
+            return vec![Arg {
+                tensor: slice(weights, 0, ROW),
+                tag: ArgTag::InOut,
+            }];
+        }
+        let src = match pattern {
+            "private" => slice(input, row * ROW, ROW),
+            "overlapping" => slice(weights, u32::try_from(id % 1024).unwrap(), ROW),
+            _ => slice(weights, 0, ROW),
+        };
+        vec![
+            Arg {
+                tensor: src,
+                tag: ArgTag::Input,
+            },
+            dst,
+        ]
+    };
+    let mut group = c.benchmark_group("readers");
+    group.sample_size(20);
+    for pattern in ["private", "one_view", "overlapping", "inference"] {
+        for n in [1_000u64, 10_000, 100_000, 1_000_000] {
+            let mut dag = Dag::new();
+            let mut live = VecDeque::new();
+            let mut id = 0u64;
+            let step = |dag: &mut Dag, live: &mut VecDeque<TaskId>, id: &mut u64| {
+                *id += 1;
+                dag.check_and_insert(NewTask::single(TaskId(*id), task(pattern, *id)))
+                    .unwrap();
+                live.push_back(TaskId(*id));
+                // The oldest finishes once n are live (it is always ready:
+                // its predecessors are older).
+                if live.len() as u64 > n {
+                    let old = live.pop_front().unwrap();
+                    black_box(dag.complete(old).unwrap());
+                }
+            };
+            for _ in 0..n {
+                step(&mut dag, &mut live, &mut id);
+            }
+            group.bench_with_input(BenchmarkId::new(pattern, n), &n, |b, _| {
+                b.iter(|| step(&mut dag, &mut live, &mut id))
+            });
+            assert_eq!(dag.live() as u64, n);
+        }
+    }
+    group.finish();
+
+    let mut group = c.benchmark_group("writer_after");
+    group.sample_size(10);
+    for n in [1_000u64, 10_000, 100_000, 1_000_000] {
+        group.throughput(Throughput::Elements(n));
+        group.bench_with_input(BenchmarkId::from_parameter(n), &n, |b, &n| {
+            b.iter_custom(|iters| {
+                let mut total = Duration::ZERO;
+                for _ in 0..iters {
+                    let mut dag = Dag::new();
+                    for id in 1..=n {
+                        dag.check_and_insert(NewTask::single(TaskId(id), task("one_view", id)))
+                            .unwrap();
+                    }
+                    let start = Instant::now();
+                    let writer = TaskId(n + 1);
+                    let w = dag
+                        .check_and_insert(NewTask::single(
+                            writer,
+                            vec![Arg {
+                                tensor: slice(weights, 0, ROW),
+                                tag: ArgTag::Output,
+                            }],
+                        ))
+                        .unwrap();
+                    assert_eq!(w.edges.len() as u64, n);
+                    for id in 1..=n {
+                        black_box(dag.complete(TaskId(id)).unwrap());
+                    }
+                    dag.complete(writer).unwrap();
+                    total += start.elapsed();
+                }
+                total
+            })
+        });
+    }
+    group.finish();
+}
+
 criterion_group! {
     name = benches;
     config = Criterion::default().warm_up_time(Duration::from_millis(500)).measurement_time(Duration::from_secs(3));
-    targets = throughput, per_access
+    targets = throughput, per_access, readers
 }
 criterion_main!(benches);

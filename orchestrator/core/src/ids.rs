@@ -24,6 +24,10 @@ impl fmt::Display for WorkerId {
 /// [`SeqHasher`].
 pub type SeqMap<K, V> = std::collections::HashMap<K, V, std::hash::BuildHasherDefault<SeqHasher>>;
 
+/// A set of ids handed out in increasing order, laid out as [`SeqMap`]
+/// lays out its keys.
+pub(crate) type SeqSet<K> = std::collections::HashSet<K, std::hash::BuildHasherDefault<SeqHasher>>;
+
 /// The hasher of [`SeqMap`]: ids in one block of 256 take consecutive
 /// bucket positions, and each block is placed at a multiplicative hash of
 /// its number. The live ids — a window that slides forward as tasks are

@@ -17,10 +17,10 @@
 //! rectangles: the grid never hides a candidate, it only prunes.
 
 use rstar::{AABB, RStarInsertionStrategy, RTree, RTreeObject, RTreeParams};
-use rustc_hash::{FxHashMap, FxHashSet};
+use rustc_hash::FxHashMap;
 use strata_wire::{Footprint, Overlap};
 
-use crate::ids::TaskId;
+use crate::ids::{SeqMap, SeqSet, TaskId};
 
 /// How an entry touches its bytes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -40,7 +40,7 @@ pub(crate) enum Tasks {
     One(TaskId),
     /// Two or more readers, or fewer after some finished: a set, so that
     /// joining and leaving cost O(1) however many read.
-    Many(FxHashSet<TaskId>),
+    Many(SeqSet<TaskId>),
 }
 
 impl Tasks {
@@ -73,7 +73,7 @@ impl Tasks {
         match self {
             Tasks::One(x) if *x == t => false,
             Tasks::One(x) => {
-                let mut s = FxHashSet::default();
+                let mut s = SeqSet::default();
                 s.insert(*x);
                 s.insert(t);
                 *self = Tasks::Many(s);
@@ -169,7 +169,10 @@ struct Grid {
     cell: (u64, u64),
     /// The entries in each cell: a few at a time (inline: a cell that
     /// empties and fills again, as a tile's does, allocates nothing).
-    cells: FxHashMap<(i64, i64), smallvec::SmallVec<[u64; 3]>>,
+    /// Keyed by the cell's number in row-major order ([`Grid::key`]): the
+    /// cells of views submitted one after another (rows, tiles) are then
+    /// neighbours in the table too.
+    cells: SeqMap<u64, smallvec::SmallVec<[u64; 3]>>,
     wide: RTree<Item, Params>,
     len: usize,
 }
@@ -179,7 +182,7 @@ impl Default for Grid {
         Grid {
             row: 4096,
             cell: (1, 4096),
-            cells: FxHashMap::default(),
+            cells: SeqMap::default(),
             wide: RTree::new_with_params(),
             len: 0,
         }
@@ -207,6 +210,13 @@ fn cell_count(rs: &[AABB<[i64; 2]>], cell: (u64, u64)) -> u64 {
 }
 
 impl Grid {
+    /// The number of cell (`cr`, `cc`): rows of cells times cells per row
+    /// (coordinates are clamped to 2³⁰, so it fits).
+    fn key(&self, cr: i64, cc: i64) -> u64 {
+        let per_row = clamp(self.row) / i64::try_from(self.cell.1).unwrap_or(1).max(1) + 2;
+        u64::try_from(cr.saturating_mul(per_row).saturating_add(cc)).unwrap_or(u64::MAX)
+    }
+
     /// Appends the ids of entries whose rectangles meet `fp`'s (a
     /// superset of those that share a byte; possibly with repeats).
     fn candidates(&self, fp: &Footprint, out: &mut Vec<u64>) {
@@ -216,7 +226,7 @@ impl Grid {
                 let (r0, r1, c0, c1) = cell_span(r, self.cell);
                 for cr in r0..=r1 {
                     for cc in c0..=c1 {
-                        if let Some(list) = self.cells.get(&(cr, cc)) {
+                        if let Some(list) = self.cells.get(&self.key(cr, cc)) {
                             out.extend_from_slice(list);
                         }
                     }
@@ -243,7 +253,8 @@ impl Grid {
                 let (r0, r1, c0, c1) = cell_span(r, self.cell);
                 for cr in r0..=r1 {
                     for cc in c0..=c1 {
-                        let list = self.cells.entry((cr, cc)).or_default();
+                        let key = self.key(cr, cc);
+                        let list = self.cells.entry(key).or_default();
                         if !list.contains(&id) {
                             list.push(id);
                         }
@@ -268,12 +279,13 @@ impl Grid {
                 let (r0, r1, c0, c1) = cell_span(r, self.cell);
                 for cr in r0..=r1 {
                     for cc in c0..=c1 {
-                        if let Some(list) = self.cells.get_mut(&(cr, cc)) {
+                        let key = self.key(cr, cc);
+                        if let Some(list) = self.cells.get_mut(&key) {
                             if let Some(pos) = list.iter().position(|x| *x == id) {
                                 list.swap_remove(pos);
                             }
                             if list.is_empty() {
-                                self.cells.remove(&(cr, cc));
+                                self.cells.remove(&key);
                             }
                         }
                     }
@@ -359,7 +371,10 @@ impl Grid {
 pub(crate) struct BufferIndex {
     writes: Grid,
     reads: Grid,
-    entries: FxHashMap<u64, Entry>,
+    /// By entry id: ids are handed out in increasing order. Boxed: a
+    /// table of 10⁶ live entries moves 8-byte slots when it grows, not
+    /// 180-byte ones.
+    entries: SeqMap<u64, Box<Entry>>,
     /// The read entry of each footprint read.
     groups: FxHashMap<Footprint, u64>,
 }
@@ -401,7 +416,7 @@ impl BufferIndex {
     }
 
     pub(crate) fn get(&self, id: u64) -> Option<&Entry> {
-        self.entries.get(&id)
+        self.entries.get(&id).map(|e| &**e)
     }
 
     /// Adds a write entry under `id`.
@@ -469,7 +484,7 @@ impl BufferIndex {
         }
         grid.place(id, &e.footprint);
         grid.len += 1;
-        self.entries.insert(id, e);
+        self.entries.insert(id, Box::new(e));
     }
 
     /// Marks a write entry poisoned.
@@ -493,7 +508,7 @@ impl BufferIndex {
 
     /// Removes an entry, whoever holds it.
     pub(crate) fn remove(&mut self, id: u64) -> Option<Entry> {
-        let e = self.entries.remove(&id)?;
+        let e = *self.entries.remove(&id)?;
         match e.kind {
             Kind::Read => {
                 self.reads.unplace(id, &e.footprint);
@@ -516,7 +531,7 @@ impl BufferIndex {
     }
 
     pub(crate) fn entries(&self) -> impl Iterator<Item = (&u64, &Entry)> {
-        self.entries.iter()
+        self.entries.iter().map(|(id, e)| (id, &**e))
     }
 
     /// The grids hold exactly the entries' rectangles, and each read entry

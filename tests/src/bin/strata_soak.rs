@@ -6,7 +6,19 @@
 //!
 //! ```text
 //! strata-soak [--tasks N] [--batch N] [--warmup N]     (defaults 5,000,000 / 250,000 / 1,000,000)
+//! strata-soak --readers N [--gate-ms MS]                (outstanding readers)
 //! ```
+//!
+//! `--readers N` measures the driver's memory per unfinished reader
+//! instead: one task fills a 64-float buffer after sleeping `MS`
+//! milliseconds (default 30,000), and N tasks that each copy that buffer
+//! into their own row of an output buffer are submitted behind it (every
+//! one of them reads the same bytes, and waits). The driver's RSS is
+//! sampled as they pile up; then the fill runs, every copy is checked,
+//! and the exit status is 1 unless RSS per reader stayed within 25 % of
+//! its value at the first sample past 10 % of N (hash tables grow by
+//! doubling, so RSS per task moves in steps: +10 % between 10⁵ and 10⁶
+//! readers when this was written).
 //!
 //! Each batch makes 16 fresh 4 KiB buffers, fills them round-robin (`fill`,
 //! OUTPUT, so each buffer is a chain of writes), reads one element of each
@@ -50,6 +62,10 @@ fn arg(name: &str, default: u64) -> u64 {
 }
 
 fn main() {
+    if std::env::args().any(|a| a == "--readers") {
+        readers(arg("--readers", 1_000_000), arg("--gate-ms", 30_000));
+        return;
+    }
     let total = arg("--tasks", 5_000_000);
     let batch = arg("--batch", 250_000).max(16);
     let warmup = arg("--warmup", 1_000_000);
@@ -148,4 +164,87 @@ fn main() {
         })
     );
     std::process::exit(i32::from(!(ok && flat)));
+}
+
+/// `--readers N` (module docs).
+fn readers(n: u64, gate_ms: u64) {
+    const ROW: u32 = 64;
+    let exe = std::env::current_exe().expect("current exe");
+    let cluster = Cluster::builder()
+        .local(2)
+        .worker_binary(exe.with_file_name("strata-test-worker"))
+        .max_unfinished(usize::try_from(n).unwrap_or(usize::MAX).saturating_add(16))
+        .start()
+        .unwrap_or_else(|e| panic!("cluster: {e}"));
+    let me = std::process::id();
+    let rows = u32::try_from(n).expect("--readers fits in u32");
+    let x = cluster
+        .buffer(u64::from(ROW) * 4)
+        .and_then(|b| b.tensor(&[ROW], DType::F32))
+        .unwrap_or_else(|e| panic!("buffer: {e}"));
+    let y = cluster
+        .buffer(u64::from(rows) * u64::from(ROW) * 4)
+        .unwrap_or_else(|e| panic!("buffer: {e}"));
+    let (rss0, _) = sample(me);
+    let t0 = Instant::now();
+    cluster
+        .submit(
+            Task::new("test.late_fill")
+                .output(&x)
+                .scalar_u64(gate_ms)
+                .scalar_u64(7),
+        )
+        .unwrap_or_else(|e| panic!("submit: {e}"));
+    let mut first: Option<f64> = None;
+    let mut worst = 1.0f64;
+    let marks: Vec<u64> = [1, 2, 5, 10, 20, 50, 100]
+        .iter()
+        .map(|p| n * p / 100)
+        .filter(|&m| m > 0)
+        .collect();
+    for i in 0..n {
+        let row = y
+            .tensor_at(i * u64::from(ROW) * 4, &[ROW], DType::F32)
+            .unwrap_or_else(|e| panic!("view: {e}"));
+        cluster
+            .submit(Task::new("copy").input(&x).output(&row))
+            .unwrap_or_else(|e| panic!("submit: {e}"));
+        if marks.contains(&(i + 1)) {
+            let (rss, _) = sample(me);
+            let per = (rss.saturating_sub(rss0) * 1024) as f64 / (i + 1) as f64;
+            if i + 1 >= n / 10 {
+                let base = *first.get_or_insert(per);
+                worst = worst.max(per / base);
+            }
+            println!(
+                "{}",
+                json!({
+                    "outstanding_readers": i + 1,
+                    "seconds": t0.elapsed().as_secs_f64(),
+                    "driver_rss_kib": rss,
+                    "bytes_per_reader": per.round(),
+                })
+            );
+        }
+    }
+    let s = cluster.wait_all().unwrap_or_else(|e| panic!("run: {e}"));
+    let got = y
+        .tensor(&[rows, ROW], DType::F32)
+        .and_then(|v| v.read::<f32>())
+        .unwrap_or_else(|e| panic!("read: {e}"));
+    let ok = s.succeeded == n + 1 && got.iter().all(|&v| v == 7.0);
+    let flat = worst <= 1.25;
+    println!(
+        "{}",
+        json!({
+            "readers": n,
+            "seconds": t0.elapsed().as_secs_f64(),
+            "checked": ok,
+            "worst_growth_per_reader": worst,
+            "flat": flat,
+        })
+    );
+    if !(ok && flat) {
+        std::process::exit(1);
+    }
 }

@@ -284,7 +284,13 @@ fn differential_through_real_workers_matches_sequential_execution() {
     let mut total = 0usize;
     for seed in 0..seeds {
         let mut rng = Rng(0x5eed_0000 + seed);
-        let program = without_fp4(sim::random_program(&mut rng, 60));
+        // Odd seeds: read-mostly programs (many unfinished readers of
+        // shared views, rare writers).
+        let program = without_fp4(if seed % 2 == 1 {
+            sim::read_mostly_program(&mut rng, 60)
+        } else {
+            sim::random_program(&mut rng, 60)
+        });
         let want = sim::run_sequential(&program);
         let (buffers, tasks) = remap(&program, &cluster);
         submit_program(&cluster, &program, tasks, |_| {});
@@ -329,7 +335,11 @@ fn differential_through_in_process_workers_matches_sequential_execution() {
     let mut total = 0usize;
     for seed in 0..seeds {
         let mut rng = Rng(0x1a9c_0000 + seed);
-        let program = without_fp4(sim::random_program(&mut rng, 80));
+        let program = without_fp4(if seed % 2 == 1 {
+            sim::read_mostly_program(&mut rng, 80)
+        } else {
+            sim::random_program(&mut rng, 80)
+        });
         let want = sim::run_sequential(&program);
         let (buffers, tasks) = remap(&program, &cluster);
         submit_program(&cluster, &program, tasks, |_| {});

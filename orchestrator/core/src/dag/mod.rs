@@ -12,6 +12,11 @@
 //! | writes | readers since the last write | WAR |
 //! | names it in `after` | that task | explicit |
 //!
+//! A reader is matched against writes only; readers of one footprint
+//! share one read entry (its set of readers), so that N unfinished
+//! readers of the same bytes cost O(1) each; a writer takes a WAR edge
+//! from every reader of the entries it meets.
+//!
 //! NO_DEP arguments are neither recorded nor matched. A write retires
 //! every entry it covers (later accesses to those bytes meet the write, which
 //! is ordered after them), so an index holds only the latest writers and
@@ -52,12 +57,15 @@
 //! - DAG-3: a node is Ready or Running iff its `unmet` is 0 (a dead one,
 //!   skipped while predecessors were live, waits for them like a waiting
 //!   one, holding no entries or buffers);
-//! - DAG-4: every live index entry belongs to a live node, and every
-//!   poisoned one to a failed task; a lost node's entries are all poisoned
+//! - DAG-4: every task of a live index entry is a live node that lists it
+//!   (a write entry has exactly one task), and every poisoned one belongs
+//!   to a failed task; a lost node's entries are all poisoned
 //!   writes, every other node's are live;
 //! - DAG-7: a lost node's successors are all write-after-write, and an
 //!   abandoned one has none;
-//! - DAG-5: each index's R-tree holds exactly its entries' rectangles;
+//! - DAG-5: each index's grids hold exactly its entries' rectangles (write
+//!   entries in one, read entries in the other), and every read entry is
+//!   the one entry of its footprint;
 //! - DAG-6: a buffer's user count equals the live nodes that touch it.
 
 mod finish;

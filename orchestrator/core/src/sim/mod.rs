@@ -68,6 +68,34 @@ struct Layout {
 
 /// A random program of `n_tasks` tasks over 3–5 buffers.
 pub fn random_program(rng: &mut Rng, n_tasks: usize) -> Program {
+    let (layouts, initial) = random_layouts(rng);
+    let mut tasks = Vec::new();
+    let mut id = 0u64;
+    while tasks.len() < n_tasks {
+        id += 1;
+        let members = if rng.range(1, 20) == 1 { 2 } else { 1 };
+        if let Some(t) = random_task(rng, &layouts, TaskId(id), members) {
+            tasks.push(t);
+        }
+    }
+    // A few explicit edges to earlier tasks.
+    for i in 0..tasks.len() {
+        if i > 0 && rng.range(1, 25) == 1 {
+            let j = (rng.next_u64() % i as u64) as usize;
+            let a = tasks[j].id;
+            tasks[i].after.push(a);
+        }
+    }
+    Program {
+        buffers: layouts.iter().map(|l| l.desc).collect(),
+        initial,
+        tasks,
+    }
+}
+
+/// 3–5 buffers of random shapes and dtypes with random contents; the
+/// first is read-only.
+fn random_layouts(rng: &mut Rng) -> (Vec<Layout>, Memory) {
     let mint = IdentityMint::new(rng.next_u64().to_le_bytes());
     let n_buffers = rng.range(3, 5) as usize;
     let mut layouts = Vec::new();
@@ -100,21 +128,70 @@ pub fn random_program(rng: &mut Rng, n_tasks: usize) -> Program {
         initial.insert(*desc.identity(), bytes);
         layouts.push(Layout { desc, dims, dtype });
     }
+    (layouts, initial)
+}
+
+/// A read-mostly random program of `n_tasks` tasks, the pattern of
+/// inference: a few *shared* views of the first two buffers (the weights)
+/// that most tasks read — many readers of identical views, and of views
+/// that overlap them partially — while each task writes a view of the
+/// other buffers (its activations); about one task in twelve writes the
+/// second buffer instead (a weight update: a shared view, or any view,
+/// which may cover some shared views and cut across others).
+pub fn read_mostly_program(rng: &mut Rng, n_tasks: usize) -> Program {
+    let (layouts, initial) = random_layouts(rng);
+    let shared: Vec<Tensor> = layouts[..2]
+        .iter()
+        .flat_map(|l| {
+            let n = rng.range(1, 3);
+            (0..n)
+                .filter_map(|_| random_view(rng, l))
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    let writable = |t: &Tensor| t.buffer().access().allows_write();
     let mut tasks = Vec::new();
     let mut id = 0u64;
-    while tasks.len() < n_tasks {
+    while tasks.len() < n_tasks && !shared.is_empty() {
         id += 1;
-        let members = if rng.range(1, 20) == 1 { 2 } else { 1 };
-        if let Some(t) = random_task(rng, &layouts, TaskId(id), members) {
-            tasks.push(t);
+        let mut args = Vec::new();
+        for _ in 0..rng.range(1, 2) {
+            let tensor = shared[(rng.next_u64() % shared.len() as u64) as usize];
+            args.push(Arg {
+                tensor,
+                tag: ArgTag::Input,
+            });
         }
-    }
-    // A few explicit edges to earlier tasks.
-    for i in 0..tasks.len() {
-        if i > 0 && rng.range(1, 25) == 1 {
-            let j = (rng.next_u64() % i as u64) as usize;
-            let a = tasks[j].id;
-            tasks[i].after.push(a);
+        let (tensor, tags) = if rng.range(1, 12) == 1 {
+            let own = shared.iter().copied().filter(writable).collect::<Vec<_>>();
+            let t = match own.len() {
+                0 => random_view(rng, &layouts[1]),
+                n if rng.range(0, 1) == 0 => Some(own[(rng.next_u64() % n as u64) as usize]),
+                _ => random_view(rng, &layouts[1]),
+            };
+            (
+                t,
+                &[ArgTag::Output, ArgTag::OutputExisting, ArgTag::InOut][..],
+            )
+        } else {
+            let b = rng.range(2, layouts.len() as u32 - 1) as usize;
+            (
+                random_view(rng, &layouts[b]),
+                &[ArgTag::Output, ArgTag::OutputExisting][..],
+            )
+        };
+        let Some(tensor) = tensor else { continue };
+        args.push(Arg {
+            tensor,
+            tag: rng.pick(tags),
+        });
+        let task = NewTask::single(TaskId(id), args.clone());
+        if crate::Dag::check(task).is_ok() {
+            tasks.push(ProgTask {
+                id: TaskId(id),
+                members: vec![args],
+                after: Vec::new(),
+            });
         }
     }
     Program {

@@ -3,7 +3,7 @@
 use std::collections::HashMap;
 
 use strata_core::dag::{Arg, NewTask};
-use strata_core::sim::{random_program, run_engine, run_sequential};
+use strata_core::sim::{random_program, read_mostly_program, run_engine, run_sequential};
 use strata_core::{Dag, TaskId};
 use strata_wire::check::{Rng, byte_set};
 
@@ -42,6 +42,48 @@ fn engine_matches_sequential_execution() {
         total_tasks += program.tasks.len();
     }
     println!("differential: {n} seeds, {total_tasks} tasks, all identical to sequential execution");
+}
+
+/// Read-mostly programs (many unfinished readers of identical and of
+/// partially overlapping views, a rare writer among them: the pattern of
+/// inference), through the engine as above: the bytes are identical to
+/// one-by-one execution for every seed.
+#[test]
+fn read_mostly_programs_match_sequential_execution() {
+    let n = seeds() / 2;
+    let (mut total_tasks, mut writers) = (0usize, 0usize);
+    for seed in 0..n {
+        let mut rng = Rng(0x4ead_0000 + seed);
+        let tasks = rng.range(100, 600) as usize;
+        let program = read_mostly_program(&mut rng, tasks);
+        let want = run_sequential(&program);
+        let workers = rng.range(1, 8);
+        let (got, stats) = run_engine(&program, workers, &mut rng);
+        assert_eq!(stats.completed, program.tasks.len());
+        for (id, bytes) in &want {
+            assert_eq!(
+                &got[id], bytes,
+                "seed {seed}: buffer {id} differs ({workers} workers)"
+            );
+        }
+        total_tasks += program.tasks.len();
+        writers += program
+            .tasks
+            .iter()
+            .filter(|t| {
+                t.members[0].iter().any(|a| {
+                    a.tag.writes() && a.tensor.buffer().identity() == program.buffers[1].identity()
+                })
+            })
+            .count();
+    }
+    assert!(
+        writers * 30 < total_tasks * 3 && writers > 0,
+        "{writers} of {total_tasks} tasks write the weights"
+    );
+    println!(
+        "differential, read-mostly: {n} seeds, {total_tasks} tasks ({writers} weight updates), all identical to sequential execution"
+    );
 }
 
 /// For every pair of tasks where one writes a byte the other touches, the

@@ -217,8 +217,8 @@ def readers_markdown(rows):
         return []
     ns = sorted(rd)
     head = "| pattern | " + " | ".join(f"N={n:,}" for n in ns) + " | unit |"
-    lines = ["", "Many readers of the same bytes (strata over the ring; every task unfinished "
-             "until the last is submitted; `(wrong!)`-free rows were checked):", "", head,
+    lines = ["", "Many readers of the same bytes (strata over the ring, per task; all N unfinished "
+             "until the last is submitted; every run's bytes checked, a wrong one shown as —):", "", head,
              "|---|" + "---|" * len(ns) + "---|"]
 
     def row(label, key, unit, scale=1.0):

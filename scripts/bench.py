@@ -7,7 +7,8 @@ Builds and runs `strata-bench` (tests/src/bin/strata_bench.rs), installs the
 peers into private places under `.bench/` (Ray from PyPI into a venv,
 StarPU from Debian's `libstarpu-dev` with apt) and runs their programs
 (bench/ray/, bench/starpu/), all in one run, then writes DIR/results.json,
-DIR/results.md and, when matplotlib is available, DIR/results.png.
+DIR/results.md and, when matplotlib is available, DIR/results.png and
+DIR/readers.png (strata's cost per task against N unfinished readers).
 A peer that cannot be installed is reported as such; strata's figures stand
 alone then. `--quick` runs small sizes (under two minutes); `--check` exits 1
 unless every strata scenario ran and checked its result (what CI runs, with
@@ -33,7 +34,11 @@ SCENARIOS = ["throughput", "latency", "stencil", "handoff", "remote", "remote-ba
 LOCAL = [s for s in SCENARIOS if not s.startswith("remote")]
 GRPC = [f"{s}-grpc" for s in LOCAL]
 IN_PROCESS = [f"{s}-in-process" for s in LOCAL]
-ALL_STRATA = SCENARIOS + GRPC + IN_PROCESS
+# Many unfinished tasks reading the same bytes (issue 30), over the ring only:
+# one row per pattern and N, in its own table.
+READERS = "readers"
+PATTERNS = ["private", "shared", "overlapping", "writer", "inference"]
+ALL_STRATA = SCENARIOS + GRPC + IN_PROCESS + [READERS]
 
 
 def link_of(scenario):
@@ -165,12 +170,73 @@ def compare(rows):
         if r:
             target(f"remote staging ≥ 2 GB/s ({size})", r["value"], r["value"] >= 2,
                    f"{fmt(r['value'])} GB/s over TCP loopback with a token")
+    rd = readers_table(rows)
+    if rd:
+        ratios = [rd[n].get("shared/private") for n in sorted(rd)]
+        ratios = [r for r in ratios if r is not None]
+        if ratios:
+            target("readers: shared ≤ 1.2× private per task at every N", max(ratios), max(ratios) <= 1.2,
+                   "shared/private " + " / ".join(fmt(r) for r in ratios) + " at N = "
+                   + " / ".join(f"{n:,}" for n in sorted(rd)))
+        lo, hi = min(rd), max(rd)
+        if hi > lo:
+            worst, name = None, None
+            for p in PATTERNS:
+                a, b = rd[lo].get(p), rd[hi].get(p)
+                q = ratio(b, a)
+                if q is not None and (worst is None or q > worst):
+                    worst, name = q, p
+            if worst is not None:
+                target(f"readers: per task at N={hi:,} within 1.5× of N={lo:,}", worst, worst <= 1.5,
+                       f"worst pattern {name}: {fmt(worst)}×")
     h1, hg = pick(rows, "strata", "handoff", "1MiB"), pick(rows, "strata", "handoff", "1GiB")
     if h1 and hg:
         r = ratio(hg["value"], h1["value"])
         target("zero-copy: 1 GiB within 2× of 1 MiB", r, r is not None and r <= 2,
                f"1 MiB {fmt(h1['value'])} ms, 1 GiB {fmt(hg['value'])} ms")
     return out
+
+
+def readers_table(rows):
+    """{N: {pattern: value}} of strata's readers rows over the ring."""
+    out = {}
+    for r in rows:
+        if r.get("system") != "strata" or r.get("scenario") != READERS:
+            continue
+        p = r.get("params", {})
+        if "N" in p and "pattern" in p:
+            out.setdefault(p["N"], {})[p["pattern"]] = r["value"] if r.get("ok") else None
+            if p["pattern"] == "writer-added":
+                out[p["N"]]["writer-insert"] = p.get("writer_insert_us")
+    return out
+
+
+def readers_markdown(rows):
+    rd = readers_table(rows)
+    if not rd:
+        return []
+    ns = sorted(rd)
+    head = "| pattern | " + " | ".join(f"N={n:,}" for n in ns) + " | unit |"
+    lines = ["", "Many readers of the same bytes (strata over the ring, per task; all N unfinished "
+             "until the last is submitted; every run's bytes checked, a wrong one shown as —):", "", head,
+             "|---|" + "---|" * len(ns) + "---|"]
+
+    def row(label, key, unit, scale=1.0):
+        vals = [rd[n].get(key) for n in ns]
+        if any(v is not None for v in vals):
+            cells = " | ".join("—" if v is None else fmt(v * scale) for v in vals)
+            lines.append(f"| {label} | {cells} | {unit} |")
+    for p in PATTERNS:
+        row(p, p, "µs/task")
+    row("shared / private", "shared/private", "ratio")
+    row("writer-added (run with the writer minus without)", "writer-added", "ms", 1e-3)
+    row("the writer's submit + a totals round trip", "writer-insert", "ms", 1e-3)
+    wrong = [r["variant"] for r in rows if r.get("system") == "strata"
+             and r.get("scenario") == READERS and not r.get("ok")]
+    if wrong:
+        lines.append("")
+        lines.append("**Wrong results:** " + ", ".join(wrong))
+    return lines
 
 
 def markdown(rows, targets, peers, meta):
@@ -182,6 +248,8 @@ def markdown(rows, targets, peers, meta):
               "|---|---|---|---|---|---|---|"]
     keys = []
     for r in rows:
+        if r.get("scenario") == READERS:
+            continue
         k = (r.get("scenario"), r.get("variant"))
         if k not in keys:
             keys.append(k)
@@ -196,6 +264,7 @@ def markdown(rows, targets, peers, meta):
         unit = next(r["unit"] for r in rows if (r.get("scenario"), r.get("variant")) == (sc, var))
         link = link_of(sc) if pick(rows, "strata", sc, var) else "—"
         lines.append(f"| {sc} | {link} | {var} | {val('strata')} | {val('ray')} | {val('starpu')} | {unit} |")
+    lines += readers_markdown(rows)
     lines += ["", "| target | met | figure |", "|---|---|---|"]
     for t in targets:
         met = "n/a (peer not run)" if t["met"] is None else ("yes" if t["met"] else "**no**")
@@ -242,15 +311,39 @@ fig.tight_layout()
 fig.savefig(sys.argv[2], dpi=110)
 '''
 
+READERS_PLOT = r'''
+import json, sys
+import matplotlib
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+rows = [r for r in json.load(open(sys.argv[1]))["rows"]
+        if r.get("system") == "strata" and r.get("scenario") == "readers"]
+fig, ax = plt.subplots(1, 2, figsize=(12, 4.2))
+for p in ["private", "shared", "overlapping", "writer", "inference"]:
+    pts = sorted((r["params"]["N"], r["value"]) for r in rows if r["params"].get("pattern") == p)
+    if pts:
+        ax[0].plot(*zip(*pts), marker="o", label=p)
+pts = sorted((r["params"]["N"], r["value"]) for r in rows if r["params"].get("pattern") == "shared/private")
+if pts:
+    ax[1].plot(*zip(*pts), marker="o", color="k", label="shared / private")
+ax[1].axhline(1.2, color="r", ls="--", lw=1, label="1.2 (issue 30)")
+ax[0].set_title("cost per task, N unfinished readers (ring)"); ax[0].set_ylabel("µs per task")
+ax[1].set_title("shared / private"); ax[1].set_ylabel("ratio")
+for a in ax:
+    a.set_xscale("log"); a.set_xlabel("N (tasks unfinished at once)"); a.set_ylim(bottom=0); a.legend(fontsize=8)
+fig.tight_layout()
+fig.savefig(sys.argv[2], dpi=110)
+'''
 
-def plot(results_json, png):
+
+def plot(results_json, png, script=PLOT):
     candidates = [sys.executable, os.path.join(ROOT, ".bench", "ray-venv", "bin", "python"),
                   os.path.join(ROOT, ".venv", "bin", "python")]
     for py in candidates:
         if not os.path.exists(py):
             continue
         if subprocess.run([py, "-c", "import matplotlib"], capture_output=True).returncode == 0:
-            p = subprocess.run([py, "-c", PLOT, results_json, png], capture_output=True, text=True)
+            p = subprocess.run([py, "-c", script, results_json, png], capture_output=True, text=True)
             if p.returncode == 0:
                 return None
             return "plot failed: " + p.stderr[-300:]
@@ -294,6 +387,10 @@ def main():
     perr = plot(res, os.path.join(a.out, "results.png"))
     if perr:
         log(perr)
+    elif readers_table(rows):
+        perr = plot(res, os.path.join(a.out, "readers.png"), READERS_PLOT)
+        if perr:
+            log(perr)
     print(md)
     log(f"done in {meta['seconds']} s; results in {a.out}")
     if a.check:

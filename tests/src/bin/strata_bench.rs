@@ -7,15 +7,20 @@
 //! `"ok": false`, and the exit status is 1.
 //!
 //! ```text
-//! strata-bench [--quick] [--scenario throughput|latency|stencil|handoff|remote]...
+//! strata-bench [--quick] [--scenario throughput|latency|stencil|handoff|remote|readers]...
 //!              [--link ring|grpc|in-process]... [--k TILES]...
+//!              [--n READERS]... [--pattern P]... [--repeats R]
 //! ```
 //!
 //! Each local scenario runs over every link (worker processes with the
 //! ring, the same with the gRPC stream, in-process workers) unless
-//! `--link` picks some.
+//! `--link` picks some; `readers` (many tasks reading the same bytes, see
+//! `strata_bench/readers.rs`) runs over the ring unless `--link` picks.
 
 use std::path::PathBuf;
+
+#[path = "strata_bench/readers.rs"]
+mod readers;
 
 /// The driver allocates per task; glibc's allocator under several threads
 /// was the largest cost in its profile.
@@ -25,7 +30,7 @@ static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
 use std::time::{Duration, Instant};
 
 use serde_json::json;
-use strata_orchestrator::{Buffer, Cluster, Task, Transport, View, WorkerId};
+use strata_orchestrator::{Buffer, Cluster, ClusterBuilder, Task, Transport, View, WorkerId};
 use strata_tests::kernels::fnv;
 use strata_wire::DType;
 
@@ -35,6 +40,8 @@ struct Opts {
     links: Vec<Mode>,
     /// Stencil tile counts (default: all of them).
     ks: Vec<u32>,
+    /// What the readers scenarios run (task counts by default by `quick`).
+    readers: readers::Plan,
 }
 
 fn parse() -> Result<Opts, String> {
@@ -43,6 +50,11 @@ fn parse() -> Result<Opts, String> {
         scenarios: Vec::new(),
         links: Vec::new(),
         ks: Vec::new(),
+        readers: readers::Plan {
+            ns: Vec::new(),
+            patterns: Vec::new(),
+            repeats: 3,
+        },
     };
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
@@ -57,6 +69,22 @@ fn parse() -> Result<Opts, String> {
                     .filter(|&k| k >= 2)
                     .ok_or("--k needs a tile count of at least 2")?,
             ),
+            "--n" => o.readers.ns.push(
+                args.next()
+                    .and_then(|n| n.parse().ok())
+                    .filter(|&n| n >= 1)
+                    .ok_or("--n needs a task count of at least 1")?,
+            ),
+            "--pattern" => o.readers.patterns.push(readers::Pattern::named(
+                &args.next().ok_or("--pattern needs a readers pattern")?,
+            )?),
+            "--repeats" => {
+                o.readers.repeats = args
+                    .next()
+                    .and_then(|n| n.parse().ok())
+                    .filter(|&n| n >= 1)
+                    .ok_or("--repeats needs a count of at least 1")?;
+            }
             "--link" => {
                 let l = args.next().ok_or("--link needs ring, grpc or in-process")?;
                 o.links.push(match l.as_str() {
@@ -70,14 +98,21 @@ fn parse() -> Result<Opts, String> {
             }
             "-h" | "--help" => {
                 println!(
-                    "strata-bench [--quick] [--scenario throughput|latency|stencil|handoff|remote]... [--link ring|grpc|in-process]... [--k TILES]..."
+                    "strata-bench [--quick] [--scenario throughput|latency|stencil|handoff|remote|readers]... [--link ring|grpc|in-process]... [--k TILES]... [--n READERS]... [--pattern private|shared|overlapping|writer|inference]... [--repeats R]"
                 );
                 std::process::exit(0);
             }
             other => return Err(format!("unknown option {other:?}")),
         }
     }
-    const ALL: [&str; 5] = ["throughput", "latency", "stencil", "handoff", "remote"];
+    const ALL: [&str; 6] = [
+        "throughput",
+        "latency",
+        "stencil",
+        "handoff",
+        "remote",
+        "readers",
+    ];
     for s in &o.scenarios {
         if !ALL.contains(&s.as_str()) {
             return Err(format!("unknown scenario {s:?}; one of {}", ALL.join(", ")));
@@ -86,8 +121,8 @@ fn parse() -> Result<Opts, String> {
     if o.scenarios.is_empty() {
         o.scenarios = ALL.iter().map(|s| (*s).to_owned()).collect();
     }
-    if o.links.is_empty() {
-        o.links = Mode::ALL.to_vec();
+    if o.readers.ns.is_empty() {
+        o.readers.ns = readers::default_ns(o.quick);
     }
     Ok(o)
 }
@@ -155,7 +190,12 @@ impl Mode {
 }
 
 fn local(mode: Mode, n: usize, device: &str) -> Result<Cluster, String> {
-    let b = Cluster::builder().device(device).window(256);
+    local_from(Cluster::builder(), mode, n, device)
+}
+
+/// As [`local`], from a builder with more settings.
+fn local_from(b: ClusterBuilder, mode: Mode, n: usize, device: &str) -> Result<Cluster, String> {
+    let b = b.device(device).window(256);
     let cluster = match mode {
         Mode::Process => b.local(n).worker_binary(worker_binary()),
         Mode::Grpc => b.local(n).worker_binary(worker_binary()).ring(false),
@@ -537,7 +577,13 @@ fn main() {
     };
     let mut ok = true;
     for s in &opts.scenarios {
-        let modes: &[Mode] = if s == "remote" { &[] } else { &opts.links };
+        // No --link: every link, but readers over the ring only.
+        let modes: &[Mode] = match (s.as_str(), opts.links.is_empty()) {
+            ("remote", _) => &[],
+            ("readers", true) => &[Mode::Process],
+            (_, true) => &Mode::ALL,
+            (_, false) => &opts.links,
+        };
         let mut runs: Vec<(String, Result<bool, String>)> = modes
             .iter()
             .map(|&mode| {
@@ -545,6 +591,7 @@ fn main() {
                     "throughput" => throughput(mode, opts.quick),
                     "latency" => latency(mode, opts.quick),
                     "stencil" => stencil(mode, opts.quick, &opts.ks),
+                    "readers" => readers::readers(mode, &opts.readers),
                     _ => handoff(mode, opts.quick),
                 };
                 (mode.name(s), r)

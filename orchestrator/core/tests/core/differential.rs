@@ -3,7 +3,7 @@
 use std::collections::HashMap;
 
 use strata_core::dag::{Arg, NewTask};
-use strata_core::sim::{random_program, read_mostly_program, run_engine, run_sequential};
+use strata_core::sim::{Program, random_program, read_mostly_program, run_engine, run_sequential};
 use strata_core::{Dag, TaskId};
 use strata_wire::check::{Rng, byte_set};
 
@@ -15,6 +15,21 @@ fn seeds() -> u64 {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(default)
+}
+
+/// Runs `program` one by one and through the engine on 1–8 simulated
+/// workers completing in random order, and asserts the bytes agree.
+fn engine_agrees(program: &Program, seed: u64, rng: &mut Rng) {
+    let want = run_sequential(program);
+    let workers = rng.range(1, 8);
+    let (got, stats) = run_engine(program, workers, rng);
+    assert_eq!(stats.completed, program.tasks.len());
+    for (id, bytes) in &want {
+        assert_eq!(
+            &got[id], bytes,
+            "seed {seed}: buffer {id} differs ({workers} workers)"
+        );
+    }
 }
 
 /// Random programs (3–5 buffers, 2–4-D views of every class, every tag,
@@ -29,16 +44,7 @@ fn engine_matches_sequential_execution() {
         let mut rng = Rng(seed);
         let tasks = rng.range(50, 500) as usize;
         let program = random_program(&mut rng, tasks);
-        let want = run_sequential(&program);
-        let workers = rng.range(1, 8);
-        let (got, stats) = run_engine(&program, workers, &mut rng);
-        assert_eq!(stats.completed, program.tasks.len());
-        for (id, bytes) in &want {
-            assert_eq!(
-                &got[id], bytes,
-                "seed {seed}: buffer {id} differs ({workers} workers)"
-            );
-        }
+        engine_agrees(&program, seed, &mut rng);
         total_tasks += program.tasks.len();
     }
     println!("differential: {n} seeds, {total_tasks} tasks, all identical to sequential execution");
@@ -56,16 +62,7 @@ fn read_mostly_programs_match_sequential_execution() {
         let mut rng = Rng(0x4ead_0000 + seed);
         let tasks = rng.range(100, 600) as usize;
         let program = read_mostly_program(&mut rng, tasks);
-        let want = run_sequential(&program);
-        let workers = rng.range(1, 8);
-        let (got, stats) = run_engine(&program, workers, &mut rng);
-        assert_eq!(stats.completed, program.tasks.len());
-        for (id, bytes) in &want {
-            assert_eq!(
-                &got[id], bytes,
-                "seed {seed}: buffer {id} differs ({workers} workers)"
-            );
-        }
+        engine_agrees(&program, seed, &mut rng);
         total_tasks += program.tasks.len();
         writers += program
             .tasks

@@ -164,9 +164,29 @@ impl WorkerProcess {
 
     /// Open fds of the worker process.
     pub fn fd_count(&self) -> usize {
-        std::fs::read_dir(format!("/proc/{}/fd", self.pid()))
-            .map(|d| d.count())
-            .unwrap_or(0)
+        self.fds().len()
+    }
+
+    /// The worker's open fds and what each refers to (`readlink` of its
+    /// `/proc` entry: `socket:[..]`, `/memfd:name (deleted)`, ...), sorted
+    /// by number: what a leak test prints when a count does not match.
+    pub fn fds(&self) -> Vec<(u32, String)> {
+        let dir = format!("/proc/{}/fd", self.pid());
+        let mut fds: Vec<(u32, String)> = std::fs::read_dir(&dir)
+            .map(|d| {
+                d.filter_map(Result::ok)
+                    .filter_map(|e| {
+                        let n = e.file_name().to_str()?.parse().ok()?;
+                        let target = std::fs::read_link(e.path())
+                            .map(|t| t.display().to_string())
+                            .unwrap_or_else(|e| format!("? ({e})"));
+                        Some((n, target))
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        fds.sort();
+        fds
     }
 
     /// Sends SIGTERM and waits up to `timeout` for the exit status.

@@ -326,7 +326,7 @@ for p in ["private", "shared", "overlapping", "writer", "inference"]:
 pts = sorted((r["params"]["N"], r["value"]) for r in rows if r["params"].get("pattern") == "shared/private")
 if pts:
     ax[1].plot(*zip(*pts), marker="o", color="k", label="shared / private")
-ax[1].axhline(1.2, color="r", ls="--", lw=1, label="1.2 (issue 30)")
+ax[1].axhline(1.2, color="r", ls="--", lw=1, label="1.2, the target")
 ax[0].set_title("cost per task, N unfinished readers (ring)"); ax[0].set_ylabel("µs per task")
 ax[1].set_title("shared / private"); ax[1].set_ylabel("ratio")
 for a in ax:

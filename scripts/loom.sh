@@ -4,7 +4,8 @@
 # `loom_models` tests of every crate that declares a loom dependency —
 # the DAG's submit gate and buffer holders (strata-orchestrator-core), the
 # worker's import registry (strata-worker-core), the chip's arena pool and
-# run bump, lanes, completion slots and start gates (strata-chip-runtime),
+# run bump, lanes, completion slots, start gates and device cache
+# (strata-chip-runtime),
 # the identity mint (strata-wire), the task and completion rings
 # (strata-ring). Each structure is written against the
 # crate's `sync` shim, which is std outside loom and loom's types under

@@ -45,6 +45,7 @@ fn bench_matmul(c: &mut Criterion) {
             tensor: mats[i].1,
             tag,
             backing: ArgBacking::Host(mats[i].0.clone()),
+            cache: None,
         };
         let launch = Launch {
             kernel: kernel.clone(),
@@ -151,6 +152,7 @@ fn bench_isolation(c: &mut Criterion) {
                 tensor: *t,
                 tag,
                 backing: ArgBacking::Host(host.clone()),
+                cache: None,
             }],
             scalars: vec![1f32.to_bits().into()],
             gate: None,

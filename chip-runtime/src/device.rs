@@ -8,10 +8,11 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use strata_wire::{ArgTag, Tensor};
+use strata_wire::{ArgTag, CanonicalIdentity, Footprint, Tensor};
 
 use crate::Error;
 use crate::arena::{ArenaStats, Region};
+use crate::cache::{CacheStats, CacheUse, CopyKey};
 use crate::kernel::Kernel;
 use crate::memory::HostMemory;
 use crate::spec::Mode;
@@ -69,6 +70,10 @@ pub struct LaunchArg {
     pub tag: ArgTag,
     /// Where its bytes are.
     pub backing: ArgBacking,
+    /// For a host-backed argument of a staged device: keep its copy on the
+    /// chip between tasks, at the version this says ([`crate::cache`]).
+    /// `None`: staged in before the task and out after it, then forgotten.
+    pub cache: Option<CacheUse>,
 }
 
 /// A kernel launch.
@@ -204,6 +209,21 @@ pub struct DeviceStats {
     pub zeroed: u64,
     /// Total time lanes spent on launches.
     pub busy: Duration,
+    /// The device cache ([`crate::cache`]).
+    pub cache: CacheStats,
+}
+
+/// One copy the device cache holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CachedCopy {
+    /// Whose copy of which bytes.
+    pub key: CopyKey,
+    /// The version of the bytes.
+    pub version: u64,
+    /// Not yet written back to host memory.
+    pub dirty: bool,
+    /// In use by a running task.
+    pub pinned: bool,
 }
 
 /// A chip.
@@ -294,6 +314,27 @@ pub trait Device: Send + Sync + std::fmt::Debug {
 
     /// Current counters.
     fn stats(&self) -> DeviceStats;
+
+    /// Writes back every dirty cached copy of `owner` whose bytes `pick`
+    /// accepts; they stay cached, clean. Returns the bytes written. A
+    /// device without a cache has nothing to write.
+    fn flush(&self, owner: u64, pick: &dyn Fn(&Footprint) -> bool) -> u64 {
+        let _ = (owner, pick);
+        0
+    }
+
+    /// Forgets every cached copy of `owner` (of one buffer, with
+    /// `identity`), dirty ones included, without writing them back;
+    /// returns how many.
+    fn drop_copies(&self, owner: u64, identity: Option<&CanonicalIdentity>) -> usize {
+        let _ = (owner, identity);
+        0
+    }
+
+    /// The copies the device cache holds, by owner and first byte.
+    fn cached(&self) -> Vec<CachedCopy> {
+        Vec::new()
+    }
 }
 
 /// Waits for one launch's outcome.

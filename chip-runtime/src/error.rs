@@ -38,6 +38,22 @@ pub enum Error {
         /// The address given.
         addr: u64,
     },
+    /// A task asked for bytes at one version while the chip holds them
+    /// dirty at another: its caller did not have them written back first,
+    /// and using either would lose bytes.
+    #[error(
+        "the chip holds bytes {footprint} of buffer {buffer} dirty at version {held} and a task asks for version {asked}: the dirty bytes must be written back (flushed) first"
+    )]
+    CacheConflict {
+        /// The buffer.
+        buffer: strata_wire::CanonicalIdentity,
+        /// The byte range of the copy.
+        footprint: String,
+        /// The version the chip holds.
+        held: u64,
+        /// The version asked for.
+        asked: u64,
+    },
     /// A run-region block was used after its run ended: the run region was
     /// reset, so its bytes may belong to another run's blocks now.
     #[error(

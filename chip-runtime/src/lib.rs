@@ -10,6 +10,9 @@
 //! - [`arena`]: device-memory bookkeeping in three regions (persistent,
 //!   run, scratch), 64-byte aligned, with statistics and out-of-memory
 //!   errors that name the region.
+//! - [`cache`]: the device cache, copies of host bytes kept on a staged
+//!   chip between tasks, at versions the caller names, written back when
+//!   dirty.
 //! - [`kernel`]: the callable model (name, version, signature, handle), the
 //!   typed strided views kernels compute through, the registry and the
 //!   built-in kernels.
@@ -30,7 +33,7 @@
 //! let host = Arc::new(HostBuffer::new(64)?);
 //! let buf = strata_wire::check::test_buffer(64);
 //! let view = Tensor::new(buf, 0, &[4, 4], &[4, 1], DType::F32)?;
-//! let arg = LaunchArg { tensor: view, tag: ArgTag::Output, backing: ArgBacking::Host(host.clone()) };
+//! let arg = LaunchArg { tensor: view, tag: ArgTag::Output, backing: ArgBacking::Host(host.clone()), cache: None };
 //! let report = device::launch(&dev, Launch { kernel: fill, args: vec![arg], scalars: vec![2.5f64.to_bits()], gate: None })?.wait()?;
 //! assert_eq!(report.staged_out, 64);
 //! assert_eq!(host.read(0, 4)?, 2.5f32.to_le_bytes());
@@ -38,6 +41,7 @@
 //! ```
 
 pub mod arena;
+pub mod cache;
 pub mod device;
 mod error;
 pub mod kernel;
@@ -51,9 +55,10 @@ mod sync;
 pub use half;
 
 pub use arena::Region;
+pub use cache::{CacheStats, CacheUse, CopyKey};
 pub use device::{
-    ArgBacking, Device, DeviceBlock, DeviceInfo, DeviceStats, Launch, LaunchArg, LaunchReport,
-    StartGate,
+    ArgBacking, CachedCopy, Device, DeviceBlock, DeviceInfo, DeviceStats, Launch, LaunchArg,
+    LaunchReport, StartGate,
 };
 pub use error::Error;
 pub use kernel::{Kernel, KernelContext, KernelDescriptor, KernelHandle, Registry};

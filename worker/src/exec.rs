@@ -229,6 +229,7 @@ fn prepare(
             tensor,
             tag: *tag,
             backing,
+            cache: None,
         });
     }
     Ok((

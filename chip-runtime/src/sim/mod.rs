@@ -36,16 +36,17 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use strata_wire::{AddressSpace, ArgTag, ChipTensor, Tensor};
+use strata_wire::{AddressSpace, ArgTag, CanonicalIdentity, ChipTensor, Footprint, Tensor};
 
 use crate::Error;
 use crate::arena::{Arena, Block, Region};
+use crate::cache::{Acquired, Backend, Cache, CacheUse, CopyKey, Release};
 use crate::device::{
-    ArgBacking, Completion, Device, DeviceAddr, DeviceBlock, DeviceInfo, DeviceStats, Launch,
-    LaunchArg, LaunchReport, StartGate,
+    ArgBacking, CachedCopy, Completion, Device, DeviceAddr, DeviceBlock, DeviceInfo, DeviceStats,
+    Launch, LaunchArg, LaunchReport, StartGate,
 };
 use crate::kernel::{KernelContext, Materialized, Scratch, validate_launch};
-use crate::memory::{DEVICE_BASE, DeviceMemory};
+use crate::memory::{DEVICE_BASE, DeviceMemory, HostMemory};
 use crate::spec::{DeviceSpec, Mode};
 use crate::staging;
 use crate::sync::{AtomicU64, Ordering};
@@ -63,7 +64,57 @@ struct Inner {
     spec: DeviceSpec,
     memory: DeviceMemory,
     arena: Arena,
+    cache: Cache,
     counters: Counters,
+}
+
+/// One argument's use of the cache during a launch.
+#[derive(Debug, Clone, Copy)]
+struct CachedArg {
+    key: CopyKey,
+    acquired: Acquired,
+    usage: CacheUse,
+    writes: bool,
+    /// Bytes of a written argument copied back to host memory at the end
+    /// of the task (write-through).
+    written_through: u64,
+}
+
+/// The cache's view of the chip: its copies live in the persistent region.
+struct SimBackend<'a>(&'a Inner);
+
+impl Backend for SimBackend<'_> {
+    fn alloc(&self, len: u64) -> Result<Block, Error> {
+        self.0.arena.alloc(Region::Persistent, len)
+    }
+
+    fn free(&self, block: Block) {
+        // The cache frees each of its blocks once (CACHE-1, CACHE-3).
+        let _ = self.0.arena.free(Region::Persistent, block.offset);
+    }
+
+    fn write_back(&self, block: Block, view: &Tensor, host: &dyn HostMemory) -> u64 {
+        let extent = view.extent_bytes();
+        // A dirty copy comes from a launch whose backing was checked:
+        // writable, and long enough for the view.
+        if !host.writable() || view.end_byte() > host.len() as u64 || block.len < extent {
+            return 0;
+        }
+        let Ok(src) = self.0.memory.ptr(DEVICE_BASE + block.offset, extent) else {
+            return 0;
+        };
+        // SAFETY: the block holds `extent` bytes of device memory, the host
+        // mapping holds the view (checked above, and kept mapped by the
+        // entry's Arc); they never overlap.
+        let moved = unsafe {
+            staging::copy_view(view, src, host.as_ptr().add(view.byte_offset() as usize))
+        };
+        self.0
+            .counters
+            .staged_to_host
+            .fetch_add(moved, Ordering::Relaxed);
+        moved
+    }
 }
 
 #[derive(Debug, Default)]
@@ -111,6 +162,7 @@ impl SimDevice {
                 spec,
                 memory,
                 arena,
+                cache: Cache::new(),
                 counters: Counters::default(),
             }),
             lanes,
@@ -122,7 +174,8 @@ impl SimDevice {
     /// # Errors
     /// The first broken invariant.
     pub fn check_invariants(&self) -> Result<(), String> {
-        self.inner.arena.check_invariants()
+        self.inner.arena.check_invariants()?;
+        self.inner.cache.check_invariants()
     }
 
     /// Checks `launch` and makes the job that runs it on a lane.
@@ -178,7 +231,15 @@ impl Device for SimDevice {
                     .into(),
             });
         }
-        let b = self.inner.arena.alloc(region, nbytes)?;
+        // User blocks outrank cached copies, which live in the persistent
+        // region: evict copies to make room there.
+        let b = if region == Region::Persistent {
+            self.inner.cache.make_room(&self.inner.backend(), &|| {
+                self.inner.arena.alloc(region, nbytes)
+            })?
+        } else {
+            self.inner.arena.alloc(region, nbytes)?
+        };
         let addr = DEVICE_BASE + b.offset;
         // A freed persistent block, or a run block after a reset, holds
         // whatever its last owner left: the block is handed out zeroed.
@@ -278,7 +339,32 @@ impl Device for SimDevice {
             panicked: get(&c.panicked),
             busy: Duration::from_nanos(get(&c.busy_ns)),
             zeroed: get(&c.zeroed),
+            cache: self.inner.cache.stats(),
         }
+    }
+
+    fn flush(&self, owner: u64, pick: &dyn Fn(&Footprint) -> bool) -> u64 {
+        self.inner.cache.flush(&self.inner.backend(), owner, pick)
+    }
+
+    fn drop_copies(&self, owner: u64, identity: Option<&CanonicalIdentity>) -> usize {
+        self.inner
+            .cache
+            .drop_owner(&self.inner.backend(), owner, identity)
+    }
+
+    fn cached(&self) -> Vec<CachedCopy> {
+        self.inner
+            .cache
+            .copies()
+            .into_iter()
+            .map(|(key, version, dirty, pinned)| CachedCopy {
+                key,
+                version,
+                dirty,
+                pinned,
+            })
+            .collect()
     }
 }
 
@@ -296,6 +382,10 @@ impl Drop for ScratchGuard<'_> {
 }
 
 impl Inner {
+    fn backend(&self) -> SimBackend<'_> {
+        SimBackend(self)
+    }
+
     /// Zeroes `len` device bytes at `addr` and counts them.
     fn zero(&self, addr: DeviceAddr, len: u64, release: bool) -> Result<(), Error> {
         self.memory.zero(addr, len, release)?;
@@ -424,11 +514,125 @@ impl Inner {
         result.map(|()| report)
     }
 
+    /// Materializes, runs and stages back (module docs), then ends every
+    /// cached argument's use of the cache, whatever happened.
     fn materialize_and_run(&self, launch: &Launch, report: &mut LaunchReport) -> Result<(), Error> {
+        let mut cached: Vec<Option<CachedArg>> = vec![None; launch.args.len()];
+        let result = self.run_launch(launch, report, &mut cached);
+        let backend = self.backend();
+        for (arg, c) in launch.args.iter().zip(cached) {
+            let (Some(c), ArgBacking::Host(host)) = (c, &arg.backing) else {
+                continue;
+            };
+            self.cache.release(
+                &backend,
+                Release {
+                    key: c.key,
+                    acquired: c.acquired,
+                    usage: c.usage,
+                    writes: c.writes,
+                    ok: result.is_ok(),
+                    written_through: c.written_through,
+                    view: &arg.tensor,
+                    host,
+                },
+            );
+        }
+        result
+    }
+
+    /// Where a staged host-backed argument works, and how its bytes get
+    /// there: its cached copy (read in place, or copied on the chip into
+    /// a block the kernel writes), or a new block — cached or scratch —
+    /// filled from host memory where the kernel reads it and zeroed
+    /// everywhere else.
+    #[allow(clippy::too_many_arguments)]
+    fn stage_in(
+        &self,
+        arg: &LaunchArg,
+        mem: &Arc<dyn HostMemory>,
+        copy_in: bool,
+        writes: bool,
+        report: &mut LaunchReport,
+        slot: &mut Option<CachedArg>,
+    ) -> Result<(DeviceAddr, Option<ScratchGuard<'_>>), Error> {
+        let t = &arg.tensor;
+        let extent = t.extent_bytes();
+        let footprint = Footprint::of(t);
+        let acquired = match arg.cache {
+            Some(usage) if footprint.is_exact() => {
+                let key = CopyKey {
+                    owner: usage.owner,
+                    footprint,
+                };
+                let acquired =
+                    self.cache
+                        .acquire(&self.backend(), key, usage, copy_in, writes, extent)?;
+                *slot = Some(CachedArg {
+                    key,
+                    acquired,
+                    usage,
+                    writes,
+                    written_through: 0,
+                });
+                Some(acquired)
+            }
+            _ => None,
+        };
+        let (addr, guard, from_host) = match acquired {
+            Some(Acquired::Hit(block)) => return Ok((DEVICE_BASE + block.offset, None)),
+            Some(Acquired::Copy { from, to, .. }) => {
+                let (src, dst) = (DEVICE_BASE + from.offset, DEVICE_BASE + to.offset);
+                if !t.is_contiguous() {
+                    self.zero(dst, extent, false)?;
+                }
+                let (src, dst) = (self.memory.ptr(src, extent)?, self.memory.ptr(dst, extent)?);
+                // SAFETY: both are live blocks of at least `extent` bytes
+                // (the cached copy pinned, the new one this launch's), and
+                // the arena never hands out overlapping blocks.
+                unsafe { staging::copy_view(t, src, dst) };
+                return Ok((DEVICE_BASE + to.offset, None));
+            }
+            Some(Acquired::Fresh { block, .. }) => (DEVICE_BASE + block.offset, None, copy_in),
+            None | Some(Acquired::Bypass) => {
+                let block = self.arena.alloc(Region::Scratch, extent)?;
+                let guard = ScratchGuard {
+                    arena: &self.arena,
+                    block,
+                };
+                (DEVICE_BASE + block.offset, Some(guard), copy_in)
+            }
+        };
+        let dev = self.memory.ptr(addr, extent)?;
+        // Wherever no copy-in writes — the whole block for an OUTPUT, the
+        // gaps of a strided view — the block still holds an earlier
+        // owner's bytes: zero them, so that a kernel sees no foreign byte
+        // and an OUTPUT element it leaves alone comes back as zero, not as
+        // someone else's.
+        if !from_host || !t.is_contiguous() {
+            self.zero(addr, extent, false)?;
+        }
+        if from_host {
+            // SAFETY: the view's extent lies inside the host mapping
+            // (check_backing) and inside the fresh block; the two never
+            // overlap.
+            report.staged_in +=
+                unsafe { staging::copy_view(t, mem.as_ptr().add(t.byte_offset() as usize), dev) };
+        }
+        Ok((addr, guard))
+    }
+
+    fn run_launch(
+        &self,
+        launch: &Launch,
+        report: &mut LaunchReport,
+        cached: &mut [Option<CachedArg>],
+    ) -> Result<(), Error> {
         let desc = launch.kernel.descriptor();
         let mut staged: Vec<Option<ScratchGuard<'_>>> = Vec::with_capacity(launch.args.len());
+        let mut on_chip: Vec<bool> = Vec::with_capacity(launch.args.len());
         let mut args = Vec::with_capacity(launch.args.len());
-        for (arg, spec) in launch.args.iter().zip(&desc.args) {
+        for ((arg, spec), slot) in launch.args.iter().zip(&desc.args).zip(cached.iter_mut()) {
             let t = &arg.tensor;
             let extent = t.extent_bytes();
             let (chip, base, guard) = match (&arg.backing, self.spec.mode) {
@@ -448,13 +652,6 @@ impl Inner {
                     )
                 }
                 (ArgBacking::Host(mem), Mode::Staged) => {
-                    let block = self.arena.alloc(Region::Scratch, extent)?;
-                    let guard = ScratchGuard {
-                        arena: &self.arena,
-                        block,
-                    };
-                    let addr = DEVICE_BASE + block.offset;
-                    let dev = self.memory.ptr(addr, extent)?;
                     // The view's bytes go in when the kernel reads them, when
                     // the task keeps the elements it does not write
                     // (OUTPUT_EXISTING, INOUT: the copy-back returns every
@@ -464,26 +661,12 @@ impl Inner {
                     let copy_in = spec.access.allows_read()
                         || matches!(arg.tag, ArgTag::OutputExisting | ArgTag::InOut)
                         || t.dtype().is_sub_byte();
-                    // Wherever no copy-in writes — the whole block for an
-                    // OUTPUT, the gaps of a strided view — the block still
-                    // holds an earlier task's bytes: zero them, so that a
-                    // kernel sees no foreign byte and an OUTPUT element it
-                    // leaves alone comes back as zero, not as someone else's.
-                    if !copy_in || !t.is_contiguous() {
-                        self.zero(addr, extent, false)?;
-                    }
-                    if copy_in {
-                        // SAFETY: the view's extent lies inside the host
-                        // mapping (check_backing) and inside the fresh
-                        // scratch block; the two never overlap.
-                        report.staged_in += unsafe {
-                            staging::copy_view(t, mem.as_ptr().add(t.byte_offset() as usize), dev)
-                        };
-                    }
+                    let writes = spec.access.allows_write();
+                    let (addr, guard) = self.stage_in(arg, mem, copy_in, writes, report, slot)?;
                     (
                         ChipTensor::staged(t, addr, AddressSpace::Device)?,
-                        dev,
-                        Some(guard),
+                        self.memory.ptr(addr, extent)?,
+                        guard,
                     )
                 }
                 (ArgBacking::Device(block), _) => {
@@ -507,6 +690,8 @@ impl Inner {
             // checked against its backing above; the backing outlives the
             // kernel run (Arc or guard held in this frame).
             args.push(unsafe { Materialized::new(chip, spec.access, base) });
+            on_chip
+                .push(matches!(arg.backing, ArgBacking::Host(_)) && self.spec.mode == Mode::Staged);
             staged.push(guard);
         }
 
@@ -552,22 +737,34 @@ impl Inner {
                 });
             }
         }
-        for ((arg, spec), (m, guard)) in launch
+        for (((arg, spec), (m, staged_here)), slot) in launch
             .args
             .iter()
             .zip(&desc.args)
-            .zip(args.iter().zip(&staged))
+            .zip(args.iter().zip(&on_chip))
+            .zip(cached.iter_mut())
         {
-            if let (Some(_), ArgBacking::Host(mem), true) =
-                (guard, &arg.backing, spec.access.allows_write())
+            let (true, ArgBacking::Host(mem), true) =
+                (*staged_here, &arg.backing, spec.access.allows_write())
+            else {
+                continue;
+            };
+            // A written copy the cache keeps dirty stays on the chip.
+            if let Some(c) = slot
+                && c.usage.deferred
+                && !matches!(c.acquired, Acquired::Bypass)
             {
-                let t = &arg.tensor;
-                let dev = self.memory.ptr(m.chip().addr(), t.extent_bytes())?;
-                // SAFETY: as for the copy in, in the other direction; the
-                // host mapping is writable (check_backing).
-                report.staged_out += unsafe {
-                    staging::copy_view(t, dev, mem.as_ptr().add(t.byte_offset() as usize))
-                };
+                continue;
+            }
+            let t = &arg.tensor;
+            let dev = self.memory.ptr(m.chip().addr(), t.extent_bytes())?;
+            // SAFETY: as for the copy in, in the other direction; the
+            // host mapping is writable (check_backing).
+            let moved =
+                unsafe { staging::copy_view(t, dev, mem.as_ptr().add(t.byte_offset() as usize)) };
+            report.staged_out += moved;
+            if let Some(c) = slot {
+                c.written_through = moved;
             }
         }
         Ok(())

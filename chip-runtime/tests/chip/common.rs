@@ -29,6 +29,7 @@ impl HostTensor {
             tensor: self.view,
             tag,
             backing: ArgBacking::Host(self.host.clone()),
+            cache: None,
         }
     }
     pub(crate) fn bytes(&self) -> Vec<u8> {

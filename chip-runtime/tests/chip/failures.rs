@@ -231,6 +231,7 @@ fn bad_arguments_are_refused_before_anything_runs_naming_the_argument() {
         tensor: view,
         tag: ArgTag::Output,
         backing: ArgBacking::Host(host),
+        cache: None,
     };
     let (_, _, why) = argument_error(run(&d, &reg, "fill", vec![arg], vec![0]).unwrap_err());
     assert!(why.contains("grants READ"), "{why}");
@@ -241,6 +242,7 @@ fn bad_arguments_are_refused_before_anything_runs_naming_the_argument() {
         tensor: c.view,
         tag: ArgTag::Output,
         backing: ArgBacking::Host(short),
+        cache: None,
     };
     let (_, _, why) = argument_error(run(&d, &reg, "fill", vec![arg], vec![0]).unwrap_err());
     assert!(why.contains("host mapping has 16"), "{why}");
@@ -332,6 +334,7 @@ fn device_backed_arguments_run_in_place() {
         tensor: t,
         tag: ArgTag::Input,
         backing: ArgBacking::Device(block),
+        cache: None,
     };
     let report = run(
         &d,
@@ -421,6 +424,7 @@ fn run_blocks_are_refused_after_their_run_ends() {
         tensor: view,
         tag: ArgTag::Output,
         backing: ArgBacking::Device(block),
+        cache: None,
     };
     let err = run(&d, &reg, "fill", vec![arg(old)], vec![1.0f64.to_bits()]).unwrap_err();
     assert!(

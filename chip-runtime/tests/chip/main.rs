@@ -4,6 +4,7 @@
 //! failure behaviour.
 
 mod arena;
+mod cache;
 mod common;
 mod failures;
 mod isolation;

@@ -20,7 +20,7 @@
 //! its bytes have once the task succeeds ([`CacheUse::written`]) and
 //! whether the written bytes go back to host memory at the end of the task
 //! (write-through) or stay on the chip, *dirty*, until someone asks for
-//! them ([`CacheUse::deferred`]; [`Cache::flush`], eviction).
+//! them ([`CacheUse::deferred`]; [`crate::Device::flush`], eviction).
 //!
 //! **A failed task changes nothing.** A kernel that writes an argument
 //! writes a block of its own: a fresh one for a pure output, a device-side
@@ -40,13 +40,13 @@
 //! *bypassed*), so a working set larger than the cache costs copies, never
 //! a thrash or a deadlock.
 //!
-//! **Sessions.** [`Cache::drop_owner`] forgets every copy of an owner
+//! **Sessions.** [`crate::Device::drop_copies`] forgets every copy of an owner
 //! *without writing it back*: a session that ends without flushing has
 //! ended unasked, and its driver treats what the chip held dirty as lost
 //! (nothing writes into its memory after it has been told the worker is
 //! gone).
 //!
-//! Invariants ([`Cache::check_invariants`], checked by the tests and the
+//! Invariants (`Cache::check_invariants`, checked by the tests and the
 //! loom model):
 //! - CACHE-1: every entry's block is live and no two entries share a block;
 //! - CACHE-2: the LRU order lists exactly the entries, once each;

@@ -562,18 +562,7 @@ fn one(
     args: Vec<LaunchArg>,
     scalars: Vec<u64>,
 ) -> Result<(), strata_chip::Error> {
-    let kernel = reg.get(reg.find(kernel, 1).unwrap()).unwrap();
-    device::launch(
-        dev,
-        Launch {
-            kernel,
-            args,
-            scalars,
-            gate: None,
-        },
-    )?
-    .wait()
-    .map(drop)
+    crate::common::run(dev, reg, kernel, args, scalars).map(drop)
 }
 
 fn cached_arg(

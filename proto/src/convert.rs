@@ -141,6 +141,24 @@ pub struct TaskRequest {
     /// entry is `None` until the worker resolves them
     /// ([`TaskRequest::resolve_staged`]).
     pub staged: Vec<(u32, u64)>,
+    /// Arguments whose device copies the worker may keep between tasks,
+    /// at the versions named (at most one per argument).
+    pub cache: Vec<CacheArg>,
+}
+
+/// How one argument of a task uses the worker's device cache.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CacheArg {
+    /// Which tensor argument.
+    pub index: u32,
+    /// The version of the bytes the task must see.
+    pub version: u64,
+    /// For an argument the task writes: the version of its bytes once the
+    /// task has succeeded.
+    pub written: u64,
+    /// For an argument the task writes: keep the bytes on the chip
+    /// (dirty) instead of copying them back when the task ends.
+    pub deferred: bool,
 }
 
 impl TaskRequest {
@@ -293,6 +311,28 @@ impl TryFrom<pb::Task> for TaskRequest {
             }
             *slot = Some(item.data);
         }
+        let mut cache: Vec<CacheArg> = Vec::with_capacity(t.cache.len());
+        for (k, c) in t.cache.iter().enumerate() {
+            let field = format!("cache[{k}]");
+            if c.arg_index as usize >= n {
+                return Err(ConvertError::new(
+                    field,
+                    format!("arg_index {} is past the {n} tensors", c.arg_index),
+                ));
+            }
+            if cache.iter().any(|d| d.index == c.arg_index) {
+                return Err(ConvertError::new(
+                    field,
+                    format!("argument {} has two cache entries", c.arg_index),
+                ));
+            }
+            cache.push(CacheArg {
+                index: c.arg_index,
+                version: c.version,
+                written: c.written,
+                deferred: c.deferred,
+            });
+        }
         Ok(TaskRequest {
             id: TaskId(t.task_id),
             callable,
@@ -300,6 +340,7 @@ impl TryFrom<pb::Task> for TaskRequest {
             tags,
             inline,
             staged,
+            cache,
         })
     }
 }
@@ -328,6 +369,16 @@ impl From<&TaskRequest> for pb::Task {
                     data: Bytes::new(),
                     staged,
                 }))
+                .collect(),
+            cache: r
+                .cache
+                .iter()
+                .map(|c| pb::CacheArg {
+                    arg_index: c.index,
+                    version: c.version,
+                    written: c.written,
+                    deferred: c.deferred,
+                })
                 .collect(),
         }
     }
@@ -812,8 +863,48 @@ mod tests {
             tags: vec![ArgTag::Input, ArgTag::Output],
             inline: vec![Some(Bytes::from(vec![0; 16])), None],
             staged: Vec::new(),
+            cache: Vec::new(),
         };
         (&req).into()
+    }
+
+    /// Cache entries travel both ways; one past the tensors, or a second
+    /// for the same argument, is refused naming the entry.
+    #[test]
+    fn cache_entries_round_trip_and_are_checked() {
+        let mut t = task();
+        let c = |arg_index, version| pb::CacheArg {
+            arg_index,
+            version,
+            written: 9,
+            deferred: true,
+        };
+        t.cache = vec![c(1, 4), c(0, 3)];
+        let req = TaskRequest::try_from(t.clone()).unwrap();
+        assert_eq!(
+            req.cache[0],
+            CacheArg {
+                index: 1,
+                version: 4,
+                written: 9,
+                deferred: true
+            }
+        );
+        assert_eq!(pb::Task::from(&req).cache, t.cache);
+        let err = |cache| {
+            let e = TaskRequest::try_from(pb::Task {
+                cache,
+                ..t.clone()
+            })
+            .unwrap_err();
+            (e.field, e.reason)
+        };
+        let (field, reason) = err(vec![c(0, 1), c(2, 1)]);
+        assert_eq!(field, "cache[1]");
+        assert!(reason.contains("past the 2 tensors"), "{reason}");
+        let (field, reason) = err(vec![c(1, 1), c(1, 2)]);
+        assert_eq!(field, "cache[1]");
+        assert!(reason.contains("two cache entries"), "{reason}");
     }
 
     #[test]
@@ -890,6 +981,7 @@ mod tests {
             tags: vec![ArgTag::Input, ArgTag::Output],
             inline: vec![None, None],
             staged: vec![(0, 77)],
+            cache: Vec::new(),
         };
         let wire: pb::Task = (&req).into();
         assert_eq!(wire.inline_inputs.len(), 1);

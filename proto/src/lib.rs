@@ -19,6 +19,7 @@
 //!     tags: vec![ArgTag::Output],
 //!     inline: vec![None],
 //!     staged: vec![],
+//!     cache: vec![],
 //! };
 //! let wire: pb::Task = (&req).into();
 //! assert_eq!(TaskRequest::try_from(wire).unwrap(), req);

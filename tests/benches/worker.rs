@@ -52,6 +52,7 @@ fn bench(c: &mut Criterion) {
                     tags: vec![],
                     inline: vec![],
                     staged: Vec::new(),
+                    cache: Vec::new(),
                 }
             })
             .collect()

@@ -654,6 +654,7 @@ mod tests {
             tags: vec![],
             inline: vec![],
             staged: Vec::new(),
+            cache: Vec::new(),
         };
         exec::execute(
             &f.node,

@@ -204,6 +204,8 @@ pub(crate) struct DispatchItem {
     pub(crate) scalars: std::sync::Arc<[u64]>,
     /// How long it may run once sent ([`crate::Task::timeout`]).
     pub(crate) timeout: Option<std::time::Duration>,
+    /// Its arguments' use of the worker's device cache.
+    pub(crate) cache: Vec<strata_proto::convert::CacheArg>,
 }
 
 /// DAG actor, buffer manager and driver → one endpoint.

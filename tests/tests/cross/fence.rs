@@ -44,6 +44,7 @@ fn task(id: u64, callable: KernelHandle, tensors: Vec<Tensor>, scalars: Vec<u64>
         tags: vec![ArgTag::Output; n],
         inline: vec![None; n],
         staged: Vec::new(),
+        cache: Vec::new(),
     }
 }
 

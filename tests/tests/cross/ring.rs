@@ -198,6 +198,7 @@ async fn hostile_records_fail_their_task_or_end_their_session_never_the_worker()
             args: vec![0xff; 40],
             tags: vec![],
             inline_inputs: vec![],
+            cache: vec![],
         };
         assert!(lane.try_push(&bad.encode_to_vec()).unwrap());
         lane.publish();

@@ -69,6 +69,7 @@ fn fill_task(s: &Session, id: u64, view: Tensor, value: f64) -> TaskRequest {
         tags: vec![ArgTag::Output],
         inline: vec![None],
         staged: Vec::new(),
+        cache: Vec::new(),
     }
 }
 

@@ -76,6 +76,7 @@ pub(crate) fn task(
         tags,
         inline: vec![None; n],
         staged: Vec::new(),
+        cache: Vec::new(),
     }
 }
 

@@ -517,6 +517,7 @@ impl DagActor {
                         args: std::sync::Arc::clone(&m.args),
                         scalars: std::sync::Arc::clone(&m.scalars),
                         timeout: m.timeout,
+                        cache: Vec::new(),
                     });
                 }
                 Action::Done { task, outcome } => self.done(task, outcome),

@@ -382,6 +382,7 @@ impl EndpointActor {
                 tags,
                 inline,
                 staged: Vec::new(),
+                cache: item.cache.clone(),
             },
             InFlight {
                 task: item.task,

@@ -568,6 +568,75 @@ pub struct WorkerStats {
     pub tasks_in_flight: u64,
     /// Device bytes zeroed before anyone could see them.
     pub zeroed: u64,
+    /// The device cache.
+    pub cache: CacheCounters,
+}
+
+/// A worker's device cache counters (`strata_chip::CacheStats`, by value).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct CacheCounters {
+    /// Arguments whose bytes were on the chip at the version asked.
+    pub hits: u64,
+    /// Their bytes (what copying them in would have moved).
+    pub hit_bytes: u64,
+    /// Arguments read from host memory because the chip lacked them.
+    pub misses: u64,
+    /// Bytes copied host → device into cached copies.
+    pub loaded: u64,
+    /// Bytes copied device → host from cached copies.
+    pub written_back: u64,
+    /// Dirty copies written back by a flush or an eviction.
+    pub write_backs: u64,
+    /// Copies evicted to make room.
+    pub evictions: u64,
+    /// Bytes copied on the chip into blocks writing kernels work on.
+    pub device_to_device: u64,
+    /// Arguments staged uncached for want of room.
+    pub bypassed: u64,
+    /// Copies held now.
+    pub entries: u64,
+    /// Their bytes.
+    pub held: u64,
+    /// Bytes of dirty copies held now.
+    pub dirty: u64,
+}
+
+impl From<pb::CacheCounters> for CacheCounters {
+    fn from(c: pb::CacheCounters) -> Self {
+        CacheCounters {
+            hits: c.hits,
+            hit_bytes: c.hit_bytes,
+            misses: c.misses,
+            loaded: c.loaded,
+            written_back: c.written_back,
+            write_backs: c.write_backs,
+            evictions: c.evictions,
+            device_to_device: c.device_to_device,
+            bypassed: c.bypassed,
+            entries: c.entries,
+            held: c.held,
+            dirty: c.dirty,
+        }
+    }
+}
+
+impl From<CacheCounters> for pb::CacheCounters {
+    fn from(c: CacheCounters) -> Self {
+        pb::CacheCounters {
+            hits: c.hits,
+            hit_bytes: c.hit_bytes,
+            misses: c.misses,
+            loaded: c.loaded,
+            written_back: c.written_back,
+            write_backs: c.write_backs,
+            evictions: c.evictions,
+            device_to_device: c.device_to_device,
+            bypassed: c.bypassed,
+            entries: c.entries,
+            held: c.held,
+            dirty: c.dirty,
+        }
+    }
 }
 
 fn region_stats(
@@ -613,6 +682,7 @@ impl TryFrom<pb::StatsReply> for WorkerStats {
             sessions: s.sessions,
             tasks_in_flight: s.tasks_in_flight,
             zeroed: s.zeroed,
+            cache: s.cache.map(CacheCounters::from).unwrap_or_default(),
         })
     }
 }
@@ -642,6 +712,7 @@ impl From<WorkerStats> for pb::StatsReply {
             sessions: s.sessions,
             tasks_in_flight: s.tasks_in_flight,
             zeroed: s.zeroed,
+            cache: Some(s.cache.into()),
         }
     }
 }
@@ -892,11 +963,7 @@ mod tests {
         );
         assert_eq!(pb::Task::from(&req).cache, t.cache);
         let err = |cache| {
-            let e = TaskRequest::try_from(pb::Task {
-                cache,
-                ..t.clone()
-            })
-            .unwrap_err();
+            let e = TaskRequest::try_from(pb::Task { cache, ..t.clone() }).unwrap_err();
             (e.field, e.reason)
         };
         let (field, reason) = err(vec![c(0, 1), c(2, 1)]);

@@ -23,7 +23,9 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
-use strata_chip::{ArgBacking, HostBuffer, HostBytes, HostMemory, Launch, LaunchArg, LaunchReport};
+use strata_chip::{
+    ArgBacking, CacheUse, HostBuffer, HostBytes, HostMemory, Launch, LaunchArg, LaunchReport,
+};
 use strata_proto::TaskId;
 use strata_proto::convert::{TaskCompletion, TaskOutcome, TaskRequest};
 use strata_proto::offload::off_runtime;
@@ -165,6 +167,7 @@ fn prepare(
         .enumerate()
     {
         let bad = |why: String| format!("argument {i}: {why}");
+        let mut cache = None;
         let (tensor, backing) = match (tensor.buffer().address_space(), inline) {
             (AddressSpace::Device, Some(_)) => {
                 return Err(bad("a DEVICE buffer cannot travel inline".into()));
@@ -219,6 +222,18 @@ fn prepare(
                         }
                     })?;
                 let access = tensor.buffer().access();
+                // A mapped buffer's copy may stay on the chip, as the task
+                // says, for this session alone.
+                cache = req
+                    .cache
+                    .iter()
+                    .find(|c| c.index as usize == i)
+                    .map(|c| CacheUse {
+                        owner: session.id.0,
+                        version: c.version,
+                        written: c.written,
+                        deferred: c.deferred,
+                    });
                 (
                     *tensor,
                     ArgBacking::Host(crate::imports::lease(mapping, access)),
@@ -229,7 +244,7 @@ fn prepare(
             tensor,
             tag: *tag,
             backing,
-            cache: None,
+            cache,
         });
     }
     Ok((

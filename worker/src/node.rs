@@ -510,11 +510,14 @@ impl Node {
         session.held.clear();
         session.ended.send_replace(true);
         let imports = self.imports.release_session(id);
+        // Its copies on the chip, dirty ones included, are dropped unwritten:
+        // its driver treats what was never flushed as lost.
+        let copies = self.device.drop_copies(id.0, None);
         // Dropping the map's handles frees each block once no running task
         // holds it.
         let device_buffers = session.device_buffers().drain().count();
         let running = session.running();
-        info!(session = %id, why, imports, device_buffers, running, "session ended");
+        info!(session = %id, why, imports, copies, device_buffers, running, "session ended");
     }
 
     /// Ends every session (shutdown).

@@ -199,7 +199,12 @@ impl Node {
     ) -> u32 {
         identities
             .iter()
-            .map(|i| u32::from(self.imports().release(session, i)))
+            .map(|i| {
+                // Its copies on the chip go with it (a dirty one was the
+                // orchestrator's to flush first).
+                self.device.drop_copies(session.0, Some(i));
+                u32::from(self.imports().release(session, i))
+            })
             .sum()
     }
 
@@ -222,6 +227,7 @@ impl Node {
             sessions: self.session_count() as u64,
             tasks_in_flight: self.tasks_in_flight(),
             zeroed: s.zeroed,
+            cache: cache_counters(s.cache),
         }
     }
 
@@ -425,5 +431,23 @@ impl Intake {
                 done(exec::failure(id, format!("refused: {e}")));
             }
         }
+    }
+}
+
+/// The chip's cache counters as the protocol carries them.
+fn cache_counters(c: strata_chip::CacheStats) -> strata_proto::convert::CacheCounters {
+    strata_proto::convert::CacheCounters {
+        hits: c.hits,
+        hit_bytes: c.hit_bytes,
+        misses: c.misses,
+        loaded: c.loaded,
+        written_back: c.written_back,
+        write_backs: c.write_backs,
+        evictions: c.evictions,
+        device_to_device: c.device_to_device,
+        bypassed: c.bypassed,
+        entries: c.entries,
+        held: c.held,
+        dirty: c.dirty,
     }
 }

@@ -1076,3 +1076,77 @@ async fn a_sessions_run_end_retires_only_its_run_buffers() {
     assert!(a.copy_from_device(&ra, 0, 4).await.is_err());
     assert_eq!(a.copy_from_device(&ra2, 0, 4).await.unwrap(), vec![6; 4]);
 }
+
+/// The device cache through a real worker: a second task reading the same
+/// imported bytes at the same version finds them on the chip; a task
+/// naming another version reads host memory again; another session never
+/// finds the first one's copies; releasing the import drops its copies.
+#[tokio::test(flavor = "multi_thread")]
+async fn cached_copies_are_found_by_version_and_session() {
+    use strata_proto::convert::CacheArg;
+    let w = WorkerProcess::spawn_unix(&strata_bin(), &["worker"], &["--device", "sim:mode=staged"]);
+    let (mut client, hs) = session(&w).await;
+    let copy = hs.callable("copy", 1).unwrap();
+    let mut fds = client.fd_channel().await.unwrap();
+    let mut stream = client.open_tasks().await.unwrap();
+    let mint = mint();
+    let mut bufs: Vec<SharedBuffer> = (0..3)
+        .map(|_| SharedBuffer::new(&mint, 256, Access::ReadWrite))
+        .collect();
+    bufs[0].write(0, &[7u8; 256]);
+    let ids: Vec<_> = bufs.iter().map(|b| *b.descriptor().identity()).collect();
+    let raw: Vec<_> = bufs.iter().map(SharedBuffer::fd).collect();
+    assert!(
+        fds.import(&ids, &raw)
+            .await
+            .unwrap()
+            .iter()
+            .all(Result::is_ok)
+    );
+    let view = |b: &SharedBuffer| Tensor::new(b.descriptor(), 0, &[64], &[1], DType::F32).unwrap();
+    let cached = |version| CacheArg {
+        index: 0,
+        version,
+        written: 0,
+        deferred: false,
+    };
+    let copy_to = |id, dst: &SharedBuffer, version| {
+        let mut t = task(
+            id,
+            copy,
+            vec![view(&bufs[0]), view(dst)],
+            vec![ArgTag::Input, ArgTag::Output],
+            vec![],
+        );
+        t.cache = vec![cached(version)];
+        t
+    };
+    for (id, dst, version) in [(1, 1, 5), (2, 2, 5), (3, 1, 6)] {
+        let done = run_all(&mut stream, &[copy_to(id, &bufs[dst], version)]).await;
+        assert_eq!(done[&id].outcome, TaskOutcome::Success);
+    }
+    let c = client.stats().await.unwrap().cache;
+    assert_eq!((c.hits, c.misses, c.entries), (1, 2, 1), "{c:?}");
+    assert_eq!(c.hit_bytes, 256);
+    assert_eq!(bufs[2].read(0, 256), vec![7u8; 256]);
+    // Another session, same identities and version: its own copies only.
+    let (mut other, _) = session(&w).await;
+    let mut other_fds = other.fd_channel().await.unwrap();
+    let mut other_stream = other.open_tasks().await.unwrap();
+    assert!(
+        other_fds
+            .import(&ids, &raw)
+            .await
+            .unwrap()
+            .iter()
+            .all(Result::is_ok)
+    );
+    let done = run_all(&mut other_stream, &[copy_to(4, &bufs[2], 6)]).await;
+    assert_eq!(done[&4].outcome, TaskOutcome::Success);
+    let c = other.stats().await.unwrap().cache;
+    assert_eq!((c.hits, c.misses, c.entries), (1, 3, 2), "{c:?}");
+    // Releasing an import drops that session's copies of it.
+    assert_eq!(client.release_imports(&ids).await.unwrap(), 3);
+    let c = other.stats().await.unwrap().cache;
+    assert_eq!(c.entries, 1, "{c:?}");
+}

@@ -8,6 +8,7 @@
 //!   groups, completions, failures, endpoint loss.
 //! - [`Engine`]: the two composed, as the orchestrator's DAG/scheduler actor
 //!   owns them.
+//! - [`Directory`]: the versions of bytes workers' device caches hold.
 //! - [`sim`]: random programs, a sequential oracle and a simulated
 //!   executor, for the differential tests and benchmarks.
 //!
@@ -39,6 +40,7 @@ pub mod engine;
 pub mod gate;
 pub mod holders;
 mod ids;
+pub mod residency;
 pub mod sched;
 pub mod sim;
 mod sync;
@@ -48,5 +50,6 @@ pub use dag::{CheckedTask, Dag, ScopeError, SubmitError, SubmitReason};
 pub use engine::{Engine, Event, Submission};
 pub use gate::Gate;
 pub use holders::Holders;
+pub use residency::Directory;
 pub use ids::{KernelHandle, ScopeId, SeqHasher, SeqMap, TaskId, WorkerId};
 pub use sched::{CancelError, Outcome, Placement, PlacementError, Scheduler};

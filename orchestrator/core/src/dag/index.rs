@@ -163,7 +163,7 @@ const SCAN_CELLS: u64 = 1024;
 /// Where entries lie: their rectangles, in a cell hash or an R-tree. A
 /// grid holds ids only; the footprints live in the [`BufferIndex`].
 #[derive(Debug)]
-struct Grid {
+pub(crate) struct Grid {
     row: u64,
     /// Cell height (rows) and width (columns), in grid units.
     cell: (u64, u64),
@@ -174,7 +174,7 @@ struct Grid {
     /// neighbours in the table too.
     cells: SeqMap<u64, smallvec::SmallVec<[u64; 3]>>,
     wide: RTree<Item, Params>,
-    len: usize,
+    pub(crate) len: usize,
 }
 
 impl Default for Grid {
@@ -219,7 +219,7 @@ impl Grid {
 
     /// Appends the ids of entries whose rectangles meet `fp`'s (a
     /// superset of those that share a byte; possibly with repeats).
-    fn candidates(&self, fp: &Footprint, out: &mut Vec<u64>) {
+    pub(crate) fn candidates(&self, fp: &Footprint, out: &mut Vec<u64>) {
         let rs = rects(fp, self.row);
         if cell_count(&rs, self.cell) <= SCAN_CELLS {
             for r in rs.iter() {
@@ -246,7 +246,7 @@ impl Grid {
         }
     }
 
-    fn place(&mut self, id: u64, fp: &Footprint) {
+    pub(crate) fn place(&mut self, id: u64, fp: &Footprint) {
         let rs = rects(fp, self.row);
         if cell_count(&rs, self.cell) <= SMALL_CELLS {
             for r in rs.iter() {
@@ -271,7 +271,7 @@ impl Grid {
     /// Takes out entry `id`, placed with footprint `fp`. Where an entry
     /// lives is a function of its footprint and the grid, so it is
     /// recomputed rather than stored.
-    fn unplace(&mut self, id: u64, fp: &Footprint) {
+    pub(crate) fn unplace(&mut self, id: u64, fp: &Footprint) {
         self.len = self.len.saturating_sub(1);
         let rs = rects(fp, self.row);
         if cell_count(&rs, self.cell) <= SMALL_CELLS {
@@ -302,7 +302,7 @@ impl Grid {
     /// following the shape of what it is given while it is small: the
     /// grid's row becomes the footprint's innermost stride and a cell the
     /// size of its first rectangle (a tile).
-    fn wants_regrid(&self, fp: &Footprint) -> Option<(u64, (u64, u64))> {
+    pub(crate) fn wants_regrid(&self, fp: &Footprint) -> Option<(u64, (u64, u64))> {
         if self.len > REGRID_LIMIT {
             return None;
         }
@@ -318,7 +318,7 @@ impl Grid {
     }
 
     /// Re-chooses the grid and places `placed` again.
-    fn regrid<'a>(
+    pub(crate) fn regrid<'a>(
         &mut self,
         (row, cell): (u64, (u64, u64)),
         placed: impl Iterator<Item = (u64, &'a Footprint)>,
@@ -333,7 +333,7 @@ impl Grid {
     }
 
     /// The cells and the R-tree hold exactly the rectangles of `placed`.
-    fn check<'a>(&self, placed: impl Iterator<Item = &'a Footprint>) -> Result<(), String> {
+    pub(crate) fn check<'a>(&self, placed: impl Iterator<Item = &'a Footprint>) -> Result<(), String> {
         let (mut in_cells, mut in_tree, mut n) = (0usize, 0usize, 0usize);
         for fp in placed {
             n += 1;

@@ -69,7 +69,7 @@
 //! - DAG-6: a buffer's user count equals the live nodes that touch it.
 
 mod finish;
-mod index;
+pub(crate) mod index;
 mod invariants;
 mod quarantine;
 mod scope;

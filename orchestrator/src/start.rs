@@ -52,6 +52,7 @@ pub struct ClusterBuilder {
     respawns: u32,
     max_unfinished: usize,
     quarantine: Quarantine,
+    device_cache: bool,
     in_process: usize,
     kernels: Kernels,
     ring: bool,
@@ -90,6 +91,7 @@ impl Default for ClusterBuilder {
             respawns: 0,
             max_unfinished: 65_536,
             quarantine: Quarantine::default(),
+            device_cache: true,
             in_process: 0,
             kernels: Kernels::default(),
             ring: true,
@@ -283,6 +285,18 @@ impl ClusterBuilder {
     #[must_use]
     pub fn retry(mut self, retries: u32) -> Self {
         self.retries = retries;
+        self
+    }
+
+    /// Whether staged chips keep the copies they make of host bytes
+    /// between tasks (default on): a task finds the bytes it reads on its
+    /// chip when an earlier task there read or wrote them and nothing has
+    /// changed them since, instead of copying them in again. Written bytes
+    /// still go back to host memory when each task ends. Off: every task
+    /// copies its views in and out, as a chip without a cache does.
+    #[must_use]
+    pub fn device_cache(mut self, on: bool) -> Self {
+        self.device_cache = on;
         self
     }
 
@@ -492,7 +506,15 @@ fn start(b: ClusterBuilder) -> Result<Cluster, Error> {
     let (cmd_tx, cmd_rx) = mpsc::channel(1024);
     let gate = Arc::new(strata_core::Gate::new(b.max_unfinished));
     tokio::spawn(
-        DagActor::new(ep_refs, b.trace, origin, Arc::clone(&gate), b.quarantine).run(cmd_rx, up_rx),
+        DagActor::new(
+            ep_refs,
+            b.trace,
+            origin,
+            Arc::clone(&gate),
+            b.quarantine,
+            b.device_cache,
+        )
+        .run(cmd_rx, up_rx),
     );
     tokio::spawn(buffers::run(released_rx, ep_txs.clone()));
     drop(guard);

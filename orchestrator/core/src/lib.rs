@@ -50,6 +50,6 @@ pub use dag::{CheckedTask, Dag, ScopeError, SubmitError, SubmitReason};
 pub use engine::{Engine, Event, Submission};
 pub use gate::Gate;
 pub use holders::Holders;
-pub use residency::Directory;
 pub use ids::{KernelHandle, ScopeId, SeqHasher, SeqMap, TaskId, WorkerId};
+pub use residency::Directory;
 pub use sched::{CancelError, Outcome, Placement, PlacementError, Scheduler};

@@ -226,7 +226,10 @@ mod tests {
                     let now: Vec<u64> = bytes.iter().map(|&b| writes[b as usize]).collect();
                     if let Some((was, then)) = seen.get(&i) {
                         if *then == now {
-                            assert_eq!(v, *was, "seed {seed}: an unchanged byte set lost its version");
+                            assert_eq!(
+                                v, *was,
+                                "seed {seed}: an unchanged byte set lost its version"
+                            );
                         } else {
                             assert_ne!(v, *was, "seed {seed}: a changed byte set kept its version");
                         }
@@ -243,7 +246,9 @@ mod tests {
     #[test]
     fn disjoint_writes_keep_versions() {
         let buf = test_buffer(1024);
-        let tile = |r: u64, c: u64| Tensor::new(buf, r * 256 + c * 8, &[8, 8], &[32, 1], DType::U8).unwrap();
+        let tile = |r: u64, c: u64| {
+            Tensor::new(buf, r * 256 + c * 8, &[8, 8], &[32, 1], DType::U8).unwrap()
+        };
         let mut dir = Directory::new();
         let a = Footprint::of(&tile(0, 0));
         let va = dir.version(&a);

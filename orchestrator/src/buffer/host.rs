@@ -37,6 +37,11 @@ pub(crate) struct HostShared {
     /// when nothing is quarantined. Written under the lock; a check that
     /// races a new mark may pass, as one just before the loss would.
     any_marked: std::sync::atomic::AtomicBool,
+    /// Whether the driver has written the bytes or been handed their
+    /// memory since the buffer was made: the DAG actor then cannot see
+    /// every write, and trusts a chip's copy of its bytes only while
+    /// tasks use them without a gap (`DagActor::live_exposed`).
+    exposed: std::sync::atomic::AtomicBool,
 }
 
 /// A view of a host buffer quarantined by a lost task.
@@ -122,6 +127,7 @@ impl HostShared {
             notify,
             quarantine: std::sync::Mutex::new(Vec::new()),
             any_marked: std::sync::atomic::AtomicBool::new(false),
+            exposed: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
@@ -307,6 +313,17 @@ impl HostShared {
 
     pub(crate) fn len(&self) -> usize {
         self.map.len()
+    }
+
+    /// Marks the bytes as touched by the driver directly (see `exposed`).
+    pub(crate) fn expose(&self) {
+        self.exposed
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Whether the driver has touched the bytes directly.
+    pub(crate) fn exposed(&self) -> bool {
+        self.exposed.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     pub(crate) fn address(&self) -> *mut u8 {

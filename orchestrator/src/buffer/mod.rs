@@ -179,7 +179,12 @@ impl Buffer {
     /// writers are done).
     pub fn host_address(&self) -> Option<(*mut u8, usize)> {
         match &self.backing {
-            Backing::Host(h) => Some((h.address(), h.len())),
+            Backing::Host(h) => {
+                // Whoever holds the address may write through it at any
+                // time no task uses the bytes.
+                h.expose();
+                Some((h.address(), h.len()))
+            }
             Backing::Device(_) => None,
         }
     }
@@ -281,7 +286,9 @@ impl Buffer {
     /// ([`Error::Quarantined`]), or bytes past the end.
     pub fn write_bytes(&self, offset: u64, bytes: &[u8]) -> Result<(), Error> {
         self.check_write()?;
-        self.host_shared()?.write(offset, bytes)
+        let h = self.host_shared()?;
+        h.expose();
+        h.write(offset, bytes)
     }
 
     /// Writes `values` at byte `offset` of a host buffer.

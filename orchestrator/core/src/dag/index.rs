@@ -333,7 +333,10 @@ impl Grid {
     }
 
     /// The cells and the R-tree hold exactly the rectangles of `placed`.
-    pub(crate) fn check<'a>(&self, placed: impl Iterator<Item = &'a Footprint>) -> Result<(), String> {
+    pub(crate) fn check<'a>(
+        &self,
+        placed: impl Iterator<Item = &'a Footprint>,
+    ) -> Result<(), String> {
         let (mut in_cells, mut in_tree, mut n) = (0usize, 0usize, 0usize);
         for fp in placed {
             n += 1;

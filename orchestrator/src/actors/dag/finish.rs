@@ -48,6 +48,19 @@ impl DagActor {
             return;
         };
         self.gate.leave(1);
+        for fp in &record.exposed {
+            if let Some(n) = self.live_exposed.get_mut(fp) {
+                *n -= 1;
+                if *n == 0 {
+                    self.live_exposed.remove(fp);
+                }
+            }
+        }
+        // Members that never finished (a lost worker, a cancel) may have
+        // written part of their bytes.
+        for m in 0..record.members.len() {
+            self.writes_landed(task, m, false);
+        }
         for s in [&mut self.run, &mut self.totals] {
             match &outcome {
                 Outcome::Success => s.succeeded += 1,

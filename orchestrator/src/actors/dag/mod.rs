@@ -8,8 +8,9 @@ use rustc_hash::FxHashMap as HashMap;
 use std::time::{Duration, Instant};
 
 use smallvec::SmallVec;
-use strata_core::{Action, Engine, Event, Outcome, Refusal, TaskId, WorkerId};
-use strata_wire::CanonicalIdentity;
+use strata_core::{Action, Directory, Engine, Event, Outcome, Refusal, TaskId, WorkerId};
+use strata_proto::convert::CacheArg;
+use strata_wire::{ArgTag, CanonicalIdentity, Footprint};
 use tokio::sync::{mpsc, oneshot};
 use tracing::debug;
 
@@ -40,6 +41,9 @@ struct Record {
     /// trace alone).
     submitted: Option<Instant>,
     edges: Vec<(TaskId, u8)>,
+    /// Byte sets of buffers the driver touches directly that this task
+    /// counts as live ([`DagActor::live_exposed`]).
+    exposed: SmallVec<[Footprint; 2]>,
 }
 
 /// A member of a task as the DAG actor knows it.
@@ -89,7 +93,21 @@ pub(crate) struct DagActor {
     pending_n: usize,
     /// The engine's actions for the message at hand: one buffer, reused.
     actions: Vec<Action>,
+    /// Versions of the bytes workers' device caches hold; `None` when the
+    /// cluster keeps no copies on chips.
+    directory: Option<Directory>,
+    /// Per dispatched member: the versions its writes give their bytes
+    /// once it succeeds.
+    writes_sent: HashMap<(TaskId, usize), Writes>,
+    /// Unfinished tasks per byte set of buffers the driver touches
+    /// directly: a driver may write those bytes whenever no task uses
+    /// them, so when the count rises from zero the byte set's version is
+    /// forgotten.
+    live_exposed: HashMap<Footprint, u32>,
 }
+
+/// The byte sets a member writes, with the versions it was sent with.
+type Writes = SmallVec<[(Footprint, u64); 2]>;
 
 /// Messages taken in one step at most before the dispatches they caused
 /// are sent.
@@ -108,6 +126,7 @@ impl DagActor {
         origin: Instant,
         gate: std::sync::Arc<strata_core::Gate>,
         policy: crate::policy::Quarantine,
+        device_cache: bool,
     ) -> Self {
         DagActor {
             engine: Engine::new(),
@@ -129,6 +148,9 @@ impl DagActor {
             policy,
             deadlines: Vec::new(),
             actions: Vec::new(),
+            directory: device_cache.then(Directory::new),
+            writes_sent: HashMap::default(),
+            live_exposed: HashMap::default(),
         }
     }
 
@@ -291,7 +313,12 @@ impl DagActor {
                     s.returned_bytes += report.returned;
                     s.staged_bytes += report.staged;
                 }
-                if let Event::Finished { task, member, .. } = &event {
+                if let Event::Finished {
+                    task,
+                    member,
+                    result,
+                } = &event
+                {
                     if let Some(slot) = self
                         .records
                         .get_mut(task)
@@ -299,6 +326,9 @@ impl DagActor {
                     {
                         slot.report = Some(report);
                     }
+                    // Before the engine answers: the tasks it releases are
+                    // dispatched with the versions these writes gave.
+                    self.writes_landed(*task, *member, result.is_ok());
                 }
                 event
             }
@@ -377,6 +407,7 @@ impl DagActor {
                 let id = submission.task.id();
                 self.next_id = self.next_id.max(id.0 + 1);
                 let n = spec.members.len();
+                let exposed = self.count_exposed(&spec);
                 // The record first: the engine's answer (accepted, maybe
                 // dispatched or done at once; or refused) acts on it.
                 self.records.insert(
@@ -387,6 +418,7 @@ impl DagActor {
                         waiters: Vec::new(),
                         submitted: self.trace.is_some().then(Instant::now),
                         edges: Vec::new(),
+                        exposed,
                     }),
                 );
                 let actions = self.answer_of(Event::Submit(submission));
@@ -510,6 +542,21 @@ impl DagActor {
                     }
                     self.pending_n += 1;
                     let m = &r.spec.members[member];
+                    // Members of a group may write the same bytes at once
+                    // (its completion token): no copies are kept for them.
+                    let grouped = r.spec.members.len() > 1;
+                    let cache = match &mut self.directory {
+                        Some(dir) if !grouped => {
+                            let (cache, writes) = cache_args(dir, &m.args);
+                            if writes.is_empty() {
+                                self.writes_sent.remove(&(task, member));
+                            } else {
+                                self.writes_sent.insert((task, member), writes);
+                            }
+                            cache
+                        }
+                        _ => Vec::new(),
+                    };
                     batch.push(DispatchItem {
                         task,
                         member,
@@ -517,7 +564,7 @@ impl DagActor {
                         args: std::sync::Arc::clone(&m.args),
                         scalars: std::sync::Arc::clone(&m.scalars),
                         timeout: m.timeout,
-                        cache: Vec::new(),
+                        cache,
                     });
                 }
                 Action::Done { task, outcome } => self.done(task, outcome),
@@ -531,12 +578,62 @@ impl DagActor {
                             if let crate::buffer::Backing::Host(h) = &a.backing {
                                 h.lift(task);
                             }
+                            // It may have written them until its fence.
+                            if let Some(dir) = &mut self.directory {
+                                dir.forget(&Footprint::of(&a.tensor));
+                            }
                         }
                     }
                 }
             }
         }
         self.settle();
+    }
+
+    /// A member's writes ended: once it succeeded, the bytes have the
+    /// versions it was sent with; otherwise they may hold anything (a
+    /// failed kernel writes nothing back, but a lost worker may have
+    /// written part), and their versions are forgotten.
+    fn writes_landed(&mut self, task: TaskId, member: usize, ok: bool) {
+        let (Some(dir), Some(writes)) = (
+            &mut self.directory,
+            self.writes_sent.remove(&(task, member)),
+        ) else {
+            return;
+        };
+        for (fp, version) in writes {
+            if ok {
+                dir.written(&fp, version);
+            } else {
+                dir.forget(&fp);
+            }
+        }
+    }
+
+    /// Counts a new task as a live user of the byte sets it names in
+    /// buffers the driver touches directly ([`DagActor::live_exposed`]),
+    /// forgetting the versions of those no task used until now.
+    fn count_exposed(&mut self, spec: &TaskSpec) -> SmallVec<[Footprint; 2]> {
+        let mut counted = SmallVec::new();
+        let Some(dir) = &mut self.directory else {
+            return counted;
+        };
+        for m in &spec.members {
+            for a in m.args.iter() {
+                if let crate::buffer::Backing::Host(h) = &a.backing
+                    && h.exposed()
+                {
+                    let fp = Footprint::of(&a.tensor);
+                    let n = self.live_exposed.entry(fp).or_default();
+                    if *n == 0 {
+                        dir.forget(&fp);
+                    }
+                    *n += 1;
+                    counted.push(fp);
+                }
+            }
+        }
+        counted
     }
 
     fn worker_name(&self, worker: WorkerId) -> String {
@@ -647,4 +744,38 @@ async fn sleep_until(at: Option<Instant>) {
     if let Some(at) = at {
         tokio::time::sleep_until(tokio::time::Instant::from_std(at)).await;
     }
+}
+
+/// The cache entries of one member's dispatch: for each host argument the
+/// DAG orders (not NO_DEP), the version of its bytes now and, for one it
+/// writes, the version they have once it succeeds (write-through: the
+/// bytes also go back to host memory when it ends). Returns them and the
+/// writes to record when it finishes.
+fn cache_args(
+    dir: &mut Directory,
+    args: &[super::ArgRef],
+) -> (Vec<CacheArg>, Writes) {
+    let mut cache = Vec::new();
+    let mut writes = SmallVec::new();
+    for (i, a) in args.iter().enumerate() {
+        if a.tag == ArgTag::NoDep || !matches!(a.backing, crate::buffer::Backing::Host(_)) {
+            continue;
+        }
+        let fp = Footprint::of(&a.tensor);
+        let version = dir.version(&fp);
+        let written = if a.tag.writes() {
+            let v = dir.fresh();
+            writes.push((fp, v));
+            v
+        } else {
+            0
+        };
+        cache.push(CacheArg {
+            index: i as u32,
+            version,
+            written,
+            deferred: false,
+        });
+    }
+    (cache, writes)
 }

@@ -55,7 +55,9 @@
 //! - CACHE-4: the counted bytes held and held dirty equal the sums over the
 //!   entries.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
+
+use rustc_hash::FxHashMap as HashMap;
 use std::sync::Arc;
 
 use strata_wire::{CanonicalIdentity, Footprint, Tensor};

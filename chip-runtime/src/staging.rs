@@ -11,6 +11,122 @@ use strata_wire::Tensor;
 
 pub use strata_wire::geometry::{for_each_run, pack, packed_len, packed_len_bounded, unpack};
 
+/// How a staged copy of a view is laid out in device memory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Layout {
+    /// As in the buffer, from the view's first byte (`extent_bytes`): what
+    /// views that do not pack (sub-byte elements, interleaved or
+    /// overlapping axes) get.
+    Extent,
+    /// Element after element ([`strata_wire::geometry::packed_strides`]):
+    /// a 64×64 tile of a 1024-wide F32 matrix takes 16 KiB, not 258.
+    Packed,
+}
+
+impl Layout {
+    /// The layout of `view`'s staged copy.
+    pub(crate) fn of(view: &Tensor) -> Layout {
+        if strata_wire::geometry::packed_strides(view).is_some() {
+            Layout::Packed
+        } else {
+            Layout::Extent
+        }
+    }
+
+    /// Device bytes of `view`'s copy.
+    pub(crate) fn len(self, view: &Tensor) -> u64 {
+        match self {
+            Layout::Extent => view.extent_bytes(),
+            Layout::Packed => view
+                .element_count()
+                .saturating_mul(u64::from(view.dtype().bits() / 8)),
+        }
+    }
+
+    /// Whether a copy-in writes every byte of the copy (otherwise the rest
+    /// must be zeroed: it holds an earlier owner's bytes).
+    pub(crate) fn filled_by_copy_in(self, view: &Tensor) -> bool {
+        self == Layout::Packed || view.is_contiguous()
+    }
+
+    /// Copies the view's bytes from host memory (`host` is the view's first
+    /// byte) into its copy at `dev`; returns the bytes copied.
+    ///
+    /// # Safety
+    /// `host` is valid for `extent_bytes()` bytes, `dev` for
+    /// [`Layout::len`], and they do not overlap.
+    pub(crate) unsafe fn copy_in(self, view: &Tensor, host: *const u8, dev: *mut u8) -> u64 {
+        match self {
+            // SAFETY: the caller's guarantee.
+            Layout::Extent => unsafe { copy_view(view, host, dev) },
+            Layout::Packed => {
+                let mut at = 0usize;
+                for_each_run(view, |off, len| {
+                    // SAFETY: runs lie inside the extent; a packed view's
+                    // runs add up to exactly `len` bytes (tested).
+                    unsafe { std::ptr::copy_nonoverlapping(host.add(off), dev.add(at), len) };
+                    at += len;
+                });
+                at as u64
+            }
+        }
+    }
+
+    /// The reverse of [`Layout::copy_in`]: the copy at `dev` back into
+    /// host memory, view bytes only.
+    ///
+    /// # Safety
+    /// As for [`Layout::copy_in`]; `host` is writable.
+    pub(crate) unsafe fn copy_out(self, view: &Tensor, dev: *const u8, host: *mut u8) -> u64 {
+        match self {
+            // SAFETY: the caller's guarantee.
+            Layout::Extent => unsafe { copy_view(view, dev, host) },
+            Layout::Packed => {
+                let mut at = 0usize;
+                for_each_run(view, |off, len| {
+                    // SAFETY: as in `copy_in`, the other way.
+                    unsafe { std::ptr::copy_nonoverlapping(dev.add(at), host.add(off), len) };
+                    at += len;
+                });
+                at as u64
+            }
+        }
+    }
+
+    /// Copies one copy of `view` into another on the chip.
+    ///
+    /// # Safety
+    /// Both valid for [`Layout::len`] bytes, not overlapping.
+    pub(crate) unsafe fn copy_on_chip(self, view: &Tensor, src: *const u8, dst: *mut u8) -> u64 {
+        match self {
+            // SAFETY: the caller's guarantee.
+            Layout::Extent => unsafe { copy_view(view, src, dst) },
+            Layout::Packed => {
+                let len = self.len(view) as usize;
+                // SAFETY: the caller's guarantee.
+                unsafe { std::ptr::copy_nonoverlapping(src, dst, len) };
+                len as u64
+            }
+        }
+    }
+
+    /// The kernel's view of a copy at device address `addr`.
+    ///
+    /// # Errors
+    /// A copy that would wrap the address space.
+    pub(crate) fn chip_tensor(
+        self,
+        view: &Tensor,
+        addr: u64,
+    ) -> Result<strata_wire::ChipTensor, strata_wire::Error> {
+        use strata_wire::{AddressSpace, ChipTensor};
+        match self {
+            Layout::Extent => ChipTensor::staged(view, addr, AddressSpace::Device),
+            Layout::Packed => ChipTensor::packed(view, addr, AddressSpace::Device),
+        }
+    }
+}
+
 /// Copies the view's bytes from `src` to `dst`, both laid out from the
 /// view's first byte; returns the bytes copied.
 ///

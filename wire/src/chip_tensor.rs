@@ -123,6 +123,48 @@ impl ChipTensor {
         Ok(c)
     }
 
+    /// Materializes `view` onto a packed copy of its elements at `addr`:
+    /// element after element, axes by decreasing stride
+    /// ([`crate::geometry::packed_strides`]), so the copy holds no byte
+    /// between elements.
+    ///
+    /// # Errors
+    /// [`Error::InvalidField`] naming `strides` for a view that does not
+    /// pack, and `addr` when the copy would wrap the address space.
+    pub fn packed(view: &Tensor, addr: u64, space: AddressSpace) -> Result<Self, Error> {
+        let Some(strides) = crate::geometry::packed_strides(view) else {
+            return Err(Error::invalid(
+                "strides",
+                u64::from(view.strides().first().copied().unwrap_or(0)),
+                "the view's elements overlap, interleave or are smaller than a byte: it does not pack",
+            ));
+        };
+        let size = view
+            .element_count()
+            .saturating_mul(u64::from(view.dtype().bits() / 8));
+        if addr.checked_add(size).is_none() {
+            return Err(Error::invalid(
+                "addr",
+                addr,
+                "packed copy wraps the address space",
+            ));
+        }
+        let mut c = ChipTensor::geometry(view, space);
+        c.addr = addr;
+        c.size = size;
+        c.strides = strides;
+        let mut expect = 1u64;
+        let mut row_major = true;
+        for (&n, &t) in view.shape().iter().zip(&strides).rev() {
+            if n != 1 && u64::from(t) != expect {
+                row_major = false;
+            }
+            expect = expect.saturating_mul(u64::from(n));
+        }
+        c.contiguous = u8::from(row_major);
+        Ok(c)
+    }
+
     /// Start of the resolved backing.
     pub fn addr(&self) -> u64 {
         self.addr

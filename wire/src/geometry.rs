@@ -101,6 +101,42 @@ pub fn for_each_run(view: &Tensor, mut f: impl FnMut(usize, usize)) {
     }
 }
 
+/// The element strides of `view` packed: its elements one after another,
+/// axes taken by decreasing stride (the order [`for_each_run`] walks, so a
+/// packed copy is exactly the view's runs back to back). `None` unless the
+/// view's elements are whole bytes and nest without interleaving (each
+/// axis's stride at least the span of the axes inside it), which makes
+/// every element a distinct byte range and the walk increasing: tiles,
+/// rows, columns and their transposes pack; views whose elements overlap
+/// or interleave do not.
+pub fn packed_strides(view: &Tensor) -> Option<[u32; crate::MAX_DIMS]> {
+    if view.dtype().bits() < 8 {
+        return None;
+    }
+    let n = view.ndims();
+    let mut order: Vec<usize> = (0..n).collect();
+    order.sort_by_key(|&k| Reverse(view.strides()[k]));
+    // Nesting: walking from the innermost axis out, each stride covers
+    // the span of those inside it.
+    let mut span = 1u64;
+    for &k in order.iter().rev() {
+        let (shape, stride) = (u64::from(view.shape()[k]), u64::from(view.strides()[k]));
+        if shape > 1 && stride < span {
+            return None;
+        }
+        if shape > 1 {
+            span = stride.checked_mul(shape)?;
+        }
+    }
+    let mut strides = [0u32; crate::MAX_DIMS];
+    let mut inner = 1u64;
+    for &k in order.iter().rev() {
+        strides[k] = u32::try_from(inner).ok()?;
+        inner = inner.checked_mul(u64::from(view.shape()[k]))?;
+    }
+    Some(strides)
+}
+
 /// Bytes in the packed form of a view: the sum of its runs' lengths.
 pub fn packed_len(view: &Tensor) -> u64 {
     let mut n = 0u64;
@@ -158,4 +194,85 @@ pub fn unpack(view: &Tensor, packed: &[u8], extent: &mut [u8]) -> bool {
         at = at.saturating_add(len);
     });
     fits
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::check::{Rng, ViewClass, byte_set, view_pair};
+
+    /// A view that packs is exactly its runs back to back, element (i₀, …)
+    /// at Σ iₖ·packedₖ: the packed copy of a buffer holds each element's
+    /// bytes where the packed strides say. Tiles and transposes pack.
+    #[test]
+    fn packed_strides_place_every_element_where_pack_puts_it() {
+        let mut rng = Rng(11);
+        let mut packed_views = 0;
+        for class in ViewClass::ALL {
+            for _ in 0..2000 {
+                let (v, _) = view_pair(class, &mut rng);
+                let Some(ps) = packed_strides(&v) else {
+                    continue;
+                };
+                packed_views += 1;
+                let size = u64::from(v.dtype().bits() / 8);
+                let bytes = byte_set(&v).unwrap();
+                assert_eq!(
+                    bytes.len() as u64,
+                    v.element_count() * size,
+                    "{v:?}: elements share bytes"
+                );
+                let extent: Vec<u8> = (0..v.extent_bytes())
+                    .map(|i| (i * 31 % 251) as u8)
+                    .collect();
+                let packed = pack(&v, &extent).unwrap();
+                assert_eq!(packed.len() as u64, v.element_count() * size);
+                let n = v.ndims();
+                let mut idx = vec![0u64; n];
+                loop {
+                    let at: u64 = (0..n).map(|k| idx[k] * u64::from(ps[k])).sum::<u64>() * size;
+                    let from: u64 = (0..n)
+                        .map(|k| idx[k] * u64::from(v.strides()[k]))
+                        .sum::<u64>()
+                        * size;
+                    for b in 0..size {
+                        assert_eq!(
+                            packed[(at + b) as usize],
+                            extent[(from + b) as usize],
+                            "{v:?} at {idx:?}"
+                        );
+                    }
+                    let mut k = n;
+                    loop {
+                        if k == 0 {
+                            break;
+                        }
+                        k -= 1;
+                        idx[k] += 1;
+                        if idx[k] < u64::from(v.shape()[k]) {
+                            break;
+                        }
+                        idx[k] = 0;
+                        if k == 0 {
+                            k = usize::MAX;
+                            break;
+                        }
+                    }
+                    if k == usize::MAX || (n > 0 && idx.iter().all(|&i| i == 0)) {
+                        break;
+                    }
+                }
+            }
+        }
+        assert!(packed_views > 1000, "{packed_views}");
+        // A 2×3 tile of a row-major 8×8 matrix, and its transpose.
+        let buf = crate::check::test_buffer(64 * 4);
+        let tile = Tensor::new(buf, 9 * 4, &[2, 3], &[8, 1], crate::DType::F32).unwrap();
+        assert_eq!(packed_strides(&tile).unwrap()[..2], [3, 1]);
+        let t = Tensor::new(buf, 9 * 4, &[3, 2], &[1, 8], crate::DType::F32).unwrap();
+        assert_eq!(packed_strides(&t).unwrap()[..2], [1, 3]);
+        // Interleaved rows do not pack.
+        let inter = Tensor::new(buf, 0, &[4, 4], &[3, 2], crate::DType::F32).unwrap();
+        assert!(packed_strides(&inter).is_none());
+    }
 }

@@ -48,7 +48,7 @@ use crate::device::{
 use crate::kernel::{KernelContext, Materialized, Scratch, validate_launch};
 use crate::memory::{DEVICE_BASE, DeviceMemory, HostMemory};
 use crate::spec::{DeviceSpec, Mode};
-use crate::staging;
+use crate::staging::Layout;
 use crate::sync::{AtomicU64, Ordering};
 use lanes::LanePool;
 
@@ -94,21 +94,21 @@ impl Backend for SimBackend<'_> {
     }
 
     fn write_back(&self, block: Block, view: &Tensor, host: &dyn HostMemory) -> u64 {
-        let extent = view.extent_bytes();
+        let layout = Layout::of(view);
+        let len = layout.len(view);
         // A dirty copy comes from a launch whose backing was checked:
         // writable, and long enough for the view.
-        if !host.writable() || view.end_byte() > host.len() as u64 || block.len < extent {
+        if !host.writable() || view.end_byte() > host.len() as u64 || block.len < len {
             return 0;
         }
-        let Ok(src) = self.0.memory.ptr(DEVICE_BASE + block.offset, extent) else {
+        let Ok(src) = self.0.memory.ptr(DEVICE_BASE + block.offset, len) else {
             return 0;
         };
-        // SAFETY: the block holds `extent` bytes of device memory, the host
-        // mapping holds the view (checked above, and kept mapped by the
-        // entry's Arc); they never overlap.
-        let moved = unsafe {
-            staging::copy_view(view, src, host.as_ptr().add(view.byte_offset() as usize))
-        };
+        // SAFETY: the block holds the copy's `len` bytes of device memory,
+        // the host mapping holds the view (checked above, and kept mapped
+        // by the entry's Arc); they never overlap.
+        let moved =
+            unsafe { layout.copy_out(view, src, host.as_ptr().add(view.byte_offset() as usize)) };
         self.0
             .counters
             .staged_to_host
@@ -557,7 +557,8 @@ impl Inner {
         slot: &mut Option<CachedArg>,
     ) -> Result<(DeviceAddr, Option<ScratchGuard<'_>>), Error> {
         let t = &arg.tensor;
-        let extent = t.extent_bytes();
+        let layout = Layout::of(t);
+        let len = layout.len(t);
         let footprint = Footprint::of(t);
         let acquired = match arg.cache {
             Some(usage) if footprint.is_exact() => {
@@ -567,7 +568,7 @@ impl Inner {
                 };
                 let acquired =
                     self.cache
-                        .acquire(&self.backend(), key, usage, copy_in, writes, extent)?;
+                        .acquire(&self.backend(), key, usage, copy_in, writes, len)?;
                 *slot = Some(CachedArg {
                     key,
                     acquired,
@@ -583,19 +584,19 @@ impl Inner {
             Some(Acquired::Hit(block)) => return Ok((DEVICE_BASE + block.offset, None)),
             Some(Acquired::Copy { from, to, .. }) => {
                 let (src, dst) = (DEVICE_BASE + from.offset, DEVICE_BASE + to.offset);
-                if !t.is_contiguous() {
-                    self.zero(dst, extent, false)?;
+                if !layout.filled_by_copy_in(t) {
+                    self.zero(dst, len, false)?;
                 }
-                let (src, dst) = (self.memory.ptr(src, extent)?, self.memory.ptr(dst, extent)?);
-                // SAFETY: both are live blocks of at least `extent` bytes
-                // (the cached copy pinned, the new one this launch's), and
-                // the arena never hands out overlapping blocks.
-                unsafe { staging::copy_view(t, src, dst) };
+                let (src, dst) = (self.memory.ptr(src, len)?, self.memory.ptr(dst, len)?);
+                // SAFETY: both are live blocks of at least `len` bytes (the
+                // cached copy pinned, the new one this launch's), and the
+                // arena never hands out overlapping blocks.
+                unsafe { layout.copy_on_chip(t, src, dst) };
                 return Ok((DEVICE_BASE + to.offset, None));
             }
             Some(Acquired::Fresh { block, .. }) => (DEVICE_BASE + block.offset, None, copy_in),
             None | Some(Acquired::Bypass) => {
-                let block = self.arena.alloc(Region::Scratch, extent)?;
+                let block = self.arena.alloc(Region::Scratch, len)?;
                 let guard = ScratchGuard {
                     arena: &self.arena,
                     block,
@@ -603,21 +604,21 @@ impl Inner {
                 (DEVICE_BASE + block.offset, Some(guard), copy_in)
             }
         };
-        let dev = self.memory.ptr(addr, extent)?;
+        let dev = self.memory.ptr(addr, len)?;
         // Wherever no copy-in writes — the whole block for an OUTPUT, the
-        // gaps of a strided view — the block still holds an earlier
-        // owner's bytes: zero them, so that a kernel sees no foreign byte
-        // and an OUTPUT element it leaves alone comes back as zero, not as
-        // someone else's.
-        if !from_host || !t.is_contiguous() {
-            self.zero(addr, extent, false)?;
+        // gaps of a strided view laid out as in the buffer — the block
+        // still holds an earlier owner's bytes: zero them, so that a kernel
+        // sees no foreign byte and an OUTPUT element it leaves alone comes
+        // back as zero, not as someone else's.
+        if !from_host || !layout.filled_by_copy_in(t) {
+            self.zero(addr, len, false)?;
         }
         if from_host {
             // SAFETY: the view's extent lies inside the host mapping
-            // (check_backing) and inside the fresh block; the two never
-            // overlap.
+            // (check_backing) and the copy's `len` bytes inside the fresh
+            // block; the two never overlap.
             report.staged_in +=
-                unsafe { staging::copy_view(t, mem.as_ptr().add(t.byte_offset() as usize), dev) };
+                unsafe { layout.copy_in(t, mem.as_ptr().add(t.byte_offset() as usize), dev) };
         }
         Ok((addr, guard))
     }
@@ -663,9 +664,10 @@ impl Inner {
                         || t.dtype().is_sub_byte();
                     let writes = spec.access.allows_write();
                     let (addr, guard) = self.stage_in(arg, mem, copy_in, writes, report, slot)?;
+                    let layout = Layout::of(t);
                     (
-                        ChipTensor::staged(t, addr, AddressSpace::Device)?,
-                        self.memory.ptr(addr, extent)?,
+                        layout.chip_tensor(t, addr)?,
+                        self.memory.ptr(addr, layout.len(t))?,
                         guard,
                     )
                 }
@@ -757,11 +759,12 @@ impl Inner {
                 continue;
             }
             let t = &arg.tensor;
-            let dev = self.memory.ptr(m.chip().addr(), t.extent_bytes())?;
+            let layout = Layout::of(t);
+            let dev = self.memory.ptr(m.chip().addr(), layout.len(t))?;
             // SAFETY: as for the copy in, in the other direction; the
             // host mapping is writable (check_backing).
             let moved =
-                unsafe { staging::copy_view(t, dev, mem.as_ptr().add(t.byte_offset() as usize)) };
+                unsafe { layout.copy_out(t, dev, mem.as_ptr().add(t.byte_offset() as usize)) };
             report.staged_out += moved;
             if let Some(c) = slot {
                 c.written_through = moved;

@@ -38,6 +38,10 @@ pub struct DemoArgs {
     /// Device spec of the local workers.
     #[arg(long, default_value = "sim")]
     pub device: String,
+    /// Staged chips copy every view in and out for each task instead of
+    /// keeping copies between tasks (for comparison).
+    #[arg(long)]
+    pub no_device_cache: bool,
     /// Write a Chrome trace-event JSON of the run (open it in Perfetto).
     #[arg(long)]
     pub trace: Option<PathBuf>,
@@ -147,7 +151,9 @@ pub fn run(args: &DemoArgs) -> ExitCode {
         return ExitCode::from(2);
     }
     let builder = match builder(&args.workers, args.in_process, &args.auth, &args.device) {
-        Ok(b) => b.trace(args.trace.is_some()),
+        Ok(b) => b
+            .trace(args.trace.is_some())
+            .device_cache(!args.no_device_cache),
         Err(e) => {
             eprintln!("strata demo: {e}");
             return ExitCode::from(2);

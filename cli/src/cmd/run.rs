@@ -40,6 +40,10 @@ pub struct RunArgs {
     /// Device spec of local workers.
     #[arg(long, default_value = "sim")]
     pub device: String,
+    /// Staged chips copy every view in and out for each task instead of
+    /// keeping copies between tasks (for comparison).
+    #[arg(long)]
+    pub no_device_cache: bool,
     /// Write a Chrome trace-event JSON of the run (open it in Perfetto).
     #[arg(long)]
     pub trace: Option<PathBuf>,
@@ -136,6 +140,7 @@ pub fn run(args: &RunArgs) -> ExitCode {
     };
     let builder = builder
         .trace(args.trace.is_some())
+        .device_cache(!args.no_device_cache)
         .retry(args.retry)
         .respawn(args.respawn)
         .quarantine(match args.quarantine_wait_ms {

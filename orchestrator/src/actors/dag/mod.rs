@@ -751,10 +751,7 @@ async fn sleep_until(at: Option<Instant>) {
 /// writes, the version they have once it succeeds (write-through: the
 /// bytes also go back to host memory when it ends). Returns them and the
 /// writes to record when it finishes.
-fn cache_args(
-    dir: &mut Directory,
-    args: &[super::ArgRef],
-) -> (Vec<CacheArg>, Writes) {
+fn cache_args(dir: &mut Directory, args: &[super::ArgRef]) -> (Vec<CacheArg>, Writes) {
     let mut cache = Vec::new();
     let mut writes = SmallVec::new();
     for (i, a) in args.iter().enumerate() {

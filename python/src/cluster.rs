@@ -99,6 +99,10 @@ impl Core {
 ///     window: the most tasks in flight on one worker.
 ///     max_unfinished: past this many unfinished tasks, ``submit`` waits
 ///         until a sixteenth of them have finished.
+///     device_cache: staged chips keep the copies they make of host bytes
+///         between tasks and read them again while nothing has changed
+///         them (default on; written bytes still reach host memory when
+///         each task ends). Off: every task copies its views in and out.
 ///
 /// Raises:
 ///     ClusterError: a worker could not be started or reached (the
@@ -195,9 +199,9 @@ impl PyCluster {
     /// Starts the workers and connects to each (see the class's help).
     #[new]
     #[pyo3(
-        text_signature = "(local=0, *, in_process=0, workers=(), token=None, device='sim', kernels=(), retry=0, respawn=0, worker_binary=None, ring=True, trace=False, window=None, max_unfinished=None)"
+        text_signature = "(local=0, *, in_process=0, workers=(), token=None, device='sim', kernels=(), retry=0, respawn=0, worker_binary=None, ring=True, trace=False, window=None, max_unfinished=None, device_cache=True)"
     )]
-    #[pyo3(signature = (local=0, *, in_process=0, workers=Vec::new(), token=None, device="sim".to_owned(), kernels=Vec::new(), retry=0, respawn=0, worker_binary=None, ring=true, trace=false, window=None, max_unfinished=None))]
+    #[pyo3(signature = (local=0, *, in_process=0, workers=Vec::new(), token=None, device="sim".to_owned(), kernels=Vec::new(), retry=0, respawn=0, worker_binary=None, ring=true, trace=false, window=None, max_unfinished=None, device_cache=true))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -214,6 +218,7 @@ impl PyCluster {
         trace: bool,
         window: Option<usize>,
         max_unfinished: Option<usize>,
+        device_cache: bool,
     ) -> PyResult<Self> {
         let mut b = Cluster::builder()
             .local(local)
@@ -222,7 +227,8 @@ impl PyCluster {
             .retry(retry)
             .respawn(respawn)
             .ring(ring)
-            .trace(trace);
+            .trace(trace)
+            .device_cache(device_cache);
         if let Some(w) = window {
             b = b.window(w);
         }
@@ -555,7 +561,8 @@ impl PyCluster {
     }
 
     /// A worker's counters as a dict (tasks, imports, bytes staged and
-    /// copied, device memory regions).
+    /// copied, the device cache's counters under ``cache``, device memory
+    /// regions).
     fn worker_stats<'py>(&self, py: Python<'py>, worker: u32) -> PyResult<Bound<'py, PyDict>> {
         let core = Arc::clone(&self.core);
         let s = py
@@ -573,6 +580,25 @@ impl PyCluster {
         d.set_item("staged_to_host", s.staged_to_host)?;
         d.set_item("copied_to_device", s.copied_to_device)?;
         d.set_item("copied_to_host", s.copied_to_host)?;
+        let c = s.cache;
+        let cache = PyDict::new(py);
+        for (name, v) in [
+            ("hits", c.hits),
+            ("hit_bytes", c.hit_bytes),
+            ("misses", c.misses),
+            ("loaded", c.loaded),
+            ("written_back", c.written_back),
+            ("write_backs", c.write_backs),
+            ("evictions", c.evictions),
+            ("device_to_device", c.device_to_device),
+            ("bypassed", c.bypassed),
+            ("entries", c.entries),
+            ("held", c.held),
+            ("dirty", c.dirty),
+        ] {
+            cache.set_item(name, v)?;
+        }
+        d.set_item("cache", cache)?;
         for (name, r) in [
             ("persistent", s.persistent),
             ("run", s.run),

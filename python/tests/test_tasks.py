@@ -142,3 +142,28 @@ def test_cancel(local2):
     # A cancel is the driver's own choice, not a failure of the run.
     s = c.wait_all()
     assert (s.cancelled, s.skipped, s.succeeded) == (1, 1, 1)
+
+
+@pytest.mark.parametrize("cache", [True, False])
+def test_the_device_cache_sees_the_drivers_writes(cache):
+    """A chip keeps a copy of bytes it read; the driver then writes them
+    through a numpy array it kept: the next task reads the new bytes."""
+    with strata.Cluster(local=1, device_cache=cache) as c:
+        x = c.array(np.ones((64, 64), dtype=np.float32))
+        kept = x.numpy()
+        outs = [c.zeros((64, 64)) for _ in range(3)]
+        c.submit("copy", x, outs[0])
+        c.wait_all()
+        kept[:] = 2.0
+        c.submit("copy", x, outs[1])
+        c.wait_all()
+        x[8:16, 8:16] = 3.0
+        c.submit("copy", x, outs[2])
+        c.wait_all()
+        assert (outs[0].numpy() == 1.0).all()
+        assert (outs[1].numpy() == 2.0).all()
+        want = np.full((64, 64), 2.0, dtype=np.float32)
+        want[8:16, 8:16] = 3.0
+        assert np.array_equal(outs[2].numpy(), want)
+        stats = c.worker_stats(0)["cache"]
+        assert stats["entries"] == (4 if cache else 0), stats

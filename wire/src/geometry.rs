@@ -113,14 +113,19 @@ pub fn packed_strides(view: &Tensor) -> Option<[u32; crate::MAX_DIMS]> {
     if view.dtype().bits() < 8 {
         return None;
     }
-    let n = view.ndims();
-    let mut order: Vec<usize> = (0..n).collect();
-    order.sort_by_key(|&k| Reverse(view.strides()[k]));
+    // (shape, stride, axis), axes by decreasing stride (stable).
+    let mut axes: Vec<(u64, u64, usize)> = view
+        .shape()
+        .iter()
+        .zip(view.strides())
+        .enumerate()
+        .map(|(k, (&n, &t))| (u64::from(n), u64::from(t), k))
+        .collect();
+    axes.sort_by_key(|&(_, t, _)| Reverse(t));
     // Nesting: walking from the innermost axis out, each stride covers
     // the span of those inside it.
     let mut span = 1u64;
-    for &k in order.iter().rev() {
-        let (shape, stride) = (u64::from(view.shape()[k]), u64::from(view.strides()[k]));
+    for &(shape, stride, _) in axes.iter().rev() {
         if shape > 1 && stride < span {
             return None;
         }
@@ -130,9 +135,9 @@ pub fn packed_strides(view: &Tensor) -> Option<[u32; crate::MAX_DIMS]> {
     }
     let mut strides = [0u32; crate::MAX_DIMS];
     let mut inner = 1u64;
-    for &k in order.iter().rev() {
-        strides[k] = u32::try_from(inner).ok()?;
-        inner = inner.checked_mul(u64::from(view.shape()[k]))?;
+    for &(shape, _, k) in axes.iter().rev() {
+        *strides.get_mut(k)? = u32::try_from(inner).ok()?;
+        inner = inner.checked_mul(shape)?;
     }
     Some(strides)
 }
@@ -237,8 +242,8 @@ mod tests {
                         * size;
                     for b in 0..size {
                         assert_eq!(
-                            packed[(at + b) as usize],
-                            extent[(from + b) as usize],
+                            packed[usize::try_from(at + b).unwrap()],
+                            extent[usize::try_from(from + b).unwrap()],
                             "{v:?} at {idx:?}"
                         );
                     }

@@ -55,9 +55,9 @@
 //! - CACHE-4: the counted bytes held and held dirty equal the sums over the
 //!   entries.
 
-use std::collections::BTreeMap;
-
-use rustc_hash::FxHashMap as HashMap;
+// SipHash, not Fx: clients name the keys (the worker's rule), and one
+// session's keys must not be able to slow another's lookups.
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 use strata_wire::{CanonicalIdentity, Footprint, Tensor};

@@ -42,12 +42,13 @@ struct Versions {
 }
 
 impl Versions {
-    fn insert(&mut self, fp: Footprint, version: u64) {
+    /// Sets `fp`'s version; whether it is new here.
+    fn insert(&mut self, fp: Footprint, version: u64) -> bool {
         if let Some(&slot) = self.by_footprint.get(&fp) {
             if let Some(s) = self.slots.get_mut(&slot) {
                 s.1 = version;
             }
-            return;
+            return false;
         }
         self.next_slot += 1;
         let slot = self.next_slot;
@@ -59,21 +60,36 @@ impl Versions {
         self.grid.len += 1;
         self.slots.insert(slot, (fp, version));
         self.by_footprint.insert(fp, slot);
+        true
     }
 
-    fn remove(&mut self, slot: u64) {
-        if let Some((fp, _)) = self.slots.remove(&slot) {
-            self.grid.unplace(slot, &fp);
-            self.by_footprint.remove(&fp);
+    /// Forgets a slot; whether it was there.
+    fn remove(&mut self, slot: u64) -> bool {
+        match self.slots.remove(&slot) {
+            Some((fp, _)) => {
+                self.grid.unplace(slot, &fp);
+                self.by_footprint.remove(&fp);
+                true
+            }
+            None => false,
         }
     }
 }
+
+/// Byte sets remembered at most: past this the directory forgets
+/// everything (every chip's next use of any byte set is a copy-in), which
+/// bounds its memory however many buffers and byte sets a long job names
+/// (buffers that are dropped are never named again). A tiled job names a
+/// few thousand.
+pub const MAX_REMEMBERED: usize = 1 << 16;
 
 /// Versions of the byte sets named so far (module docs).
 #[derive(Debug, Default)]
 pub struct Directory {
     next: u64,
     buffers: FxHashMap<CanonicalIdentity, Versions>,
+    /// Byte sets remembered, over all buffers.
+    len: usize,
     scratch: Vec<u64>,
 }
 
@@ -101,11 +117,23 @@ impl Directory {
             return v;
         }
         let v = self.fresh();
-        self.buffers
+        self.remember(fp, v);
+        v
+    }
+
+    fn remember(&mut self, fp: &Footprint, version: u64) {
+        if self.len >= MAX_REMEMBERED {
+            self.buffers.clear();
+            self.len = 0;
+        }
+        if self
+            .buffers
             .entry(*fp.identity())
             .or_default()
-            .insert(*fp, v);
-        v
+            .insert(*fp, version)
+        {
+            self.len += 1;
+        }
     }
 
     /// A task wrote `fp` successfully and the bytes now have `version`
@@ -121,30 +149,33 @@ impl Directory {
             let Some((other, _)) = b.slots.get(&slot) else {
                 continue;
             };
-            if other != fp && fp.overlap(other) != Overlap::Disjoint {
-                b.remove(slot);
+            if other != fp && fp.overlap(other) != Overlap::Disjoint && b.remove(slot) {
+                self.len -= 1;
             }
         }
-        b.insert(*fp, version);
+        self.remember(fp, version);
     }
 
     /// Forgets byte set `fp`: its next use gets a fresh version.
     pub fn forget(&mut self, fp: &Footprint) {
         if let Some(b) = self.buffers.get_mut(fp.identity())
             && let Some(&slot) = b.by_footprint.get(fp)
+            && b.remove(slot)
         {
-            b.remove(slot);
+            self.len -= 1;
         }
     }
 
     /// Forgets every byte set of a buffer.
     pub fn forget_buffer(&mut self, identity: &CanonicalIdentity) {
-        self.buffers.remove(identity);
+        if let Some(b) = self.buffers.remove(identity) {
+            self.len -= b.slots.len();
+        }
     }
 
     /// Byte sets remembered.
     pub fn len(&self) -> usize {
-        self.buffers.values().map(|b| b.slots.len()).sum()
+        self.len
     }
 
     /// Whether it remembers nothing.
@@ -157,6 +188,10 @@ impl Directory {
     /// # Errors
     /// The first inconsistency.
     pub fn check(&self) -> Result<(), String> {
+        let total: usize = self.buffers.values().map(|b| b.slots.len()).sum();
+        if total != self.len {
+            return Err(format!("{total} byte sets counted as {}", self.len));
+        }
         for b in self.buffers.values() {
             if b.by_footprint.len() != b.slots.len() {
                 return Err(format!(
@@ -265,5 +300,25 @@ mod tests {
         assert_eq!(dir.len(), 5);
         dir.forget_buffer(buf.identity());
         assert!(dir.is_empty());
+        dir.check().unwrap();
+    }
+
+    /// Past its bound the directory forgets everything, and nothing it
+    /// hands out afterwards repeats an earlier version.
+    #[test]
+    fn the_directory_is_bounded() {
+        let buf = test_buffer(1 << 20);
+        let byte = |i: u64| Footprint::of(&Tensor::new(buf, i, &[1], &[1], DType::U8).unwrap());
+        let mut dir = Directory::new();
+        let first = dir.version(&byte(0));
+        for i in 1..MAX_REMEMBERED as u64 {
+            dir.version(&byte(i));
+        }
+        assert_eq!(dir.len(), MAX_REMEMBERED);
+        assert_eq!(dir.version(&byte(0)), first, "still remembered");
+        dir.version(&byte(MAX_REMEMBERED as u64));
+        assert_eq!(dir.len(), 1, "forgot everything, then remembered one");
+        assert!(dir.version(&byte(0)) > first);
+        dir.check().unwrap();
     }
 }

@@ -42,8 +42,9 @@ struct Record {
     submitted: Option<Instant>,
     edges: Vec<(TaskId, u8)>,
     /// Byte sets of buffers the driver touches directly that this task
-    /// counts as live ([`DagActor::live_exposed`]).
-    exposed: SmallVec<[Footprint; 2]>,
+    /// counts as live ([`DagActor::live_exposed`]); empty (no allocation)
+    /// for most tasks.
+    exposed: Vec<Footprint>,
 }
 
 /// A member of a task as the DAG actor knows it.
@@ -613,8 +614,8 @@ impl DagActor {
     /// Counts a new task as a live user of the byte sets it names in
     /// buffers the driver touches directly ([`DagActor::live_exposed`]),
     /// forgetting the versions of those no task used until now.
-    fn count_exposed(&mut self, spec: &TaskSpec) -> SmallVec<[Footprint; 2]> {
-        let mut counted = SmallVec::new();
+    fn count_exposed(&mut self, spec: &TaskSpec) -> Vec<Footprint> {
+        let mut counted = Vec::new();
         let Some(dir) = &mut self.directory else {
             return counted;
         };

@@ -192,6 +192,9 @@ pub fn run(args: &DemoArgs) -> ExitCode {
             s.returned_bytes,
             s.staged_bytes
         );
+        if let Some(line) = super::cache_line(&cluster) {
+            say!("  {line}");
+        }
         say!(
             "  dependency edges inferred {}   max |error| vs reference {:.2e}",
             s.edges,

@@ -19,6 +19,44 @@ pub mod inspect;
 mod progress;
 pub mod run;
 
+/// The device caches' figures summed over the workers, as one line; `None`
+/// when no worker cached anything (unified or remote chips, or the cache
+/// turned off).
+fn cache_line(cluster: &strata_orchestrator::Cluster) -> Option<String> {
+    // hits, bytes hit, misses, bytes loaded, on-chip bytes, written back,
+    // evictions
+    let mut t = [0u64; 7];
+    for w in cluster.workers() {
+        let c = cluster.worker_stats(w.id).ok()?.cache;
+        let add = [
+            c.hits,
+            c.hit_bytes,
+            c.misses,
+            c.loaded,
+            c.device_to_device,
+            c.written_back,
+            c.evictions,
+        ];
+        for (sum, v) in t.iter_mut().zip(add) {
+            *sum += v;
+        }
+    }
+    let [
+        hits,
+        hit_bytes,
+        misses,
+        loaded,
+        on_chip,
+        written_back,
+        evictions,
+    ] = t;
+    (hits + misses > 0).then(|| {
+        format!(
+            "device cache: {hits} hits ({hit_bytes} bytes found on chips), {misses} misses ({loaded} bytes copied in), {on_chip} bytes copied on chips, {written_back} bytes written back, {evictions} evictions"
+        )
+    })
+}
+
 /// strata: an async, multi-process task dispatcher for accelerator chips.
 #[derive(Debug, Parser)]
 #[command(name = "strata", version, about, long_about = None)]

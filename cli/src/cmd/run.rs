@@ -188,6 +188,9 @@ pub fn run(args: &RunArgs) -> ExitCode {
                     s.fd_bytes,
                     s.sent_bytes + s.returned_bytes + s.staged_bytes
                 );
+                if let Some(line) = super::cache_line(&cluster) {
+                    say!("  {line}");
+                }
                 for o in &r.outputs {
                     say!("  wrote {}", o.display());
                 }

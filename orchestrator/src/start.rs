@@ -452,10 +452,19 @@ fn start(b: ClusterBuilder) -> Result<Cluster, Error> {
         }
         let (tx, rx) = mpsc::channel(256);
         ep_txs.push(tx.clone());
+        // Only a chip that stages mapped buffers keeps copies of them: a
+        // unified chip reads host memory in place, and a remote worker's
+        // bytes come with each task.
+        let caches = info.fd_passing
+            && info
+                .device
+                .parse::<strata_chip::DeviceSpec>()
+                .is_ok_and(|d| d.mode == strata_chip::Mode::Staged);
         ep_refs.push(EndpointRef {
             tx,
             name: name.clone(),
             rejoins: 0,
+            caches,
         });
         let _ = up_tx.send(Notice::Event(Event::WorkerUp {
             worker: id,

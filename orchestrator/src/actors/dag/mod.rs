@@ -29,6 +29,9 @@ pub(crate) struct EndpointRef {
     pub(crate) name: String,
     /// Times the worker came back after a loss, as this actor has heard.
     pub(crate) rejoins: u64,
+    /// Whether its chip keeps copies of host bytes between tasks (a staged
+    /// chip reached by fd): only its tasks carry cache entries.
+    pub(crate) caches: bool,
 }
 
 struct Record {
@@ -129,6 +132,8 @@ impl DagActor {
         policy: crate::policy::Quarantine,
         device_cache: bool,
     ) -> Self {
+        // Versions are kept only when some chip keeps copies.
+        let caching = device_cache && endpoints.iter().any(|e| e.caches);
         DagActor {
             engine: Engine::new(),
             pending: endpoints.iter().map(|_| Vec::new()).collect(),
@@ -149,7 +154,7 @@ impl DagActor {
             policy,
             deadlines: Vec::new(),
             actions: Vec::new(),
-            directory: device_cache.then(Directory::new),
+            directory: caching.then(Directory::new),
             writes_sent: HashMap::default(),
             live_exposed: HashMap::default(),
         }
@@ -546,6 +551,13 @@ impl DagActor {
                     // Members of a group may write the same bytes at once
                     // (its completion token): no copies are kept for them.
                     let grouped = r.spec.members.len() > 1;
+                    let caches = self
+                        .endpoints
+                        .get(worker.0 as usize)
+                        .is_some_and(|e| e.caches);
+                    // A write on any worker changes the versions the
+                    // caching ones hold, so it is recorded wherever it runs;
+                    // only caching workers are told the versions.
                     let cache = match &mut self.directory {
                         Some(dir) if !grouped => {
                             let (cache, writes) = cache_args(dir, &m.args);
@@ -554,7 +566,7 @@ impl DagActor {
                             } else {
                                 self.writes_sent.insert((task, member), writes);
                             }
-                            cache
+                            if caches { cache } else { Vec::new() }
                         }
                         _ => Vec::new(),
                     };

@@ -632,7 +632,7 @@ impl Cache {
     }
 }
 
-#[cfg(loom)]
+#[cfg(all(test, loom))]
 mod loom_models {
     use super::*;
     use crate::arena::{Pool, UNIT};

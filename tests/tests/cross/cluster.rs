@@ -277,7 +277,10 @@ fn differential_through_real_workers_matches_sequential_execution() {
         .unwrap_or(24);
     // Three workers that pass fds (one unified, one staged, both with
     // their tasks on a ring; one without a ring) and one reached by TCP
-    // (bytes staged), small windows so orders vary.
+    // (bytes staged), small windows so orders vary. The staged worker's
+    // chip leaves its device cache room for a few copies only, so copies
+    // are evicted (dirty ones written back) as the programs run; the
+    // worker without a ring has the default staged chip and its cache.
     let dir = tempfile::tempdir().unwrap();
     let token = dir.path().join("token");
     std::fs::write(&token, "diff").unwrap();
@@ -286,8 +289,11 @@ fn differential_through_real_workers_matches_sequential_execution() {
         &[],
         &["--token-file", token.to_str().unwrap()],
     );
-    let staged =
-        WorkerProcess::spawn_unix(test_worker_bin(), &[], &["--device", "sim:mode=staged"]);
+    let staged = WorkerProcess::spawn_unix(
+        test_worker_bin(),
+        &[],
+        &["--device", "sim:mode=staged,mem=64KiB,run=32KiB,scratch=31KiB"],
+    );
     let no_ring = WorkerProcess::spawn_unix(test_worker_bin(), &[], &["--no-ring"]);
     let cluster = Cluster::builder()
         .local(1)
@@ -341,7 +347,11 @@ fn differential_through_real_workers_matches_sequential_execution() {
         }
         total += program.tasks.len();
     }
-    eprintln!("differential through 4 real workers: {seeds} seeds, {total} tasks, identical");
+    let cache = cluster.worker_stats(WorkerId(1)).unwrap().cache;
+    eprintln!(
+        "differential through 4 real workers: {seeds} seeds, {total} tasks, identical; the small cache: {cache:?}"
+    );
+    assert!(cache.hits > 0 && cache.evictions > 0, "{cache:?}");
 }
 
 #[test]

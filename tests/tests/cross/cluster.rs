@@ -292,7 +292,10 @@ fn differential_through_real_workers_matches_sequential_execution() {
     let staged = WorkerProcess::spawn_unix(
         test_worker_bin(),
         &[],
-        &["--device", "sim:mode=staged,mem=64KiB,run=32KiB,scratch=31KiB"],
+        &[
+            "--device",
+            "sim:mode=staged,mem=64KiB,run=32KiB,scratch=31KiB",
+        ],
     );
     let no_ring = WorkerProcess::spawn_unix(test_worker_bin(), &[], &["--no-ring"]);
     let cluster = Cluster::builder()

@@ -37,18 +37,17 @@ impl DagActor {
         self.first_error.get_or_insert_with(|| err.clone());
         self.failed.insert(e.task, err);
         self.gate.leave(1);
+        self.uncount_exposed(&record.exposed);
         for w in record.waiters {
             let _ = w.send(Err(self.failed[&e.task].clone()));
         }
         self.settle();
     }
 
-    pub(super) fn done(&mut self, task: TaskId, outcome: Outcome) {
-        let Some(record) = self.records.remove(&task) else {
-            return;
-        };
-        self.gate.leave(1);
-        for fp in &record.exposed {
+    /// A task that counted as a live user of exposed byte sets
+    /// ([`DagActor::live_exposed`]) is gone, whether it ran or was refused.
+    fn uncount_exposed(&mut self, exposed: &[strata_wire::Footprint]) {
+        for fp in exposed {
             if let Some(n) = self.live_exposed.get_mut(fp) {
                 *n -= 1;
                 if *n == 0 {
@@ -56,6 +55,14 @@ impl DagActor {
                 }
             }
         }
+    }
+
+    pub(super) fn done(&mut self, task: TaskId, outcome: Outcome) {
+        let Some(record) = self.records.remove(&task) else {
+            return;
+        };
+        self.gate.leave(1);
+        self.uncount_exposed(&record.exposed);
         // Members that never finished (a lost worker, a cancel) may have
         // written part of their bytes.
         for m in 0..record.members.len() {

@@ -559,9 +559,14 @@ impl Inner {
         let t = &arg.tensor;
         let layout = Layout::of(t);
         let len = layout.len(t);
-        let footprint = Footprint::of(t);
-        let acquired = match arg.cache {
-            Some(usage) if footprint.is_exact() => {
+        // The byte set only for an argument that uses the cache (computing
+        // it costs a normalization of the view).
+        let cached = arg
+            .cache
+            .map(|usage| (usage, Footprint::of(t)))
+            .filter(|(_, footprint)| footprint.is_exact());
+        let acquired = match cached {
+            Some((usage, footprint)) => {
                 let key = CopyKey {
                     owner: usage.owner,
                     footprint,
@@ -578,7 +583,7 @@ impl Inner {
                 });
                 Some(acquired)
             }
-            _ => None,
+            None => None,
         };
         let (addr, guard, from_host) = match acquired {
             Some(Acquired::Hit(block)) => return Ok((DEVICE_BASE + block.offset, None)),

@@ -42,6 +42,11 @@ pub(crate) struct HostShared {
     /// every write, and trusts a chip's copy of its bytes only while
     /// tasks use them without a gap (`DagActor::live_exposed`).
     exposed: std::sync::atomic::AtomicBool,
+    /// Whether a task has named the buffer: until then no chip holds a
+    /// copy of it and no version of its bytes was handed out, so a write
+    /// through [`crate::Buffer::write_bytes`] (the usual way to fill an
+    /// input) hides nothing from the device cache and does not expose it.
+    used: std::sync::atomic::AtomicBool,
 }
 
 /// A view of a host buffer quarantined by a lost task.
@@ -128,6 +133,7 @@ impl HostShared {
             quarantine: std::sync::Mutex::new(Vec::new()),
             any_marked: std::sync::atomic::AtomicBool::new(false),
             exposed: std::sync::atomic::AtomicBool::new(false),
+            used: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
@@ -324,6 +330,23 @@ impl HostShared {
     /// Whether the driver has touched the bytes directly.
     pub(crate) fn exposed(&self) -> bool {
         self.exposed.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Marks the buffer as named by a task (the DAG actor, at submit; the
+    /// driver sees it through whatever ordered its next write after that
+    /// task, as the driver's contract requires).
+    pub(crate) fn mark_used(&self) {
+        if !self.used.load(std::sync::atomic::Ordering::Relaxed) {
+            self.used.store(true, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
+
+    /// A driver's write through `write_bytes`: it exposes the buffer only
+    /// once a task has named it.
+    pub(crate) fn expose_if_used(&self) {
+        if self.used.load(std::sync::atomic::Ordering::Relaxed) {
+            self.expose();
+        }
     }
 
     pub(crate) fn address(&self) -> *mut u8 {

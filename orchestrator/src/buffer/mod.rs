@@ -287,7 +287,7 @@ impl Buffer {
     pub fn write_bytes(&self, offset: u64, bytes: &[u8]) -> Result<(), Error> {
         self.check_write()?;
         let h = self.host_shared()?;
-        h.expose();
+        h.expose_if_used();
         h.write(offset, bytes)
     }
 

@@ -80,6 +80,29 @@ fn a_tiled_matmul_reads_tiles_once_per_chip_with_the_device_cache() {
     );
 }
 
+/// A driver's write to bytes a chip has a copy of, after the task that
+/// read them and before the next one: the next task reads the new bytes.
+#[test]
+fn the_device_cache_never_hides_a_drivers_write() {
+    let cluster = local(1, &strata_bin());
+    let x = cluster.buffer_from_slice(&[1.0f32; 256]).unwrap();
+    let outs: Vec<Buffer> = (0..2).map(|_| cluster.buffer(1024).unwrap()).collect();
+    let view = |b: &Buffer| b.tensor(&[16, 16], DType::F32).unwrap();
+    let copy = |out: &Buffer| {
+        cluster
+            .submit(Task::new("copy").input(&view(&x)).output(&view(out)))
+            .unwrap();
+        cluster.wait_all().unwrap();
+    };
+    copy(&outs[0]);
+    x.write_slice(0, &[2.0f32; 256]).unwrap();
+    copy(&outs[1]);
+    assert_eq!(outs[0].to_vec::<f32>().unwrap(), vec![1.0; 256]);
+    assert_eq!(outs[1].to_vec::<f32>().unwrap(), vec![2.0; 256]);
+    let cache = cluster.worker_stats(WorkerId(0)).unwrap().cache;
+    assert_eq!(cache.hits, 0, "the second copy read host memory: {cache:?}");
+}
+
 #[test]
 fn tiled_matmul_over_two_tcp_workers_with_a_token_stages_bytes() {
     let dir = tempfile::tempdir().unwrap();

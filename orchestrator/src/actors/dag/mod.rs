@@ -633,9 +633,11 @@ impl DagActor {
         };
         for m in &spec.members {
             for a in m.args.iter() {
-                if let crate::buffer::Backing::Host(h) = &a.backing
-                    && h.exposed()
-                {
+                let crate::buffer::Backing::Host(h) = &a.backing else {
+                    continue;
+                };
+                h.mark_used();
+                if h.exposed() {
                     let fp = Footprint::of(&a.tensor);
                     let n = self.live_exposed.entry(fp).or_default();
                     if *n == 0 {

@@ -91,6 +91,15 @@ pub struct CacheUse {
     /// chip (dirty) instead of copying them to host memory when the task
     /// ends.
     pub deferred: bool,
+    /// The bytes did not come with the task (a remote worker's driver left
+    /// them out because the chip held them): the chip must hold them at
+    /// `version`, and the launch fails with [`Error::NotHeld`], before the
+    /// kernel runs, when it does not.
+    pub held: bool,
+    /// The byte set the copy is of, when the launch's view is not the one
+    /// the driver named (bytes that came with a task, rebased into a
+    /// private buffer); `None`: the launch's view itself.
+    pub footprint: Option<Footprint>,
 }
 
 /// Cache counters.
@@ -122,6 +131,23 @@ pub struct CacheStats {
     pub held: u64,
     /// Bytes of the dirty copies held now.
     pub dirty: u64,
+}
+
+impl CacheStats {
+    /// Adds the counters' growth from `before` to `now` (the gauges —
+    /// entries, held, dirty — are left alone).
+    pub(crate) fn add_since(&mut self, now: &CacheStats, before: &CacheStats) {
+        let d = |a: u64, b: u64| a.saturating_sub(b);
+        self.hits += d(now.hits, before.hits);
+        self.hit_bytes += d(now.hit_bytes, before.hit_bytes);
+        self.misses += d(now.misses, before.misses);
+        self.loaded += d(now.loaded, before.loaded);
+        self.written_back += d(now.written_back, before.written_back);
+        self.write_backs += d(now.write_backs, before.write_backs);
+        self.evictions += d(now.evictions, before.evictions);
+        self.device_to_device += d(now.device_to_device, before.device_to_device);
+        self.bypassed += d(now.bypassed, before.bypassed);
+    }
 }
 
 /// Where a cached argument's bytes are for one launch.
@@ -170,8 +196,9 @@ struct Entry {
     tick: u64,
     /// A view with the key's byte set, for writing back.
     view: Tensor,
-    /// The host memory the bytes go back to.
-    host: Arc<dyn HostMemory>,
+    /// The host memory a dirty copy goes back to (a clean one keeps none
+    /// alive).
+    host: Option<Arc<dyn HostMemory>>,
     /// Forgotten while pinned: freed when the last pin goes.
     doomed: bool,
 }
@@ -228,6 +255,7 @@ impl State {
             && e.dirty
         {
             e.dirty = false;
+            e.host = None;
             self.stats.dirty -= e.block.len;
         }
     }
@@ -237,10 +265,10 @@ impl State {
         let Some(e) = self.entries.get(key) else {
             return;
         };
-        if !e.dirty {
+        let (true, Some(host)) = (e.dirty, &e.host) else {
             return;
-        }
-        let moved = backend.write_back(e.block, &e.view, e.host.as_ref());
+        };
+        let moved = backend.write_back(e.block, &e.view, host.as_ref());
         self.stats.written_back += moved;
         self.stats.write_backs += 1;
         self.set_clean(key);
@@ -301,6 +329,20 @@ impl State {
     }
 }
 
+/// The error for a held argument whose copy is not on the chip at the
+/// version asked (`had`: the version it is at, if any).
+fn not_held(key: &CopyKey, usage: CacheUse, had: Option<u64>) -> Error {
+    Error::NotHeld {
+        buffer: *key.footprint.identity(),
+        footprint: format!("{:?}", key.footprint.byte_range()),
+        version: usage.version,
+        why: match had {
+            Some(v) => format!("the chip holds version {v}"),
+            None => "the chip holds no copy of them".into(),
+        },
+    }
+}
+
 /// The cache's bookkeeping (module docs). The device moves the bytes;
 /// every structural change happens under one lock.
 pub(crate) struct Cache {
@@ -342,7 +384,11 @@ impl Cache {
     /// # Errors
     /// [`Error::CacheConflict`] when the argument reads bytes the chip
     /// holds dirty at another version: the caller asked for bytes it has
-    /// not had written back, which would lose the dirty ones.
+    /// not had written back, which would lose the dirty ones;
+    /// [`Error::NotHeld`] when the argument is [`CacheUse::held`] and the
+    /// chip does not hold its bytes at the version asked (or has no room
+    /// for the block a writing kernel needs beside the copy).
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn acquire(
         &self,
         backend: &dyn Backend,
@@ -351,8 +397,24 @@ impl Cache {
         reads: bool,
         writes: bool,
         len: u64,
+        figures: &mut CacheStats,
     ) -> Result<Acquired, Error> {
         let mut s = lock(&self.state);
+        let before = s.stats;
+        let r = Self::acquire_in(&mut s, backend, key, usage, reads, writes, len);
+        figures.add_since(&s.stats, &before);
+        r
+    }
+
+    fn acquire_in(
+        s: &mut State,
+        backend: &dyn Backend,
+        key: CopyKey,
+        usage: CacheUse,
+        reads: bool,
+        writes: bool,
+        len: u64,
+    ) -> Result<Acquired, Error> {
         let mut current = None;
         if let Some(e) = s.entries.get(&key) {
             if e.version == usage.version && reads {
@@ -364,6 +426,10 @@ impl Cache {
                     held: e.version,
                     asked: usage.version,
                 });
+            } else if reads && usage.held {
+                let had = e.version;
+                s.stats.misses += 1;
+                return Err(not_held(&key, usage, Some(had)));
             } else if e.pins > 0 {
                 // In use at another version by a running task: leave it.
                 s.stats.bypassed += 1;
@@ -396,6 +462,16 @@ impl Cache {
                     // host memory: the copy's dirty bytes go there first.
                     s.write_back(backend, &key);
                     s.unpin(backend, &key, from);
+                    if usage.held {
+                        // Host memory does not have them: the driver
+                        // must send them.
+                        return Err(Error::NotHeld {
+                            buffer: *key.footprint.identity(),
+                            footprint: format!("{:?}", key.footprint.byte_range()),
+                            version: usage.version,
+                            why: "no room for the copy the kernel writes".into(),
+                        });
+                    }
                     s.stats.bypassed += 1;
                     Acquired::Bypass
                 }
@@ -403,6 +479,9 @@ impl Cache {
         }
         if reads {
             s.stats.misses += 1;
+            if usage.held {
+                return Err(not_held(&key, usage, None));
+            }
         }
         let epoch = s.drops.get(&key.owner).copied().unwrap_or(0);
         Ok(match s.alloc(backend, len) {
@@ -422,8 +501,14 @@ impl Cache {
     /// Ends one launch's use of an acquired argument: a successful write
     /// becomes the copy at the written version; bytes loaded for a read
     /// become the copy at the version read; everything else is given back.
-    pub(crate) fn release(&self, backend: &dyn Backend, r: Release<'_>) {
+    pub(crate) fn release(&self, backend: &dyn Backend, r: Release<'_>, figures: &mut CacheStats) {
         let mut s = lock(&self.state);
+        let before = s.stats;
+        Self::release_in(&mut s, backend, r);
+        figures.add_since(&s.stats, &before);
+    }
+
+    fn release_in(s: &mut State, backend: &dyn Backend, r: Release<'_>) {
         let (fresh, epoch) = match r.acquired {
             Acquired::Bypass => {
                 // Written outside the cache (through scratch, to host
@@ -480,7 +565,7 @@ impl Cache {
                 pins: 0,
                 tick: 0,
                 view: *r.view,
-                host: Arc::clone(r.host),
+                host: dirty.then(|| Arc::clone(r.host)),
                 doomed: false,
             },
         );
@@ -688,6 +773,8 @@ mod loom_models {
             version,
             written,
             deferred: true,
+            held: false,
+            footprint: None,
         }
     }
 
@@ -707,7 +794,15 @@ mod loom_models {
                     (Arc::clone(&cache), Arc::clone(&fake), Arc::clone(&host));
                 thread::spawn(move || {
                     let got = cache
-                        .acquire(fake.as_ref(), key, usage(1, 2), true, false, UNIT)
+                        .acquire(
+                            fake.as_ref(),
+                            key,
+                            usage(1, 2),
+                            true,
+                            false,
+                            UNIT,
+                            &mut CacheStats::default(),
+                        )
                         .unwrap();
                     if let Acquired::Hit(b) = got {
                         // Pinned: still the copy, whatever the user block
@@ -728,6 +823,7 @@ mod loom_models {
                             view: &view,
                             host: &host,
                         },
+                        &mut CacheStats::default(),
                     );
                 })
             };
@@ -762,7 +858,15 @@ mod loom_models {
                     (Arc::clone(&cache), Arc::clone(&fake), Arc::clone(&host));
                 thread::spawn(move || {
                     let got = cache
-                        .acquire(fake.as_ref(), key, usage(1, 2), false, true, UNIT)
+                        .acquire(
+                            fake.as_ref(),
+                            key,
+                            usage(1, 2),
+                            false,
+                            true,
+                            UNIT,
+                            &mut CacheStats::default(),
+                        )
                         .unwrap();
                     cache.release(
                         fake.as_ref(),
@@ -776,6 +880,7 @@ mod loom_models {
                             view: &view,
                             host: &host,
                         },
+                        &mut CacheStats::default(),
                     );
                 })
             };

@@ -176,6 +176,14 @@ pub struct LaunchReport {
     pub staged_in: u64,
     /// Bytes copied device → host for it.
     pub staged_out: u64,
+    /// Staging in before the kernel: cache lookups, copies in.
+    pub copy_in: Duration,
+    /// After the kernel: copies out, cache bookkeeping.
+    pub copy_out: Duration,
+    /// What it did in the device cache: the counters alone (hits, misses,
+    /// bytes loaded and written back, on-chip copies, evictions its
+    /// staging caused); the gauges stay zero.
+    pub cache: CacheStats,
 }
 
 /// Called exactly once with the outcome of a launch that was accepted.

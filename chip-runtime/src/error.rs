@@ -54,6 +54,23 @@ pub enum Error {
         /// The version asked for.
         asked: u64,
     },
+    /// A task's driver left the bytes of an argument out because the chip
+    /// held them, and it no longer does (evicted, replaced, or never
+    /// there): the task did not run, and the driver sends it again with
+    /// the bytes.
+    #[error(
+        "bytes {footprint} of buffer {buffer} were left out of the task as held at version {version}, but {why}: send them"
+    )]
+    NotHeld {
+        /// The buffer.
+        buffer: strata_wire::CanonicalIdentity,
+        /// The byte range of the bytes.
+        footprint: String,
+        /// The version asked for.
+        version: u64,
+        /// What the chip holds instead.
+        why: String,
+    },
     /// A run-region block was used after its run ended: the run region was
     /// reset, so its bytes may belong to another run's blocks now.
     #[error(

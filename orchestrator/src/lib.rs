@@ -86,6 +86,29 @@ pub struct RunSummary {
     pub sent_bytes: u64,
     /// View bytes remote workers sent back.
     pub returned_bytes: u64,
-    /// Bytes workers staged between host and device memory.
+    /// Bytes workers staged between host and device memory
+    /// (`to_device_bytes + from_device_bytes`).
     pub staged_bytes: u64,
+    /// Of those, bytes copied host → device (into chips' cached copies or
+    /// scratch).
+    pub to_device_bytes: u64,
+    /// Of those, bytes copied device → host (written arguments).
+    pub from_device_bytes: u64,
+    /// Bytes copied on the chips, from a cached copy into the block a
+    /// writing kernel works on.
+    pub on_chip_bytes: u64,
+    /// Arguments whose bytes a chip held at the version the task needed.
+    pub cache_hits: u64,
+    /// Arguments whose bytes a chip had to copy in.
+    pub cache_misses: u64,
+    /// Dirty cached copies written back (flushes and evictions).
+    pub write_backs: u64,
+    /// Cached copies evicted to make room.
+    pub evictions: u64,
+    /// View bytes left out of tasks sent to remote workers because their
+    /// chip held them.
+    pub held_bytes: u64,
+    /// Members sent again because the chip no longer held bytes left out
+    /// of them.
+    pub resent: u64,
 }

@@ -452,10 +452,9 @@ fn start(b: ClusterBuilder) -> Result<Cluster, Error> {
         }
         let (tx, rx) = mpsc::channel(256);
         ep_txs.push(tx.clone());
-        // Only a chip that stages mapped buffers keeps copies of them: a
-        // unified chip reads host memory in place, and a remote worker's
-        // bytes come with each task.
-        let caches = info.fd_passing
+        // Only a staged chip keeps copies (a unified one reads host memory
+        // in place), of mapped buffers or of bytes that came with tasks.
+        let caches = (info.fd_passing || link.facts().memory == crate::link::Memory::Staged)
             && info
                 .device
                 .parse::<strata_chip::DeviceSpec>()

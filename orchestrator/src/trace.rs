@@ -38,6 +38,16 @@ pub struct MemberTrace {
     pub sent_bytes: u64,
     /// View bytes that came back (remote workers).
     pub returned_bytes: u64,
+    /// Microseconds of its run staging in before the kernel, and after it.
+    pub copy_in_us: f64,
+    /// See `copy_in_us`.
+    pub copy_out_us: f64,
+    /// Arguments its chip held already, and arguments it copied in.
+    pub cache_hits: u64,
+    /// See `cache_hits`.
+    pub cache_misses: u64,
+    /// View bytes left out because its chip held them (remote workers).
+    pub held_bytes: u64,
 }
 
 /// A finished task.
@@ -137,8 +147,29 @@ impl Trace {
                         "bytes_staged": m.staged_bytes,
                         "bytes_sent": m.sent_bytes,
                         "bytes_returned": m.returned_bytes,
+                        "bytes_held": m.held_bytes,
+                        "cache_hits": m.cache_hits,
+                        "cache_misses": m.cache_misses,
                     },
                 }));
+                // The transfers, as slices of their own inside the task's:
+                // staging in from its start, staging out up to its end on
+                // the worker.
+                let span = (m.end_us - m.start_us).max(0.0);
+                let (copy_in, copy_out) = (m.copy_in_us.min(span), m.copy_out_us.min(span));
+                for (name, ts, dur) in [
+                    ("copy in", m.start_us, copy_in),
+                    ("copy out", m.end_us - copy_out, copy_out),
+                ] {
+                    if dur > 0.0 {
+                        events.push(json!({
+                            "ph": "X", "cat": "transfer", "name": name,
+                            "pid": pid(m.worker), "tid": m.lane,
+                            "ts": ts, "dur": dur,
+                            "args": {"task": t.id.0, "member": i},
+                        }));
+                    }
+                }
             }
             if let Some(m) = t.members.first() {
                 first_member.insert(t.id, m);

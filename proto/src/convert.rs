@@ -159,6 +159,10 @@ pub struct CacheArg {
     /// For an argument the task writes: keep the bytes on the chip
     /// (dirty) instead of copying them back when the task ends.
     pub deferred: bool,
+    /// The argument's bytes did not come with the task: the chip holds
+    /// them at `version`, or the task completes with
+    /// [`TaskOutcome::Resend`] without running.
+    pub held: bool,
 }
 
 impl TaskRequest {
@@ -326,11 +330,30 @@ impl TryFrom<pb::Task> for TaskRequest {
                     format!("argument {} has two cache entries", c.arg_index),
                 ));
             }
+            let i = c.arg_index as usize;
+            if c.held
+                && (inline.get(i).is_some_and(Option::is_some)
+                    || staged.iter().any(|(a, _)| *a == c.arg_index))
+            {
+                return Err(ConvertError::new(
+                    field,
+                    format!("argument {i} is held on the chip and carries bytes too"),
+                ));
+            }
+            if c.held && tags.get(i) == Some(&ArgTag::Output) {
+                return Err(ConvertError::new(
+                    field,
+                    format!(
+                        "argument {i} is held on the chip but is an OUTPUT, whose old bytes nobody reads"
+                    ),
+                ));
+            }
             cache.push(CacheArg {
                 index: c.arg_index,
                 version: c.version,
                 written: c.written,
                 deferred: c.deferred,
+                held: c.held,
             });
         }
         Ok(TaskRequest {
@@ -378,6 +401,7 @@ impl From<&TaskRequest> for pb::Task {
                     version: c.version,
                     written: c.written,
                     deferred: c.deferred,
+                    held: c.held,
                 })
                 .collect(),
         }
@@ -391,6 +415,10 @@ pub enum TaskOutcome {
     Success,
     /// It failed; the cause.
     Failure(String),
+    /// It did not run: bytes the driver left out as held
+    /// ([`CacheArg::held`]) are not on the chip; which ones. Sent again
+    /// with the bytes, it runs.
+    Resend(String),
 }
 
 /// A task's completion, checked.
@@ -412,6 +440,12 @@ pub struct TaskCompletion {
     pub staged_in: u64,
     /// Bytes staged device → host.
     pub staged_out: u64,
+    /// Of `busy_ns`: staging in before the kernel.
+    pub copy_in_ns: u64,
+    /// Of `busy_ns`: staging out after the kernel.
+    pub copy_out_ns: u64,
+    /// What it did in the device cache (counters; the gauges are 0).
+    pub cache: CacheCounters,
     /// Packed bytes of written inline arguments, by argument index (on the
     /// driver, slices of the message they came in).
     pub outputs: Vec<(u32, Bytes)>,
@@ -434,6 +468,9 @@ impl TaskCompletion {
             kernel_ns: 0,
             staged_in: 0,
             staged_out: 0,
+            copy_in_ns: 0,
+            copy_out_ns: 0,
+            cache: CacheCounters::default(),
             outputs: Vec::new(),
             held: Vec::new(),
         }
@@ -460,10 +497,19 @@ impl TryFrom<pb::Completion> for TaskCompletion {
                 }
                 TaskOutcome::Failure(c.cause)
             }
+            Ok(pb::Outcome::Resend) => {
+                if c.cause.is_empty() {
+                    return Err(ConvertError::new(
+                        "cause",
+                        "a task to send again must say which bytes are missing",
+                    ));
+                }
+                TaskOutcome::Resend(c.cause)
+            }
             _ => {
                 return Err(ConvertError::new(
                     "outcome",
-                    format!("{} is not SUCCESS or TASK_FAILURE", c.outcome),
+                    format!("{} is not SUCCESS, TASK_FAILURE or RESEND", c.outcome),
                 ));
             }
         };
@@ -491,6 +537,9 @@ impl TryFrom<pb::Completion> for TaskCompletion {
             kernel_ns: timing.kernel_ns,
             staged_in: c.staged_in,
             staged_out: c.staged_out,
+            copy_in_ns: timing.copy_in_ns,
+            copy_out_ns: timing.copy_out_ns,
+            cache: c.cache.map(CacheCounters::from).unwrap_or_default(),
             outputs,
             held,
         })
@@ -502,6 +551,7 @@ impl From<TaskCompletion> for pb::Completion {
         let (outcome, cause) = match c.outcome {
             TaskOutcome::Success => (pb::Outcome::Success, String::new()),
             TaskOutcome::Failure(cause) => (pb::Outcome::TaskFailure, cause),
+            TaskOutcome::Resend(cause) => (pb::Outcome::Resend, cause),
         };
         pb::Completion {
             task_id: c.id.0,
@@ -511,7 +561,10 @@ impl From<TaskCompletion> for pb::Completion {
                 queued_ns: c.queued_ns,
                 busy_ns: c.busy_ns,
                 kernel_ns: c.kernel_ns,
+                copy_in_ns: c.copy_in_ns,
+                copy_out_ns: c.copy_out_ns,
             }),
+            cache: (c.cache != CacheCounters::default()).then(|| c.cache.into()),
             staged_in: c.staged_in,
             staged_out: c.staged_out,
             outputs: c
@@ -949,6 +1002,7 @@ mod tests {
             version,
             written: 9,
             deferred: true,
+            held: false,
         };
         t.cache = vec![c(1, 4), c(0, 3)];
         let req = TaskRequest::try_from(t.clone()).unwrap();
@@ -958,7 +1012,8 @@ mod tests {
                 index: 1,
                 version: 4,
                 written: 9,
-                deferred: true
+                deferred: true,
+                held: false,
             }
         );
         assert_eq!(pb::Task::from(&req).cache, t.cache);
@@ -972,6 +1027,23 @@ mod tests {
         let (field, reason) = err(vec![c(1, 1), c(1, 2)]);
         assert_eq!(field, "cache[1]");
         assert!(reason.contains("two cache entries"), "{reason}");
+        // Held: only for an argument without bytes that the task reads.
+        let held = |arg_index| pb::CacheArg {
+            held: true,
+            ..c(arg_index, 1)
+        };
+        let (field, reason) = err(vec![held(0)]);
+        assert_eq!(field, "cache[0]");
+        assert!(reason.contains("carries bytes too"), "{reason}");
+        let (field, reason) = err(vec![held(1)]);
+        assert_eq!(field, "cache[0]");
+        assert!(reason.contains("OUTPUT"), "{reason}");
+        let mut input = t.clone();
+        input.tags = vec![ArgTag::Input.code(), ArgTag::Input.code()];
+        input.cache = vec![held(1)];
+        let req = TaskRequest::try_from(input.clone()).unwrap();
+        assert!(req.cache[0].held);
+        assert_eq!(pb::Task::from(&req).cache, input.cache);
     }
 
     #[test]
@@ -1114,6 +1186,14 @@ mod tests {
             kernel_ns: 4,
             staged_in: 5,
             staged_out: 6,
+            copy_in_ns: 7,
+            copy_out_ns: 8,
+            cache: CacheCounters {
+                hits: 2,
+                loaded: 64,
+                evictions: 1,
+                ..CacheCounters::default()
+            },
             outputs: vec![(0, Bytes::from_static(&[1, 2]))],
             held: vec![(1, 5)],
         };

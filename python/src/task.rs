@@ -476,6 +476,26 @@ pub(crate) struct PySummary {
     returned_bytes: u64,
     /// Bytes workers staged between host and device memory.
     staged_bytes: u64,
+    /// Of those, bytes copied host → device.
+    to_device_bytes: u64,
+    /// Of those, bytes copied device → host.
+    from_device_bytes: u64,
+    /// Bytes copied on the chips (from a cached copy to a writing
+    /// kernel's block).
+    on_chip_bytes: u64,
+    /// Arguments whose bytes a chip held already.
+    cache_hits: u64,
+    /// Arguments whose bytes a chip copied in.
+    cache_misses: u64,
+    /// Dirty cached copies written back.
+    write_backs: u64,
+    /// Cached copies evicted to make room.
+    evictions: u64,
+    /// View bytes left out of tasks for remote workers whose chips held
+    /// them.
+    held_bytes: u64,
+    /// Tasks sent again because a chip no longer held such bytes.
+    resent: u64,
 }
 
 impl From<RunSummary> for PySummary {
@@ -491,6 +511,15 @@ impl From<RunSummary> for PySummary {
             sent_bytes: s.sent_bytes,
             returned_bytes: s.returned_bytes,
             staged_bytes: s.staged_bytes,
+            to_device_bytes: s.to_device_bytes,
+            from_device_bytes: s.from_device_bytes,
+            on_chip_bytes: s.on_chip_bytes,
+            cache_hits: s.cache_hits,
+            cache_misses: s.cache_misses,
+            write_backs: s.write_backs,
+            evictions: s.evictions,
+            held_bytes: s.held_bytes,
+            resent: s.resent,
         }
     }
 }
@@ -499,7 +528,7 @@ impl From<RunSummary> for PySummary {
 impl PySummary {
     fn __repr__(&self) -> String {
         format!(
-            "strata.Summary(submitted={}, succeeded={}, failed={}, skipped={}, cancelled={}, edges={}, fd_bytes={}, sent_bytes={}, returned_bytes={}, staged_bytes={})",
+            "strata.Summary(submitted={}, succeeded={}, failed={}, skipped={}, cancelled={}, edges={}, fd_bytes={}, sent_bytes={}, returned_bytes={}, staged_bytes={}, to_device_bytes={}, from_device_bytes={}, on_chip_bytes={}, cache_hits={}, cache_misses={}, write_backs={}, evictions={}, held_bytes={}, resent={})",
             self.submitted,
             self.succeeded,
             self.failed,
@@ -509,7 +538,16 @@ impl PySummary {
             self.fd_bytes,
             self.sent_bytes,
             self.returned_bytes,
-            self.staged_bytes
+            self.staged_bytes,
+            self.to_device_bytes,
+            self.from_device_bytes,
+            self.on_chip_bytes,
+            self.cache_hits,
+            self.cache_misses,
+            self.write_backs,
+            self.evictions,
+            self.held_bytes,
+            self.resent
         )
     }
 }

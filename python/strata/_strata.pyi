@@ -90,6 +90,15 @@ class Summary:
     sent_bytes: int
     returned_bytes: int
     staged_bytes: int
+    to_device_bytes: int
+    from_device_bytes: int
+    on_chip_bytes: int
+    cache_hits: int
+    cache_misses: int
+    write_backs: int
+    evictions: int
+    held_bytes: int
+    resent: int
 
 class Worker:
     """One worker of a cluster."""

@@ -167,3 +167,24 @@ def test_the_device_cache_sees_the_drivers_writes(cache):
         assert np.array_equal(outs[2].numpy(), want)
         stats = c.worker_stats(0)["cache"]
         assert stats["entries"] == (4 if cache else 0), stats
+
+
+def test_the_summary_counts_what_the_chips_moved():
+    """A run's summary says what its tasks copied: a tile read again on the
+    same chip is found there (a hit), so the second run copies nothing in."""
+    with strata.Cluster(local=1) as c:
+        x = c.array(np.ones((64, 64), dtype=np.float32))
+        outs = [c.zeros((64, 64)) for _ in range(2)]
+        runs = []
+        for out in outs:
+            c.submit("copy", x, out)
+            runs.append(c.wait_all())
+        tile = 64 * 64 * 4
+        first, second = runs
+        assert (first.cache_hits, first.cache_misses) == (0, 1), first
+        assert (first.to_device_bytes, first.from_device_bytes) == (tile, tile), first
+        assert (second.cache_hits, second.cache_misses) == (1, 0), second
+        assert (second.to_device_bytes, second.from_device_bytes) == (0, tile), second
+        assert second.staged_bytes == second.to_device_bytes + second.from_device_bytes
+        assert (second.held_bytes, second.resent, second.evictions) == (0, 0, 0)
+        assert (outs[1].numpy() == 1.0).all()

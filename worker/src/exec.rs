@@ -27,9 +27,9 @@ use strata_chip::{
     ArgBacking, CacheUse, HostBuffer, HostBytes, HostMemory, Launch, LaunchArg, LaunchReport,
 };
 use strata_proto::TaskId;
-use strata_proto::convert::{TaskCompletion, TaskOutcome, TaskRequest};
+use strata_proto::convert::{CacheArg, TaskCompletion, TaskOutcome, TaskRequest};
 use strata_proto::offload::off_runtime;
-use strata_wire::{AddressSpace, BufferDescriptor, Tensor};
+use strata_wire::{AddressSpace, BufferDescriptor, Footprint, Tensor};
 use strata_worker_core::ImportError;
 
 use crate::node::{Node, Session};
@@ -115,10 +115,14 @@ fn counted(node: &Arc<Node>, done: Done) -> Done {
     let node = Arc::clone(node);
     Box::new(move |c: TaskCompletion| {
         let counter = match c.outcome {
-            TaskOutcome::Success => &node.counters.succeeded,
-            TaskOutcome::Failure(_) => &node.counters.failed,
+            TaskOutcome::Success => Some(&node.counters.succeeded),
+            TaskOutcome::Failure(_) => Some(&node.counters.failed),
+            // It did not run: it comes again.
+            TaskOutcome::Resend(_) => None,
         };
-        counter.fetch_add(1, Ordering::Relaxed);
+        if let Some(counter) = counter {
+            counter.fetch_add(1, Ordering::Relaxed);
+        }
         node.counters.in_flight.fetch_sub(1, Ordering::Relaxed);
         done(c);
     })
@@ -154,16 +158,29 @@ fn prepare(
     let mut held: Held = Vec::new();
     let mut inline_args = Vec::new();
     let mut args = Vec::with_capacity(req.args.tensors().len());
-    let inline_bytes: usize = req.inline.iter().flatten().map(Bytes::len).sum();
+    // Arguments the driver left out because the chip holds their bytes
+    // travel as inline views without bytes: a private buffer of zeros,
+    // which the chip's copy stands in for (or the launch fails, and the
+    // driver sends the bytes).
+    let mut inline = req.inline;
+    let mut on_chip = vec![false; inline.len()];
+    for c in req.cache.iter().filter(|c| c.held) {
+        let i = c.index as usize;
+        if let (Some(slot @ None), Some(h)) = (inline.get_mut(i), on_chip.get_mut(i)) {
+            *slot = Some(Bytes::new());
+            *h = true;
+        }
+    }
+    let inline_bytes: usize = inline.iter().flatten().map(Bytes::len).sum();
     let mut staged = off_runtime(inline_bytes as u64, || {
-        unpack_inline(req.args.tensors(), &req.inline, &writes)
+        unpack_inline(req.args.tensors(), &inline, &writes, &on_chip)
     })?;
     for (i, ((tensor, tag), inline)) in req
         .args
         .tensors()
         .iter()
         .zip(&req.tags)
-        .zip(req.inline)
+        .zip(inline)
         .enumerate()
     {
         let bad = |why: String| format!("argument {i}: {why}");
@@ -184,6 +201,12 @@ fn prepare(
                 let (view, host) = staged[i]
                     .take()
                     .ok_or_else(|| bad("no inline bytes".into()))?;
+                // Its copy on the chip is keyed by the view the driver
+                // named, not by where its bytes were unpacked.
+                cache = cache_use(&req.cache, session, i).map(|u| CacheUse {
+                    footprint: Some(Footprint::of(tensor)),
+                    ..u
+                });
                 let backing: Arc<dyn HostMemory> = match host {
                     Private::Copy(host) => {
                         if writes.get(i).copied().unwrap_or(false) {
@@ -224,16 +247,7 @@ fn prepare(
                 let access = tensor.buffer().access();
                 // A mapped buffer's copy may stay on the chip, as the task
                 // says, for this session alone.
-                cache = req
-                    .cache
-                    .iter()
-                    .find(|c| c.index as usize == i)
-                    .map(|c| CacheUse {
-                        owner: session.id.0,
-                        version: c.version,
-                        written: c.written,
-                        deferred: c.deferred,
-                    });
+                cache = cache_use(&req.cache, session, i);
                 (
                     *tensor,
                     ArgBacking::Host(crate::imports::lease(mapping, access)),
@@ -257,6 +271,22 @@ fn prepare(
         held,
         inline_args,
     ))
+}
+
+/// How argument `i` uses the device cache, as the task says, for this
+/// session alone.
+fn cache_use(cache: &[CacheArg], session: &Session, i: usize) -> Option<CacheUse> {
+    cache
+        .iter()
+        .find(|c| c.index as usize == i)
+        .map(|c| CacheUse {
+            owner: session.id.0,
+            version: c.version,
+            written: c.written,
+            deferred: c.deferred,
+            held: c.held,
+            footprint: None,
+        })
 }
 
 /// Where an inline argument's bytes live on the worker.
@@ -286,6 +316,7 @@ fn unpack_inline(
     tensors: &[Tensor],
     inline: &[Option<Bytes>],
     writes: &[bool],
+    held: &[bool],
 ) -> Result<Vec<Option<Rebased>>, String> {
     let mut out: Vec<Option<Rebased>> = vec![None; tensors.len()];
     let mut done = vec![false; tensors.len()];
@@ -302,7 +333,9 @@ fn unpack_inline(
                 tensors[j].identity() == &identity && inline.get(j).is_some_and(|d| d.is_some())
             })
             .collect();
-        if let [only] = group[..] {
+        if let [only] = group[..]
+            && !held.get(only).copied().unwrap_or(false)
+        {
             if let Some(received) =
                 in_place(&tensors[only], inline[only].as_ref(), writes.get(only))
             {
@@ -407,6 +440,9 @@ fn complete(
     inline: Vec<InlineArg>,
 ) -> TaskCompletion {
     match outcome {
+        Err(e @ strata_chip::Error::NotHeld { .. }) => {
+            TaskCompletion::bare(id, TaskOutcome::Resend(e.to_string()))
+        }
         Err(e) => failure(id, e.to_string()),
         Ok(r) => {
             let packed: Option<Vec<(u32, Bytes)>> = inline
@@ -451,6 +487,9 @@ fn complete(
                 kernel_ns: nanos(r.kernel),
                 staged_in: r.staged_in,
                 staged_out: r.staged_out,
+                copy_in_ns: nanos(r.copy_in),
+                copy_out_ns: nanos(r.copy_out),
+                cache: crate::ops::cache_counters(r.cache),
                 outputs,
                 held: Vec::new(),
             }

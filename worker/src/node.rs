@@ -672,7 +672,7 @@ mod tests {
 
     fn cause(c: &TaskCompletion) -> &str {
         match &c.outcome {
-            TaskOutcome::Failure(cause) => cause,
+            TaskOutcome::Failure(cause) | TaskOutcome::Resend(cause) => cause,
             TaskOutcome::Success => "",
         }
     }

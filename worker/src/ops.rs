@@ -435,7 +435,7 @@ impl Intake {
 }
 
 /// The chip's cache counters as the protocol carries them.
-fn cache_counters(c: strata_chip::CacheStats) -> strata_proto::convert::CacheCounters {
+pub(crate) fn cache_counters(c: strata_chip::CacheStats) -> strata_proto::convert::CacheCounters {
     strata_proto::convert::CacheCounters {
         hits: c.hits,
         hit_bytes: c.hit_bytes,

@@ -124,7 +124,8 @@ const MAX_BATCH: usize = 4096;
 fn completion_size(c: &TaskCompletion) -> usize {
     let cause = match &c.outcome {
         strata_proto::convert::TaskOutcome::Success => 0,
-        strata_proto::convert::TaskOutcome::Failure(s) => s.len(),
+        strata_proto::convert::TaskOutcome::Failure(s)
+        | strata_proto::convert::TaskOutcome::Resend(s) => s.len(),
     };
     64 + cause + c.outputs.iter().map(|(_, d)| d.len() + 16).sum::<usize>()
 }

@@ -517,8 +517,9 @@ impl Inner {
     /// Materializes, runs and stages back (module docs), then ends every
     /// cached argument's use of the cache, whatever happened.
     fn materialize_and_run(&self, launch: &Launch, report: &mut LaunchReport) -> Result<(), Error> {
+        let begun = Instant::now();
         let mut cached: Vec<Option<CachedArg>> = vec![None; launch.args.len()];
-        let result = self.run_launch(launch, report, &mut cached);
+        let result = self.run_launch(launch, report, &mut cached, begun);
         let backend = self.backend();
         for (arg, c) in launch.args.iter().zip(cached) {
             let (Some(c), ArgBacking::Host(host)) = (c, &arg.backing) else {
@@ -536,8 +537,12 @@ impl Inner {
                     view: &arg.tensor,
                     host,
                 },
+                &mut report.cache,
             );
         }
+        report.copy_out = begun
+            .elapsed()
+            .saturating_sub(report.copy_in + report.kernel);
         result
     }
 
@@ -563,17 +568,31 @@ impl Inner {
         // it costs a normalization of the view).
         let cached = arg
             .cache
-            .map(|usage| (usage, Footprint::of(t)))
+            .map(|usage| (usage, usage.footprint.unwrap_or_else(|| Footprint::of(t))))
             .filter(|(_, footprint)| footprint.is_exact());
+        if let (None, Some(usage)) = (cached, arg.cache)
+            && usage.held
+        {
+            return Err(held_without_copy(
+                arg,
+                "its byte set is not exact, so it is never cached",
+            ));
+        }
         let acquired = match cached {
             Some((usage, footprint)) => {
                 let key = CopyKey {
                     owner: usage.owner,
                     footprint,
                 };
-                let acquired =
-                    self.cache
-                        .acquire(&self.backend(), key, usage, copy_in, writes, len)?;
+                let acquired = self.cache.acquire(
+                    &self.backend(),
+                    key,
+                    usage,
+                    copy_in,
+                    writes,
+                    len,
+                    &mut report.cache,
+                )?;
                 *slot = Some(CachedArg {
                     key,
                     acquired,
@@ -633,6 +652,7 @@ impl Inner {
         launch: &Launch,
         report: &mut LaunchReport,
         cached: &mut [Option<CachedArg>],
+        begun: Instant,
     ) -> Result<(), Error> {
         let desc = launch.kernel.descriptor();
         let mut staged: Vec<Option<ScratchGuard<'_>>> = Vec::with_capacity(launch.args.len());
@@ -642,6 +662,9 @@ impl Inner {
             let t = &arg.tensor;
             let extent = t.extent_bytes();
             let (chip, base, guard) = match (&arg.backing, self.spec.mode) {
+                (ArgBacking::Host(_), Mode::Unified) if arg.cache.is_some_and(|c| c.held) => {
+                    return Err(held_without_copy(arg, "a unified chip keeps no copies"));
+                }
                 (ArgBacking::Host(mem), Mode::Unified) => {
                     let chip = ChipTensor::from_view(
                         t,
@@ -722,6 +745,7 @@ impl Inner {
         };
         let mut ctx = KernelContext::new(&args, &launch.scalars, &scratch);
         let started = Instant::now();
+        report.copy_in = started.saturating_duration_since(begun);
         let ran = catch_unwind(AssertUnwindSafe(|| launch.kernel.run(&mut ctx)));
         report.kernel = started.elapsed();
         match ran {
@@ -776,5 +800,16 @@ impl Inner {
             }
         }
         Ok(())
+    }
+}
+
+/// The error for a held argument the chip could never hold.
+fn held_without_copy(arg: &LaunchArg, why: &str) -> Error {
+    let t = &arg.tensor;
+    Error::NotHeld {
+        buffer: *t.identity(),
+        footprint: format!("{}..{}", t.byte_offset(), t.end_byte()),
+        version: arg.cache.map_or(0, |c| c.version),
+        why: why.into(),
     }
 }

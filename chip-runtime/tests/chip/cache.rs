@@ -242,6 +242,8 @@ impl World {
                     version,
                     written: after,
                     deferred: self.deferred,
+                    held: false,
+                    footprint: None,
                 }),
             });
         }
@@ -582,6 +584,8 @@ fn cached_arg(
             version,
             written,
             deferred: true,
+            held: false,
+            footprint: None,
         }),
     }
 }
@@ -694,5 +698,80 @@ fn copies_are_per_owner_and_dropped_without_write_back() {
     assert_eq!(dev.drop_copies(2, None), 2);
     assert_eq!(dev.stats().cache.entries, 0);
     assert_eq!(dev.stats().arena.persistent.in_use, 0);
+    dev.check_invariants().unwrap();
+}
+
+/// An argument whose bytes did not come with the task (held) is read from
+/// the chip's copy at the version named, even with host memory empty, and
+/// fails the launch before the kernel runs — writing nothing — when the
+/// chip does not hold that version, or could never hold it (a unified
+/// chip).
+#[test]
+fn held_bytes_come_from_the_copy_or_the_launch_fails() {
+    let reg = registry();
+    let dev = SimDevice::from_spec("sim:mem=16MiB,mode=staged").unwrap();
+    let (src, dst) = (descriptor(0), descriptor(1));
+    let (full, empty, out) = (
+        Arc::new(HostBuffer::new(256).unwrap()),
+        Arc::new(HostBuffer::new(256).unwrap()),
+        Arc::new(HostBuffer::new(256).unwrap()),
+    );
+    let threes: Vec<u8> = (0..8).flat_map(|_| 3f32.to_le_bytes()).collect();
+    full.write(0, &threes).unwrap();
+    let v = |b| Tensor::new(b, 0, &[8], &[1], DType::F32).unwrap();
+    let held = |host: &Arc<HostBuffer>, version| {
+        let mut a = cached_arg(v(src), ArgTag::Input, host, 1, version, 0);
+        if let Some(c) = a.cache.as_mut() {
+            c.held = true;
+        }
+        a
+    };
+    let output = || cached_arg(v(dst), ArgTag::Output, &out, 1, 0, 9);
+    // Nothing on the chip yet.
+    let e = one("copy", &reg, &dev, vec![held(&empty, 1), output()], vec![]).unwrap_err();
+    assert!(matches!(e, strata_chip::Error::NotHeld { .. }), "{e}");
+    assert!(e.to_string().contains("holds no copy"), "{e}");
+    // Sent once (version 1), then held.
+    one(
+        "copy",
+        &reg,
+        &dev,
+        vec![cached_arg(v(src), ArgTag::Input, &full, 1, 1, 0), output()],
+        vec![],
+    )
+    .unwrap();
+    dev.drop_copies(1, Some(&dst.identity().clone()));
+    out.write(0, &[0; 32]).unwrap();
+    one("copy", &reg, &dev, vec![held(&empty, 1), output()], vec![]).unwrap();
+    dev.flush(1, &|_| true);
+    assert_eq!(
+        out.read(0, 32).unwrap(),
+        threes,
+        "read from the chip's copy"
+    );
+    // Another version is not there.
+    out.write(0, &[0; 32]).unwrap();
+    let e = one("copy", &reg, &dev, vec![held(&empty, 2), output()], vec![]).unwrap_err();
+    assert!(e.to_string().contains("holds version 1"), "{e}");
+    dev.flush(1, &|_| true);
+    assert_eq!(
+        out.read(0, 32).unwrap(),
+        vec![0; 32],
+        "the kernel never ran"
+    );
+    // A unified chip holds nothing.
+    let unified = SimDevice::from_spec("sim:mem=16MiB,mode=unified").unwrap();
+    let e = one(
+        "copy",
+        &reg,
+        &unified,
+        vec![held(&empty, 1), output()],
+        vec![],
+    )
+    .unwrap_err();
+    assert!(
+        e.to_string().contains("unified chip keeps no copies"),
+        "{e}"
+    );
     dev.check_invariants().unwrap();
 }

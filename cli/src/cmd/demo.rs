@@ -192,7 +192,7 @@ pub fn run(args: &DemoArgs) -> ExitCode {
             s.returned_bytes,
             s.staged_bytes
         );
-        if let Some(line) = super::cache_line(&cluster) {
+        for line in super::transfer_lines(s) {
             say!("  {line}");
         }
         say!(

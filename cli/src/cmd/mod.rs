@@ -19,42 +19,28 @@ pub mod inspect;
 mod progress;
 pub mod run;
 
-/// The device caches' figures summed over the workers, as one line; `None`
-/// when no worker cached anything (unified or remote chips, or the cache
-/// turned off).
-fn cache_line(cluster: &strata_orchestrator::Cluster) -> Option<String> {
-    // hits, bytes hit, misses, bytes loaded, on-chip bytes, written back,
-    // evictions
-    let mut t = [0u64; 7];
-    for w in cluster.workers() {
-        let c = cluster.worker_stats(w.id).ok()?.cache;
-        let add = [
-            c.hits,
-            c.hit_bytes,
-            c.misses,
-            c.loaded,
-            c.device_to_device,
-            c.written_back,
-            c.evictions,
-        ];
-        for (sum, v) in t.iter_mut().zip(add) {
-            *sum += v;
-        }
+/// Where a run's bytes went, as lines: copies between host and device
+/// memory and on the chips, bytes to and from remote workers, and the
+/// device caches' hits, misses, write-backs and evictions (that line only
+/// when some chip cached).
+fn transfer_lines(s: &strata_orchestrator::RunSummary) -> Vec<String> {
+    let mut lines = vec![format!(
+        "bytes host->device {}, device->host {}, on chips {}",
+        s.to_device_bytes, s.from_device_bytes, s.on_chip_bytes
+    )];
+    if s.sent_bytes + s.returned_bytes + s.held_bytes > 0 {
+        lines.push(format!(
+            "remote workers: {} bytes sent, {} returned, {} left out as held on their chips ({} tasks resent)",
+            s.sent_bytes, s.returned_bytes, s.held_bytes, s.resent
+        ));
     }
-    let [
-        hits,
-        hit_bytes,
-        misses,
-        loaded,
-        on_chip,
-        written_back,
-        evictions,
-    ] = t;
-    (hits + misses > 0).then(|| {
-        format!(
-            "device cache: {hits} hits ({hit_bytes} bytes found on chips), {misses} misses ({loaded} bytes copied in), {on_chip} bytes copied on chips, {written_back} bytes written back, {evictions} evictions"
-        )
-    })
+    if s.cache_hits + s.cache_misses > 0 {
+        lines.push(format!(
+            "device cache: {} hits, {} misses, {} write-backs, {} evictions",
+            s.cache_hits, s.cache_misses, s.write_backs, s.evictions
+        ));
+    }
+    lines
 }
 
 /// strata: an async, multi-process task dispatcher for accelerator chips.

@@ -188,7 +188,7 @@ pub fn run(args: &RunArgs) -> ExitCode {
                     s.fd_bytes,
                     s.sent_bytes + s.returned_bytes + s.staged_bytes
                 );
-                if let Some(line) = super::cache_line(&cluster) {
+                for line in super::transfer_lines(s) {
                     say!("  {line}");
                 }
                 for o in &r.outputs {

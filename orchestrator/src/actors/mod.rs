@@ -124,6 +124,18 @@ pub(crate) struct Report {
     pub(crate) queued_ns: u64,
     /// Nanoseconds staging and running on the worker.
     pub(crate) busy_ns: u64,
+    /// Of those, staging in before the kernel and out after it.
+    pub(crate) copy_in_ns: u64,
+    pub(crate) copy_out_ns: u64,
+    /// Bytes it copied host → device and device → host.
+    pub(crate) to_device: u64,
+    pub(crate) from_device: u64,
+    /// What it did in its chip's cache.
+    pub(crate) cache: strata_proto::convert::CacheCounters,
+    /// View bytes left out because the chip held them (remote workers).
+    pub(crate) held: u64,
+    /// Times it was sent again for bytes the chip no longer held.
+    pub(crate) resent: u32,
     /// When the endpoint had the completion (and had landed its bytes).
     pub(crate) received: Option<std::time::Instant>,
 }
@@ -195,7 +207,7 @@ pub(crate) enum Notice {
 }
 
 /// One member to run on a worker.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub(crate) struct DispatchItem {
     pub(crate) task: TaskId,
     pub(crate) member: usize,

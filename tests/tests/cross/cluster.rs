@@ -136,14 +136,15 @@ fn tiled_matmul_over_two_tcp_workers_with_a_token_stages_bytes() {
         .unwrap()
         .connect(&w1.endpoint.to_string(), Some("s3cret-token"))
         .unwrap()
+        .device_cache(false)
         .start()
         .expect("cluster");
     assert!(cluster.workers().iter().all(|w| !w.fd_passing));
     let r = strata_orchestrator::demo::tiled_matmul(&cluster, 512, 64, 2).expect("job");
     assert!(r.ok(1e-3), "max |err| {}", r.max_abs_err);
     assert_eq!(r.summary.fd_bytes, 0);
-    // Each task sends its two input tiles (16 KiB each) and gets its
-    // output tile back.
+    // Without the device cache each task sends its two input tiles (16 KiB
+    // each) and gets its output tile back.
     assert_eq!(
         r.summary.sent_bytes,
         512 * 2 * 64 * 64 * 4 + 448 * 64 * 64 * 4
@@ -153,6 +154,65 @@ fn tiled_matmul_over_two_tcp_workers_with_a_token_stages_bytes() {
         "tiled matmul 512/64 over 2 TCP workers: {:.1} ms",
         r.wall.as_secs_f64() * 1e3
     );
+}
+
+/// The device cache on a remote worker: a tile sent once stays on its
+/// chip, so a tiled matmul over one TCP worker sends each input tile once
+/// (the compulsory bound) instead of once per task; with a chip too small
+/// for the working set, copies are evicted, the worker asks for the bytes
+/// it no longer holds, and the answer is still right.
+#[test]
+fn a_remote_worker_keeps_the_tiles_it_was_sent() {
+    let tile = 64 * 64 * 4;
+    for (device, bound) in [
+        ("sim:mode=staged", true),
+        // Room for about six tiles beside the run and scratch regions.
+        ("sim:mode=staged,mem=320KiB,run=64KiB,scratch=160KiB", false),
+    ] {
+        let w = WorkerProcess::spawn_tcp(
+            &strata_bin(),
+            &["worker"],
+            &["--insecure", "--device", device],
+        );
+        let cluster = Cluster::builder()
+            .connect(&w.endpoint.to_string(), None)
+            .unwrap()
+            .start()
+            .expect("cluster");
+        let r = strata_orchestrator::demo::tiled_matmul(&cluster, 256, 64, 5).expect("job");
+        assert!(r.ok(1e-3), "{device}: max |err| {}", r.max_abs_err);
+        assert_eq!(r.summary.succeeded, 64);
+        let stats = cluster.worker_stats(WorkerId(0)).expect("stats").cache;
+        // 4×4 tiles of A and B, 16 KiB each; every C tile stays on the
+        // chip from one task of its chain to the next (written through:
+        // each task still returns it).
+        let compulsory = 2 * 16 * tile;
+        let s = &r.summary;
+        if bound {
+            assert_eq!(s.sent_bytes, compulsory, "{stats:?}");
+            // Every other read of A and B, and every read of C.
+            assert_eq!(s.held_bytes, (64 * 2 - 32 + 48) * tile, "{s:?}");
+            assert_eq!((s.resent, s.evictions), (0, 0), "{s:?}");
+            assert_eq!(s.cache_hits, stats.hits, "the run's figures are the chip's");
+        } else {
+            // Left out, evicted before its task ran, sent again.
+            assert!(s.evictions > 0 && s.resent > 0, "{s:?}");
+            assert!(s.sent_bytes > compulsory, "{s:?}");
+        }
+        // Never more than without the cache: every read's tile once per
+        // task, and the 48 accumulations' C tiles.
+        assert!(
+            r.summary.sent_bytes < (64 * 2 + 48) * tile,
+            "{device}: {} bytes sent",
+            r.summary.sent_bytes
+        );
+        assert_eq!(r.summary.returned_bytes, 64 * tile);
+        eprintln!(
+            "remote tiled matmul 256/64 on {device}: {} bytes sent ({:.2}× the compulsory bound), {stats:?}",
+            r.summary.sent_bytes,
+            r.summary.sent_bytes as f64 / compulsory as f64
+        );
+    }
 }
 
 #[test]
@@ -304,13 +364,20 @@ fn differential_through_real_workers_matches_sequential_execution() {
     // chip leaves its device cache room for a few copies only, so copies
     // are evicted (dirty ones written back) as the programs run; the
     // worker without a ring has the default staged chip and its cache.
+    // The TCP worker's chip is as small: the driver leaves out bytes it
+    // holds, and sends them again when they were evicted meanwhile.
     let dir = tempfile::tempdir().unwrap();
     let token = dir.path().join("token");
     std::fs::write(&token, "diff").unwrap();
     let tcp = WorkerProcess::spawn_tcp(
         test_worker_bin(),
         &[],
-        &["--token-file", token.to_str().unwrap()],
+        &[
+            "--token-file",
+            token.to_str().unwrap(),
+            "--device",
+            "sim:mode=staged,mem=64KiB,run=32KiB,scratch=31KiB",
+        ],
     );
     let staged = WorkerProcess::spawn_unix(
         test_worker_bin(),
@@ -347,6 +414,7 @@ fn differential_through_real_workers_matches_sequential_execution() {
         ]
     );
     let mut total = 0usize;
+    let (mut held, mut resent) = (0, 0);
     for seed in 0..seeds {
         let mut rng = Rng(0x5eed_0000 + seed);
         // Odd seeds: read-mostly programs (many unfinished readers of
@@ -363,6 +431,7 @@ fn differential_through_real_workers_matches_sequential_execution() {
             .wait_all()
             .unwrap_or_else(|e| panic!("seed {seed}: {e}"));
         assert_eq!(summary.succeeded as usize, program.tasks.len());
+        (held, resent) = (held + summary.held_bytes, resent + summary.resent);
         for (d, b) in program.buffers.iter().zip(&buffers) {
             assert_eq!(
                 b.to_bytes().unwrap(),
@@ -374,10 +443,15 @@ fn differential_through_real_workers_matches_sequential_execution() {
         total += program.tasks.len();
     }
     let cache = cluster.worker_stats(WorkerId(1)).unwrap().cache;
+    let remote = cluster.worker_stats(WorkerId(2)).unwrap().cache;
     eprintln!(
-        "differential through 4 real workers: {seeds} seeds, {total} tasks, identical; the small cache: {cache:?}"
+        "differential through 4 real workers: {seeds} seeds, {total} tasks, identical; the small cache: {cache:?}; the remote one: {remote:?}, {held} bytes left out as held, {resent} tasks resent"
     );
     assert!(cache.hits > 0 && cache.evictions > 0, "{cache:?}");
+    assert!(
+        remote.hits > 0 && remote.evictions > 0 && held > 0,
+        "{remote:?}"
+    );
 }
 
 #[test]

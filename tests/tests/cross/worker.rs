@@ -92,7 +92,7 @@ pub(crate) fn assert_failed(c: &TaskCompletion, needle: &str) {
         TaskOutcome::Failure(cause) => {
             assert!(cause.contains(needle), "cause {cause:?} lacks {needle:?}")
         }
-        TaskOutcome::Success => panic!("expected a failure containing {needle:?}"),
+        other => panic!("expected a failure containing {needle:?}, got {other:?}"),
     }
 }
 
@@ -1109,6 +1109,7 @@ async fn cached_copies_are_found_by_version_and_session() {
         version,
         written: 0,
         deferred: false,
+        held: false,
     };
     let copy_to = |id, dst: &SharedBuffer, version| {
         let mut t = task(

@@ -163,6 +163,11 @@ fn task_trace(
                 staged_bytes: rep.staged,
                 sent_bytes: rep.sent,
                 returned_bytes: rep.returned,
+                copy_in_us: rep.copy_in_ns as f64 / 1e3,
+                copy_out_us: rep.copy_out_ns as f64 / 1e3,
+                cache_hits: rep.cache.hits,
+                cache_misses: rep.cache.misses,
+                held_bytes: rep.held,
             })
         })
         .collect();

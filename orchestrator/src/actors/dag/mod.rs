@@ -318,6 +318,15 @@ impl DagActor {
                     s.sent_bytes += report.sent;
                     s.returned_bytes += report.returned;
                     s.staged_bytes += report.staged;
+                    s.to_device_bytes += report.to_device;
+                    s.from_device_bytes += report.from_device;
+                    s.on_chip_bytes += report.cache.device_to_device;
+                    s.cache_hits += report.cache.hits;
+                    s.cache_misses += report.cache.misses;
+                    s.write_backs += report.cache.write_backs;
+                    s.evictions += report.cache.evictions;
+                    s.held_bytes += report.held;
+                    s.resent += u64::from(report.resent);
                 }
                 if let Event::Finished {
                     task,
@@ -787,6 +796,7 @@ fn cache_args(dir: &mut Directory, args: &[super::ArgRef]) -> (Vec<CacheArg>, Wr
             version,
             written,
             deferred: false,
+            held: false,
         });
     }
     (cache, writes)

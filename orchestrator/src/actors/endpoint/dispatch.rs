@@ -10,7 +10,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 
 use strata_proto::convert::{TaskCompletion, TaskOutcome, TaskRequest};
-use strata_wire::{ArgTag, BufferDescriptor, CanonicalIdentity, TaskArgs, Tensor};
+use strata_wire::{ArgTag, BufferDescriptor, CanonicalIdentity, Footprint, TaskArgs, Tensor};
 use tracing::warn;
 
 use strata_core::Event;
@@ -32,6 +32,23 @@ pub(super) struct InFlight {
     /// view, buffer, how the task uses it.
     staged: Vec<(u32, Tensor, Arc<HostShared>, ArgTag)>,
     sent: u64,
+    /// Bytes left out because the chip held them, and how many times the
+    /// member was sent again for want of them.
+    held_bytes: u64,
+    resent: u32,
+    /// Byte sets whose bytes were left out as held on the chip, and the
+    /// member itself, to send again with them if the chip no longer has
+    /// them (`TaskOutcome::Resend`).
+    held: Vec<Footprint>,
+    resend: Option<DispatchItem>,
+    /// The versions the chip holds of the byte sets it writes once it
+    /// succeeds.
+    holds: Vec<(Footprint, u64)>,
+    /// The byte sets it reads whose bytes go with it, at their versions:
+    /// the chip holds them once it has run, so members sent after it
+    /// leave them out (the worker starts a session's tasks in order; one
+    /// that starts before the copy is made comes back to be resent).
+    sends: Vec<(Footprint, u64)>,
     pub(super) callable: strata_chip::KernelHandle,
     /// Its timeout, and its deadline once sent.
     pub(super) timeout: Option<std::time::Duration>,
@@ -68,7 +85,7 @@ impl EndpointActor {
         // Members with a timeout, whose clocks start once they are sent.
         let mut timed = Vec::new();
         for item in &items {
-            let (mut req, f, ahead) = match self.request(item, &refused) {
+            let (mut req, mut f, ahead) = match self.request(item, &refused) {
                 Ok(r) => r,
                 Err(cause) => {
                     self.finish(item, Err(cause));
@@ -129,6 +146,7 @@ impl EndpointActor {
             if let Some(t) = item.timeout {
                 timed.push((item.task, t));
             }
+            self.hold(std::mem::take(&mut f.sends));
             self.in_flight.insert(item.task.0, f);
             batches.last_mut().expect("a batch").push(req);
         }
@@ -322,6 +340,9 @@ impl EndpointActor {
         let mut inline = Vec::with_capacity(item.args.len());
         let mut staged = Vec::new();
         let mut sent = 0u64;
+        let mut cache = item.cache.clone();
+        let (mut held, mut holds, mut sends) = (Vec::new(), Vec::new(), Vec::new());
+        let mut held_bytes = 0;
         for (i, a) in item.args.iter().enumerate() {
             tensors.push(a.tensor);
             tags.push(a.tag);
@@ -329,6 +350,28 @@ impl EndpointActor {
                 Backing::Host(h) if staged_link => {
                     let len = strata_chip::staging::packed_len(&a.tensor);
                     staged.push((i as u32, a.tensor, Arc::clone(h), a.tag));
+                    // A view whose bytes the chip holds at the version the
+                    // task must see travels without them.
+                    if let Some(c) = cache.iter_mut().find(|c| c.index as usize == i) {
+                        let fp = Footprint::of(&a.tensor);
+                        if fp.is_exact() {
+                            if a.tag != ArgTag::Output && self.resident.get(&fp) == Some(&c.version)
+                            {
+                                c.held = true;
+                                held.push(fp);
+                                held_bytes += len;
+                            }
+                            if a.tag.writes() {
+                                holds.push((fp, c.written));
+                            } else if !c.held {
+                                sends.push((fp, c.version));
+                            }
+                        }
+                        if c.held {
+                            inline.push(None);
+                            continue;
+                        }
+                    }
                     if a.tag != ArgTag::Output && data_from.is_some_and(|from| len >= from) {
                         // On the data connection, ahead of the task: a
                         // contiguous view straight from the memfd, a
@@ -382,13 +425,19 @@ impl EndpointActor {
                 tags,
                 inline,
                 staged: Vec::new(),
-                cache: item.cache.clone(),
+                cache,
             },
             InFlight {
                 task: item.task,
                 member: item.member,
                 staged,
                 sent,
+                held_bytes,
+                resent: 0,
+                resend: (!held.is_empty()).then(|| item.clone()),
+                held,
+                holds,
+                sends,
                 callable: item.callable,
                 timeout: item.timeout,
                 deadline: None,
@@ -416,9 +465,37 @@ impl EndpointActor {
                 lane: c.lane,
                 queued_ns: c.queued_ns,
                 busy_ns: c.busy_ns,
+                copy_in_ns: c.copy_in_ns,
+                copy_out_ns: c.copy_out_ns,
+                to_device: c.staged_in,
+                from_device: c.staged_out,
+                cache: c.cache,
+                held: f.held_bytes,
+                resent: f.resent,
                 received: None,
             };
             let result = match c.outcome {
+                TaskOutcome::Resend(cause) => match f.resend {
+                    // The chip no longer holds what was left out: forget
+                    // it, and send the member again (its bytes now go
+                    // with it). Nothing ran; its clock starts again.
+                    Some(item) => {
+                        for fp in &f.held {
+                            self.resident.remove(fp);
+                        }
+                        self.dispatch(vec![item]).await;
+                        if self.dead {
+                            return;
+                        }
+                        if let Some(again) = self.in_flight.get_mut(&c.id.0) {
+                            again.resent = f.resent + 1;
+                        }
+                        continue;
+                    }
+                    None => Err(MemberFailure::Reported(format!(
+                        "the worker asked for bytes it was sent: {cause}"
+                    ))),
+                },
                 TaskOutcome::Failure(cause) => Err(MemberFailure::Reported(cause)),
                 TaskOutcome::Success if c.held.is_empty() => {
                     land(&f, &c.outputs, &[], &mut report.returned)
@@ -439,6 +516,9 @@ impl EndpointActor {
             if !c.held.is_empty() {
                 received = None;
             }
+            if result.is_ok() {
+                self.hold(f.holds);
+            }
             report.received = Some(*received.get_or_insert_with(std::time::Instant::now));
             let _ = self.up.send(Notice::Completed {
                 event: Event::Finished {
@@ -449,6 +529,22 @@ impl EndpointActor {
                 report,
             });
         }
+    }
+}
+
+impl EndpointActor {
+    /// Records copies the worker's chip holds (or will once a member sent
+    /// now has run).
+    fn hold(&mut self, holds: Vec<(Footprint, u64)>) {
+        if holds.is_empty() {
+            return;
+        }
+        if self.resident.len() + holds.len() > strata_core::residency::MAX_REMEMBERED {
+            // Forgetting costs a resend of bytes the chip may still hold,
+            // never a stale byte.
+            self.resident.clear();
+        }
+        self.resident.extend(holds);
     }
 }
 

@@ -77,6 +77,7 @@ impl EndpointActor {
         self.in_flight.clear();
         self.deadlines.clear();
         self.imported.clear();
+        self.resident.clear();
         // A staged link only ever held copies of task bytes, and their
         // completions are dropped from here on: it cannot touch memory.
         let staged = self.link.facts().memory == Memory::Staged;
@@ -294,6 +295,7 @@ impl EndpointActor {
         self.link = link;
         self.link_events = events;
         self.imported.clear();
+        self.resident.clear();
         self.in_flight.clear();
         self.rejoins += 1;
         self.dead = false;

@@ -156,6 +156,12 @@ pub(crate) struct EndpointActor {
     /// Times it came back after a loss.
     rejoins: u64,
     imported: HashSet<CanonicalIdentity>,
+    /// The versions of byte sets the worker's chip holds copies of, as far
+    /// as this endpoint saw (staged links whose worker caches): a task
+    /// reading one at that version leaves its bytes out ([`dispatch`]).
+    /// Emptied with the session, and when it passes
+    /// [`strata_core::residency::MAX_REMEMBERED`].
+    resident: HashMap<strata_wire::Footprint, u64>,
     in_flight: HashMap<u64, InFlight>,
     /// Strings for packed view bytes (staged links), reused across tasks.
     recycler: crate::buffer::Recycler,
@@ -210,6 +216,7 @@ impl EndpointActor {
             lost_at: None,
             rejoins: 0,
             imported: HashSet::default(),
+            resident: HashMap::default(),
             in_flight: HashMap::default(),
             recycler: crate::buffer::Recycler::default(),
             stages: 0,

@@ -125,6 +125,9 @@ pub struct CacheStats {
     pub device_to_device: u64,
     /// Arguments staged through scratch because no room could be made.
     pub bypassed: u64,
+    /// Of `loaded`, bytes copied in ahead of their task while it waited
+    /// for a lane (prefetch).
+    pub prefetched: u64,
     /// Copies held now.
     pub entries: u64,
     /// Bytes of the copies held now.
@@ -147,6 +150,12 @@ impl CacheStats {
         self.evictions += d(now.evictions, before.evictions);
         self.device_to_device += d(now.device_to_device, before.device_to_device);
         self.bypassed += d(now.bypassed, before.bypassed);
+        self.prefetched += d(now.prefetched, before.prefetched);
+    }
+
+    /// Adds `other`'s counters (not its gauges).
+    pub(crate) fn add(&mut self, other: &CacheStats) {
+        self.add_since(other, &CacheStats::default());
     }
 }
 
@@ -214,9 +223,37 @@ struct State {
     /// How many times each owner's copies were dropped: a launch that
     /// acquired a block before a drop does not make it a copy after.
     drops: HashMap<u64, u64>,
+    /// Blocks handed out (fresh or on-chip copies) and not yet released,
+    /// per owner and buffer, and whether that buffer's copies were dropped
+    /// meanwhile: such a block does not become a copy either. Only what is
+    /// in flight is listed, so it stays small.
+    busy: HashMap<(u64, CanonicalIdentity), (u32, bool)>,
 }
 
 impl State {
+    /// A block for `key` is handed out to a launch.
+    fn hold(&mut self, key: &CopyKey) {
+        self.busy
+            .entry((key.owner, *key.footprint.identity()))
+            .or_default()
+            .0 += 1;
+    }
+
+    /// A block for `key` comes back; whether its buffer's copies were
+    /// dropped while it was out.
+    fn let_go(&mut self, key: &CopyKey) -> bool {
+        let k = (key.owner, *key.footprint.identity());
+        let Some(b) = self.busy.get_mut(&k) else {
+            return false;
+        };
+        b.0 -= 1;
+        let dropped = b.1;
+        if b.0 == 0 {
+            self.busy.remove(&k);
+        }
+        dropped
+    }
+
     fn touch(&mut self, key: &CopyKey) {
         self.tick += 1;
         let tick = self.tick;
@@ -406,6 +443,39 @@ impl Cache {
         r
     }
 
+    /// A prefetch's lookup: a new block to load the bytes of `key` into,
+    /// or `None` when the chip holds them at that version already, holds
+    /// a copy that is dirty or in use, or has no free room — a prefetch
+    /// never evicts a copy to make room (it could push out what the
+    /// running task needs next). Only a block handed out is counted (a
+    /// miss, and its bytes as loaded).
+    pub(crate) fn acquire_absent(
+        &self,
+        backend: &dyn Backend,
+        key: CopyKey,
+        usage: CacheUse,
+        len: u64,
+        figures: &mut CacheStats,
+    ) -> Option<Acquired> {
+        let mut s = lock(&self.state);
+        match s.entries.get(&key) {
+            Some(e) if e.version == usage.version || e.dirty || e.pins > 0 => return None,
+            _ => {}
+        }
+        let block = backend.alloc(len).ok()?;
+        // A stale clean copy is replaced, as the launch would.
+        if let Some(old) = s.remove(&key) {
+            backend.free(old.block);
+        }
+        let before = s.stats;
+        s.stats.misses += 1;
+        s.stats.loaded += len;
+        figures.add_since(&s.stats, &before);
+        let epoch = s.drops.get(&key.owner).copied().unwrap_or(0);
+        s.hold(&key);
+        Some(Acquired::Fresh { block, epoch })
+    }
+
     fn acquire_in(
         s: &mut State,
         backend: &dyn Backend,
@@ -455,6 +525,7 @@ impl Cache {
             return Ok(match s.alloc(backend, len) {
                 Some(to) => {
                     s.stats.device_to_device += len;
+                    s.hold(&key);
                     Acquired::Copy { from, to, epoch }
                 }
                 None => {
@@ -489,6 +560,7 @@ impl Cache {
                 if reads {
                     s.stats.loaded += len;
                 }
+                s.hold(&key);
                 Acquired::Fresh { block, epoch }
             }
             None => {
@@ -539,8 +611,11 @@ impl Cache {
             (true, false) => (false, 0, false),
             (false, _) => (true, r.usage.version, false),
         };
-        let dropped = s.drops.get(&r.key.owner).copied().unwrap_or(0) != epoch;
+        let buffer_dropped = s.let_go(&r.key);
+        let dropped = buffer_dropped || s.drops.get(&r.key.owner).copied().unwrap_or(0) != epoch;
         if !keep || dropped {
+            // Dropped: nobody reads these bytes any more (the buffer was
+            // let go, or the session ended).
             backend.free(fresh);
             return;
         }
@@ -548,7 +623,13 @@ impl Cache {
             let replace = r.writes || (e.pins == 0 && !e.dirty && e.version != version);
             if !replace || e.pins > 0 {
                 // A read whose copy another launch placed first, or (never
-                // for tasks the caller orders) a copy still pinned.
+                // for tasks the caller orders) a copy still pinned: a
+                // written block that cannot become the copy goes to host
+                // memory rather than be lost.
+                if dirty {
+                    s.stats.written_back += backend.write_back(fresh, r.view, r.host.as_ref());
+                    s.stats.write_backs += 1;
+                }
                 backend.free(fresh);
                 return;
             }
@@ -626,7 +707,14 @@ impl Cache {
         identity: Option<&CanonicalIdentity>,
     ) -> usize {
         let mut s = lock(&self.state);
-        *s.drops.entry(owner).or_default() += 1;
+        match identity {
+            None => *s.drops.entry(owner).or_default() += 1,
+            Some(i) => {
+                if let Some(b) = s.busy.get_mut(&(owner, *i)) {
+                    b.1 = true;
+                }
+            }
+        }
         let keys: Vec<CopyKey> = s
             .entries
             .keys()
@@ -644,6 +732,19 @@ impl Cache {
             }
         }
         keys.len()
+    }
+
+    /// Counts bytes a prefetch copied in.
+    pub(crate) fn count_prefetched(&self, bytes: u64) {
+        lock(&self.state).stats.prefetched += bytes;
+    }
+
+    /// Takes back a hit on a copy a prefetch made for the launch: that
+    /// copy counted as its miss.
+    pub(crate) fn uncount_hit(&self, bytes: u64) {
+        let mut s = lock(&self.state);
+        s.stats.hits = s.stats.hits.saturating_sub(1);
+        s.stats.hit_bytes = s.stats.hit_bytes.saturating_sub(bytes);
     }
 
     /// The counters.

@@ -10,6 +10,7 @@
 //! | `lanes` | kernels that may run at once, 1..=256 | 1 |
 //! | `run` | bytes of the per-run bump region | mem/4 |
 //! | `scratch` | bytes of the per-kernel scratch region (staged copies, temporaries) | mem/4 |
+//! | `prefetch` | `on` (a launch waiting for a lane has its bytes copied into the device cache meanwhile, by a copy thread) or `off` | on |
 //!
 //! The persistent region gets the rest. Sizes are integers with an optional
 //! suffix: `B`, `KiB`, `MiB`, `GiB`, `TiB` (powers of 1024) or `KB`, `MB`,
@@ -64,6 +65,9 @@ pub struct DeviceSpec {
     pub run: u64,
     /// Bytes of the scratch region.
     pub scratch: u64,
+    /// Copy the bytes of launches waiting for a lane into the device cache
+    /// ahead of them (staged mode).
+    pub prefetch: bool,
 }
 
 impl DeviceSpec {
@@ -82,6 +86,7 @@ impl Default for DeviceSpec {
             lanes: 1,
             run: 1 << 28,
             scratch: 1 << 28,
+            prefetch: true,
         })
     }
 }
@@ -102,6 +107,7 @@ impl FromStr for DeviceSpec {
             return Err(bad(format!("unknown device kind {kind:?} (known: sim)")));
         }
         let (mut mem, mut mode, mut lanes, mut run, mut scratch) = (None, None, None, None, None);
+        let mut prefetch = None;
         for item in rest.into_iter().flat_map(|r| r.split(',')) {
             let (key, value) = item
                 .split_once('=')
@@ -136,9 +142,19 @@ impl FromStr for DeviceSpec {
                         })?;
                     lanes.replace(n).is_some()
                 }
+                "prefetch" => {
+                    let on = match value {
+                        "on" => true,
+                        "off" => false,
+                        other => {
+                            return Err(bad(format!("prefetch: {other:?} is not on or off")));
+                        }
+                    };
+                    prefetch.replace(on).is_some()
+                }
                 other => {
                     return Err(bad(format!(
-                        "unknown key {other:?} (known: mem, mode, lanes, run, scratch)"
+                        "unknown key {other:?} (known: mem, mode, lanes, run, scratch, prefetch)"
                     )));
                 }
             };
@@ -187,6 +203,7 @@ impl FromStr for DeviceSpec {
             lanes: lanes.unwrap_or(1),
             run,
             scratch,
+            prefetch: prefetch.unwrap_or(true),
         })
     }
 }
@@ -196,12 +213,13 @@ impl fmt::Display for DeviceSpec {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "sim:mem={},mode={},lanes={},run={},scratch={}",
+            "sim:mem={},mode={},lanes={},run={},scratch={},prefetch={}",
             format_size(self.mem),
             self.mode.name(),
             self.lanes,
             format_size(self.run),
-            format_size(self.scratch)
+            format_size(self.scratch),
+            if self.prefetch { "on" } else { "off" }
         )
     }
 }
@@ -276,7 +294,7 @@ mod tests {
                 .parse::<DeviceSpec>()
                 .unwrap()
                 .to_string(),
-            "sim:mem=1000000,mode=unified,lanes=1,run=0,scratch=960"
+            "sim:mem=1000000,mode=unified,lanes=1,run=0,scratch=960,prefetch=on"
         );
     }
 
@@ -290,6 +308,12 @@ mod tests {
         assert!(err("sim:lanes=0").contains("lanes: \"0\""));
         assert!(err("sim:lanes=1,lanes=2").contains("lanes is given twice"));
         assert!(err("sim:colour=blue").contains("unknown key \"colour\""));
+        assert!(err("sim:prefetch=maybe").contains("prefetch: \"maybe\" is not on or off"));
+        assert!(
+            !"sim:prefetch=off"
+                .parse::<DeviceSpec>()
+                .is_ok_and(|d| d.prefetch)
+        );
         assert!(err("sim:mem").contains("not KEY=VALUE"));
         assert!(err("sim:mem=1KiB").contains("below the minimum"));
         assert!(err("sim:mem=1GiB,run=1GiB").contains("exceed mem"));

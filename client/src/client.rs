@@ -384,6 +384,23 @@ impl WorkerClient {
         )?)
     }
 
+    /// Has the worker write this session's dirty cached copies of
+    /// `identities` (every buffer when empty) back to host memory; returns
+    /// the bytes written.
+    ///
+    /// # Errors
+    /// The worker's refusal.
+    ///
+    /// # Cancel safety
+    /// As the unary calls (module docs): the copies may or may not have
+    /// been written back; flushing again is harmless.
+    pub async fn flush(&mut self, identities: &[CanonicalIdentity]) -> Result<u64, ClientError> {
+        let req = pb::FlushRequest {
+            identities: identities.iter().map(|i| i.encode().to_vec()).collect(),
+        };
+        Ok(self.stub.flush(req).await?.into_inner().bytes)
+    }
+
     /// Writes `data` at `offset` of a device buffer.
     ///
     /// # Errors

@@ -63,6 +63,23 @@ pub use strata_core::{Outcome, TaskId, WorkerId};
 pub use task::{Task, TaskHandle};
 pub use trace::Trace;
 
+/// When bytes a task writes on a local staged chip go back to host memory
+/// ([`ClusterBuilder::write_back`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum WriteBack {
+    /// When the task ends (the default): host memory holds every
+    /// completed task's bytes, so a lost worker loses nothing but copies.
+    #[default]
+    Through,
+    /// When something needs them: a task on another chip (or this one,
+    /// through another view) that touches them, a wait, an eviction. A
+    /// chain of tasks updating the same bytes on one chip moves them once;
+    /// but a worker lost before it wrote them back loses them: the wait
+    /// reports the task that wrote them, and tasks that would read them
+    /// fail.
+    Deferred,
+}
+
 /// Figures of a run (since the previous `wait_all`) or of the cluster's
 /// life ([`Cluster::totals`]).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -94,6 +111,9 @@ pub struct RunSummary {
     pub to_device_bytes: u64,
     /// Of those, bytes copied device → host (written arguments).
     pub from_device_bytes: u64,
+    /// Of `to_device_bytes`, bytes copied in ahead of their task while it
+    /// waited for its chip (prefetch).
+    pub prefetched_bytes: u64,
     /// Bytes copied on the chips, from a cached copy into the block a
     /// writing kernel works on.
     pub on_chip_bytes: u64,

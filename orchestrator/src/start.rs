@@ -53,6 +53,7 @@ pub struct ClusterBuilder {
     max_unfinished: usize,
     quarantine: Quarantine,
     device_cache: bool,
+    write_back: crate::WriteBack,
     in_process: usize,
     kernels: Kernels,
     ring: bool,
@@ -92,6 +93,7 @@ impl Default for ClusterBuilder {
             max_unfinished: 65_536,
             quarantine: Quarantine::default(),
             device_cache: true,
+            write_back: crate::WriteBack::default(),
             in_process: 0,
             kernels: Kernels::default(),
             ring: true,
@@ -291,12 +293,26 @@ impl ClusterBuilder {
     /// Whether staged chips keep the copies they make of host bytes
     /// between tasks (default on): a task finds the bytes it reads on its
     /// chip when an earlier task there read or wrote them and nothing has
-    /// changed them since, instead of copying them in again. Written bytes
-    /// still go back to host memory when each task ends. Off: every task
-    /// copies its views in and out, as a chip without a cache does.
+    /// changed them since, instead of copying them in again. When written
+    /// bytes go back to host memory is [`ClusterBuilder::write_back`]'s
+    /// choice. Off: every task copies its views in and out, as a chip
+    /// without a cache does.
     #[must_use]
     pub fn device_cache(mut self, on: bool) -> Self {
         self.device_cache = on;
+        self
+    }
+
+    /// When bytes a task writes on a local staged chip go back to host
+    /// memory (with the device cache on): when the task ends
+    /// ([`WriteBack::Through`], the default), or when something needs them
+    /// ([`WriteBack::Deferred`]): a task elsewhere that touches them, a
+    /// wait, an eviction. Either way a wait that returns has them in host
+    /// memory; deferred, a worker lost first loses them (see
+    /// [`WriteBack`]).
+    #[must_use]
+    pub fn write_back(mut self, when: crate::WriteBack) -> Self {
+        self.write_back = when;
         self
     }
 
@@ -464,6 +480,10 @@ fn start(b: ClusterBuilder) -> Result<Cluster, Error> {
             name: name.clone(),
             rejoins: 0,
             caches,
+            keeps_dirty: caches
+                && info.fd_passing
+                && b.device_cache
+                && b.write_back == crate::WriteBack::Deferred,
         });
         let _ = up_tx.send(Notice::Event(Event::WorkerUp {
             worker: id,

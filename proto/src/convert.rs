@@ -652,6 +652,8 @@ pub struct CacheCounters {
     pub held: u64,
     /// Bytes of dirty copies held now.
     pub dirty: u64,
+    /// Of `loaded`, bytes copied in ahead of their task (prefetch).
+    pub prefetched: u64,
 }
 
 impl From<pb::CacheCounters> for CacheCounters {
@@ -669,6 +671,7 @@ impl From<pb::CacheCounters> for CacheCounters {
             entries: c.entries,
             held: c.held,
             dirty: c.dirty,
+            prefetched: c.prefetched,
         }
     }
 }
@@ -688,6 +691,7 @@ impl From<CacheCounters> for pb::CacheCounters {
             entries: c.entries,
             held: c.held,
             dirty: c.dirty,
+            prefetched: c.prefetched,
         }
     }
 }

@@ -64,6 +64,9 @@ pub const MAX_FD_FRAME_BYTES: usize = 64 * 1024;
 /// Most fds one side-channel message may carry.
 pub const MAX_FDS_PER_MESSAGE: usize = 64;
 
+/// Most buffer identities one `Flush` may name.
+pub const MAX_FLUSH_IDENTITIES: usize = 4096;
+
 /// HTTP/2 flow-control window of one stream, bytes, on both ends: staged
 /// view bytes are megabytes, and the 64 KiB default window stalls them on
 /// every round trip. As large as the largest message, so that one task's

@@ -101,8 +101,12 @@ impl Core {
 ///         until a sixteenth of them have finished.
 ///     device_cache: staged chips keep the copies they make of host bytes
 ///         between tasks and read them again while nothing has changed
-///         them (default on; written bytes still reach host memory when
-///         each task ends). Off: every task copies its views in and out.
+///         them (default on). Off: every task copies its views in and out.
+///     write_back: when bytes a task writes on a local staged chip reach
+///         host memory: ``"through"`` (when the task ends, the default) or
+///         ``"deferred"`` (when another task, a wait or an eviction needs
+///         them; a worker lost first loses them). Either way, once a wait
+///         returns, ``numpy()`` sees them.
 ///
 /// Raises:
 ///     ClusterError: a worker could not be started or reached (the
@@ -199,9 +203,9 @@ impl PyCluster {
     /// Starts the workers and connects to each (see the class's help).
     #[new]
     #[pyo3(
-        text_signature = "(local=0, *, in_process=0, workers=(), token=None, device='sim', kernels=(), retry=0, respawn=0, worker_binary=None, ring=True, trace=False, window=None, max_unfinished=None, device_cache=True)"
+        text_signature = "(local=0, *, in_process=0, workers=(), token=None, device='sim', kernels=(), retry=0, respawn=0, worker_binary=None, ring=True, trace=False, window=None, max_unfinished=None, device_cache=True, write_back='through')"
     )]
-    #[pyo3(signature = (local=0, *, in_process=0, workers=Vec::new(), token=None, device="sim".to_owned(), kernels=Vec::new(), retry=0, respawn=0, worker_binary=None, ring=true, trace=false, window=None, max_unfinished=None, device_cache=true))]
+    #[pyo3(signature = (local=0, *, in_process=0, workers=Vec::new(), token=None, device="sim".to_owned(), kernels=Vec::new(), retry=0, respawn=0, worker_binary=None, ring=true, trace=false, window=None, max_unfinished=None, device_cache=true, write_back="through"))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -219,7 +223,17 @@ impl PyCluster {
         window: Option<usize>,
         max_unfinished: Option<usize>,
         device_cache: bool,
+        write_back: &str,
     ) -> PyResult<Self> {
+        let write_back = match write_back {
+            "through" => strata_orchestrator::WriteBack::Through,
+            "deferred" => strata_orchestrator::WriteBack::Deferred,
+            other => {
+                return Err(pyo3::exceptions::PyValueError::new_err(format!(
+                    "write_back: {other:?} is not \"through\" or \"deferred\""
+                )));
+            }
+        };
         let mut b = Cluster::builder()
             .local(local)
             .in_process(in_process)
@@ -228,7 +242,8 @@ impl PyCluster {
             .respawn(respawn)
             .ring(ring)
             .trace(trace)
-            .device_cache(device_cache);
+            .device_cache(device_cache)
+            .write_back(write_back);
         if let Some(w) = window {
             b = b.window(w);
         }
@@ -595,6 +610,7 @@ impl PyCluster {
             ("entries", c.entries),
             ("held", c.held),
             ("dirty", c.dirty),
+            ("prefetched", c.prefetched),
         ] {
             cache.set_item(name, v)?;
         }

@@ -480,6 +480,8 @@ pub(crate) struct PySummary {
     to_device_bytes: u64,
     /// Of those, bytes copied device → host.
     from_device_bytes: u64,
+    /// Of ``to_device_bytes``, bytes copied in ahead of their task.
+    prefetched_bytes: u64,
     /// Bytes copied on the chips (from a cached copy to a writing
     /// kernel's block).
     on_chip_bytes: u64,
@@ -513,6 +515,7 @@ impl From<RunSummary> for PySummary {
             staged_bytes: s.staged_bytes,
             to_device_bytes: s.to_device_bytes,
             from_device_bytes: s.from_device_bytes,
+            prefetched_bytes: s.prefetched_bytes,
             on_chip_bytes: s.on_chip_bytes,
             cache_hits: s.cache_hits,
             cache_misses: s.cache_misses,
@@ -528,7 +531,7 @@ impl From<RunSummary> for PySummary {
 impl PySummary {
     fn __repr__(&self) -> String {
         format!(
-            "strata.Summary(submitted={}, succeeded={}, failed={}, skipped={}, cancelled={}, edges={}, fd_bytes={}, sent_bytes={}, returned_bytes={}, staged_bytes={}, to_device_bytes={}, from_device_bytes={}, on_chip_bytes={}, cache_hits={}, cache_misses={}, write_backs={}, evictions={}, held_bytes={}, resent={})",
+            "strata.Summary(submitted={}, succeeded={}, failed={}, skipped={}, cancelled={}, edges={}, fd_bytes={}, sent_bytes={}, returned_bytes={}, staged_bytes={}, to_device_bytes={}, from_device_bytes={}, prefetched_bytes={}, on_chip_bytes={}, cache_hits={}, cache_misses={}, write_backs={}, evictions={}, held_bytes={}, resent={})",
             self.submitted,
             self.succeeded,
             self.failed,
@@ -541,6 +544,7 @@ impl PySummary {
             self.staged_bytes,
             self.to_device_bytes,
             self.from_device_bytes,
+            self.prefetched_bytes,
             self.on_chip_bytes,
             self.cache_hits,
             self.cache_misses,

@@ -92,6 +92,7 @@ class Summary:
     staged_bytes: int
     to_device_bytes: int
     from_device_bytes: int
+    prefetched_bytes: int
     on_chip_bytes: int
     cache_hits: int
     cache_misses: int
@@ -173,6 +174,7 @@ class Cluster:
         window: Optional[int] = None,
         max_unfinished: Optional[int] = None,
         device_cache: bool = True,
+        write_back: str = "through",
     ) -> None: ...
     def __enter__(self) -> Cluster: ...
     def __exit__(self, *exc: object) -> bool: ...

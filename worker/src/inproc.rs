@@ -259,6 +259,16 @@ impl InProcessSession {
             .collect())
     }
 
+    /// Writes this session's dirty cached copies of `identities` (every
+    /// buffer when empty) back to host memory; returns the bytes written.
+    ///
+    /// # Errors
+    /// [`NodeError::SessionEnded`].
+    pub fn flush(&self, identities: &[CanonicalIdentity]) -> Result<u64, NodeError> {
+        self.live()?;
+        Ok(self.node.flush(self.id, identities))
+    }
+
     /// Releases this session's imports; returns how many it held.
     pub fn release_imports(&self, identities: &[CanonicalIdentity]) -> u32 {
         self.node.release_imports(self.id, identities)

@@ -208,6 +208,20 @@ impl Node {
             .sum()
     }
 
+    /// Writes `session`'s dirty cached copies of `identities` (of every
+    /// buffer when empty) back to host memory; returns the bytes written.
+    /// The copies stay, clean. Off the async runtime: it copies.
+    pub(crate) fn flush(&self, session: SessionId, identities: &[CanonicalIdentity]) -> u64 {
+        let wanted: std::collections::HashSet<&CanonicalIdentity> = identities.iter().collect();
+        let moved = strata_proto::offload::off_runtime(u64::MAX, || {
+            self.device.flush(session.0, &|fp| {
+                wanted.is_empty() || wanted.contains(fp.identity())
+            })
+        });
+        debug!(session = %session, buffers = identities.len(), moved, "flushed");
+        moved
+    }
+
     /// The worker's figures.
     pub(crate) fn stats(&self) -> WorkerStats {
         let s = self.device.stats();
@@ -449,5 +463,6 @@ pub(crate) fn cache_counters(c: strata_chip::CacheStats) -> strata_proto::conver
         entries: c.entries,
         held: c.held,
         dirty: c.dirty,
+        prefetched: c.prefetched,
     }
 }

@@ -472,6 +472,28 @@ impl pb::worker_server::Worker for WorkerService {
         Ok(Response::new(pb::ReleaseImportReply { released }))
     }
 
+    async fn flush(
+        &self,
+        request: Request<pb::FlushRequest>,
+    ) -> Result<Response<pb::FlushReply>, Status> {
+        let (id, _) = self.session(request.metadata())?;
+        let raw = request.into_inner().identities;
+        if raw.len() > strata_proto::MAX_FLUSH_IDENTITIES {
+            return Err(Status::invalid_argument(format!(
+                "identities: {} buffers named; at most {} per flush",
+                raw.len(),
+                strata_proto::MAX_FLUSH_IDENTITIES
+            )));
+        }
+        let identities = raw
+            .iter()
+            .enumerate()
+            .map(|(i, raw)| convert::identity(&format!("identities[{i}]"), raw))
+            .collect::<Result<Vec<_>, _>>()?;
+        let bytes = self.node.flush(id, &identities);
+        Ok(Response::new(pb::FlushReply { bytes }))
+    }
+
     async fn stats(
         &self,
         request: Request<pb::StatsRequest>,

@@ -162,7 +162,6 @@ impl LanePool {
     }
 
     /// Jobs queued or running.
-    #[cfg(test)]
     pub(crate) fn in_flight(&self) -> usize {
         lock(&self.shared.state).in_flight
     }

@@ -31,6 +31,7 @@
 //! zeroed are counted (`DeviceStats::zeroed`).
 
 mod lanes;
+mod prefetch;
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
@@ -51,12 +52,16 @@ use crate::spec::{DeviceSpec, Mode};
 use crate::staging::Layout;
 use crate::sync::{AtomicU64, Ordering};
 use lanes::LanePool;
+use prefetch::{Prefetched, Ticket};
 
 /// The simulated chip.
 #[derive(Debug)]
 pub struct SimDevice {
     inner: Arc<Inner>,
     lanes: LanePool,
+    /// The copy engine: one thread that prefetches for launches waiting
+    /// for a lane (staged mode with `prefetch=on`; [`prefetch`]).
+    copier: Option<LanePool>,
 }
 
 #[derive(Debug)]
@@ -104,16 +109,12 @@ impl Backend for SimBackend<'_> {
         let Ok(src) = self.0.memory.ptr(DEVICE_BASE + block.offset, len) else {
             return 0;
         };
+        // Counted as staged to host by whoever asked: the launch whose
+        // staging evicted it, a flush, a user allocation.
         // SAFETY: the block holds the copy's `len` bytes of device memory,
         // the host mapping holds the view (checked above, and kept mapped
         // by the entry's Arc); they never overlap.
-        let moved =
-            unsafe { layout.copy_out(view, src, host.as_ptr().add(view.byte_offset() as usize)) };
-        self.0
-            .counters
-            .staged_to_host
-            .fetch_add(moved, Ordering::Relaxed);
-        moved
+        unsafe { layout.copy_out(view, src, host.as_ptr().add(view.byte_offset() as usize)) }
     }
 }
 
@@ -157,7 +158,16 @@ impl SimDevice {
             bytes: 0,
             reason: format!("cannot start lane threads: {e}"),
         })?;
+        let copier = if spec.prefetch && spec.mode == Mode::Staged {
+            Some(LanePool::new(1).map_err(|e| Error::Map {
+                bytes: 0,
+                reason: format!("cannot start the copy thread: {e}"),
+            })?)
+        } else {
+            None
+        };
         Ok(SimDevice {
+            copier,
             inner: Arc::new(Inner {
                 spec,
                 memory,
@@ -186,6 +196,7 @@ impl SimDevice {
             self.inner.check_backing(&launch, i, arg)?;
         }
         self.inner.counters.launched.fetch_add(1, Ordering::Relaxed);
+        let ticket = self.prefetch(&launch);
         let inner = Arc::clone(&self.inner);
         let queued_at = Instant::now();
         let job = Box::new(move |lane: usize| {
@@ -199,7 +210,10 @@ impl SimDevice {
                     inner.counters.failed.fetch_add(1, Ordering::Relaxed);
                     Err(e)
                 }
-                _ => inner.execute(&launch, lane, queued, begun),
+                _ => {
+                    let ahead = ticket.and_then(|t| t.claim());
+                    inner.execute(&launch, lane, queued, begun, ahead)
+                }
             };
             // The launch's leases go before the completion runs, so that a
             // private buffer the task wrote is its completion's alone (and
@@ -209,6 +223,53 @@ impl SimDevice {
         });
         Ok(job)
     }
+}
+
+impl SimDevice {
+    /// Starts copying the bytes `launch` reads into the device cache when
+    /// it will wait for a lane ([`prefetch`]); the ticket its lane claims.
+    fn prefetch(&self, launch: &Launch) -> Option<Arc<Ticket>> {
+        let copier = self.copier.as_ref()?;
+        if self.lanes.in_flight() < self.inner.spec.lanes {
+            return None; // it starts at once
+        }
+        let desc = launch.kernel.descriptor();
+        let loads: Vec<LaunchArg> = launch
+            .args
+            .iter()
+            .zip(&desc.args)
+            .filter(|(a, spec)| {
+                matches!(a.backing, ArgBacking::Host(_))
+                    && a.cache.is_some_and(|c| !c.held)
+                    && reads_in(spec, a)
+            })
+            .map(|(a, _)| a.clone())
+            .collect();
+        if loads.is_empty() {
+            return None;
+        }
+        let ticket = Arc::new(Ticket::new());
+        let (t, inner) = (Arc::clone(&ticket), Arc::clone(&self.inner));
+        copier
+            .submit(Box::new(move |_| {
+                if t.start() {
+                    t.finish(inner.prefetch(&loads));
+                }
+            }))
+            .ok()?;
+        Some(ticket)
+    }
+}
+
+/// Whether a staged argument's bytes are copied in before the kernel:
+/// when the kernel reads them, when the task keeps the elements it does
+/// not write (OUTPUT_EXISTING, INOUT: the copy-back returns every element,
+/// so an untouched one must hold its own bytes), and for sub-byte views,
+/// whose bytes are shared with neighbours the copy-back must keep intact.
+fn reads_in(spec: &crate::kernel::ArgSpec, arg: &LaunchArg) -> bool {
+    spec.access.allows_read()
+        || matches!(arg.tag, ArgTag::OutputExisting | ArgTag::InOut)
+        || arg.tensor.dtype().is_sub_byte()
 }
 
 impl Device for SimDevice {
@@ -234,9 +295,16 @@ impl Device for SimDevice {
         // User blocks outrank cached copies, which live in the persistent
         // region: evict copies to make room there.
         let b = if region == Region::Persistent {
-            self.inner.cache.make_room(&self.inner.backend(), &|| {
+            let before = self.inner.cache.stats().written_back;
+            let b = self.inner.cache.make_room(&self.inner.backend(), &|| {
                 self.inner.arena.alloc(region, nbytes)
-            })?
+            });
+            // Dirty copies it evicted went to host memory.
+            self.inner.counters.staged_to_host.fetch_add(
+                self.inner.cache.stats().written_back.saturating_sub(before),
+                Ordering::Relaxed,
+            );
+            b?
         } else {
             self.inner.arena.alloc(region, nbytes)?
         };
@@ -344,7 +412,12 @@ impl Device for SimDevice {
     }
 
     fn flush(&self, owner: u64, pick: &dyn Fn(&Footprint) -> bool) -> u64 {
-        self.inner.cache.flush(&self.inner.backend(), owner, pick)
+        let moved = self.inner.cache.flush(&self.inner.backend(), owner, pick);
+        self.inner
+            .counters
+            .staged_to_host
+            .fetch_add(moved, Ordering::Relaxed);
+        moved
     }
 
     fn drop_copies(&self, owner: u64, identity: Option<&CanonicalIdentity>) -> usize {
@@ -382,6 +455,85 @@ impl Drop for ScratchGuard<'_> {
 }
 
 impl Inner {
+    /// Copies the bytes of `args` (host-backed, cached, read by their
+    /// kernel) into the device cache at the versions they name, as a
+    /// launch's staging would, and leaves the copies there unpinned
+    /// ([`prefetch`]). Copies already there are left as they are; one
+    /// that cannot be placed is left to the launch.
+    fn prefetch(&self, args: &[LaunchArg]) -> Prefetched {
+        let mut out = Prefetched::default();
+        let backend = self.backend();
+        for arg in args {
+            let (Some(usage), ArgBacking::Host(mem)) = (arg.cache, &arg.backing) else {
+                continue;
+            };
+            let t = &arg.tensor;
+            let footprint = usage.footprint.unwrap_or_else(|| Footprint::of(t));
+            if usage.held || !footprint.is_exact() {
+                continue;
+            }
+            let layout = Layout::of(t);
+            let len = layout.len(t);
+            let key = CopyKey {
+                owner: usage.owner,
+                footprint,
+            };
+            // Only a copy made here is counted; what is there already, or
+            // has no room, is the launch's to count when it stages.
+            let mut figures = crate::cache::CacheStats::default();
+            let Some(acquired) = self
+                .cache
+                .acquire_absent(&backend, key, usage, len, &mut figures)
+            else {
+                continue;
+            };
+            let mut copied = None;
+            if let Acquired::Fresh { block, .. } = acquired {
+                let addr = DEVICE_BASE + block.offset;
+                copied = (|| -> Result<u64, Error> {
+                    if !layout.filled_by_copy_in(t) {
+                        self.zero(addr, len, false)?;
+                    }
+                    let dev = self.memory.ptr(addr, len)?;
+                    // SAFETY: the launch's backing was checked before its
+                    // prefetch was queued (the view's extent lies inside the
+                    // host mapping, which the cloned argument keeps mapped),
+                    // and `dev` is the fresh block's `len` bytes; they never
+                    // overlap.
+                    Ok(unsafe {
+                        layout.copy_in(t, mem.as_ptr().add(t.byte_offset() as usize), dev)
+                    })
+                })()
+                .ok();
+            }
+            // A copy that failed is given back as a failed write would be;
+            // one made becomes the copy at the version read.
+            let failed = matches!(acquired, Acquired::Fresh { .. }) && copied.is_none();
+            self.cache.release(
+                &backend,
+                Release {
+                    key,
+                    acquired,
+                    usage,
+                    writes: failed,
+                    ok: !failed,
+                    written_through: 0,
+                    view: t,
+                    host: mem,
+                },
+                &mut figures,
+            );
+            if let Some(n) = copied {
+                self.cache.count_prefetched(n);
+                figures.prefetched += n;
+                out.cache.add(&figures);
+                out.staged_in += n;
+                out.keys.push(key);
+            }
+        }
+        out
+    }
+
     fn backend(&self) -> SimBackend<'_> {
         SimBackend(self)
     }
@@ -489,13 +641,18 @@ impl Inner {
         lane: usize,
         queued: Duration,
         started: Instant,
+        ahead: Option<Prefetched>,
     ) -> Result<LaunchReport, Error> {
         let mut report = LaunchReport {
             lane,
             queued,
             ..LaunchReport::default()
         };
-        let result = self.materialize_and_run(launch, &mut report);
+        let ahead = ahead.unwrap_or_default();
+        let result = self.materialize_and_run(launch, &mut report, &ahead.keys);
+        // What was copied ahead for it is part of what it moved.
+        report.staged_in += ahead.staged_in;
+        report.cache.add(&ahead.cache);
         report.busy = started.elapsed();
         let c = &self.counters;
         c.busy_ns.fetch_add(
@@ -516,7 +673,12 @@ impl Inner {
 
     /// Materializes, runs and stages back (module docs), then ends every
     /// cached argument's use of the cache, whatever happened.
-    fn materialize_and_run(&self, launch: &Launch, report: &mut LaunchReport) -> Result<(), Error> {
+    fn materialize_and_run(
+        &self,
+        launch: &Launch,
+        report: &mut LaunchReport,
+        prefetched: &[CopyKey],
+    ) -> Result<(), Error> {
         let begun = Instant::now();
         let mut cached: Vec<Option<CachedArg>> = vec![None; launch.args.len()];
         let result = self.run_launch(launch, report, &mut cached, begun);
@@ -525,6 +687,15 @@ impl Inner {
             let (Some(c), ArgBacking::Host(host)) = (c, &arg.backing) else {
                 continue;
             };
+            // Finding the copy made for it ahead is no hit: that copy is
+            // counted as its miss.
+            if matches!(c.acquired, Acquired::Hit(_)) && prefetched.contains(&c.key) {
+                let len = Layout::of(&arg.tensor).len(&arg.tensor);
+                report.cache.hits -= 1;
+                report.cache.hit_bytes -= len;
+                self.cache.uncount_hit(len);
+            }
+            let mut figures = crate::cache::CacheStats::default();
             self.cache.release(
                 &backend,
                 Release {
@@ -537,8 +708,13 @@ impl Inner {
                     view: &arg.tensor,
                     host,
                 },
-                &mut report.cache,
+                &mut figures,
             );
+            // Beyond the write-through (already counted as staged out), a
+            // written block that could not become the copy went to host
+            // memory.
+            report.staged_out += figures.written_back.saturating_sub(c.written_through);
+            report.cache.add(&figures);
         }
         report.copy_out = begun
             .elapsed()
@@ -584,6 +760,9 @@ impl Inner {
                     owner: usage.owner,
                     footprint,
                 };
+                // Dirty copies evicted to make room go to host memory on
+                // this launch's account.
+                let before = report.cache.written_back;
                 let acquired = self.cache.acquire(
                     &self.backend(),
                     key,
@@ -592,7 +771,9 @@ impl Inner {
                     writes,
                     len,
                     &mut report.cache,
-                )?;
+                );
+                report.staged_out += report.cache.written_back - before;
+                let acquired = acquired?;
                 *slot = Some(CachedArg {
                     key,
                     acquired,
@@ -681,15 +862,7 @@ impl Inner {
                     )
                 }
                 (ArgBacking::Host(mem), Mode::Staged) => {
-                    // The view's bytes go in when the kernel reads them, when
-                    // the task keeps the elements it does not write
-                    // (OUTPUT_EXISTING, INOUT: the copy-back returns every
-                    // element, so an untouched one must hold its own bytes),
-                    // and for sub-byte views, whose bytes are shared with
-                    // neighbours the copy-back must keep intact.
-                    let copy_in = spec.access.allows_read()
-                        || matches!(arg.tag, ArgTag::OutputExisting | ArgTag::InOut)
-                        || t.dtype().is_sub_byte();
+                    let copy_in = reads_in(spec, arg);
                     let writes = spec.access.allows_write();
                     let (addr, guard) = self.stage_in(arg, mem, copy_in, writes, report, slot)?;
                     let layout = Layout::of(t);

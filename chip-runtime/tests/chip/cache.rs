@@ -775,3 +775,172 @@ fn held_bytes_come_from_the_copy_or_the_launch_fails() {
     );
     dev.check_invariants().unwrap();
 }
+
+/// Runs until its gate opens (a test's way to keep a lane busy).
+struct Gate(KernelDescriptor, Arc<std::sync::atomic::AtomicBool>);
+
+impl Kernel for Gate {
+    fn descriptor(&self) -> &KernelDescriptor {
+        &self.0
+    }
+    fn run(&self, _: &mut KernelContext<'_>) -> Result<(), String> {
+        let until = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        while !self.1.load(std::sync::atomic::Ordering::Acquire) {
+            if std::time::Instant::now() > until {
+                return Err("the gate never opened".into());
+            }
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        Ok(())
+    }
+}
+
+/// A launch that waits for the lane has the bytes it reads copied into
+/// the cache meanwhile: its own staging then finds them, and its report
+/// counts them as copied in (once, as a miss, not as a hit); with
+/// `prefetch=off` nothing moves until the lane takes it.
+#[test]
+fn a_waiting_launch_has_its_bytes_copied_ahead() {
+    for prefetch in [true, false] {
+        let open = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let mut reg = registry();
+        reg.register(Arc::new(Gate(
+            KernelDescriptor {
+                name: "test.gate".into(),
+                version: 1,
+                args: vec![],
+                scalars: vec![],
+            },
+            Arc::clone(&open),
+        )))
+        .unwrap();
+        let spec = format!(
+            "sim:mem=16MiB,mode=staged,prefetch={}",
+            if prefetch { "on" } else { "off" }
+        );
+        let dev = SimDevice::from_spec(&spec).unwrap();
+        let (src, dst) = (descriptor(0), descriptor(1));
+        let (hs, hd) = (
+            Arc::new(HostBuffer::new(256).unwrap()),
+            Arc::new(HostBuffer::new(256).unwrap()),
+        );
+        let fives: Vec<u8> = (0..8).flat_map(|_| 5f32.to_le_bytes()).collect();
+        hs.write(0, &fives).unwrap();
+        let v = |b| Tensor::new(b, 0, &[8], &[1], DType::F32).unwrap();
+        let launch = |name: &str, args| {
+            let kernel = reg.get(reg.find(name, 1).unwrap()).unwrap();
+            device::launch(
+                &dev,
+                Launch {
+                    kernel,
+                    args,
+                    scalars: vec![],
+                    gate: None,
+                },
+            )
+            .unwrap()
+        };
+        let busy = launch("test.gate", vec![]);
+        let copy = launch(
+            "copy",
+            vec![
+                cached_arg(v(src), ArgTag::Input, &hs, 1, 1, 0),
+                cached_arg(v(dst), ArgTag::Output, &hd, 1, 0, 2),
+            ],
+        );
+        if prefetch {
+            let until = std::time::Instant::now() + std::time::Duration::from_secs(10);
+            while dev.stats().cache.prefetched == 0 {
+                assert!(std::time::Instant::now() < until, "nothing was prefetched");
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
+        } else {
+            std::thread::sleep(std::time::Duration::from_millis(20));
+            assert_eq!(
+                dev.stats().cache.loaded,
+                0,
+                "copied before its lane was free"
+            );
+        }
+        open.store(true, std::sync::atomic::Ordering::Release);
+        busy.wait().unwrap();
+        let r = copy.wait().unwrap();
+        assert_eq!(r.staged_in, 32, "{r:?}");
+        assert_eq!((r.cache.misses, r.cache.hits), (1, 0), "{r:?}");
+        assert_eq!(r.cache.prefetched, if prefetch { 32 } else { 0 }, "{r:?}");
+        assert_eq!(dev.stats().cache.prefetched, r.cache.prefetched);
+        dev.flush(1, &|_| true);
+        assert_eq!(hd.read(0, 32).unwrap(), fives);
+        dev.check_invariants().unwrap();
+    }
+}
+
+/// Fills its output with 7 once its gate opens.
+struct GatedFill(KernelDescriptor, Arc<std::sync::atomic::AtomicBool>);
+
+impl Kernel for GatedFill {
+    fn descriptor(&self) -> &KernelDescriptor {
+        &self.0
+    }
+    fn run(&self, ctx: &mut KernelContext<'_>) -> Result<(), String> {
+        let until = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        while !self.1.load(std::sync::atomic::Ordering::Acquire) {
+            if std::time::Instant::now() > until {
+                return Err("the gate never opened".into());
+            }
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        let mut y = ctx.output::<f32>(0)?;
+        for i in 0..y.geometry().shape()[0] {
+            y.set(&[i], 7.0);
+        }
+        Ok(())
+    }
+}
+
+/// Letting go of one buffer's copies while a kernel writes another
+/// buffer's bytes (kept dirty) does not cost that write: the block becomes
+/// the copy, and a flush writes it back.
+#[test]
+fn dropping_one_buffer_keeps_a_write_to_another() {
+    let open = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut reg = registry();
+    reg.register(Arc::new(GatedFill(
+        KernelDescriptor {
+            name: "test.gated_fill".into(),
+            version: 1,
+            args: vec![ArgSpec::new(
+                "y",
+                Access::Write,
+                DTypes::Any,
+                Rank::Exactly(1),
+            )],
+            scalars: vec![],
+        },
+        Arc::clone(&open),
+    )))
+    .unwrap();
+    let dev = SimDevice::from_spec("sim:mem=16MiB,mode=staged").unwrap();
+    let (other, dst) = (descriptor(0), descriptor(1));
+    let hd = Arc::new(HostBuffer::new(256).unwrap());
+    let d = Tensor::new(dst, 0, &[8], &[1], DType::F32).unwrap();
+    let kernel = reg.get(reg.find("test.gated_fill", 1).unwrap()).unwrap();
+    let run = device::launch(
+        &dev,
+        Launch {
+            kernel,
+            args: vec![cached_arg(d, ArgTag::Output, &hd, 1, 0, 2)],
+            scalars: vec![],
+            gate: None,
+        },
+    )
+    .unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    dev.drop_copies(1, Some(other.identity()));
+    open.store(true, std::sync::atomic::Ordering::Release);
+    run.wait().unwrap();
+    assert_eq!(dev.flush(1, &|_| true), 32, "the write became a dirty copy");
+    let sevens: Vec<u8> = (0..8).flat_map(|_| 7f32.to_le_bytes()).collect();
+    assert_eq!(hd.read(0, 32).unwrap(), sevens);
+    dev.check_invariants().unwrap();
+}

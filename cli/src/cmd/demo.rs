@@ -1,6 +1,7 @@
 //! `strata demo`: simulated chips running real multi-chip work end to
 //! end, with a check of every result.
 
+use super::WriteBackArg;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -42,6 +43,12 @@ pub struct DemoArgs {
     /// keeping copies between tasks (for comparison).
     #[arg(long)]
     pub no_device_cache: bool,
+    /// When bytes a task writes on a local staged chip go back to host
+    /// memory: when the task ends (through), or when another task, a wait
+    /// or an eviction needs them (deferred; a worker lost first loses
+    /// them).
+    #[arg(long, value_enum, default_value = "through")]
+    pub write_back: WriteBackArg,
     /// Write a Chrome trace-event JSON of the run (open it in Perfetto).
     #[arg(long)]
     pub trace: Option<PathBuf>,
@@ -153,7 +160,8 @@ pub fn run(args: &DemoArgs) -> ExitCode {
     let builder = match builder(&args.workers, args.in_process, &args.auth, &args.device) {
         Ok(b) => b
             .trace(args.trace.is_some())
-            .device_cache(!args.no_device_cache),
+            .device_cache(!args.no_device_cache)
+            .write_back(args.write_back.into()),
         Err(e) => {
             eprintln!("strata demo: {e}");
             return ExitCode::from(2);

@@ -19,14 +19,32 @@ pub mod inspect;
 mod progress;
 pub mod run;
 
+/// `--write-back`: when written bytes go back to host memory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum WriteBackArg {
+    /// When each task ends.
+    Through,
+    /// When something needs them.
+    Deferred,
+}
+
+impl From<WriteBackArg> for strata_orchestrator::WriteBack {
+    fn from(w: WriteBackArg) -> Self {
+        match w {
+            WriteBackArg::Through => strata_orchestrator::WriteBack::Through,
+            WriteBackArg::Deferred => strata_orchestrator::WriteBack::Deferred,
+        }
+    }
+}
+
 /// Where a run's bytes went, as lines: copies between host and device
 /// memory and on the chips, bytes to and from remote workers, and the
 /// device caches' hits, misses, write-backs and evictions (that line only
 /// when some chip cached).
 fn transfer_lines(s: &strata_orchestrator::RunSummary) -> Vec<String> {
     let mut lines = vec![format!(
-        "bytes host->device {}, device->host {}, on chips {}",
-        s.to_device_bytes, s.from_device_bytes, s.on_chip_bytes
+        "bytes host->device {} ({} ahead of their task), device->host {}, on chips {}",
+        s.to_device_bytes, s.prefetched_bytes, s.from_device_bytes, s.on_chip_bytes
     )];
     if s.sent_bytes + s.returned_bytes + s.held_bytes > 0 {
         lines.push(format!(

@@ -1,5 +1,6 @@
 //! `strata run GRAPH.json`: a job from a graph file (docs/graph-format.md).
 
+use super::WriteBackArg;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -44,6 +45,12 @@ pub struct RunArgs {
     /// keeping copies between tasks (for comparison).
     #[arg(long)]
     pub no_device_cache: bool,
+    /// When bytes a task writes on a local staged chip go back to host
+    /// memory: when the task ends (through), or when another task, a wait
+    /// or an eviction needs them (deferred; a worker lost first loses
+    /// them).
+    #[arg(long, value_enum, default_value = "through")]
+    pub write_back: WriteBackArg,
     /// Write a Chrome trace-event JSON of the run (open it in Perfetto).
     #[arg(long)]
     pub trace: Option<PathBuf>,
@@ -141,6 +148,7 @@ pub fn run(args: &RunArgs) -> ExitCode {
     let builder = builder
         .trace(args.trace.is_some())
         .device_cache(!args.no_device_cache)
+        .write_back(args.write_back.into())
         .retry(args.retry)
         .respawn(args.respawn)
         .quarantine(match args.quarantine_wait_ms {

@@ -194,6 +194,9 @@ pub(crate) enum MemberFailure {
 /// Endpoints (and the cluster's start) → DAG actor: the engine's own
 /// events, as they happened.
 #[derive(Debug)]
+// Completions are nearly every message: boxing their report would cost an
+// allocation each to shrink the rare others.
+#[allow(clippy::large_enum_variant)]
 pub(crate) enum Notice {
     /// A worker came up or back ([`Event::WorkerUp`]), was lost
     /// ([`Event::WorkerLost`]), or a loss of it was fenced
@@ -204,6 +207,9 @@ pub(crate) enum Notice {
     Completed { event: Event, report: Report },
     /// Bytes of buffers passed to a worker by fd.
     Imported { bytes: u64 },
+    /// The worker answered flush `token` ([`EpCmd::Flush`]): the bytes it
+    /// wrote back, or `None` when it could not (lost).
+    Flushed { token: u64, bytes: Option<u64> },
 }
 
 /// One member to run on a worker.
@@ -218,6 +224,9 @@ pub(crate) struct DispatchItem {
     pub(crate) timeout: Option<std::time::Duration>,
     /// Its arguments' use of the worker's device cache.
     pub(crate) cache: Vec<strata_proto::convert::CacheArg>,
+    /// Fail it without sending it, with this cause (bytes it uses were
+    /// lost with a worker before they were written back).
+    pub(crate) fail: Option<String>,
 }
 
 /// DAG actor, buffer manager and driver → one endpoint.
@@ -231,6 +240,13 @@ pub(crate) enum EpCmd {
         rejoins: u64,
     },
     Release(Vec<CanonicalIdentity>),
+    /// Has the worker write its dirty cached copies of these buffers back
+    /// to host memory, then answers [`Notice::Flushed`] with `token`
+    /// (always, lost or not).
+    Flush {
+        identities: Vec<CanonicalIdentity>,
+        token: u64,
+    },
     DeviceAlloc {
         identity: CanonicalIdentity,
         nbytes: u64,

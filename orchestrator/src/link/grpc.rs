@@ -379,6 +379,15 @@ impl WorkerLink for GrpcLink {
         Box::pin(async move { c.end_run().await.map_err(|e| link_error("end run", e)) })
     }
 
+    fn flush(&self, identities: Vec<CanonicalIdentity>) -> BoxFuture<'_, Result<u64, LinkError>> {
+        let mut c = self.client();
+        Box::pin(async move {
+            c.flush(&identities)
+                .await
+                .map_err(|e| link_error("flush", e))
+        })
+    }
+
     fn copy_to_device(
         &self,
         identity: CanonicalIdentity,

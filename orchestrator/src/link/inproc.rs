@@ -179,6 +179,10 @@ impl WorkerLink for InProcessLink {
         self.call(InProcessSession::end_run)
     }
 
+    fn flush(&self, identities: Vec<CanonicalIdentity>) -> BoxFuture<'_, Result<u64, LinkError>> {
+        self.call(move |s| s.flush(&identities))
+    }
+
     fn copy_to_device(
         &self,
         identity: CanonicalIdentity,

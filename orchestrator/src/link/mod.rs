@@ -253,6 +253,10 @@ pub(crate) trait WorkerLink: Send + Sync + fmt::Debug + 'static {
     /// Ends the session's run (its run buffers retire).
     fn end_run(&self) -> BoxFuture<'_, Result<RunEnd, LinkError>>;
 
+    /// Has the worker write its dirty cached copies of these buffers (of
+    /// every buffer when empty) back to host memory; the bytes written.
+    fn flush(&self, identities: Vec<CanonicalIdentity>) -> BoxFuture<'_, Result<u64, LinkError>>;
+
     /// Writes bytes into a device buffer.
     fn copy_to_device(
         &self,

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use strata_core::sim::{self, Program};
 use strata_orchestrator::{
-    Buffer, Cluster, ClusterError, Error, Outcome, Task, Transport, WorkerId,
+    Buffer, Cluster, ClusterError, Error, Outcome, Task, Transport, WorkerId, WriteBack,
 };
 use strata_tests::kernels::hash_callable;
 use strata_tests::{WorkerProcess, strata_bin};
@@ -193,7 +193,16 @@ fn a_remote_worker_keeps_the_tiles_it_was_sent() {
             // Every other read of A and B, and every read of C.
             assert_eq!(s.held_bytes, (64 * 2 - 32 + 48) * tile, "{s:?}");
             assert_eq!((s.resent, s.evictions), (0, 0), "{s:?}");
-            assert_eq!(s.cache_hits, stats.hits, "the run's figures are the chip's");
+            assert_eq!(
+                (
+                    s.cache_hits,
+                    s.cache_misses,
+                    s.to_device_bytes,
+                    s.prefetched_bytes
+                ),
+                (stats.hits, stats.misses, stats.loaded, stats.prefetched),
+                "the run's figures are the chip's"
+            );
         } else {
             // Left out, evicted before its task ran, sent again.
             assert!(s.evictions > 0 && s.resent > 0, "{s:?}");
@@ -399,6 +408,7 @@ fn differential_through_real_workers_matches_sequential_execution() {
         .connect(&no_ring.endpoint.to_string(), None)
         .unwrap()
         .window(3)
+        .write_back(WriteBack::Deferred)
         .start()
         .unwrap();
     // Every link at once: two rings, the gRPC stream over TCP (bytes
@@ -467,6 +477,7 @@ fn differential_through_in_process_workers_matches_sequential_execution() {
         .kernels(strata_tests::kernels::registry().unwrap())
         .device("sim:lanes=2")
         .window(3)
+        .write_back(WriteBack::Deferred)
         .start()
         .unwrap();
     assert!(

@@ -246,7 +246,10 @@ fn demo_trace_has_one_slice_per_task_within_the_run() {
     let events = json["traceEvents"].as_array().unwrap();
     let start = json["otherData"]["run_start_us"].as_f64().unwrap();
     let end = json["otherData"]["run_end_us"].as_f64().unwrap();
-    let slices: Vec<&serde_json::Value> = events.iter().filter(|e| e["ph"] == "X").collect();
+    let slices: Vec<&serde_json::Value> = events
+        .iter()
+        .filter(|e| e["ph"] == "X" && e["cat"] == "task")
+        .collect();
     // (256/32)³ matmul tasks and 3 per block of rows.
     let tasks = 8 * 8 * 8 + 3 * 8;
     assert_eq!(slices.len(), tasks);
@@ -264,6 +267,32 @@ fn demo_trace_has_one_slice_per_task_within_the_run() {
         assert!(
             ts >= start && ts + dur <= end,
             "slice {s} outside [{start}, {end}]"
+        );
+    }
+    // Transfers are slices of their own, inside their task's: a staged
+    // chip copies tiles in (C stays in device memory).
+    let transfers: Vec<&serde_json::Value> = events
+        .iter()
+        .filter(|e| e["ph"] == "X" && e["cat"] == "transfer")
+        .collect();
+    assert!(
+        transfers.iter().any(|t| t["name"] == "copy in"),
+        "no copy-in slice"
+    );
+    for t in &transfers {
+        let task = t["args"]["task"].as_u64().unwrap();
+        let outer = slices
+            .iter()
+            .find(|s| s["args"]["task"].as_u64() == Some(task))
+            .unwrap();
+        let (ts, dur) = (t["ts"].as_f64().unwrap(), t["dur"].as_f64().unwrap());
+        let (ots, odur) = (
+            outer["ts"].as_f64().unwrap(),
+            outer["dur"].as_f64().unwrap(),
+        );
+        assert!(
+            ts >= ots - 1e-6 && ts + dur <= ots + odur + 1e-6,
+            "transfer {t} outside its task's slice {outer}"
         );
     }
     // Tracks are named, and dependency arrows pair up.

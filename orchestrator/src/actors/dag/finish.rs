@@ -113,9 +113,8 @@ impl DagActor {
                 Instant::now(),
             ));
         }
-        for w in record.waiters {
-            let _ = w.send(result.clone());
-        }
+        // A wait that returns has the bytes written back.
+        self.reply_after_write_back(task, record.waiters, result);
         // `record` (and with it the task's hold on its buffers) drops here.
     }
 
@@ -123,6 +122,9 @@ impl DagActor {
     /// new run.
     pub(super) fn settle(&mut self) {
         if !self.records.is_empty() || self.all_waiters.is_empty() {
+            return;
+        }
+        if !self.all_written_back() {
             return;
         }
         let result = match self.first_error.take() {

@@ -12,7 +12,7 @@ use strata_core::{Action, Directory, Engine, Event, Outcome, Refusal, TaskId, Wo
 use strata_proto::convert::CacheArg;
 use strata_wire::{ArgTag, CanonicalIdentity, Footprint};
 use tokio::sync::{mpsc, oneshot};
-use tracing::debug;
+use tracing::{debug, warn};
 
 use super::{Cmd, DispatchItem, EpCmd, Notice, Report, TaskSpec};
 use crate::RunSummary;
@@ -21,6 +21,7 @@ use crate::error::{Error, RunError};
 use crate::trace::{TaskTrace, Trace};
 
 mod finish;
+mod writeback;
 
 /// An endpoint as the DAG actor sees it.
 #[derive(Debug)]
@@ -30,8 +31,12 @@ pub(crate) struct EndpointRef {
     /// Times the worker came back after a loss, as this actor has heard.
     pub(crate) rejoins: u64,
     /// Whether its chip keeps copies of host bytes between tasks (a staged
-    /// chip reached by fd): only its tasks carry cache entries.
+    /// chip): only its tasks carry cache entries.
     pub(crate) caches: bool,
+    /// Whether the bytes its tasks write may stay on its chip until needed
+    /// (a caching chip that maps host buffers, with deferred write-back:
+    /// [`writeback`]).
+    pub(crate) keeps_dirty: bool,
 }
 
 struct Record {
@@ -108,10 +113,13 @@ pub(crate) struct DagActor {
     /// them, so when the count rises from zero the byte set's version is
     /// forgotten.
     live_exposed: HashMap<Footprint, u32>,
+    /// Deferred write-back ([`writeback`]).
+    wb: writeback::WriteBack,
 }
 
-/// The byte sets a member writes, with the versions it was sent with.
-type Writes = SmallVec<[(Footprint, u64); 2]>;
+/// The byte sets a member writes, with the versions it was sent with and
+/// whether it keeps them on its chip.
+type Writes = SmallVec<[(Footprint, u64, bool); 2]>;
 
 /// Messages taken in one step at most before the dispatches they caused
 /// are sent.
@@ -157,6 +165,7 @@ impl DagActor {
             directory: caching.then(Directory::new),
             writes_sent: HashMap::default(),
             live_exposed: HashMap::default(),
+            wb: writeback::WriteBack::default(),
         }
     }
 
@@ -267,6 +276,16 @@ impl DagActor {
     /// Sends the members dispatched since the last flush, one batch per
     /// worker.
     async fn flush(&mut self) {
+        // Write-backs asked for go first: members parked on them are not
+        // in the batches.
+        for (worker, cmd) in std::mem::take(&mut self.wb.out) {
+            let Some(ep) = self.endpoints.get(worker.0 as usize) else {
+                continue;
+            };
+            if ep.tx.send(cmd).await.is_err() {
+                debug!(%worker, "endpoint gone; its write-back fails with it");
+            }
+        }
         if self.pending_n == 0 {
             return;
         }
@@ -321,6 +340,7 @@ impl DagActor {
                     s.to_device_bytes += report.to_device;
                     s.from_device_bytes += report.from_device;
                     s.on_chip_bytes += report.cache.device_to_device;
+                    s.prefetched_bytes += report.cache.prefetched;
                     s.cache_hits += report.cache.hits;
                     s.cache_misses += report.cache.misses;
                     s.write_backs += report.cache.write_backs;
@@ -352,6 +372,10 @@ impl DagActor {
                 self.totals.fd_bytes += bytes;
                 return;
             }
+            Notice::Flushed { token, bytes } => {
+                self.flushed(token, bytes);
+                return;
+            }
         };
         match &event {
             Event::WorkerUp { worker, .. } => {
@@ -361,6 +385,7 @@ impl DagActor {
                     }
                 }
             }
+            Event::WorkerLost { worker, .. } => self.worker_lost(*worker),
             Event::Fenced { worker, epoch } => {
                 debug!(%worker, epoch, "loss fenced");
                 self.deadlines
@@ -450,10 +475,11 @@ impl DagActor {
                         outcome: Outcome::TaskFailure(format!("{task} was never submitted")),
                     }));
                 } else {
-                    let _ = reply.send(match self.failed.get(&task) {
+                    let result = match self.failed.get(&task) {
                         Some(e) => Err(e.clone()),
                         None => Ok(()),
-                    });
+                    };
+                    self.reply_after_write_back(task, vec![reply], result);
                 }
             }
             Cmd::WaitAll { reply } => {
@@ -545,9 +571,9 @@ impl DagActor {
                     let Some(r) = self.records.get_mut(&task) else {
                         continue;
                     };
-                    let Some(batch) = self.pending.get_mut(worker.0 as usize) else {
+                    if self.pending.get(worker.0 as usize).is_none() {
                         continue;
-                    };
+                    }
                     let Some(slot) = r.members.get_mut(member) else {
                         continue;
                     };
@@ -555,31 +581,34 @@ impl DagActor {
                     if tracing {
                         slot.dispatched = Some(*now.get_or_insert_with(Instant::now));
                     }
-                    self.pending_n += 1;
                     let m = &r.spec.members[member];
                     // Members of a group may write the same bytes at once
                     // (its completion token): no copies are kept for them.
                     let grouped = r.spec.members.len() > 1;
-                    let caches = self
+                    let (caches, keeps_dirty) = self
                         .endpoints
                         .get(worker.0 as usize)
-                        .is_some_and(|e| e.caches);
+                        .map_or((false, false), |e| (e.caches, e.keeps_dirty));
                     // A write on any worker changes the versions the
                     // caching ones hold, so it is recorded wherever it runs;
                     // only caching workers are told the versions.
                     let cache = match &mut self.directory {
-                        Some(dir) if !grouped => {
-                            let (cache, writes) = cache_args(dir, &m.args);
+                        Some(dir) => {
+                            let (cache, writes) = cache_args(dir, &m.args, keeps_dirty && !grouped);
                             if writes.is_empty() {
                                 self.writes_sent.remove(&(task, member));
                             } else {
                                 self.writes_sent.insert((task, member), writes);
                             }
-                            if caches { cache } else { Vec::new() }
+                            if caches && !grouped {
+                                cache
+                            } else {
+                                Vec::new()
+                            }
                         }
-                        _ => Vec::new(),
+                        None => Vec::new(),
                     };
-                    batch.push(DispatchItem {
+                    let item = DispatchItem {
                         task,
                         member,
                         callable: m.callable,
@@ -587,7 +616,9 @@ impl DagActor {
                         scalars: std::sync::Arc::clone(&m.scalars),
                         timeout: m.timeout,
                         cache,
-                    });
+                        fail: None,
+                    };
+                    self.route(worker, item);
                 }
                 Action::Done { task, outcome } => self.done(task, outcome),
                 Action::Release(identity) => {
@@ -623,12 +654,41 @@ impl DagActor {
         ) else {
             return;
         };
-        for (fp, version) in writes {
-            if ok {
-                dir.written(&fp, version);
-            } else {
+        let (worker, callable) = self
+            .records
+            .get(&task)
+            .map(|r| {
+                (
+                    r.members.get(member).and_then(|m| m.worker),
+                    r.spec.members.get(member).map(|m| m.name.to_string()),
+                )
+            })
+            .unwrap_or_default();
+        let mut dirty = false;
+        let mut rewritten: SmallVec<[Footprint; 2]> = SmallVec::new();
+        for (fp, version, deferred) in writes {
+            if !ok {
                 dir.forget(&fp);
+                continue;
             }
+            let superseded = match worker.filter(|_| deferred) {
+                Some(w) => {
+                    dirty = true;
+                    dir.written_dirty(&fp, version, Self::dirty_of(w, task))
+                }
+                None => dir.written(&fp, version),
+            };
+            for f in superseded {
+                // Dispatch had them written back first: a bug if not.
+                warn!(%task, worker = %f.dirty.worker, "a write superseded bytes still dirty on a chip");
+            }
+            rewritten.push(fp);
+        }
+        for fp in &rewritten {
+            self.rewritten(fp);
+        }
+        if dirty && let Some(name) = callable {
+            self.dirty_writer(task, &name);
         }
     }
 
@@ -775,7 +835,11 @@ async fn sleep_until(at: Option<Instant>) {
 /// writes, the version they have once it succeeds (write-through: the
 /// bytes also go back to host memory when it ends). Returns them and the
 /// writes to record when it finishes.
-fn cache_args(dir: &mut Directory, args: &[super::ArgRef]) -> (Vec<CacheArg>, Writes) {
+fn cache_args(
+    dir: &mut Directory,
+    args: &[super::ArgRef],
+    deferred: bool,
+) -> (Vec<CacheArg>, Writes) {
     let mut cache = Vec::new();
     let mut writes = SmallVec::new();
     for (i, a) in args.iter().enumerate() {
@@ -786,7 +850,7 @@ fn cache_args(dir: &mut Directory, args: &[super::ArgRef]) -> (Vec<CacheArg>, Wr
         let version = dir.version(&fp);
         let written = if a.tag.writes() {
             let v = dir.fresh();
-            writes.push((fp, v));
+            writes.push((fp, v, deferred));
             v
         } else {
             0
@@ -795,7 +859,7 @@ fn cache_args(dir: &mut Directory, args: &[super::ArgRef]) -> (Vec<CacheArg>, Wr
             index: i as u32,
             version,
             written,
-            deferred: false,
+            deferred: deferred && a.tag.writes(),
             held: false,
         });
     }

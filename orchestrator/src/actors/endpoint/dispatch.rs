@@ -85,6 +85,10 @@ impl EndpointActor {
         // Members with a timeout, whose clocks start once they are sent.
         let mut timed = Vec::new();
         for item in &items {
+            if let Some(cause) = &item.fail {
+                self.finish(item, Err(MemberFailure::Reported(cause.clone())));
+                continue;
+            }
             let (mut req, mut f, ahead) = match self.request(item, &refused) {
                 Ok(r) => r,
                 Err(cause) => {

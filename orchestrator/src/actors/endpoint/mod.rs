@@ -330,6 +330,9 @@ impl EndpointActor {
                 EpCmd::CopyFromDevice { reply, .. } => drop(reply.send(Err(gone))),
                 EpCmd::EndRun { reply } => drop(reply.send(Err(gone))),
                 EpCmd::Stats { reply } => drop(reply.send(Err(gone))),
+                EpCmd::Flush { token, .. } => {
+                    let _ = self.up.send(super::Notice::Flushed { token, bytes: None });
+                }
                 _ => {}
             }
             return;
@@ -392,6 +395,20 @@ impl EndpointActor {
             } => self.control(reply, move |l| {
                 Box::pin(async move { l.copy_from_device(identity, offset, len).await })
             }),
+            EpCmd::Flush { identities, token } => {
+                let (tx, rx) = oneshot::channel();
+                self.control(tx, move |l| {
+                    Box::pin(async move { l.flush(identities).await })
+                });
+                let up = self.up.clone();
+                tokio::spawn(async move {
+                    let bytes = match rx.await {
+                        Ok(Ok(bytes)) => Some(bytes),
+                        _ => None,
+                    };
+                    let _ = up.send(super::Notice::Flushed { token, bytes });
+                });
+            }
             EpCmd::Stats { reply } => {
                 self.control(reply, |l| Box::pin(async move { l.stats().await }));
             }

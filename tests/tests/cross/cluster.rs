@@ -573,6 +573,61 @@ fn a_killed_worker_is_named_within_two_seconds_and_the_rest_goes_on() {
     );
 }
 
+/// With deferred write-back, bytes a task left dirty on its chip are lost
+/// with the chip: the run's wait names the task that wrote them, a later
+/// task that reads them fails instead of reading stale host bytes, and a
+/// task that writes them whole again makes them usable.
+#[test]
+fn a_killed_worker_takes_its_dirty_bytes_and_nobody_reads_them_stale() {
+    let cluster = Cluster::builder()
+        .local(2)
+        .worker_binary(test_worker_bin())
+        .write_back(WriteBack::Deferred)
+        .start()
+        .unwrap();
+    let (victim, other) = (cluster.workers()[0].clone(), cluster.workers()[1].id);
+    let x = cluster.buffer_from_slice(&[1.0f32; 256]).unwrap();
+    let y = cluster.buffer_from_slice(&[0.0f32; 256]).unwrap();
+    let z = cluster.buffer(1024).unwrap();
+    let v = |b: &Buffer| b.tensor(&[256], DType::F32).unwrap();
+    let update = cluster
+        .submit(
+            Task::new("axpy")
+                .input(&v(&x))
+                .inout(&v(&y))
+                .scalar_f64(1.0)
+                .on(victim.id),
+        )
+        .unwrap();
+    // Done (not waited for: a wait would write the bytes back).
+    let until = Instant::now() + Duration::from_secs(10);
+    while cluster.totals().unwrap().succeeded < 1 {
+        assert!(Instant::now() < until, "the update never finished");
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(victim.pid.unwrap() as i32),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    let read = cluster
+        .submit(Task::new("copy").input(&v(&y)).output(&v(&z)).on(other))
+        .unwrap();
+    let e = cluster.wait(read).unwrap_err().to_string();
+    assert!(e.contains("were lost with") && e.contains(&update.id().to_string()), "{e}");
+    let e = cluster.wait_all().unwrap_err().to_string();
+    assert!(e.contains(&update.id().to_string()) && e.contains("lost with the worker"), "{e}");
+    // Written whole again, the bytes are usable.
+    cluster
+        .submit(Task::new("fill").output(&v(&y)).scalar_f64(5.0).on(other))
+        .unwrap();
+    cluster
+        .submit(Task::new("copy").input(&v(&y)).output(&v(&z)).on(other))
+        .unwrap();
+    cluster.wait_all().unwrap();
+    assert_eq!(z.to_vec::<f32>().unwrap(), vec![5.0; 256]);
+}
+
 #[test]
 fn failures_name_task_callable_worker_and_cause_and_skip_consumers() {
     let cluster = local(2, test_worker_bin());

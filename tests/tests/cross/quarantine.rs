@@ -373,6 +373,20 @@ fn a_retry_of_a_quarantined_task_waits_for_the_fence() {
 /// different bytes.
 #[test]
 fn differential_with_a_stopped_worker_never_reports_success_with_different_bytes() {
+    stopped_worker_differential(strata_orchestrator::WriteBack::Through);
+}
+
+/// The same with deferred write-back: the stopped chip also holds bytes
+/// dirty that no other copy has. Whatever it held dirty when it was lost
+/// is lost (the tasks that wrote it are reported, readers fail), and still
+/// no task that reports success left different bytes.
+#[test]
+fn differential_with_a_stopped_worker_holding_dirty_bytes_never_reports_success_with_different_bytes()
+ {
+    stopped_worker_differential(strata_orchestrator::WriteBack::Deferred);
+}
+
+fn stopped_worker_differential(write_back: strata_orchestrator::WriteBack) {
     use strata_core::sim;
     use strata_wire::check::Rng;
     let seeds: u64 = std::env::var("STRATA_QUARANTINE_DIFF_SEEDS")
@@ -398,6 +412,7 @@ fn differential_with_a_stopped_worker_never_reports_success_with_different_bytes
         .unwrap()
         .window(3)
         .quarantine(Quarantine::Wait(deadline))
+        .write_back(write_back)
         .start()
         .unwrap();
     let b = WorkerId(1);
@@ -461,8 +476,14 @@ fn differential_with_a_stopped_worker_never_reports_success_with_different_bytes
         quarantined > 0,
         "nothing was quarantined: the test has no teeth"
     );
+    let totals = cluster.totals().unwrap();
+    if write_back == strata_orchestrator::WriteBack::Deferred {
+        assert!(totals.write_backs > 0, "nothing was kept dirty: {totals:?}");
+    }
     eprintln!(
-        "differential with a stopped worker: {seeds} seeds, {tasks} tasks, {succeeded} \
-         succeeded, {quarantined} failed naming a quarantine, {checked} bytes checked"
+        "differential with a stopped worker ({write_back:?} write-back): {seeds} seeds, {tasks} \
+         tasks, {succeeded} succeeded, {quarantined} failed naming a quarantine, {checked} bytes \
+         checked, {} dirty byte sets written back",
+        totals.write_backs
     );
 }

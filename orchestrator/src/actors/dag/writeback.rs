@@ -16,8 +16,9 @@
 //!   holds dirty (one round; what finishes meanwhile is not waited for).
 //! - **A lost worker** takes its dirty bytes with it: they are recorded as
 //!   lost, the run's wait reports the task that wrote them, and any member
-//!   that would read or write them later fails instead of running on stale
-//!   host bytes, until a task writes that exact byte set again.
+//!   that would read them later (or update them in place) fails instead of
+//!   running on stale host bytes, until a task writes that exact byte set
+//!   again (an `OUTPUT` may).
 //!
 //! Everything here runs on the DAG actor; the flushes themselves go out
 //! with the step's dispatches ([`DagActor::flush`]) and come back as
@@ -362,14 +363,17 @@ impl DagActor {
             .map(|l| l.error.clone())
     }
 
-    /// Why `item` may not run: an argument of it shares bytes with bytes
-    /// lost before they were written back.
+    /// Why `item` may not run: an argument it reads (or keeps in part)
+    /// shares bytes with bytes lost before they were written back. A pure
+    /// `OUTPUT` may: it writes them anew.
     fn touches_lost(&self, item: &DispatchItem) -> Option<String> {
         if self.wb.lost.is_empty() {
             return None;
         }
         item.args.iter().enumerate().find_map(|(i, a)| {
-            if a.tag == ArgTag::NoDep || !matches!(a.backing, crate::buffer::Backing::Host(_)) {
+            if matches!(a.tag, ArgTag::NoDep | ArgTag::Output)
+                || !matches!(a.backing, crate::buffer::Backing::Host(_))
+            {
                 return None;
             }
             let fp = Footprint::of(&a.tensor);

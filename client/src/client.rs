@@ -385,19 +385,41 @@ impl WorkerClient {
     }
 
     /// Has the worker write this session's dirty cached copies of
-    /// `identities` (every buffer when empty) back to host memory; returns
-    /// the bytes written.
+    /// `identities` and of the byte sets of `views` (everything when both
+    /// are empty) back to host memory; returns the bytes written.
     ///
     /// # Errors
-    /// The worker's refusal.
+    /// The worker's refusal; views that do not make a valid argument
+    /// list.
     ///
     /// # Cancel safety
     /// As the unary calls (module docs): the copies may or may not have
     /// been written back; flushing again is harmless.
-    pub async fn flush(&mut self, identities: &[CanonicalIdentity]) -> Result<u64, ClientError> {
+    pub async fn flush(
+        &mut self,
+        identities: &[CanonicalIdentity],
+        views: &[strata_wire::Tensor],
+    ) -> Result<u64, ClientError> {
+        let views = if views.is_empty() {
+            Vec::new()
+        } else {
+            strata_wire::TaskArgs::new(views.to_vec(), Vec::new())
+                .map_err(|e| ClientError::Protocol(format!("views to flush: {e}")))?
+                .encode()
+        };
         let req = pb::FlushRequest {
             identities: identities.iter().map(|i| i.encode().to_vec()).collect(),
+            views: views.into(),
         };
+        self.flush_request(req).await
+    }
+
+    /// One `Flush` call with `req` exactly as given: what
+    /// [`WorkerClient::flush`] sends (for tests of the worker's checks).
+    ///
+    /// # Errors
+    /// The worker's refusal.
+    pub async fn flush_request(&mut self, req: pb::FlushRequest) -> Result<u64, ClientError> {
         Ok(self.stub.flush(req).await?.into_inner().bytes)
     }
 

@@ -64,7 +64,7 @@ pub const MAX_FD_FRAME_BYTES: usize = 64 * 1024;
 /// Most fds one side-channel message may carry.
 pub const MAX_FDS_PER_MESSAGE: usize = 64;
 
-/// Most buffer identities one `Flush` may name.
+/// Most buffer identities and views one `Flush` may name, together.
 pub const MAX_FLUSH_IDENTITIES: usize = 4096;
 
 /// HTTP/2 flow-control window of one stream, bytes, on both ends: staged

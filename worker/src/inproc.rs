@@ -259,14 +259,19 @@ impl InProcessSession {
             .collect())
     }
 
-    /// Writes this session's dirty cached copies of `identities` (every
-    /// buffer when empty) back to host memory; returns the bytes written.
+    /// Writes this session's dirty cached copies of `identities` and of
+    /// the byte sets of `views` (everything when both are empty) back to
+    /// host memory; returns the bytes written.
     ///
     /// # Errors
     /// [`NodeError::SessionEnded`].
-    pub fn flush(&self, identities: &[CanonicalIdentity]) -> Result<u64, NodeError> {
+    pub fn flush(
+        &self,
+        identities: &[CanonicalIdentity],
+        views: &[strata_wire::Tensor],
+    ) -> Result<u64, NodeError> {
         self.live()?;
-        Ok(self.node.flush(self.id, identities))
+        Ok(self.node.flush(self.id, identities, views))
     }
 
     /// Releases this session's imports; returns how many it held.

@@ -208,14 +208,23 @@ impl Node {
             .sum()
     }
 
-    /// Writes `session`'s dirty cached copies of `identities` (of every
-    /// buffer when empty) back to host memory; returns the bytes written.
-    /// The copies stay, clean. Off the async runtime: it copies.
-    pub(crate) fn flush(&self, session: SessionId, identities: &[CanonicalIdentity]) -> u64 {
-        let wanted: std::collections::HashSet<&CanonicalIdentity> = identities.iter().collect();
+    /// Writes `session`'s dirty cached copies of `identities` and of the
+    /// byte sets of `views` (of everything when both are empty) back to
+    /// host memory; returns the bytes written. The copies stay, clean.
+    /// Off the async runtime: it copies.
+    pub(crate) fn flush(
+        &self,
+        session: SessionId,
+        identities: &[CanonicalIdentity],
+        views: &[strata_wire::Tensor],
+    ) -> u64 {
+        let buffers: std::collections::HashSet<&CanonicalIdentity> = identities.iter().collect();
+        let sets: std::collections::HashSet<strata_wire::Footprint> =
+            views.iter().map(strata_wire::Footprint::of).collect();
+        let all = buffers.is_empty() && sets.is_empty();
         let moved = strata_proto::offload::off_runtime(u64::MAX, || {
             self.device.flush(session.0, &|fp| {
-                wanted.is_empty() || wanted.contains(fp.identity())
+                all || buffers.contains(fp.identity()) || sets.contains(fp)
             })
         });
         debug!(session = %session, buffers = identities.len(), moved, "flushed");

@@ -477,20 +477,29 @@ impl pb::worker_server::Worker for WorkerService {
         request: Request<pb::FlushRequest>,
     ) -> Result<Response<pb::FlushReply>, Status> {
         let (id, _) = self.session(request.metadata())?;
-        let raw = request.into_inner().identities;
-        if raw.len() > strata_proto::MAX_FLUSH_IDENTITIES {
+        let req = request.into_inner();
+        let views = if req.views.is_empty() {
+            Vec::new()
+        } else {
+            strata_wire::TaskArgs::decode(&req.views)
+                .map_err(|e| Status::invalid_argument(format!("views: {e}")))?
+                .tensors()
+                .to_vec()
+        };
+        let named = req.identities.len() + views.len();
+        if named > strata_proto::MAX_FLUSH_IDENTITIES {
             return Err(Status::invalid_argument(format!(
-                "identities: {} buffers named; at most {} per flush",
-                raw.len(),
+                "identities and views: {named} named; at most {} per flush",
                 strata_proto::MAX_FLUSH_IDENTITIES
             )));
         }
-        let identities = raw
+        let identities = req
+            .identities
             .iter()
             .enumerate()
             .map(|(i, raw)| convert::identity(&format!("identities[{i}]"), raw))
             .collect::<Result<Vec<_>, _>>()?;
-        let bytes = self.node.flush(id, &identities);
+        let bytes = self.node.flush(id, &identities, &views);
         Ok(Response::new(pb::FlushReply { bytes }))
     }
 

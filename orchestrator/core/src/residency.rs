@@ -40,7 +40,7 @@
 //! against an oracle of which copy holds each byte's newest value).
 
 use rustc_hash::FxHashMap;
-use strata_wire::{CanonicalIdentity, Footprint, Overlap};
+use strata_wire::{CanonicalIdentity, Footprint, Overlap, Tensor};
 
 use crate::dag::index::Grid;
 use crate::ids::SeqMap;
@@ -53,6 +53,9 @@ pub struct Dirty {
     pub worker: WorkerId,
     /// The task that wrote them.
     pub task: TaskId,
+    /// A view with the byte set (how the worker is told which copy to
+    /// write back).
+    pub view: Tensor,
 }
 
 /// One remembered byte set.
@@ -580,6 +583,7 @@ mod tests {
                         let d = Dirty {
                             worker: w,
                             task: TaskId(step + 1),
+                            view: pool[i],
                         };
                         assert!(
                             dir.written_dirty(&fp, v, d).is_empty(),

@@ -240,11 +240,11 @@ pub(crate) enum EpCmd {
         rejoins: u64,
     },
     Release(Vec<CanonicalIdentity>),
-    /// Has the worker write its dirty cached copies of these buffers back
-    /// to host memory, then answers [`Notice::Flushed`] with `token`
+    /// Has the worker write its dirty cached copies of these byte sets
+    /// back to host memory, then answers [`Notice::Flushed`] with `token`
     /// (always, lost or not).
     Flush {
-        identities: Vec<CanonicalIdentity>,
+        views: Vec<strata_wire::Tensor>,
         token: u64,
     },
     DeviceAlloc {

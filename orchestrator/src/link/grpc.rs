@@ -379,10 +379,10 @@ impl WorkerLink for GrpcLink {
         Box::pin(async move { c.end_run().await.map_err(|e| link_error("end run", e)) })
     }
 
-    fn flush(&self, identities: Vec<CanonicalIdentity>) -> BoxFuture<'_, Result<u64, LinkError>> {
+    fn flush(&self, views: Vec<strata_wire::Tensor>) -> BoxFuture<'_, Result<u64, LinkError>> {
         let mut c = self.client();
         Box::pin(async move {
-            c.flush(&identities)
+            c.flush(&[], &views)
                 .await
                 .map_err(|e| link_error("flush", e))
         })

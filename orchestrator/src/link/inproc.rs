@@ -179,8 +179,8 @@ impl WorkerLink for InProcessLink {
         self.call(InProcessSession::end_run)
     }
 
-    fn flush(&self, identities: Vec<CanonicalIdentity>) -> BoxFuture<'_, Result<u64, LinkError>> {
-        self.call(move |s| s.flush(&identities))
+    fn flush(&self, views: Vec<strata_wire::Tensor>) -> BoxFuture<'_, Result<u64, LinkError>> {
+        self.call(move |s| s.flush(&[], &views))
     }
 
     fn copy_to_device(

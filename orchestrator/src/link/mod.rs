@@ -253,9 +253,10 @@ pub(crate) trait WorkerLink: Send + Sync + fmt::Debug + 'static {
     /// Ends the session's run (its run buffers retire).
     fn end_run(&self) -> BoxFuture<'_, Result<RunEnd, LinkError>>;
 
-    /// Has the worker write its dirty cached copies of these buffers (of
-    /// every buffer when empty) back to host memory; the bytes written.
-    fn flush(&self, identities: Vec<CanonicalIdentity>) -> BoxFuture<'_, Result<u64, LinkError>>;
+    /// Has the worker write its dirty cached copies of the byte sets of
+    /// `views` (at most [`strata_wire::MAX_TENSORS`]; every copy when
+    /// empty) back to host memory; the bytes written.
+    fn flush(&self, views: Vec<strata_wire::Tensor>) -> BoxFuture<'_, Result<u64, LinkError>>;
 
     /// Writes bytes into a device buffer.
     fn copy_to_device(

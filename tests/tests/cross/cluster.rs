@@ -614,9 +614,15 @@ fn a_killed_worker_takes_its_dirty_bytes_and_nobody_reads_them_stale() {
         .submit(Task::new("copy").input(&v(&y)).output(&v(&z)).on(other))
         .unwrap();
     let e = cluster.wait(read).unwrap_err().to_string();
-    assert!(e.contains("were lost with") && e.contains(&update.id().to_string()), "{e}");
+    assert!(
+        e.contains("were lost with") && e.contains(&update.id().to_string()),
+        "{e}"
+    );
     let e = cluster.wait_all().unwrap_err().to_string();
-    assert!(e.contains(&update.id().to_string()) && e.contains("lost with the worker"), "{e}");
+    assert!(
+        e.contains(&update.id().to_string()) && e.contains("lost with the worker"),
+        "{e}"
+    );
     // Written whole again, the bytes are usable.
     cluster
         .submit(Task::new("fill").output(&v(&y)).scalar_f64(5.0).on(other))

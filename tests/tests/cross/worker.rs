@@ -1081,6 +1081,100 @@ async fn a_sessions_run_end_retires_only_its_run_buffers() {
 /// imported bytes at the same version finds them on the chip; a task
 /// naming another version reads host memory again; another session never
 /// finds the first one's copies; releasing the import drops its copies.
+/// A write the task keeps on the chip (deferred) reaches host memory only
+/// when the session asks: `Flush` names the byte sets (as views) or whole
+/// buffers, writes back this session's dirty copies alone, and refuses
+/// what is malformed or too much, naming it.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_flush_writes_back_the_named_dirty_copies_only() {
+    use strata_proto::convert::CacheArg;
+    let w = WorkerProcess::spawn_unix(&strata_bin(), &["worker"], &["--device", "sim:mode=staged"]);
+    let (mut client, hs) = session(&w).await;
+    let copy = hs.callable("copy", 1).unwrap();
+    let mut fds = client.fd_channel().await.unwrap();
+    let mut stream = client.open_tasks().await.unwrap();
+    let mint = mint();
+    let mut bufs: Vec<SharedBuffer> = (0..3)
+        .map(|_| SharedBuffer::new(&mint, 256, Access::ReadWrite))
+        .collect();
+    bufs[0].write(0, &[9u8; 256]);
+    let ids: Vec<_> = bufs.iter().map(|b| *b.descriptor().identity()).collect();
+    let raw: Vec<_> = bufs.iter().map(SharedBuffer::fd).collect();
+    assert!(
+        fds.import(&ids, &raw)
+            .await
+            .unwrap()
+            .iter()
+            .all(Result::is_ok)
+    );
+    let view = |b: &SharedBuffer| Tensor::new(b.descriptor(), 0, &[64], &[1], DType::F32).unwrap();
+    let copy_to = |id, dst: &SharedBuffer| {
+        let mut t = task(
+            id,
+            copy,
+            vec![view(&bufs[0]), view(dst)],
+            vec![ArgTag::Input, ArgTag::Output],
+            vec![],
+        );
+        t.cache = vec![CacheArg {
+            index: 1,
+            version: 0,
+            written: 10 + id,
+            deferred: true,
+            held: false,
+        }];
+        t
+    };
+    for (id, dst) in [(1, 1), (2, 2)] {
+        let done = run_all(&mut stream, &[copy_to(id, &bufs[dst])]).await;
+        assert_eq!(done[&id].outcome, TaskOutcome::Success);
+    }
+    assert_eq!(
+        bufs[1].read(0, 256),
+        vec![0u8; 256],
+        "dirty: not yet in host memory"
+    );
+    // Another session's flush writes back nothing of this one's.
+    let (mut other, _) = session(&w).await;
+    assert_eq!(other.flush(&[], &[]).await.unwrap(), 0);
+    // By view: that byte set alone.
+    assert_eq!(client.flush(&[], &[view(&bufs[1])]).await.unwrap(), 256);
+    assert_eq!(bufs[1].read(0, 256), vec![9u8; 256]);
+    assert_eq!(bufs[2].read(0, 256), vec![0u8; 256]);
+    // By buffer, then nothing is left dirty.
+    assert_eq!(client.flush(&ids[2..], &[]).await.unwrap(), 256);
+    assert_eq!(bufs[2].read(0, 256), vec![9u8; 256]);
+    assert_eq!(client.flush(&[], &[]).await.unwrap(), 0);
+    assert_eq!(client.stats().await.unwrap().cache.dirty, 0);
+    // Hostile requests are refused, naming what is wrong.
+    let e = client
+        .flush_request(strata_proto::pb::FlushRequest {
+            identities: Vec::new(),
+            views: vec![1, 2, 3].into(),
+        })
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("views:"), "{e}");
+    let e = client
+        .flush(&vec![ids[0]; strata_proto::MAX_FLUSH_IDENTITIES + 1], &[])
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("at most"), "{e}");
+    let e = client
+        .flush_request(strata_proto::pb::FlushRequest {
+            identities: vec![vec![0u8; 5]],
+            views: Vec::new().into(),
+        })
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("identities[0]"), "{e}");
+    // The worker goes on serving.
+    assert_eq!(client.flush(&[], &[]).await.unwrap(), 0);
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn cached_copies_are_found_by_version_and_session() {
     use strata_proto::convert::CacheArg;

@@ -117,9 +117,9 @@ pub(crate) struct DagActor {
     wb: writeback::WriteBack,
 }
 
-/// The byte sets a member writes, with the versions it was sent with and
-/// whether it keeps them on its chip.
-type Writes = SmallVec<[(Footprint, u64, bool); 2]>;
+/// The byte sets a member writes, with the versions it was sent with and,
+/// when it keeps them on its chip, the view it writes them through.
+type Writes = SmallVec<[(Footprint, u64, Option<strata_wire::Tensor>); 2]>;
 
 /// Messages taken in one step at most before the dispatches they caused
 /// are sent.
@@ -671,12 +671,12 @@ impl DagActor {
                 dir.forget(&fp);
                 continue;
             }
-            let superseded = match worker.filter(|_| deferred) {
-                Some(w) => {
+            let superseded = match (worker, deferred) {
+                (Some(w), Some(view)) => {
                     dirty = true;
-                    dir.written_dirty(&fp, version, Self::dirty_of(w, task))
+                    dir.written_dirty(&fp, version, Self::dirty_of(w, task, view))
                 }
-                None => dir.written(&fp, version),
+                _ => dir.written(&fp, version),
             };
             for f in superseded {
                 // Dispatch had them written back first: a bug if not.
@@ -850,7 +850,7 @@ fn cache_args(
         let version = dir.version(&fp);
         let written = if a.tag.writes() {
             let v = dir.fresh();
-            writes.push((fp, v, deferred));
+            writes.push((fp, v, deferred.then_some(a.tensor)));
             v
         } else {
             0

@@ -27,7 +27,7 @@
 use smallvec::SmallVec;
 use strata_core::residency::{Dirty, ToFlush};
 use strata_core::{Outcome, TaskId, WorkerId};
-use strata_wire::{ArgTag, CanonicalIdentity, Footprint, Overlap};
+use strata_wire::{ArgTag, Footprint, Overlap};
 use tokio::sync::oneshot;
 use tracing::{debug, warn};
 
@@ -166,21 +166,22 @@ impl DagActor {
                 None => fresh.entry(f.dirty.worker).or_default().push(f),
             }
         }
-        for (worker, list) in fresh {
-            self.wb.last_token += 1;
-            let token = self.wb.last_token;
-            let mut identities: Vec<CanonicalIdentity> =
-                list.iter().map(|f| *f.fp.identity()).collect();
-            identities.sort_unstable();
-            identities.dedup();
-            for f in &list {
-                self.wb.by_slot.insert((f.fp, f.version), token);
+        for (worker, mut list) in fresh {
+            // Just those byte sets, as views (at most a task's worth per
+            // call).
+            while !list.is_empty() {
+                let rest = list.split_off(list.len().min(strata_wire::MAX_TENSORS));
+                let chunk = std::mem::replace(&mut list, rest);
+                self.wb.last_token += 1;
+                let token = self.wb.last_token;
+                let views = chunk.iter().map(|f| f.dirty.view).collect();
+                for f in &chunk {
+                    self.wb.by_slot.insert((f.fp, f.version), token);
+                }
+                self.wb.asked.insert(token, chunk);
+                self.wb.out.push((worker, EpCmd::Flush { views, token }));
+                tokens.push(token);
             }
-            self.wb.asked.insert(token, list);
-            self.wb
-                .out
-                .push((worker, EpCmd::Flush { identities, token }));
-            tokens.push(token);
         }
         tokens
     }
@@ -417,8 +418,8 @@ impl DagActor {
         }
     }
 
-    /// The dirty record of a write kept on `worker` by `task`.
-    pub(super) fn dirty_of(worker: WorkerId, task: TaskId) -> Dirty {
-        Dirty { worker, task }
+    /// The dirty record of a write of `view` kept on `worker` by `task`.
+    pub(super) fn dirty_of(worker: WorkerId, task: TaskId, view: strata_wire::Tensor) -> Dirty {
+        Dirty { worker, task, view }
     }
 }

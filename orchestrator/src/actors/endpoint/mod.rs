@@ -395,11 +395,9 @@ impl EndpointActor {
             } => self.control(reply, move |l| {
                 Box::pin(async move { l.copy_from_device(identity, offset, len).await })
             }),
-            EpCmd::Flush { identities, token } => {
+            EpCmd::Flush { views, token } => {
                 let (tx, rx) = oneshot::channel();
-                self.control(tx, move |l| {
-                    Box::pin(async move { l.flush(identities).await })
-                });
+                self.control(tx, move |l| Box::pin(async move { l.flush(views).await }));
                 let up = self.up.clone();
                 tokio::spawn(async move {
                     let bytes = match rx.await {

@@ -409,7 +409,7 @@ impl WorkerClient {
         };
         let req = pb::FlushRequest {
             identities: identities.iter().map(|i| i.encode().to_vec()).collect(),
-            views: views.into(),
+            views,
         };
         self.flush_request(req).await
     }

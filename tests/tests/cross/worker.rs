@@ -1150,7 +1150,7 @@ async fn a_flush_writes_back_the_named_dirty_copies_only() {
     let e = client
         .flush_request(strata_proto::pb::FlushRequest {
             identities: Vec::new(),
-            views: vec![1, 2, 3].into(),
+            views: vec![1, 2, 3],
         })
         .await
         .unwrap_err()
@@ -1165,7 +1165,7 @@ async fn a_flush_writes_back_the_named_dirty_copies_only() {
     let e = client
         .flush_request(strata_proto::pb::FlushRequest {
             identities: vec![vec![0u8; 5]],
-            views: Vec::new().into(),
+            views: Vec::new(),
         })
         .await
         .unwrap_err()

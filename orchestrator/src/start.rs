@@ -305,11 +305,11 @@ impl ClusterBuilder {
 
     /// When bytes a task writes on a local staged chip go back to host
     /// memory (with the device cache on): when the task ends
-    /// ([`WriteBack::Through`], the default), or when something needs them
-    /// ([`WriteBack::Deferred`]): a task elsewhere that touches them, a
-    /// wait, an eviction. Either way a wait that returns has them in host
-    /// memory; deferred, a worker lost first loses them (see
-    /// [`WriteBack`]).
+    /// ([`crate::WriteBack::Through`], the default), or when something
+    /// needs them ([`crate::WriteBack::Deferred`]): a task elsewhere that
+    /// touches them, a wait, an eviction. Either way a wait that returns
+    /// has them in host memory; deferred, a worker lost first loses them
+    /// (see [`crate::WriteBack`]).
     #[must_use]
     pub fn write_back(mut self, when: crate::WriteBack) -> Self {
         self.write_back = when;

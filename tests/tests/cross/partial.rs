@@ -91,11 +91,14 @@ fn partial_writers_keep_untouched_elements_on_every_link_with_two_clients() {
             &["--token-file", token, "--device", "sim:mode=unified"],
         ),
     ];
-    let client = |spawned_device: &str| {
+    // Client A keeps written bytes on its staged chips until needed
+    // (deferred write-back), client B writes them through.
+    let client = |spawned_device: &str, write_back| {
         let mut b = Cluster::builder()
             .local(1)
             .worker_binary(test_worker_bin())
             .device(spawned_device)
+            .write_back(write_back)
             .window(3);
         for (i, w) in shared.iter().enumerate() {
             let token = (i >= 3).then_some("partial");
@@ -103,7 +106,10 @@ fn partial_writers_keep_untouched_elements_on_every_link_with_two_clients() {
         }
         b.start().unwrap()
     };
-    let (a, b) = (client("sim:mode=staged"), client("sim:mode=unified"));
+    let (a, b) = (
+        client("sim:mode=staged", strata_orchestrator::WriteBack::Deferred),
+        client("sim:mode=unified", strata_orchestrator::WriteBack::Through),
+    );
     let (ta, tb) = std::thread::scope(|s| {
         let ta = s.spawn(|| run_partial_programs(&a, "client A", 0, seeds));
         let tb = s.spawn(|| run_partial_programs(&b, "client B", 1000, seeds));
@@ -127,6 +133,7 @@ fn partial_writers_keep_untouched_elements_in_process() {
             .kernels(strata_tests::kernels::registry().unwrap())
             .device(device)
             .window(3)
+            .write_back(strata_orchestrator::WriteBack::Deferred)
             .start()
             .unwrap();
         let n = run_partial_programs(&cluster, device, 0, 6);

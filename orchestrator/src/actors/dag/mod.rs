@@ -279,11 +279,17 @@ impl DagActor {
         // Write-backs asked for go first: members parked on them are not
         // in the batches.
         for (worker, cmd) in std::mem::take(&mut self.wb.out) {
-            let Some(ep) = self.endpoints.get(worker.0 as usize) else {
+            let EpCmd::Flush { token, .. } = cmd else {
                 continue;
             };
-            if ep.tx.send(cmd).await.is_err() {
+            let sent = match self.endpoints.get(worker.0 as usize) {
+                Some(ep) => ep.tx.send(cmd).await.is_ok(),
+                None => false,
+            };
+            if !sent {
+                // Nobody will answer: what it held dirty is lost.
                 debug!(%worker, "endpoint gone; its write-back fails with it");
+                self.flushed(token, None);
             }
         }
         if self.pending_n == 0 {

@@ -176,9 +176,10 @@ pub struct LaunchReport {
     pub staged_in: u64,
     /// Bytes copied device → host for it.
     pub staged_out: u64,
-    /// Staging in before the kernel: cache lookups, copies in.
+    /// From its start on the lane to the kernel's: cache lookups, copies
+    /// in (and waiting for a prefetch under way).
     pub copy_in: Duration,
-    /// After the kernel: copies out, cache bookkeeping.
+    /// The rest of `busy` after the kernel: copies out, cache bookkeeping.
     pub copy_out: Duration,
     /// What it did in the device cache: the counters alone (hits, misses,
     /// bytes loaded and written back, on-chip copies, evictions its

@@ -649,11 +649,13 @@ impl Inner {
             ..LaunchReport::default()
         };
         let ahead = ahead.unwrap_or_default();
-        let result = self.materialize_and_run(launch, &mut report, &ahead.keys);
+        let result = self.materialize_and_run(launch, &mut report, &ahead.keys, started);
         // What was copied ahead for it is part of what it moved.
         report.staged_in += ahead.staged_in;
         report.cache.add(&ahead.cache);
         report.busy = started.elapsed();
+        // No clock read of its own: what is not staging in or the kernel.
+        report.copy_out = report.busy.saturating_sub(report.copy_in + report.kernel);
         let c = &self.counters;
         c.busy_ns.fetch_add(
             u64::try_from(report.busy.as_nanos()).unwrap_or(u64::MAX),
@@ -678,8 +680,8 @@ impl Inner {
         launch: &Launch,
         report: &mut LaunchReport,
         prefetched: &[CopyKey],
+        begun: Instant,
     ) -> Result<(), Error> {
-        let begun = Instant::now();
         let mut cached: Vec<Option<CachedArg>> = vec![None; launch.args.len()];
         let result = self.run_launch(launch, report, &mut cached, begun);
         let backend = self.backend();
@@ -716,9 +718,6 @@ impl Inner {
             report.staged_out += figures.written_back.saturating_sub(c.written_through);
             report.cache.add(&figures);
         }
-        report.copy_out = begun
-            .elapsed()
-            .saturating_sub(report.copy_in + report.kernel);
         result
     }
 

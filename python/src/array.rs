@@ -123,8 +123,17 @@ impl PyArray {
         self.derive(delta, &shape, &strides, new_dtype)
     }
 
-    fn host_address(&self) -> PyResult<usize> {
-        match self.view.buffer().host_address() {
+    /// The address of the view's first byte: kept by whoever takes it
+    /// (`transient` `None`: the buffer counts as exposed to the driver),
+    /// or used for one read (`Some(false)`) or write (`Some(true)`) that
+    /// ends before the call returns.
+    fn host_address(&self, transient: Option<bool>) -> PyResult<usize> {
+        let buffer = self.view.buffer();
+        let address = match transient {
+            None => buffer.host_address(),
+            Some(write) => buffer.host_address_transient(write),
+        };
+        match address {
             Some((addr, _len)) => Ok(addr as usize + self.view.tensor().byte_offset() as usize),
             None => Err(raise(
                 "BufferError",
@@ -141,7 +150,17 @@ impl PyArray {
     /// quarantine check; read-only memory for a view that does not grant
     /// WRITE.
     fn interface<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        let addr = self.host_address()?;
+        self.interface_for(py, None)
+    }
+
+    /// [`PyArray::interface`] for an access of the kind `transient` says
+    /// (see [`PyArray::host_address`]).
+    fn interface_for<'py>(
+        &self,
+        py: Python<'py>,
+        transient: Option<bool>,
+    ) -> PyResult<Bound<'py, PyDict>> {
+        let addr = self.host_address(transient)?;
         self.view.check_read().map_err(err)?;
         let read_only = !self.view.access().allows_write();
         let ts = dtype::typestr(self.view.dtype()).ok_or_else(|| {
@@ -278,7 +297,7 @@ impl PyArray {
         value: Bound<'_, PyAny>,
     ) -> PyResult<()> {
         slf.get().view.check_write().map_err(err)?;
-        let a = PyArray::numpy(slf)?;
+        let a = PyArray::numpy_transient(slf, true)?;
         a.set_item(key, value)
     }
 
@@ -355,6 +374,22 @@ impl PyArray {
         slf.py().import("numpy")?.call_method1("asarray", (slf,))
     }
 
+    /// A numpy array over the view for one read (`write` false) or write
+    /// that ends before the caller returns, the array dropped with it: the
+    /// buffer is not exposed to the driver by it (see
+    /// [`PyArray::host_address`]).
+    fn numpy_transient<'py>(slf: &Bound<'py, Self>, write: bool) -> PyResult<Bound<'py, PyAny>> {
+        let py = slf.py();
+        let me = slf.get();
+        me.view.check_read().map_err(err)?;
+        let interface = me.interface_for(py, Some(write))?;
+        let holder = py
+            .import("strata._geometry")?
+            .getattr("Interface")?
+            .call1((interface, slf))?;
+        py.import("numpy")?.call_method1("asarray", (holder,))
+    }
+
     /// numpy's array interface: ``numpy.asarray(arr)`` is ``arr.numpy()``.
     #[getter]
     fn __array_interface__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
@@ -368,7 +403,7 @@ impl PyArray {
         let py = slf.py();
         let me = slf.get();
         if me.view.buffer().device_worker().is_none() {
-            return PyArray::numpy(slf)?.call_method0("copy");
+            return PyArray::numpy_transient(slf, false)?.call_method0("copy");
         }
         let t = *me.view.tensor();
         let (offset, len) = (t.byte_offset(), t.extent_bytes());
@@ -398,7 +433,7 @@ impl PyArray {
         let me = slf.get();
         me.view.check_write().map_err(err)?;
         if me.view.buffer().device_worker().is_none() {
-            let a = PyArray::numpy(slf)?;
+            let a = PyArray::numpy_transient(slf, true)?;
             return a
                 .call_method1("__setitem__", (pyo3::types::PyEllipsis::get(py), values))
                 .map(drop);

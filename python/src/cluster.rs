@@ -340,10 +340,30 @@ impl PyCluster {
         let shape = if shape.is_empty() { vec![1] } else { shape };
         let shape = PyTuple::new(py, &shape)?;
         let out = self.zeros(py, shape.clone().into_any(), Some(a.getattr("dtype")?))?;
-        let out = Bound::new(py, out)?;
-        let dst = PyArray::numpy(&out)?;
-        np.call_method1("copyto", (dst, a.call_method1("reshape", (shape,))?))?;
-        Ok(out.unbind())
+        // Filled by the buffer's own writes, a few MiB at a time, not
+        // through a numpy view of it: a buffer no task has named is then
+        // not exposed to the driver, so the copies chips make of it stay
+        // good from one run to the next (until the driver takes a view).
+        const CHUNK: usize = 4 << 20;
+        let bytes = np
+            .call_method1("ascontiguousarray", (a.call_method1("reshape", (shape,))?,))?
+            .call_method1("view", (np.getattr("uint8")?,))?
+            .call_method1("reshape", (-1,))?;
+        let len: usize = bytes.len()?;
+        let buffer = out.view.buffer().clone();
+        let mut at = 0usize;
+        while at < len {
+            let end = len.min(at + CHUNK);
+            let part = bytes
+                .get_item(pyo3::types::PySlice::new(py, at as isize, end as isize, 1))?
+                .call_method0("tobytes")?;
+            let part = part.cast::<pyo3::types::PyBytes>()?;
+            buffer
+                .write_bytes(at as u64, part.as_bytes())
+                .map_err(err)?;
+            at = end;
+        }
+        Ok(Py::new(py, out)?)
     }
 
     /// A zero-filled host array of ``shape`` and ``dtype`` (a numpy dtype,

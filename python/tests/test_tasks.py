@@ -170,22 +170,40 @@ def test_the_device_cache_sees_the_drivers_writes(cache, write_back):
 
 
 def test_the_summary_counts_what_the_chips_moved():
-    """A run's summary says what its tasks copied: a tile two tasks of one
-    run read is copied onto the chip once and found there the second time.
-    (Between runs the driver may write an array it holds, so a new run
-    reads it again.)"""
+    """A run's summary says what its tasks copied: a tile two tasks read is
+    copied onto the chip once and found there after, within a run and in
+    the next one (an array filled by ``c.array`` and never viewed through
+    ``numpy()`` cannot have changed); once the driver holds a numpy view of
+    it, a new run reads it again."""
     with strata.Cluster(local=1) as c:
         x = c.array(np.ones((64, 64), dtype=np.float32))
-        outs = [c.zeros((64, 64)) for _ in range(2)]
-        for out in outs:
+        outs = [c.zeros((64, 64)) for _ in range(4)]
+        tile = 64 * 64 * 4
+        for out in outs[:2]:
             c.submit("copy", x, out)
         s = c.wait_all()
-        tile = 64 * 64 * 4
         assert (s.cache_hits, s.cache_misses) == (1, 1), s
         assert (s.to_device_bytes, s.from_device_bytes) == (tile, 2 * tile), s
         assert s.staged_bytes == s.to_device_bytes + s.from_device_bytes
         assert (s.held_bytes, s.resent, s.evictions, s.write_backs) == (0, 0, 0, 0)
+        # Reading a copy of it, or filling an array no task has named yet,
+        # changes nothing either.
+        assert (x.to_numpy() == 1.0).all()
+        y = c.zeros((64, 64))
+        y[:] = 1.0
+        c.submit("copy", x, outs[2])
+        c.submit("copy", y, outs[1])
+        s = c.wait_all()
+        assert (s.cache_hits, s.cache_misses, s.to_device_bytes) == (1, 1, tile), s
+        c.submit("copy", y, outs[2])
+        s = c.wait_all()
+        assert (s.cache_hits, s.cache_misses) == (1, 0), s
+        view = x.numpy()
+        c.submit("copy", x, outs[3])
+        s = c.wait_all()
+        assert (s.cache_hits, s.cache_misses) == (0, 1), s
         assert all((o.numpy() == 1.0).all() for o in outs)
+        del view
 
 
 def test_deferred_writes_reach_numpy_at_the_wait():

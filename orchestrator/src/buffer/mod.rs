@@ -189,6 +189,24 @@ impl Buffer {
         }
     }
 
+    /// As [`Buffer::host_address`], for an access the caller finishes
+    /// before it returns and through which it keeps no pointer: a read
+    /// (`write` false) leaves the buffer as it was, and a write counts as
+    /// [`Buffer::write_bytes`] does (it exposes the buffer only once a task
+    /// has named it). So a buffer filled, or read, this way keeps the
+    /// copies chips hold of it from one run to the next.
+    pub fn host_address_transient(&self, write: bool) -> Option<(*mut u8, usize)> {
+        match &self.backing {
+            Backing::Host(h) => {
+                if write {
+                    h.expose_if_used();
+                }
+                Some((h.address(), h.len()))
+            }
+            Backing::Device(_) => None,
+        }
+    }
+
     /// A row-major view of `shape` elements of `dtype` from byte 0.
     ///
     /// # Errors

@@ -363,7 +363,7 @@ impl PyCluster {
                 .map_err(err)?;
             at = end;
         }
-        Ok(Py::new(py, out)?)
+        Py::new(py, out)
     }
 
     /// A zero-filled host array of ``shape`` and ``dtype`` (a numpy dtype,

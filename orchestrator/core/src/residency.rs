@@ -129,6 +129,20 @@ impl Versions {
         }
     }
 
+    /// Forgets every clean slot; how many.
+    fn forget_clean(&mut self) -> usize {
+        let clean: Vec<u64> = self
+            .slots
+            .iter()
+            .filter(|(_, s)| s.dirty.is_none())
+            .map(|(id, _)| *id)
+            .collect();
+        for &id in &clean {
+            self.remove(id);
+        }
+        clean.len()
+    }
+
     /// The slots sharing a byte with `fp` (`scratch` is reused).
     fn overlapping(&self, fp: &Footprint, scratch: &mut Vec<u64>) {
         scratch.clear();
@@ -205,15 +219,7 @@ impl Directory {
     /// Forgets every clean byte set (past the bound).
     fn forget_clean(&mut self) {
         self.buffers.retain(|_, b| {
-            let clean: Vec<u64> = b
-                .slots
-                .iter()
-                .filter(|(_, s)| s.dirty.is_none())
-                .map(|(id, _)| *id)
-                .collect();
-            for id in clean {
-                b.remove(id);
-            }
+            b.forget_clean();
             !b.slots.is_empty()
         });
         self.len = self.dirty;
@@ -276,16 +282,7 @@ impl Directory {
     /// Forgets every clean byte set of a buffer.
     pub fn forget_buffer(&mut self, identity: &CanonicalIdentity) {
         if let Some(b) = self.buffers.get_mut(identity) {
-            let clean: Vec<u64> = b
-                .slots
-                .iter()
-                .filter(|(_, s)| s.dirty.is_none())
-                .map(|(id, _)| *id)
-                .collect();
-            for id in clean {
-                b.remove(id);
-                self.len -= 1;
-            }
+            self.len -= b.forget_clean();
             if b.slots.is_empty() {
                 self.buffers.remove(identity);
             }

@@ -279,6 +279,11 @@ impl DagActor {
         if !self.any_dirty() {
             return self.carry_out(then);
         }
+        self.flush_all_then(then);
+    }
+
+    /// Asks for everything dirty to be written back, then `then`.
+    fn flush_all_then(&mut self, then: Then) {
         let all = self
             .directory
             .as_ref()
@@ -297,17 +302,8 @@ impl DagActor {
         if !self.any_dirty() {
             return true;
         }
-        let all = self
-            .directory
-            .as_ref()
-            .map(|d| d.all_dirty())
-            .unwrap_or_default();
-        let tokens = self.ask(all);
         self.wb.all_round = true;
-        self.wb.rounds.push(Round {
-            tokens,
-            then: Then::All,
-        });
+        self.flush_all_then(Then::All);
         false
     }
 

@@ -6,7 +6,10 @@
 //! allocation and free in ns per operation; what isolation costs: a
 //! staged `fill` of a 1 MiB view tagged OUTPUT (its scratch zeroed),
 //! OUTPUT_EXISTING (copied in) and a strided OUTPUT, and device
-//! allocations (zeroed) of 4 KiB to 16 MiB.
+//! allocations (zeroed) of 4 KiB to 16 MiB; and the tiled-Cholesky
+//! kernels (`potrf`, `trsm`, `syrk`, `gemm`) on 256² and 512² tiles in F32
+//! and F64, in unified mode (the kernel alone; throughput in FLOP/s by the
+//! usual counts: n³/3, n³, n³ and 2n³).
 //!
 //! `cargo bench -p strata-chip-runtime --bench chip`
 
@@ -33,7 +36,7 @@ fn bench_matmul(c: &mut Criterion) {
         let dev = SimDevice::from_spec(&format!("sim:mem=64MiB,mode={mode},lanes=1")).unwrap();
         let mats: Vec<(Arc<HostBuffer>, Tensor)> = (0..3)
             .map(|i| {
-                let (host, t) = host_view(*b"benchmat", i + 1, bytes, &[N, N], &[N, 1]);
+                let (host, t) = host_view(*b"benchmat", i + 1, bytes, &[N, N], &[N, 1], DType::F32);
                 let vals: Vec<u8> = (0..N * N)
                     .flat_map(|j| ((j % 13) as f32 * 0.25 - i as f32).to_le_bytes())
                     .collect();
@@ -60,6 +63,92 @@ fn bench_matmul(c: &mut Criterion) {
         bench_launch(&mut group, mode, &dev, &launch);
     }
     group.finish();
+}
+
+/// The four tile kernels, each repeated in place on its own tiles. The
+/// tiles are chosen so that repeating stays finite: `potrf` factors a
+/// diagonally dominant matrix, whose factor (mirrored) is again one;
+/// `trsm` solves against a unit-diagonal triangle with tiny entries below.
+fn bench_tile_kernels(c: &mut Criterion) {
+    let reg = Registry::with_builtins();
+    let dev = SimDevice::from_spec("sim:mem=64MiB,mode=unified,lanes=1").unwrap();
+    for dtype in [DType::F32, DType::F64] {
+        for n in [256u32, 512] {
+            let n3 = u64::from(n).pow(3);
+            let elem = (dtype.bits() / 8) as usize;
+            let mut group = c.benchmark_group(format!("tile_{}_{n}", dtype.name().to_lowercase()));
+            let tile = |i: u64, f: &dyn Fn(u32, u32) -> f64| {
+                let bytes = n as usize * n as usize * elem;
+                let (host, t) = host_view(*b"benchtil", i, bytes, &[n, n], &[n, 1], dtype);
+                let vals: Vec<u8> = (0..n * n)
+                    .flat_map(|k| {
+                        let v = f(k / n, k % n);
+                        if dtype == DType::F32 {
+                            (v as f32).to_le_bytes().to_vec()
+                        } else {
+                            v.to_le_bytes().to_vec()
+                        }
+                    })
+                    .collect();
+                host.write(0, &vals).unwrap();
+                LaunchArg {
+                    tensor: t,
+                    tag: ArgTag::InOut,
+                    backing: ArgBacking::Host(host),
+                    cache: None,
+                }
+            };
+            let small = |i: u32, j: u32| ((i * 7 + j * 3) % 11) as f64 / (11.0 * f64::from(n));
+            let dominant = move |i: u32, j: u32| {
+                if i == j {
+                    f64::from(n)
+                } else {
+                    small(i, j) * 1e-3
+                }
+            };
+            let unit = move |i: u32, j: u32| if i == j { 1.0 } else { small(i, j) * 1e-3 };
+            let input = |mut a: LaunchArg| {
+                a.tag = ArgTag::Input;
+                a
+            };
+            let cases: [(&str, u64, Vec<LaunchArg>, Vec<u64>); 4] = [
+                ("potrf", n3 / 3, vec![tile(1, &dominant)], vec![]),
+                (
+                    "trsm",
+                    n3,
+                    vec![input(tile(2, &unit)), tile(3, &small)],
+                    vec![],
+                ),
+                (
+                    "syrk",
+                    n3,
+                    vec![input(tile(4, &small)), tile(5, &small)],
+                    vec![],
+                ),
+                (
+                    "gemm",
+                    2 * n3,
+                    vec![
+                        input(tile(6, &small)),
+                        input(tile(7, &small)),
+                        tile(8, &small),
+                    ],
+                    vec![(-1f64).to_bits(), 1f64.to_bits()],
+                ),
+            ];
+            for (name, flops, args, scalars) in cases {
+                let launch = Launch {
+                    kernel: reg.get(reg.find(name, 1).unwrap()).unwrap(),
+                    args,
+                    scalars,
+                    gate: None,
+                };
+                group.throughput(Throughput::Elements(flops));
+                bench_launch(&mut group, name, &dev, &launch);
+            }
+            group.finish();
+        }
+    }
 }
 
 /// Times `launch` on `dev`, from launch to completion.
@@ -108,13 +197,15 @@ fn bench_arena(c: &mut Criterion) {
     group.finish();
 }
 
-/// A fresh host buffer of `nbytes` and an F32 view over it from byte 0.
+/// A fresh host buffer of `nbytes` and a view of `dtype` over it from
+/// byte 0.
 fn host_view(
     owner: [u8; 8],
     i: u64,
     nbytes: usize,
     shape: &[u32],
     strides: &[u32],
+    dtype: DType,
 ) -> (Arc<HostBuffer>, Tensor) {
     let host = HostBuffer::new(nbytes).unwrap();
     let id = CanonicalIdentity::new(owner, i, 1).unwrap();
@@ -129,7 +220,7 @@ fn host_view(
         },
     )
     .unwrap();
-    let t = Tensor::new(buf, 0, shape, strides, DType::F32).unwrap();
+    let t = Tensor::new(buf, 0, shape, strides, dtype).unwrap();
     (Arc::new(host), t)
 }
 
@@ -139,8 +230,8 @@ fn bench_isolation(c: &mut Criterion) {
     let dev = SimDevice::from_spec("sim:mem=256MiB,mode=staged,lanes=1").unwrap();
     let mut group = c.benchmark_group("staged_fill_1MiB");
     let n = 256 * 1024u32;
-    let contiguous = host_view(*b"benchiso", 1, 1 << 20, &[n], &[1]);
-    let strided = host_view(*b"benchiso", 2, 2 << 20, &[n], &[2]);
+    let contiguous = host_view(*b"benchiso", 1, 1 << 20, &[n], &[1], DType::F32);
+    let strided = host_view(*b"benchiso", 2, 2 << 20, &[n], &[2], DType::F32);
     for (name, (host, t), tag) in [
         ("output", &contiguous, ArgTag::Output),
         ("output_existing", &contiguous, ArgTag::OutputExisting),
@@ -175,6 +266,6 @@ fn bench_isolation(c: &mut Criterion) {
 criterion_group! {
     name = benches;
     config = Criterion::default().warm_up_time(Duration::from_millis(500)).measurement_time(Duration::from_secs(3));
-    targets = bench_matmul, bench_arena, bench_isolation
+    targets = bench_matmul, bench_arena, bench_isolation, bench_tile_kernels
 }
 criterion_main!(benches);

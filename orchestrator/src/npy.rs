@@ -17,6 +17,7 @@ use crate::error::{Error, NpyError};
 pub fn type_str(dtype: DType) -> Option<&'static str> {
     Some(match dtype {
         DType::F32 => "<f4",
+        DType::F64 => "<f8",
         DType::F16 => "<f2",
         DType::I32 => "<i4",
         DType::I16 => "<i2",
@@ -40,6 +41,7 @@ pub fn dtype_of(type_str: &str) -> Option<DType> {
     };
     [
         DType::F32,
+        DType::F64,
         DType::F16,
         DType::I32,
         DType::I16,
@@ -57,7 +59,7 @@ pub fn dtype_of(type_str: &str) -> Option<DType> {
 
 impl Cluster {
     /// A host buffer holding the array of a `.npy` file, and the row-major
-    /// view of its shape and dtype (C order, little-endian; dtypes f4, f2,
+    /// view of its shape and dtype (C order, little-endian; dtypes f8, f4, f2,
     /// i1–i8, u1–u8, b1; 1 to 5 dimensions).
     ///
     /// # Errors

@@ -29,7 +29,7 @@ pub(crate) fn parse(obj: &Bound<'_, PyAny>) -> PyResult<DType> {
     let ts: String = dt.getattr("str")?.extract()?;
     npy::dtype_of(&ts).ok_or_else(|| {
         invalid_view(format!(
-            "dtype {ts}: strata has f32, f16, bf16, i8-i64, u8-u64, bool and the fp8/fp4 types; numpy's {ts} is none of them"
+            "dtype {ts}: strata has f64, f32, f16, bf16, i8-i64, u8-u64, bool and the fp8/fp4 types; numpy's {ts} is none of them"
         ))
     })
 }

@@ -34,11 +34,20 @@ pub enum DType {
     Fp8E8M0 = 13,
     /// 4-bit float, two values per byte (element 2k in the low nibble).
     Fp4E2M1 = 14,
+    /// IEEE 754 binary64: a strata extension, outside the seed's codes
+    /// (see [`DType::is_extension`]).
+    F64 = 64,
 }
 
 impl DType {
+    /// The first code past the seed format's own: codes from here on are
+    /// strata's extensions, which a consumer of the seed format refuses as
+    /// unknown. Everything else about them (identity, overlap, inference)
+    /// is the same as for seed dtypes.
+    pub const FIRST_EXTENSION_CODE: u8 = 64;
+
     /// Every dtype, in code order.
-    pub const ALL: [DType; 15] = [
+    pub const ALL: [DType; 16] = [
         DType::F32,
         DType::F16,
         DType::I32,
@@ -54,6 +63,7 @@ impl DType {
         DType::Fp8E4M3Fn,
         DType::Fp8E8M0,
         DType::Fp4E2M1,
+        DType::F64,
     ];
 
     /// The dtype with wire code `code`, if there is one.
@@ -74,6 +84,7 @@ impl DType {
             12 => DType::Fp8E4M3Fn,
             13 => DType::Fp8E8M0,
             14 => DType::Fp4E2M1,
+            64 => DType::F64,
             _ => return None,
         })
     }
@@ -83,13 +94,19 @@ impl DType {
         self as u8
     }
 
+    /// Whether this is a strata extension (code at or past
+    /// [`DType::FIRST_EXTENSION_CODE`]), not a seed dtype.
+    pub const fn is_extension(self) -> bool {
+        self.code() >= Self::FIRST_EXTENSION_CODE
+    }
+
     /// Bits per element: 4 for FP4E2M1, a multiple of 8 otherwise.
     pub const fn bits(self) -> u32 {
         match self {
             DType::F32 | DType::I32 | DType::U32 => 32,
             DType::F16 | DType::BF16 | DType::I16 | DType::U16 => 16,
             DType::I8 | DType::U8 | DType::Bool | DType::Fp8E4M3Fn | DType::Fp8E8M0 => 8,
-            DType::I64 | DType::U64 => 64,
+            DType::I64 | DType::U64 | DType::F64 => 64,
             DType::Fp4E2M1 => 4,
         }
     }
@@ -128,6 +145,7 @@ impl DType {
             DType::Fp8E4M3Fn => "FP8E4M3FN",
             DType::Fp8E8M0 => "FP8E8M0",
             DType::Fp4E2M1 => "FP4E2M1",
+            DType::F64 => "F64",
         }
     }
 
@@ -170,6 +188,14 @@ mod tests {
             assert_eq!(DType::from_name(&d.name().to_lowercase()), Some(d));
         }
         assert_eq!(DType::from_code(15), None);
+        assert_eq!(DType::from_code(63), None);
+        let f64 = DType::from_code(64).unwrap();
+        assert_eq!(
+            (f64, f64.bits(), f64.is_extension()),
+            (DType::F64, 64, true)
+        );
+        assert!(!DType::Fp4E2M1.is_extension());
+        assert_eq!(DType::from_name("f64"), Some(DType::F64));
         assert_eq!(DType::from_code(255), None);
         assert_eq!(DType::Fp4E2M1.bytes_for(3), Some(2));
         assert_eq!(DType::Fp4E2M1.align_bytes(), 1);

@@ -17,7 +17,7 @@ macro_rules! pod {
         unsafe impl Pod for $t {}
     )*};
 }
-pod!(u8, u16, u32, u64, i8, i16, i32, i64, f32, f16, bf16);
+pod!(u8, u16, u32, u64, i8, i16, i32, i64, f32, f64, f16, bf16);
 
 /// A numeric element type kernels compute on.
 pub trait Element: Pod + PartialEq {
@@ -69,6 +69,25 @@ impl Element for f32 {
     }
 }
 
+impl Element for f64 {
+    const DTYPE: DType = DType::F64;
+    fn to_f64(self) -> f64 {
+        self
+    }
+    fn from_f64(v: f64) -> Self {
+        v
+    }
+    fn from_scalar(bits: u64) -> Self {
+        f64::from_bits(bits)
+    }
+    fn add(self, other: Self) -> Self {
+        self + other
+    }
+    fn mul(self, other: Self) -> Self {
+        self * other
+    }
+}
+
 macro_rules! half_element {
     ($($t:ty => $d:ident),*) => {$(
         impl Element for $t {
@@ -83,8 +102,8 @@ macro_rules! half_element {
 }
 half_element!(f16 => F16, bf16 => BF16);
 
-/// Runs `$body` with `$T` bound to the float type of `$dtype` (F32, F16,
-/// BF16), or evaluates to an `Err` naming the dtype.
+/// Runs `$body` with `$T` bound to the float type of `$dtype` (F32, F64,
+/// F16, BF16), or evaluates to an `Err` naming the dtype.
 #[macro_export]
 #[doc(hidden)]
 macro_rules! with_float {
@@ -92,6 +111,10 @@ macro_rules! with_float {
         match $dtype {
             ::strata_wire::DType::F32 => {
                 type $T = f32;
+                $body
+            }
+            ::strata_wire::DType::F64 => {
+                type $T = f64;
                 $body
             }
             ::strata_wire::DType::F16 => {

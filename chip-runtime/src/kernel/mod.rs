@@ -15,7 +15,7 @@ mod validate;
 pub mod view;
 
 pub mod builtin;
-pub(crate) mod gemm;
+pub(crate) mod dense;
 
 use sha2::{Digest, Sha256};
 use strata_wire::{Access, DType, Tensor};

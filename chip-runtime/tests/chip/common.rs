@@ -108,6 +108,7 @@ pub(crate) fn encode(dtype: DType, v: f64) -> [u8; 8] {
     let mut out = [0u8; 8];
     match dtype {
         DType::F32 => out[..4].copy_from_slice(&(v as f32).to_le_bytes()),
+        DType::F64 => out.copy_from_slice(&v.to_le_bytes()),
         DType::F16 => out[..2].copy_from_slice(&f16::from_f64(v).to_le_bytes()),
         DType::BF16 => out[..2].copy_from_slice(&bf16::from_f64(v).to_le_bytes()),
         DType::I32 => out[..4].copy_from_slice(&((v * 8.0) as i32).to_le_bytes()),
@@ -131,6 +132,7 @@ pub(crate) fn read(bytes: &[u8], t: &Tensor, idx: &[usize]) -> f64 {
     let b = &bytes[at..at + elem];
     match t.dtype() {
         DType::F32 => f64::from(f32::from_le_bytes(b.try_into().unwrap())),
+        DType::F64 => f64::from_le_bytes(b.try_into().unwrap()),
         DType::F16 => f16::from_le_bytes(b.try_into().unwrap()).to_f64(),
         DType::BF16 => bf16::from_le_bytes(b.try_into().unwrap()).to_f64(),
         DType::I32 => f64::from(i32::from_le_bytes(b.try_into().unwrap())),
@@ -138,6 +140,23 @@ pub(crate) fn read(bytes: &[u8], t: &Tensor, idx: &[usize]) -> f64 {
         DType::I16 => f64::from(i16::from_le_bytes(b.try_into().unwrap())),
         DType::U8 => f64::from(b[0]),
         other => panic!("test read of {other}"),
+    }
+}
+
+/// Writes `f(idx)` to every element `idx` of `t`.
+pub(crate) fn fill_with(t: &HostTensor, f: impl Fn(&[usize]) -> f64) {
+    let v = &t.view;
+    let elem = (v.dtype().bits() / 8) as usize;
+    for idx in indices(v.shape()) {
+        let e: usize = idx
+            .iter()
+            .zip(v.strides())
+            .map(|(&i, &s)| i * s as usize)
+            .sum();
+        let at = v.byte_offset() as usize + e * elem;
+        t.host
+            .write(at, &encode(v.dtype(), f(&idx))[..elem])
+            .unwrap();
     }
 }
 
@@ -157,6 +176,7 @@ pub(crate) fn indices(shape: &[u32]) -> Vec<Vec<usize>> {
 pub(crate) fn eps(dtype: DType) -> f64 {
     match dtype {
         DType::F32 => f64::from(f32::EPSILON),
+        DType::F64 => f64::EPSILON,
         DType::F16 => 2f64.powi(-11),
         DType::BF16 => 2f64.powi(-8),
         _ => 0.0,

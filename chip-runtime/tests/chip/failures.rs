@@ -455,6 +455,10 @@ fn registry_handles() {
         "reduce_sum",
         "softmax",
         "transpose",
+        "potrf",
+        "trsm",
+        "syrk",
+        "gemm",
     ];
     assert_eq!(reg.len(), names.len());
     let mut handles = std::collections::HashSet::new();

@@ -22,13 +22,15 @@ pub(super) fn encode(dtype: DType, values: impl Iterator<Item = f64>, integral: 
     use strata_chip::half::{bf16, f16};
     let mut out = Vec::new();
     for v in values {
-        let v = if integral && !matches!(dtype, DType::F32 | DType::F16 | DType::BF16) {
+        let v = if integral && !matches!(dtype, DType::F32 | DType::F64 | DType::F16 | DType::BF16)
+        {
             v.floor()
         } else {
             v
         };
         match dtype {
             DType::F32 => out.extend_from_slice(&(v as f32).to_le_bytes()),
+            DType::F64 => out.extend_from_slice(&v.to_le_bytes()),
             DType::F16 => out.extend_from_slice(&f16::from_f64(v).to_le_bytes()),
             DType::BF16 => out.extend_from_slice(&bf16::from_f64(v).to_le_bytes()),
             DType::I8 => out.extend_from_slice(&(v as i8).to_le_bytes()),
@@ -54,6 +56,7 @@ pub(super) fn decode(dtype: DType, bytes: &[u8]) -> Vec<f64> {
         .chunks_exact(w)
         .map(|c| match dtype {
             DType::F32 => f64::from(f32::from_le_bytes(c.try_into().unwrap_or_default())),
+            DType::F64 => f64::from_le_bytes(c.try_into().unwrap_or_default()),
             DType::F16 => f16::from_le_bytes(c.try_into().unwrap_or_default()).to_f64(),
             DType::BF16 => bf16::from_le_bytes(c.try_into().unwrap_or_default()).to_f64(),
             DType::I8 => f64::from(c[0] as i8),

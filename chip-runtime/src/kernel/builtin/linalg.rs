@@ -4,8 +4,8 @@ use half::{bf16, f16};
 use strata_wire::Tensor;
 
 use crate::kernel::KernelContext;
+use crate::kernel::dense::{self, MatMut, MatRef};
 use crate::kernel::element::Element;
-use crate::kernel::gemm::sgemm;
 use crate::kernel::view::{Geometry, View, ViewMut};
 use crate::with_float;
 
@@ -48,7 +48,13 @@ fn gemm(ctx: &mut KernelContext<'_>, beta: f32) -> Result<(), String> {
             let a = ctx.input::<f32>(0)?;
             let b = ctx.input::<f32>(1)?;
             let mut c = ctx.output::<f32>(2)?;
-            sgemm(&a, &b, &mut c, 1.0, beta);
+            dense::gemm(
+                MatRef::of(&a, "a")?,
+                MatRef::of(&b, "b")?,
+                &mut MatMut::of(&mut c, "c")?,
+                1.0,
+                beta,
+            );
             Ok(())
         }
         strata_wire::DType::F16 => gemm_widened::<f16>(ctx, beta),
@@ -77,7 +83,13 @@ fn gemm_widened<T: Element>(ctx: &mut KernelContext<'_>, beta: f32) -> Result<()
         let va = contiguous(wa, m, k);
         let vb = contiguous(wb, k, n);
         let mut vc = contiguous_mut(wc, m, n);
-        sgemm(&va, &vb, &mut vc, 1.0, beta);
+        dense::gemm(
+            MatRef::of(&va, "a")?,
+            MatRef::of(&vb, "b")?,
+            &mut MatMut::of(&mut vc, "c")?,
+            1.0,
+            beta,
+        );
     }
     let g = *c.geometry();
     g.for_each_index(|idx| c.set(idx, T::from_f64(f64::from(wc[idx[0] * n + idx[1]]))));

@@ -13,11 +13,19 @@
 //! | `reduce_sum` | x R `[.., n]`, out W `[..]` (or `[1]` for rank 1): sum over the last axis | | F32, F16, BF16 |
 //! | `softmax` | x R, out W (same shape): along the last axis | | F32, F16, BF16 |
 //! | `transpose` | x R `[.., a, b]`, out W `[.., b, a]`: swaps the last two axes | | any byte-sized |
+//! | `potrf` | a RW `[n,n]`: a ← L, the lower Cholesky factor (strict upper triangle untouched) | | F32, F64 |
+//! | `trsm` | l R `[n,n]`, b RW `[m,n]`: b ← b·l⁻ᵀ, l lower triangular | | F32, F64 |
+//! | `syrk` | a R `[m,k]`, c RW `[m,m]`: c ← c − a·aᵀ | | F32, F64 |
+//! | `gemm` | a R `[m,k]`, b R `[k,n]`, c RW `[m,n]`: c ← α·a·b + β·c (c not read when β = 0) | α, β (f64) | F32, F64 |
 //!
-//! Integer arithmetic wraps. F16/BF16 matmuls convert to f32 in scratch
-//! memory and multiply with `matrixmultiply`'s SGEMM; reductions and
-//! softmax accumulate in f64.
+//! The last four are a right-looking tiled Cholesky's tile calls. Integer
+//! arithmetic wraps. Matrix products go through the `gemm` crate (strided,
+//! single-threaded: a chip's worker owns one core); F16/BF16 matmuls
+//! convert to f32 in scratch memory first. `potrf`, `trsm` and `syrk`
+//! recurse in halves down to 32×32 blocks so that nearly every flop is a
+//! GEMM. Reductions and softmax accumulate in f64.
 
+mod blas;
 mod elementwise;
 mod linalg;
 
@@ -173,8 +181,52 @@ pub fn all() -> Vec<Arc<dyn Kernel>> {
             linalg::check_transpose,
             elementwise::transpose,
         ),
+        kernel(
+            "potrf",
+            vec![arg("a", RW, list(REAL), Rank::Exactly(2))],
+            vec![],
+            blas::check_potrf,
+            blas::potrf,
+        ),
+        kernel(
+            "trsm",
+            vec![
+                arg("l", R, list(REAL), Rank::Exactly(2)),
+                arg("b", RW, same(0), Rank::Exactly(2)),
+            ],
+            vec![],
+            blas::check_trsm,
+            blas::trsm,
+        ),
+        kernel(
+            "syrk",
+            vec![
+                arg("a", R, list(REAL), Rank::Exactly(2)),
+                arg("c", RW, same(0), Rank::Exactly(2)),
+            ],
+            vec![],
+            blas::check_syrk,
+            blas::syrk,
+        ),
+        kernel(
+            "gemm",
+            vec![
+                arg("a", R, list(REAL), Rank::Exactly(2)),
+                arg("b", R, same(0), Rank::Exactly(2)),
+                arg("c", RW, same(0), Rank::Exactly(2)),
+            ],
+            vec![
+                scalar("alpha", ScalarKind::F64),
+                scalar("beta", ScalarKind::F64),
+            ],
+            linalg::check_matmul,
+            blas::gemm,
+        ),
     ]
 }
+
+/// The dtypes of the factorization kernels.
+const REAL: &[DType] = &[DType::F32, DType::F64];
 
 /// `out = op(a, b)` element by element, on numeric dtypes of one shape.
 fn binary(name: &str, run: RunFn) -> Arc<dyn Kernel> {

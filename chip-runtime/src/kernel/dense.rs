@@ -1,0 +1,420 @@
+//! Dense linear algebra on strided matrices: GEMM through the `gemm`
+//! crate, and the Cholesky building blocks (POTRF, TRSM, SYRK) written as
+//! recursions that hand almost every flop to GEMM.
+//!
+//! The only `unsafe` of kernel arithmetic lives here: [`MatRef`] and
+//! [`MatMut`] are a pointer, a shape and element strides, split into
+//! disjoint blocks by safe methods, and [`gemm`] passes them to the crate.
+//!
+//! Why recursion: splitting each problem in halves until blocks are small
+//! leaves O(n²·b) flops (b the base size) in scalar loops and the rest in
+//! GEMM calls of every size, which is what makes a blocked factorization
+//! run near GEMM's speed without tuning a block size per machine.
+
+use std::marker::PhantomData;
+
+use super::element::Element;
+use super::view::{View, ViewMut};
+
+/// Below this many rows (or columns) a recursion ends in scalar loops.
+const BASE: usize = 32;
+
+/// A float the dense kernels compute on (F32, F64).
+pub(crate) trait Real:
+    Element
+    + std::ops::Add<Output = Self>
+    + std::ops::Sub<Output = Self>
+    + std::ops::Mul<Output = Self>
+    + std::ops::Div<Output = Self>
+    + std::ops::Neg<Output = Self>
+    + PartialOrd
+{
+    const ZERO: Self;
+    const ONE: Self;
+    fn sqrt(self) -> Self;
+}
+
+impl Real for f32 {
+    const ZERO: Self = 0.0;
+    const ONE: Self = 1.0;
+    fn sqrt(self) -> Self {
+        f32::sqrt(self)
+    }
+}
+
+impl Real for f64 {
+    const ZERO: Self = 0.0;
+    const ONE: Self = 1.0;
+    fn sqrt(self) -> Self {
+        f64::sqrt(self)
+    }
+}
+
+/// A read-only strided matrix.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct MatRef<'a, T> {
+    ptr: *const T,
+    rows: usize,
+    cols: usize,
+    rs: isize,
+    cs: isize,
+    _life: PhantomData<&'a T>,
+}
+
+/// A writable strided matrix whose elements are distinct memory.
+#[derive(Debug)]
+pub(crate) struct MatMut<'a, T> {
+    ptr: *mut T,
+    rows: usize,
+    cols: usize,
+    rs: isize,
+    cs: isize,
+    _life: PhantomData<&'a mut T>,
+}
+
+/// Why a matrix cannot be handed to the dense kernels.
+fn check_aligned<T>(ptr: *const T, what: &str) -> Result<(), String> {
+    if ptr.align_offset(std::mem::align_of::<T>()) == 0 {
+        Ok(())
+    } else {
+        Err(format!(
+            "{what} does not start on a multiple of its element size"
+        ))
+    }
+}
+
+impl<'a, T: Real> MatRef<'a, T> {
+    /// The rank-2 view `v` as a matrix.
+    pub(crate) fn of(v: &View<'a, T>, what: &str) -> Result<Self, String> {
+        let (ptr, g) = v.raw();
+        check_aligned(ptr, what)?;
+        Ok(MatRef {
+            ptr,
+            rows: g.shape()[0],
+            cols: g.shape()[1],
+            rs: g.strides()[0],
+            cs: g.strides()[1],
+            _life: PhantomData,
+        })
+    }
+
+    #[inline]
+    fn get(&self, i: usize, j: usize) -> T {
+        assert!(i < self.rows && j < self.cols, "index outside the matrix");
+        // SAFETY: (i, j) is inside the shape, and every element of the
+        // shape is readable for 'a (the view's contract, kept by `of` and
+        // `block`, which only narrow the shape).
+        unsafe { *self.ptr.offset(i as isize * self.rs + j as isize * self.cs) }
+    }
+
+    /// The `rows × cols` block starting at `(r, c)`.
+    fn block(&self, r: usize, c: usize, rows: usize, cols: usize) -> MatRef<'a, T> {
+        assert!(
+            r + rows <= self.rows && c + cols <= self.cols,
+            "block outside"
+        );
+        MatRef {
+            // Stays inside the matrix (asserted); wrapping_offset keeps an
+            // empty block at the edge from being UB to form.
+            ptr: self
+                .ptr
+                .wrapping_offset(r as isize * self.rs + c as isize * self.cs),
+            rows,
+            cols,
+            ..*self
+        }
+    }
+
+    /// The transpose (no copy).
+    fn t(&self) -> MatRef<'a, T> {
+        MatRef {
+            rows: self.cols,
+            cols: self.rows,
+            rs: self.cs,
+            cs: self.rs,
+            ..*self
+        }
+    }
+}
+
+impl<'a, T: Real> MatMut<'a, T> {
+    /// The rank-2 view `v` as a matrix.
+    pub(crate) fn of(v: &'a mut ViewMut<'_, T>, what: &str) -> Result<Self, String> {
+        let (ptr, g) = v.raw();
+        check_aligned(ptr, what)?;
+        Ok(MatMut {
+            ptr,
+            rows: g.shape()[0],
+            cols: g.shape()[1],
+            rs: g.strides()[0],
+            cs: g.strides()[1],
+            _life: PhantomData,
+        })
+    }
+
+    /// A matrix over a row-major slice.
+    fn from_slice(s: &'a mut [T], rows: usize, cols: usize) -> Self {
+        assert!(s.len() >= rows * cols, "slice too short");
+        MatMut {
+            ptr: s.as_mut_ptr(),
+            rows,
+            cols,
+            rs: cols as isize,
+            cs: 1,
+            _life: PhantomData,
+        }
+    }
+
+    fn rb(&self) -> MatRef<'_, T> {
+        MatRef {
+            ptr: self.ptr,
+            rows: self.rows,
+            cols: self.cols,
+            rs: self.rs,
+            cs: self.cs,
+            _life: PhantomData,
+        }
+    }
+
+    /// A reborrow, for passing a block on without giving it up.
+    fn rb_mut(&mut self) -> MatMut<'_, T> {
+        MatMut {
+            ptr: self.ptr,
+            rows: self.rows,
+            cols: self.cols,
+            rs: self.rs,
+            cs: self.cs,
+            _life: PhantomData,
+        }
+    }
+
+    #[inline]
+    fn get(&self, i: usize, j: usize) -> T {
+        self.rb().get(i, j)
+    }
+
+    #[inline]
+    fn set(&mut self, i: usize, j: usize, v: T) {
+        assert!(i < self.rows && j < self.cols, "index outside the matrix");
+        // SAFETY: inside the shape, which is writable for 'a and borrowed
+        // exclusively (the view's contract, kept by the splits, which hand
+        // out disjoint index ranges).
+        unsafe { *self.ptr.offset(i as isize * self.rs + j as isize * self.cs) = v }
+    }
+
+    /// Rows `..k` and rows `k..`: disjoint elements.
+    fn split_rows(self, k: usize) -> (MatMut<'a, T>, MatMut<'a, T>) {
+        assert!(k <= self.rows, "split outside");
+        let top = MatMut { rows: k, ..self };
+        let bottom = MatMut {
+            ptr: self.ptr.wrapping_offset(k as isize * self.rs),
+            rows: self.rows - k,
+            ..self
+        };
+        (top, bottom)
+    }
+
+    /// Columns `..k` and columns `k..`: disjoint elements.
+    fn split_cols(self, k: usize) -> (MatMut<'a, T>, MatMut<'a, T>) {
+        assert!(k <= self.cols, "split outside");
+        let left = MatMut { cols: k, ..self };
+        let right = MatMut {
+            ptr: self.ptr.wrapping_offset(k as isize * self.cs),
+            cols: self.cols - k,
+            ..self
+        };
+        (left, right)
+    }
+
+    /// The four quadrants split at row `r` and column `c`:
+    /// (top-left, top-right, bottom-left, bottom-right).
+    fn quadrants(self, r: usize, c: usize) -> [MatMut<'a, T>; 4] {
+        let (top, bottom) = self.split_rows(r);
+        let (tl, tr) = top.split_cols(c);
+        let (bl, br) = bottom.split_cols(c);
+        [tl, tr, bl, br]
+    }
+}
+
+/// `c ← alpha·a·b + beta·c` (`c` not read when `beta` is zero).
+///
+/// # Panics
+/// When the shapes do not chain (callers check them first).
+pub(crate) fn gemm<T: Real>(
+    a: MatRef<'_, T>,
+    b: MatRef<'_, T>,
+    c: &mut MatMut<'_, T>,
+    alpha: T,
+    beta: T,
+) {
+    assert!(
+        a.rows == c.rows && b.cols == c.cols && a.cols == b.rows,
+        "shapes do not chain"
+    );
+    if c.rows == 0 || c.cols == 0 {
+        return;
+    }
+    // SAFETY: each matrix's pointer and strides address exactly its own
+    // elements for indices inside its shape (the MatRef/MatMut contract);
+    // the shapes chain (asserted); `c`'s elements are distinct and do not
+    // alias `a` or `b` (launch validation refuses written arguments that
+    // share bytes with others, and the recursions below pass disjoint
+    // blocks); pointers are aligned to T (checked where built). The crate
+    // computes dst ← (its alpha)·dst + (its beta)·lhs·rhs.
+    unsafe {
+        gemm::gemm(
+            c.rows,
+            c.cols,
+            a.cols,
+            c.ptr,
+            c.cs,
+            c.rs,
+            beta != T::ZERO,
+            a.ptr,
+            a.cs,
+            a.rs,
+            b.ptr,
+            b.cs,
+            b.rs,
+            beta,
+            alpha,
+            false,
+            false,
+            false,
+            gemm::Parallelism::None,
+        );
+    }
+}
+
+/// Lower Cholesky factor in place: `a ← L` with `L·Lᵀ = a`, reading and
+/// writing only the lower triangle. `Err(j)`: the leading minor of order
+/// `j + 1` is not positive (the matrix is not positive definite); the
+/// first `j` columns then hold their factor.
+pub(crate) fn potrf<T: Real>(mut a: MatMut<'_, T>) -> Result<(), (usize, T)> {
+    let n = a.rows;
+    debug_assert_eq!(n, a.cols);
+    if n <= BASE {
+        for j in 0..n {
+            let mut d = a.get(j, j);
+            for k in 0..j {
+                let l = a.get(j, k);
+                d = d - l * l;
+            }
+            // Also refuses NaN.
+            if d.partial_cmp(&T::ZERO) != Some(std::cmp::Ordering::Greater) {
+                return Err((j, d));
+            }
+            let l = d.sqrt();
+            a.set(j, j, l);
+            for i in j + 1..n {
+                let mut v = a.get(i, j);
+                for k in 0..j {
+                    v = v - a.get(i, k) * a.get(j, k);
+                }
+                a.set(i, j, v / l);
+            }
+        }
+        return Ok(());
+    }
+    let n1 = n / 2;
+    let [mut a11, _upper, mut a21, mut a22] = a.quadrants(n1, n1);
+    potrf(a11.rb_mut())?;
+    trsm(a11.rb(), a21.rb_mut())?;
+    syrk_lower(a21.rb(), a22.rb_mut(), -T::ONE);
+    potrf(a22).map_err(|(j, d)| (j + n1, d))
+}
+
+/// `b ← b·l⁻ᵀ` with `l` lower triangular (only its lower triangle is
+/// read). `Err(j)`: `l[j, j]` is zero.
+pub(crate) fn trsm<T: Real>(l: MatRef<'_, T>, mut b: MatMut<'_, T>) -> Result<(), (usize, T)> {
+    let n = l.rows;
+    debug_assert_eq!((n, n), (l.cols, b.cols));
+    if n <= BASE {
+        // Invert the small triangle (n³/3 scalar flops), then one GEMM
+        // applies it to every row of b: substitution row by row would
+        // leave m·n² flops in scalar code.
+        let mut inv = [T::ZERO; BASE * BASE];
+        let mut li = MatMut::from_slice(&mut inv, n, n);
+        for j in 0..n {
+            let d = l.get(j, j);
+            if d == T::ZERO {
+                return Err((j, d));
+            }
+            li.set(j, j, T::ONE / d);
+            for i in j + 1..n {
+                let mut s = T::ZERO;
+                for k in j..i {
+                    s = s + l.get(i, k) * li.get(k, j);
+                }
+                li.set(i, j, -(s / l.get(i, i)));
+            }
+        }
+        let mut copy = vec![T::ZERO; b.rows * n];
+        let mut w = MatMut::from_slice(&mut copy, b.rows, n);
+        for i in 0..b.rows {
+            for j in 0..n {
+                w.set(i, j, b.get(i, j));
+            }
+        }
+        gemm(w.rb(), li.rb().t(), &mut b, T::ONE, T::ZERO);
+        return Ok(());
+    }
+    let n1 = n / 2;
+    let (mut b1, mut b2) = b.split_cols(n1);
+    trsm(l.block(0, 0, n1, n1), b1.rb_mut())?;
+    let l21 = l.block(n1, 0, n - n1, n1);
+    gemm(b1.rb(), l21.t(), &mut b2, -T::ONE, T::ONE);
+    trsm(l.block(n1, n1, n - n1, n - n1), b2).map_err(|(j, d)| (j + n1, d))
+}
+
+/// `c ← c + alpha·a·aᵀ` on the lower triangle of `c` only.
+fn syrk_lower<T: Real>(a: MatRef<'_, T>, mut c: MatMut<'_, T>, alpha: T) {
+    let m = c.rows;
+    if m <= BASE {
+        // One small product into a temporary, then its lower triangle.
+        let mut tmp = [T::ZERO; BASE * BASE];
+        let mut t = MatMut::from_slice(&mut tmp, m, m);
+        gemm(a, a.t(), &mut t, T::ONE, T::ZERO);
+        for i in 0..m {
+            for j in 0..=i {
+                let v = c.get(i, j) + alpha * t.get(i, j);
+                c.set(i, j, v);
+            }
+        }
+        return;
+    }
+    let m1 = m / 2;
+    let [c11, _upper, mut c21, c22] = c.quadrants(m1, m1);
+    let (a1, a2) = (a.block(0, 0, m1, a.cols), a.block(m1, 0, m - m1, a.cols));
+    syrk_lower(a1, c11, alpha);
+    gemm(a2, a1.t(), &mut c21, alpha, T::ONE);
+    syrk_lower(a2, c22, alpha);
+}
+
+/// `c ← c − a·aᵀ` on all of `c`, computing each product of the
+/// symmetric update once: the diagonal blocks recursively, and each
+/// off-diagonal block into a temporary applied to both triangles.
+pub(crate) fn syrk<T: Real>(a: MatRef<'_, T>, mut c: MatMut<'_, T>) {
+    let m = c.rows;
+    if m <= BASE {
+        gemm(a, a.t(), &mut c, -T::ONE, T::ONE);
+        return;
+    }
+    let m1 = m / 2;
+    let [c11, mut c12, mut c21, c22] = c.quadrants(m1, m1);
+    let (a1, a2) = (a.block(0, 0, m1, a.cols), a.block(m1, 0, m - m1, a.cols));
+    syrk(a1, c11);
+    let mut tmp = vec![T::ZERO; (m - m1) * m1];
+    let mut t = MatMut::from_slice(&mut tmp, m - m1, m1);
+    gemm(a2, a1.t(), &mut t, T::ONE, T::ZERO);
+    for i in 0..m - m1 {
+        for j in 0..m1 {
+            let p = t.get(i, j);
+            let v = c21.get(i, j) - p;
+            c21.set(i, j, v);
+            let w = c12.get(j, i) - p;
+            c12.set(j, i, w);
+        }
+    }
+    syrk(a2, c22);
+}

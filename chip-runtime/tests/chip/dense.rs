@@ -1,0 +1,338 @@
+//! The tiled-factorization kernels (`potrf`, `trsm`, `syrk`, `gemm`)
+//! against definitions computed here in f64, on F32 and F64, on row-major,
+//! transposed and stepped views, with sizes on both sides of the
+//! recursions' 32×32 base blocks, in staged and unified mode.
+//!
+//! Tolerances are normwise backward-error bounds: c·n·ε(dtype)·‖·‖ with
+//! c = 8 (the recursions reorder sums; they do not change their length).
+
+use strata_chip::{Device, Registry, SimDevice};
+use strata_wire::check::Rng;
+use strata_wire::{ArgTag, DType};
+
+use crate::common::{HostTensor, LAYOUTS, MODES, eps, fill_with, host_tensor, read, run};
+
+const SIZES: [u32; 8] = [1, 2, 7, 31, 32, 33, 64, 97];
+
+fn each_mode(mut f: impl FnMut(&SimDevice, &Registry, &mut Rng)) {
+    let reg = Registry::with_builtins();
+    for (m, spec) in MODES.iter().enumerate() {
+        let dev = SimDevice::from_spec(spec).unwrap();
+        let mut rng = Rng(7000 + m as u64);
+        f(&dev, &reg, &mut rng);
+        dev.check_invariants().unwrap();
+        assert_eq!(dev.stats().arena.scratch.in_use, 0);
+    }
+}
+
+fn tensor(rng: &mut Rng, shape: &[u32], dtype: DType) -> HostTensor {
+    let layout = rng.pick(&LAYOUTS);
+    host_tensor(rng, shape, dtype, layout)
+}
+
+/// The tensor's elements as a row-major f64 matrix.
+fn matrix(t: &HostTensor) -> Vec<Vec<f64>> {
+    let b = t.bytes();
+    let s = t.view.shape();
+    (0..s[0] as usize)
+        .map(|i| {
+            (0..s[1] as usize)
+                .map(|j| read(&b, &t.view, &[i, j]))
+                .collect()
+        })
+        .collect()
+}
+
+fn norm(m: &[Vec<f64>]) -> f64 {
+    m.iter().flatten().map(|v| v * v).sum::<f64>().sqrt()
+}
+
+fn assert_near(what: &str, got: &[Vec<f64>], want: &[Vec<f64>], tol: f64) {
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+        for (j, (g, w)) in g.iter().zip(w).enumerate() {
+            assert!(
+                (g - w).abs() <= tol,
+                "{what}: [{i}, {j}] is {g}, want {w} (tolerance {tol})"
+            );
+        }
+    }
+}
+
+/// A symmetric positive definite matrix: m·mᵀ/n + I with m random.
+fn spd(rng: &mut Rng, n: usize) -> Vec<Vec<f64>> {
+    let m: Vec<Vec<f64>> = (0..n)
+        .map(|_| {
+            (0..n)
+                .map(|_| (rng.next_u64() % 2001) as f64 / 1000.0 - 1.0)
+                .collect()
+        })
+        .collect();
+    (0..n)
+        .map(|i| {
+            (0..n)
+                .map(|j| {
+                    let dot: f64 = (0..n).map(|k| m[i][k] * m[j][k]).sum();
+                    dot / n as f64 + if i == j { 1.0 } else { 0.0 }
+                })
+                .collect()
+        })
+        .collect()
+}
+
+#[test]
+fn potrf_factors_and_leaves_the_upper_triangle() {
+    each_mode(|dev, reg, rng| {
+        for dtype in [DType::F32, DType::F64] {
+            for n in SIZES {
+                let a = tensor(rng, &[n, n], dtype);
+                let want = spd(rng, n as usize);
+                // The strict upper triangle holds markers the kernel must keep.
+                fill_with(&a, |ix| {
+                    if ix[1] > ix[0] {
+                        -7.0
+                    } else {
+                        want[ix[0]][ix[1]]
+                    }
+                });
+                run(dev, reg, "potrf", vec![a.arg(ArgTag::InOut)], vec![]).unwrap();
+                let got = matrix(&a);
+                let n = n as usize;
+                let l: Vec<Vec<f64>> = (0..n)
+                    .map(|i| {
+                        (0..n)
+                            .map(|j| if j <= i { got[i][j] } else { 0.0 })
+                            .collect()
+                    })
+                    .collect();
+                let llt: Vec<Vec<f64>> = (0..n)
+                    .map(|i| {
+                        (0..n)
+                            .map(|j| (0..n).map(|k| l[i][k] * l[j][k]).sum())
+                            .collect()
+                    })
+                    .collect();
+                let tol = 8.0 * n as f64 * eps(dtype) * norm(&want);
+                assert_near(&format!("potrf {dtype} n={n}: L·Lᵀ"), &llt, &want, tol);
+                for (i, row) in got.iter().enumerate() {
+                    for (j, v) in row.iter().enumerate().skip(i + 1) {
+                        assert_eq!(*v, -7.0, "potrf wrote the upper triangle at [{i}, {j}]");
+                    }
+                    assert!(row[i] > 0.0, "diagonal of L is positive");
+                }
+            }
+        }
+    });
+}
+
+#[test]
+fn trsm_solves_against_the_transposed_triangle() {
+    each_mode(|dev, reg, rng| {
+        for dtype in [DType::F32, DType::F64] {
+            for n in SIZES {
+                let m = rng.range(1, 80);
+                let l = tensor(rng, &[n, n], dtype);
+                // Well conditioned: a dominant diagonal; junk above it.
+                fill_with(&l, |ix| match ix[1].cmp(&ix[0]) {
+                    std::cmp::Ordering::Greater => 1e6,
+                    std::cmp::Ordering::Equal => 2.0 + (ix[0] % 3) as f64,
+                    std::cmp::Ordering::Less => ((ix[0] * 7 + ix[1] * 3) % 11) as f64 / 11.0 - 0.5,
+                });
+                let b = tensor(rng, &[m, n], dtype);
+                let before = matrix(&b);
+                run(
+                    dev,
+                    reg,
+                    "trsm",
+                    vec![l.arg(ArgTag::Input), b.arg(ArgTag::InOut)],
+                    vec![],
+                )
+                .unwrap();
+                let x = matrix(&b);
+                let lm = matrix(&l);
+                let (m, n) = (m as usize, n as usize);
+                // x·lᵀ must give back b (lower triangle of l only).
+                let back: Vec<Vec<f64>> = (0..m)
+                    .map(|i| {
+                        (0..n)
+                            .map(|j| (0..=j).map(|k| x[i][k] * lm[j][k]).sum())
+                            .collect()
+                    })
+                    .collect();
+                let tol = 8.0 * n as f64 * eps(dtype) * norm(&before).max(1.0) * 4.0;
+                assert_near(&format!("trsm {dtype} {m}×{n}: x·lᵀ"), &back, &before, tol);
+            }
+        }
+    });
+}
+
+#[test]
+fn syrk_updates_every_element() {
+    each_mode(|dev, reg, rng| {
+        for dtype in [DType::F32, DType::F64] {
+            for m in SIZES {
+                let k = rng.range(1, 70);
+                let a = tensor(rng, &[m, k], dtype);
+                let c = tensor(rng, &[m, m], dtype);
+                let (am, c0) = (matrix(&a), matrix(&c));
+                run(
+                    dev,
+                    reg,
+                    "syrk",
+                    vec![a.arg(ArgTag::Input), c.arg(ArgTag::InOut)],
+                    vec![],
+                )
+                .unwrap();
+                let (m, k) = (m as usize, k as usize);
+                let want: Vec<Vec<f64>> = (0..m)
+                    .map(|i| {
+                        (0..m)
+                            .map(|j| c0[i][j] - (0..k).map(|p| am[i][p] * am[j][p]).sum::<f64>())
+                            .collect()
+                    })
+                    .collect();
+                let tol = 8.0 * k as f64 * eps(dtype) * (norm(&am).powi(2) + norm(&c0));
+                assert_near(
+                    &format!("syrk {dtype} m={m} k={k}"),
+                    &matrix(&c),
+                    &want,
+                    tol,
+                );
+            }
+        }
+    });
+}
+
+#[test]
+fn gemm_scales_and_accumulates() {
+    each_mode(|dev, reg, rng| {
+        for dtype in [DType::F32, DType::F64] {
+            for (case, &n) in SIZES.iter().enumerate() {
+                let (m, k) = (rng.range(1, 70), rng.range(1, 70));
+                let a = tensor(rng, &[m, k], dtype);
+                let b = tensor(rng, &[k, n], dtype);
+                let c = tensor(rng, &[m, n], dtype);
+                let (alpha, beta) = match case % 3 {
+                    0 => (1.0, 0.0),
+                    1 => (-1.0, 1.0),
+                    _ => (0.5, -2.0),
+                };
+                if beta == 0.0 {
+                    // c is not read: NaN there must not reach the result.
+                    fill_with(&c, |_| f64::NAN);
+                }
+                let (am, bm, c0) = (matrix(&a), matrix(&b), matrix(&c));
+                run(
+                    dev,
+                    reg,
+                    "gemm",
+                    vec![
+                        a.arg(ArgTag::Input),
+                        b.arg(ArgTag::Input),
+                        c.arg(ArgTag::InOut),
+                    ],
+                    vec![f64::to_bits(alpha), f64::to_bits(beta)],
+                )
+                .unwrap();
+                let (m, k, n) = (m as usize, k as usize, n as usize);
+                let want: Vec<Vec<f64>> = (0..m)
+                    .map(|i| {
+                        (0..n)
+                            .map(|j| {
+                                let ab: f64 = (0..k).map(|p| am[i][p] * bm[p][j]).sum();
+                                let c = if beta == 0.0 { 0.0 } else { beta * c0[i][j] };
+                                alpha * ab + c
+                            })
+                            .collect()
+                    })
+                    .collect();
+                let scale = norm(&am) * norm(&bm) + if beta == 0.0 { 0.0 } else { 2.0 * norm(&c0) };
+                let tol = 8.0 * k as f64 * eps(dtype) * scale;
+                assert_near(
+                    &format!("gemm {dtype} {m}×{k}×{n}"),
+                    &matrix(&c),
+                    &want,
+                    tol,
+                );
+            }
+        }
+    });
+}
+
+#[test]
+fn bad_inputs_are_named() {
+    let reg = Registry::with_builtins();
+    let dev = SimDevice::from_spec(MODES[0]).unwrap();
+    let mut rng = Rng(5);
+    // Not positive definite: the leading minor of order 2 is -3.
+    let a = host_tensor(&mut rng, &[40, 40], DType::F64, LAYOUTS[0]);
+    fill_with(&a, |ix| match (ix[0], ix[1]) {
+        (i, j) if i == j && i != 1 => 1.0,
+        (1, 1) => -2.0,
+        (1, 0) | (0, 1) => 1.0,
+        _ => 0.0,
+    });
+    let before = a.bytes();
+    let err = run(&dev, &reg, "potrf", vec![a.arg(ArgTag::InOut)], vec![])
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("not positive definite") && err.contains("order 2"),
+        "{err}"
+    );
+    assert_eq!(
+        a.bytes(),
+        before,
+        "a failed factorization leaves the tile as it was"
+    );
+    // A singular triangle.
+    let l = host_tensor(&mut rng, &[40, 40], DType::F32, LAYOUTS[1]);
+    fill_with(&l, |ix| {
+        if ix[0] == ix[1] && ix[0] != 35 {
+            1.0
+        } else {
+            0.0
+        }
+    });
+    let b = host_tensor(&mut rng, &[3, 40], DType::F32, LAYOUTS[0]);
+    let err = run(
+        &dev,
+        &reg,
+        "trsm",
+        vec![l.arg(ArgTag::Input), b.arg(ArgTag::InOut)],
+        vec![],
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(err.contains("l[35, 35] is zero"), "{err}");
+    // Shapes that do not fit are refused before running.
+    let c = host_tensor(&mut rng, &[4, 5], DType::F32, LAYOUTS[0]);
+    let err = run(&dev, &reg, "potrf", vec![c.arg(ArgTag::InOut)], vec![])
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("not square"), "{err}");
+    let a = host_tensor(&mut rng, &[3, 4], DType::F32, LAYOUTS[0]);
+    let c = host_tensor(&mut rng, &[4, 4], DType::F32, LAYOUTS[0]);
+    let err = run(
+        &dev,
+        &reg,
+        "syrk",
+        vec![a.arg(ArgTag::Input), c.arg(ArgTag::InOut)],
+        vec![],
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(err.contains("needs 4 rows"), "{err}");
+    // Mixed precision is refused.
+    let a = host_tensor(&mut rng, &[4, 4], DType::F64, LAYOUTS[0]);
+    let c = host_tensor(&mut rng, &[4, 4], DType::F32, LAYOUTS[0]);
+    assert!(
+        run(
+            &dev,
+            &reg,
+            "syrk",
+            vec![a.arg(ArgTag::Input), c.arg(ArgTag::InOut)],
+            vec![],
+        )
+        .is_err()
+    );
+}

@@ -281,3 +281,151 @@ pub fn pipeline(cluster: &Cluster, rows: u32, cols: u32, seed: u64) -> Result<Jo
         summary,
     })
 }
+
+/// The `n × n` symmetric positive definite matrix the Cholesky job
+/// factors: `a[i][j] = 1/(i + j + 1) + n·[i = j]` (a Hilbert matrix made
+/// diagonally dominant), cheap to build and to multiply by a vector.
+pub fn cholesky_matrix_element(n: u32, i: usize, j: usize) -> f64 {
+    1.0 / (i + j + 1) as f64 + if i == j { f64::from(n) } else { 0.0 }
+}
+
+/// A right-looking tiled Cholesky of [`cholesky_matrix_element`]'s matrix,
+/// `n × n` in `T` (f32 or f64) cut into `tile × tile` tiles of one
+/// row-major buffer: for each column `k` of tiles, `potrf` on the diagonal
+/// tile, `trsm` on the tiles below it, then `syrk` on the diagonal tiles
+/// and `gemm` (α = −1, β = 1, the second operand a transposed view) on the
+/// tiles below the diagonal of the trailing matrix — `T(T+1)(T+2)/6` tasks
+/// for `T = n/tile`, submitted in that order, their dependencies inferred.
+///
+/// Checked without an O(n³) product: for a random `x`, `L·(Lᵀ·x)` against
+/// `A·x`; `max_abs_err` is the relative residual
+/// `‖L·Lᵀ·x − A·x‖∞ / ‖A·x‖∞`.
+///
+/// # Errors
+/// A refused submit or a failed task; `n` not a multiple of `tile`; `T`
+/// not F32 or F64.
+pub fn cholesky<T: strata_chip::kernel::Element>(
+    cluster: &Cluster,
+    n: u32,
+    tile: u32,
+) -> Result<JobReport, Error> {
+    let mut runs = cholesky_runs::<T>(cluster, n, tile, 1)?;
+    runs.pop()
+        .ok_or_else(|| Error::Submit(crate::SubmitError::Job("no run".into())))
+}
+
+/// [`cholesky`] `runs` times on one matrix buffer, its values written
+/// afresh before each run: the first run maps the buffer into each worker
+/// and teaches the performance models the kernels' durations (as StarPU's
+/// calibration runs do); later runs show the steady state.
+///
+/// # Errors
+/// As [`cholesky`].
+pub fn cholesky_runs<T: strata_chip::kernel::Element>(
+    cluster: &Cluster,
+    n: u32,
+    tile: u32,
+    runs: usize,
+) -> Result<Vec<JobReport>, Error> {
+    let job = |why: String| Error::Submit(crate::SubmitError::Job(why));
+    if tile == 0 || n % tile != 0 {
+        return Err(job(format!("{n} is not a multiple of the tile {tile}")));
+    }
+    if !matches!(T::DTYPE, DType::F32 | DType::F64) {
+        return Err(job(format!(
+            "the Cholesky job runs in F32 or F64, not {}",
+            T::DTYPE
+        )));
+    }
+    let size = n as usize;
+    let host: Vec<T> = (0..size * size)
+        .map(|k| T::from_f64(cholesky_matrix_element(n, k / size, k % size)))
+        .collect();
+    let a = cluster.buffer_from_slice(&host)?;
+    let elem = u64::from(T::DTYPE.bits() / 8);
+    let tiles = n / tile;
+    // Tile (i, j) and its transpose, as views of the row-major matrix.
+    let offset =
+        |i: u32, j: u32| (u64::from(i) * u64::from(n) + u64::from(j)) * u64::from(tile) * elem;
+    let t = |i: u32, j: u32| a.view(offset(i, j), &[tile, tile], &[n, 1], T::DTYPE);
+    let tt = |i: u32, j: u32| a.view(offset(i, j), &[tile, tile], &[1, n], T::DTYPE);
+    // Each tile call's flops (the usual counts), declared for the models.
+    let b3 = u64::from(tile).pow(3);
+    let mut reports = Vec::with_capacity(runs);
+    for run in 0..runs {
+        if run > 0 {
+            a.write_slice(0, &host)?;
+        }
+        let start = Instant::now();
+        let mut tasks = 0u64;
+        for k in 0..tiles {
+            cluster.submit(Task::new("potrf").inout(&t(k, k)?).flops(b3 / 3))?;
+            for i in k + 1..tiles {
+                cluster.submit(
+                    Task::new("trsm")
+                        .input(&t(k, k)?)
+                        .inout(&t(i, k)?)
+                        .flops(b3),
+                )?;
+            }
+            for i in k + 1..tiles {
+                cluster.submit(
+                    Task::new("syrk")
+                        .input(&t(i, k)?)
+                        .inout(&t(i, i)?)
+                        .flops(b3),
+                )?;
+                for j in k + 1..i {
+                    cluster.submit(
+                        Task::new("gemm")
+                            .input(&t(i, k)?)
+                            .input(&tt(j, k)?)
+                            .inout(&t(i, j)?)
+                            .scalar_f64(-1.0)
+                            .scalar_f64(1.0)
+                            .flops(2 * b3),
+                    )?;
+                }
+            }
+            tasks += 1
+                + 2 * u64::from(tiles - k - 1)
+                + u64::from(tiles - k - 1) * u64::from(tiles - k - 2) / 2;
+        }
+        let summary = cluster.wait_all()?;
+        let wall = start.elapsed();
+        let l = a.to_vec::<T>()?;
+        reports.push(JobReport {
+            tasks,
+            wall,
+            max_abs_err: cholesky_residual(n, &l),
+            summary,
+        });
+    }
+    Ok(reports)
+}
+
+/// `‖L·Lᵀ·x − A·x‖∞ / ‖A·x‖∞` for a fixed random `x`, with `L` the lower
+/// triangle of the row-major `factor`.
+fn cholesky_residual<T: strata_chip::kernel::Element>(n: u32, factor: &[T]) -> f64 {
+    let size = n as usize;
+    let x: Vec<f64> = random_values(7, size).into_iter().map(f64::from).collect();
+    let l = |i: usize, j: usize| factor[i * size + j].to_f64();
+    // y = Lᵀ·x, then z = L·y.
+    let mut y = vec![0f64; size];
+    for (i, xi) in x.iter().enumerate() {
+        for (j, yj) in y.iter_mut().enumerate().take(i + 1) {
+            *yj += l(i, j) * xi;
+        }
+    }
+    let mut worst = 0f64;
+    let mut scale = 0f64;
+    for i in 0..size {
+        let z: f64 = (0..=i).map(|j| l(i, j) * y[j]).sum();
+        let ax: f64 = (0..size)
+            .map(|j| cholesky_matrix_element(n, i, j) * x[j])
+            .sum();
+        worst = worst.max((z - ax).abs());
+        scale = scale.max(ax.abs());
+    }
+    worst / scale
+}

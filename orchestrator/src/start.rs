@@ -54,6 +54,8 @@ pub struct ClusterBuilder {
     quarantine: Quarantine,
     device_cache: bool,
     write_back: crate::WriteBack,
+    scheduler: crate::SchedulerPolicy,
+    perf_models: Option<PathBuf>,
     in_process: usize,
     kernels: Kernels,
     ring: bool,
@@ -94,6 +96,8 @@ impl Default for ClusterBuilder {
             quarantine: Quarantine::default(),
             device_cache: true,
             write_back: crate::WriteBack::default(),
+            scheduler: crate::SchedulerPolicy::default(),
+            perf_models: None,
             in_process: 0,
             kernels: Kernels::default(),
             ring: true,
@@ -316,6 +320,31 @@ impl ClusterBuilder {
         self
     }
 
+    /// Where tasks without a named worker go (default
+    /// [`SchedulerPolicy::Dmdas`](crate::SchedulerPolicy::Dmdas)): to the
+    /// worker where each is expected to finish first, by performance
+    /// models learned from the run's own completions (`Dmda`), with the
+    /// graph's critical path first in each worker's queue (`Dmdas`); or to
+    /// the least-loaded worker in ready order (`LeastLoaded`). Groups,
+    /// tasks pinned with [`crate::Task::on`], windows and fault handling
+    /// are the same under each.
+    #[must_use]
+    pub fn scheduler(mut self, policy: crate::SchedulerPolicy) -> Self {
+        self.scheduler = policy;
+        self
+    }
+
+    /// Keeps the performance models in `path` across runs: loaded at the
+    /// start (a missing file is an empty history), written back at
+    /// [`crate::Cluster::shutdown`]. A JSON file of kernel durations per
+    /// callable and argument shapes; delete it to start over. Without
+    /// it, each cluster learns from scratch.
+    #[must_use]
+    pub fn perf_models(mut self, path: impl Into<PathBuf>) -> Self {
+        self.perf_models = Some(path.into());
+        self
+    }
+
     /// What happens to work that needs bytes a task lost without a fence
     /// may still write (default [`Quarantine::Wait`] 30 s; see
     /// [`Quarantine`]).
@@ -376,6 +405,12 @@ struct Target {
 
 /// Starts the cluster `b` describes.
 fn start(b: ClusterBuilder) -> Result<Cluster, Error> {
+    // A models file that cannot be used fails the start before any worker
+    // is spawned.
+    let models = match &b.perf_models {
+        Some(path) => crate::perf_models::load(path)?,
+        None => Vec::new(),
+    };
     let origin = std::time::Instant::now();
     if b.local == 0 && b.in_process == 0 && b.remotes.is_empty() {
         return Err(ClusterError::NoWorkers.into());
@@ -541,6 +576,11 @@ fn start(b: ClusterBuilder) -> Result<Cluster, Error> {
             Arc::clone(&gate),
             b.quarantine,
             b.device_cache,
+            crate::actors::dag::Models {
+                policy: b.scheduler,
+                path: b.perf_models.clone(),
+                loaded: models,
+            },
         )
         .run(cmd_rx, up_rx),
     );

@@ -44,6 +44,7 @@ pub struct Task {
     pub(crate) on: Option<WorkerId>,
     pub(crate) after: Vec<TaskId>,
     pub(crate) timeout: Option<Duration>,
+    pub(crate) flops: Option<u64>,
 }
 
 impl Task {
@@ -57,6 +58,7 @@ impl Task {
             on: None,
             after: Vec::new(),
             timeout: None,
+            flops: None,
         }
     }
 
@@ -123,6 +125,16 @@ impl Task {
     #[must_use]
     pub fn on(mut self, worker: WorkerId) -> Self {
         self.on = Some(worker);
+        self
+    }
+
+    /// Declares the task's cost in floating-point operations, for the
+    /// performance models before they have measured its callable at these
+    /// shapes: its duration is then predicted at the flop rate measured
+    /// over the run's other tasks that declared theirs.
+    #[must_use]
+    pub fn flops(mut self, flops: u64) -> Self {
+        self.flops = Some(flops);
         self
     }
 

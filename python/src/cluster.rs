@@ -107,6 +107,14 @@ impl Core {
 ///         ``"deferred"`` (when another task, a wait or an eviction needs
 ///         them; a worker lost first loses them). Either way, once a wait
 ///         returns, ``numpy()`` sees them.
+///     scheduler: where tasks without ``on=`` go: ``"dmdas"`` (the default:
+///         the worker where each is expected to finish first, by
+///         performance models learned from the run, with the graph's
+///         critical path first in each queue), ``"dmda"`` (the same in
+///         ready order) or ``"least-loaded"``.
+///     perf_models: a JSON file keeping the performance models across
+///         runs (loaded at the start, written at ``shutdown``; delete it to
+///         start over).
 ///
 /// Raises:
 ///     ClusterError: a worker could not be started or reached (the
@@ -203,9 +211,9 @@ impl PyCluster {
     /// Starts the workers and connects to each (see the class's help).
     #[new]
     #[pyo3(
-        text_signature = "(local=0, *, in_process=0, workers=(), token=None, device='sim', kernels=(), retry=0, respawn=0, worker_binary=None, ring=True, trace=False, window=None, max_unfinished=None, device_cache=True, write_back='through')"
+        text_signature = "(local=0, *, in_process=0, workers=(), token=None, device='sim', kernels=(), retry=0, respawn=0, worker_binary=None, ring=True, trace=False, window=None, max_unfinished=None, device_cache=True, write_back='through', scheduler='dmdas', perf_models=None)"
     )]
-    #[pyo3(signature = (local=0, *, in_process=0, workers=Vec::new(), token=None, device="sim".to_owned(), kernels=Vec::new(), retry=0, respawn=0, worker_binary=None, ring=true, trace=false, window=None, max_unfinished=None, device_cache=true, write_back="through"))]
+    #[pyo3(signature = (local=0, *, in_process=0, workers=Vec::new(), token=None, device="sim".to_owned(), kernels=Vec::new(), retry=0, respawn=0, worker_binary=None, ring=true, trace=false, window=None, max_unfinished=None, device_cache=true, write_back="through", scheduler="dmdas", perf_models=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -224,7 +232,11 @@ impl PyCluster {
         max_unfinished: Option<usize>,
         device_cache: bool,
         write_back: &str,
+        scheduler: &str,
+        perf_models: Option<std::path::PathBuf>,
     ) -> PyResult<Self> {
+        let scheduler = strata_orchestrator::SchedulerPolicy::from_name(scheduler)
+            .map_err(|e| pyo3::exceptions::PyValueError::new_err(format!("scheduler: {e}")))?;
         let write_back = match write_back {
             "through" => strata_orchestrator::WriteBack::Through,
             "deferred" => strata_orchestrator::WriteBack::Deferred,
@@ -243,7 +255,11 @@ impl PyCluster {
             .ring(ring)
             .trace(trace)
             .device_cache(device_cache)
-            .write_back(write_back);
+            .write_back(write_back)
+            .scheduler(scheduler);
+        if let Some(path) = perf_models {
+            b = b.perf_models(path);
+        }
         if let Some(w) = window {
             b = b.window(w);
         }

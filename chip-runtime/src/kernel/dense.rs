@@ -407,13 +407,19 @@ pub(crate) fn syrk<T: Real>(a: MatRef<'_, T>, mut c: MatMut<'_, T>) {
     let mut tmp = vec![T::ZERO; (m - m1) * m1];
     let mut t = MatMut::from_slice(&mut tmp, m - m1, m1);
     gemm(a2, a1.t(), &mut t, T::ONE, T::ZERO);
+    // Two passes, each walking its own block of c along its rows (a
+    // tile's rows are usually far apart in memory; the temporary is small
+    // and cached either way).
     for i in 0..m - m1 {
         for j in 0..m1 {
-            let p = t.get(i, j);
-            let v = c21.get(i, j) - p;
+            let v = c21.get(i, j) - t.get(i, j);
             c21.set(i, j, v);
-            let w = c12.get(j, i) - p;
-            c12.set(j, i, w);
+        }
+    }
+    for j in 0..m1 {
+        for i in 0..m - m1 {
+            let v = c12.get(j, i) - t.get(i, j);
+            c12.set(j, i, v);
         }
     }
     syrk(a2, c22);

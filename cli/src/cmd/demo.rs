@@ -1,7 +1,7 @@
 //! `strata demo`: simulated chips running real multi-chip work end to
 //! end, with a check of every result.
 
-use super::WriteBackArg;
+use super::{SchedulerArg, WriteBackArg};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -49,6 +49,15 @@ pub struct DemoArgs {
     /// them).
     #[arg(long, value_enum, default_value = "through")]
     pub write_back: WriteBackArg,
+    /// Where tasks without a named worker go: dmdas (expected finish by
+    /// performance models, critical path first; the default), dmda (the
+    /// same in ready order) or least-loaded.
+    #[arg(long, value_enum, default_value = "dmdas")]
+    pub scheduler: SchedulerArg,
+    /// Keep the performance models in this JSON file across runs (loaded
+    /// at the start, written at the end; delete it to start over).
+    #[arg(long)]
+    pub perf_models: Option<PathBuf>,
     /// Write a Chrome trace-event JSON of the run (open it in Perfetto).
     #[arg(long)]
     pub trace: Option<PathBuf>,
@@ -161,11 +170,16 @@ pub fn run(args: &DemoArgs) -> ExitCode {
         Ok(b) => b
             .trace(args.trace.is_some())
             .device_cache(!args.no_device_cache)
-            .write_back(args.write_back.into()),
+            .write_back(args.write_back.into())
+            .scheduler(args.scheduler.into()),
         Err(e) => {
             eprintln!("strata demo: {e}");
             return ExitCode::from(2);
         }
+    };
+    let builder = match &args.perf_models {
+        Some(path) => builder.perf_models(path),
+        None => builder,
     };
     let result = (|| -> Result<(JobReport, bool), strata_orchestrator::Error> {
         let cluster = builder.start()?;

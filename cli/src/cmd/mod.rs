@@ -37,6 +37,29 @@ impl From<WriteBackArg> for strata_orchestrator::WriteBack {
     }
 }
 
+/// `--scheduler`: where tasks without a named worker go.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum SchedulerArg {
+    /// The worker with the least outstanding work, queues in ready order.
+    LeastLoaded,
+    /// The worker where the task is expected to finish first, by
+    /// performance models learned from the run (as StarPU's dmda).
+    Dmda,
+    /// As dmda, with each worker's queue ordered by the critical path
+    /// (upward rank) first.
+    Dmdas,
+}
+
+impl From<SchedulerArg> for strata_orchestrator::SchedulerPolicy {
+    fn from(s: SchedulerArg) -> Self {
+        match s {
+            SchedulerArg::LeastLoaded => strata_orchestrator::SchedulerPolicy::LeastLoaded,
+            SchedulerArg::Dmda => strata_orchestrator::SchedulerPolicy::Dmda,
+            SchedulerArg::Dmdas => strata_orchestrator::SchedulerPolicy::Dmdas,
+        }
+    }
+}
+
 /// Where a run's bytes went, as lines: copies between host and device
 /// memory and on the chips, bytes to and from remote workers, and the
 /// device caches' hits, misses, write-backs and evictions (that line only

@@ -1,6 +1,6 @@
 //! `strata run GRAPH.json`: a job from a graph file (docs/graph-format.md).
 
-use super::WriteBackArg;
+use super::{SchedulerArg, WriteBackArg};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -51,6 +51,15 @@ pub struct RunArgs {
     /// them).
     #[arg(long, value_enum, default_value = "through")]
     pub write_back: WriteBackArg,
+    /// Where tasks without a named worker go: dmdas (expected finish by
+    /// performance models, critical path first; the default), dmda (the
+    /// same in ready order) or least-loaded.
+    #[arg(long, value_enum, default_value = "dmdas")]
+    pub scheduler: SchedulerArg,
+    /// Keep the performance models in this JSON file across runs (loaded
+    /// at the start, written at the end; delete it to start over).
+    #[arg(long)]
+    pub perf_models: Option<PathBuf>,
     /// Write a Chrome trace-event JSON of the run (open it in Perfetto).
     #[arg(long)]
     pub trace: Option<PathBuf>,
@@ -149,12 +158,17 @@ pub fn run(args: &RunArgs) -> ExitCode {
         .trace(args.trace.is_some())
         .device_cache(!args.no_device_cache)
         .write_back(args.write_back.into())
+        .scheduler(args.scheduler.into())
         .retry(args.retry)
         .respawn(args.respawn)
         .quarantine(match args.quarantine_wait_ms {
             0 => strata_orchestrator::Quarantine::FailAtOnce,
             ms => strata_orchestrator::Quarantine::Wait(std::time::Duration::from_millis(ms)),
         });
+    let builder = match &args.perf_models {
+        Some(path) => builder.perf_models(path),
+        None => builder,
+    };
     let cluster = match builder.start() {
         Ok(c) => c,
         Err(e) => {

@@ -178,6 +178,22 @@ impl Engine {
         Engine::default()
     }
 
+    /// An empty engine without workers whose scheduler places by `policy`.
+    pub fn with_policy(policy: crate::sched::Policy) -> Self {
+        Engine {
+            sched: Scheduler::with_policy(policy),
+            ..Engine::default()
+        }
+    }
+
+    /// The scheduler, to feed its performance models
+    /// ([`Scheduler::observe`], [`Scheduler::model_mut`]): nothing there
+    /// changes what runs or when it is safe to, only where and in which
+    /// order.
+    pub fn scheduler_mut(&mut self) -> &mut Scheduler {
+        &mut self.sched
+    }
+
     /// The DAG, for inspection.
     pub fn dag(&self) -> &Dag {
         &self.dag
@@ -402,6 +418,13 @@ impl Engine {
                 reason: e.into(),
             })?;
         let inserted = self.dag.insert(s.task)?;
+        if matches!(inserted.born, Born::Waiting | Born::Ready) {
+            self.sched.submit(id, s.members);
+            self.sched.link(id, &inserted.edges);
+            if s.retries > 0 {
+                self.sched.allow_retries(id, s.retries);
+            }
+        }
         out.push(Action::Accepted {
             task: id,
             edges: inserted.edges,
@@ -415,17 +438,8 @@ impl Engine {
                 task: id,
                 outcome: Outcome::EndpointFailure(self.quarantine_cause(lost)),
             }),
-            Born::Waiting => {
-                self.sched.submit(id, s.members);
-                if s.retries > 0 {
-                    self.sched.allow_retries(id, s.retries);
-                }
-            }
+            Born::Waiting => {}
             Born::Ready => {
-                self.sched.submit(id, s.members);
-                if s.retries > 0 {
-                    self.sched.allow_retries(id, s.retries);
-                }
                 self.sched.ready_into(id, &mut self.pending);
                 self.follow(out);
             }

@@ -48,6 +48,8 @@ pub(crate) struct MemberSpec {
     pub(crate) callable: KernelHandle,
     /// `name@version`, shared with the cluster's table.
     pub(crate) name: std::sync::Arc<str>,
+    /// What the performance models know of it.
+    pub(crate) work: strata_core::sched::Work,
     /// Shared with the dispatches of this member (no copy per dispatch).
     pub(crate) args: std::sync::Arc<[ArgRef]>,
     pub(crate) scalars: std::sync::Arc<[u64]>,

@@ -110,10 +110,12 @@ impl Cluster {
             (Some(w), _) | (None, Some((_, w))) => Placement::On(w),
             (None, None) => Placement::Any,
         };
+        let work = work_of(&args, task.flops);
         Ok((
             MemberSpec {
                 callable,
                 name,
+                work,
                 args: args.into(),
                 scalars: task.scalars.into(),
                 placement,
@@ -183,6 +185,7 @@ impl Cluster {
                     callable: m.callable,
                     placement: m.placement,
                     device_buffers: m.device_buffers.clone(),
+                    work: m.work.clone(),
                 })
                 .collect(),
             retries,
@@ -305,5 +308,37 @@ impl Cluster {
         after.sort_unstable();
         after.dedup();
         self.submit_spec(TaskSpec { members: specs }, after, 0)
+    }
+}
+
+/// What the performance models know of a member before it runs: its
+/// arguments' shapes, dtypes and tags (the size class), the bytes they
+/// span, its declared flops, and the exact views it touches.
+fn work_of(args: &[ArgRef], flops: Option<u64>) -> strata_core::sched::Work {
+    use std::hash::{Hash, Hasher};
+    let mut class = rustc_hash::FxHasher::default();
+    let mut size = 0u64;
+    let mut data = smallvec::SmallVec::new();
+    for a in args {
+        let t = &a.tensor;
+        (t.shape(), t.dtype().code(), a.tag as u8).hash(&mut class);
+        let bytes = t.dtype().bytes_for(t.element_count()).unwrap_or(0);
+        size = size.saturating_add(bytes);
+        let mut key = rustc_hash::FxHasher::default();
+        (
+            t.identity(),
+            t.byte_offset(),
+            t.shape(),
+            t.strides(),
+            t.dtype().code(),
+        )
+            .hash(&mut key);
+        data.push((key.finish(), bytes, a.tag.writes()));
+    }
+    strata_core::sched::Work {
+        class: class.finish(),
+        size,
+        flops,
+        data,
     }
 }

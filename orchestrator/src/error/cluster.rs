@@ -11,6 +11,14 @@ use crate::link::LinkError;
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum ClusterError {
+    /// The performance models' file exists but cannot be used.
+    #[error("performance models {}: {reason}", .path.display())]
+    PerfModels {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong with it.
+        reason: String,
+    },
     /// The builder asked for no worker at all.
     #[error("no workers: ask for local or in-process workers, or connect to some")]
     NoWorkers,

@@ -60,6 +60,14 @@ pub(crate) const CAPACITIES: Capacities = Capacities {
 /// reader threads.
 const POLL_ROUNDS: u32 = 300;
 
+/// And how long it may spend idle at most, however few rounds that was:
+/// on a machine whose cores all run kernels, one yield can hand the core
+/// to a kernel for a whole time slice (a millisecond or more), and a
+/// poller that went on yielding would both take CPU from the kernels and
+/// see their completions late. Past this, parked readers (woken in about
+/// 10 µs) cost less.
+const POLL_IDLE: Duration = Duration::from_micros(50);
+
 /// How long a writer waits for room in one go before looking again (the
 /// worker's loss closes the ring, which wakes it sooner).
 const ROOM_WAIT: Duration = Duration::from_millis(200);
@@ -384,6 +392,7 @@ impl RingPoller {
                 s.lane.take();
             }
             let mut idle = 0;
+            let mut idle_since = std::time::Instant::now();
             while idle < POLL_ROUNDS && !sides.is_empty() {
                 let now = self.sent.load(Ordering::Acquire);
                 let mut read = 0;
@@ -399,7 +408,11 @@ impl RingPoller {
                 if read > 0 || now != seen {
                     seen = now;
                     idle = 0;
+                    idle_since = std::time::Instant::now();
                 } else {
+                    if idle_since.elapsed() >= POLL_IDLE {
+                        break;
+                    }
                     idle += 1;
                     std::thread::yield_now();
                 }

@@ -67,7 +67,7 @@ impl Scheduler {
                     w.in_flight, w.window
                 ));
             }
-            let mut q: Vec<TaskId> = w.queue.iter().copied().collect();
+            let mut q: Vec<TaskId> = w.queue.iter().collect();
             let mut expect = queued_on.remove(id).unwrap_or_default();
             q.sort_unstable();
             expect.sort_unstable();

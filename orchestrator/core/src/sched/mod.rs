@@ -38,11 +38,13 @@
 
 mod errors;
 mod invariants;
+pub mod perf;
 mod queue;
 
 pub use errors::{CancelError, PlacementError};
+pub use perf::{PerfModel, Work};
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::BTreeMap;
 
 use rustc_hash::FxHashSet as HashSet;
 
@@ -68,6 +70,72 @@ pub struct MemberInfo {
     pub placement: Placement,
     /// DEVICE buffers it uses (a hint for placement).
     pub device_buffers: Vec<CanonicalIdentity>,
+    /// What it costs, for the performance models.
+    pub work: Work,
+}
+
+/// How tasks without a named worker are placed, and in which order each
+/// worker's ready tasks go.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Policy {
+    /// The worker with the least outstanding work; queues in ready order.
+    LeastLoaded,
+    /// The worker where the task is expected to finish first: the
+    /// modelled work queued there, plus moving the bytes it lacks there,
+    /// plus its modelled duration (StarPU's `dmda`); queues in ready
+    /// order.
+    Dmda,
+    /// As [`Policy::Dmda`], and each queue takes the task with the longest
+    /// modelled path to the end of the graph first (its upward rank, as
+    /// HEFT computes it): the critical path goes first (StarPU's `dmdas`
+    /// with priorities).
+    #[default]
+    Dmdas,
+}
+
+impl Policy {
+    /// Every policy, by name.
+    pub const ALL: [(&'static str, Policy); 3] = [
+        ("least-loaded", Policy::LeastLoaded),
+        ("dmda", Policy::Dmda),
+        ("dmdas", Policy::Dmdas),
+    ];
+
+    /// The policy's name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Policy::LeastLoaded => "least-loaded",
+            Policy::Dmda => "dmda",
+            Policy::Dmdas => "dmdas",
+        }
+    }
+
+    /// The policy named `name`.
+    ///
+    /// # Errors
+    /// An unknown name, listing the known ones.
+    pub fn from_name(name: &str) -> Result<Policy, String> {
+        Policy::ALL
+            .iter()
+            .find(|(n, _)| n.eq_ignore_ascii_case(name))
+            .map(|(_, p)| *p)
+            .ok_or_else(|| {
+                format!(
+                    "unknown scheduler {name:?}: one of {}",
+                    Policy::ALL.map(|(n, _)| n).join(", ")
+                )
+            })
+    }
+
+    fn models(self) -> bool {
+        self != Policy::LeastLoaded
+    }
+}
+
+impl std::fmt::Display for Policy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
 }
 
 /// How a task ended.
@@ -116,8 +184,12 @@ struct Worker {
     callables: HashSet<KernelHandle>,
     window: usize,
     in_flight: usize,
-    queue: VecDeque<TaskId>,
+    queue: queue::ReadyQueue,
     device_buffers: HashSet<CanonicalIdentity>,
+    /// Modelled ns of the work queued and in flight here.
+    backlog_ns: f64,
+    /// Of that, in flight.
+    in_flight_ns: f64,
 }
 
 /// Per member of a task, inline up to two members: placing and running a
@@ -147,6 +219,15 @@ struct Task {
     state: State,
     /// Times it may still be run again elsewhere after its worker is lost.
     retries: u32,
+    /// Each member's modelled duration where it was placed.
+    predicted: Members<Option<f64>>,
+    /// Its key in its workers' queues while queued.
+    key: queue::Key,
+    /// Upward rank (ns): its modelled duration plus the longest modelled
+    /// path after it among the tasks submitted so far.
+    rank: f64,
+    /// Unfinished predecessors, for raising their ranks ([`Policy::Dmdas`]).
+    preds: smallvec::SmallVec<[TaskId; 4]>,
 }
 
 /// The scheduler.
@@ -157,12 +238,144 @@ pub struct Scheduler {
     first_error: Option<FirstError>,
     /// Scratch for `pump` (the workers' queue heads), kept to be reused.
     heads: Vec<TaskId>,
+    policy: Policy,
+    model: PerfModel,
+    /// Which workers' chips hold (or will, once what is queued there ran)
+    /// each byte set a task named, by [`Work::data`] key: an estimate for
+    /// placement, bounded by [`HOLDERS_MAX`].
+    holders: rustc_hash::FxHashMap<u64, Members<WorkerId>>,
+    /// Ready order, for queue keys.
+    next_seq: u64,
 }
 
+/// Byte sets whose holders the scheduler remembers at most (then it
+/// forgets them all: an estimate may start over).
+const HOLDERS_MAX: usize = 1 << 16;
+
+/// Modelled duration assumed for a task the models cannot predict, when
+/// ranking (ns).
+const UNKNOWN_NS: f64 = 1_000.0;
+
+/// With a model, a worker takes more tasks in flight beyond two only while
+/// their modelled durations add up to less than this (ns): a small window
+/// of long tasks keeps later placements and priorities meaningful, a long
+/// one of short tasks keeps the link busy.
+const IN_FLIGHT_HORIZON_NS: f64 = 1_000_000.0;
+
+/// Rank updates one submission may make before it stops raising its
+/// ancestors' ranks (deep graphs then rank by what is near).
+const RANK_BUDGET: usize = 256;
+
 impl Scheduler {
-    /// A scheduler without workers.
+    /// A scheduler without workers, with the default policy.
     pub fn new() -> Self {
         Scheduler::default()
+    }
+
+    /// A scheduler without workers, placing by `policy`.
+    pub fn with_policy(policy: Policy) -> Self {
+        Scheduler {
+            policy,
+            ..Scheduler::default()
+        }
+    }
+
+    /// The placement policy.
+    pub fn policy(&self) -> Policy {
+        self.policy
+    }
+
+    /// The performance models.
+    pub fn model(&self) -> &PerfModel {
+        &self.model
+    }
+
+    /// The performance models, to load saved history into.
+    pub fn model_mut(&mut self) -> &mut PerfModel {
+        &mut self.model
+    }
+
+    /// Member `member` of `task` ran its kernel for `kernel_ns` and copied
+    /// `copied_bytes` to its chip in `copy_ns`: the models learn from it.
+    /// Call before the member's [`Scheduler::finished`].
+    pub fn observe(
+        &mut self,
+        task: TaskId,
+        member: usize,
+        kernel_ns: u64,
+        copied_bytes: u64,
+        copy_ns: u64,
+    ) {
+        let Some(t) = self.tasks.get(&task) else {
+            return;
+        };
+        let (Some(info), State::Running { workers, .. }) = (t.members.get(member), &t.state) else {
+            return;
+        };
+        let predicted = t.predicted.get(member).copied().flatten();
+        if let Some(&w) = workers.get(member) {
+            self.model.observe_copy(w, copied_bytes, copy_ns);
+        }
+        self.model
+            .observe(info.callable, &info.work, kernel_ns as f64, predicted);
+    }
+
+    /// `task`'s predecessors in the graph (the DAG's edges): under
+    /// [`Policy::Dmdas`], their upward ranks grow to cover the path
+    /// through it.
+    pub fn link(&mut self, task: TaskId, preds: &[(TaskId, u8)]) {
+        if self.policy != Policy::Dmdas {
+            return;
+        }
+        let cost = match self.tasks.get(&task) {
+            Some(t) => t
+                .members
+                .first()
+                .and_then(|m| self.model.predict(m.callable, &m.work))
+                .unwrap_or(UNKNOWN_NS),
+            None => return,
+        };
+        if let Some(t) = self.tasks.get_mut(&task) {
+            t.rank = cost;
+            t.preds = preds
+                .iter()
+                .map(|(p, _)| *p)
+                .filter(|p| *p != task)
+                .collect();
+        }
+        let mut stack: smallvec::SmallVec<[(TaskId, f64); 8]> =
+            preds.iter().map(|(p, _)| (*p, cost)).collect();
+        let mut budget = RANK_BUDGET;
+        while let Some((p, below)) = stack.pop() {
+            if budget == 0 {
+                break;
+            }
+            budget -= 1;
+            let Some(t) = self.tasks.get_mut(&p) else {
+                continue;
+            };
+            let own = t
+                .members
+                .first()
+                .and_then(|m| self.model.predict(m.callable, &m.work))
+                .unwrap_or(UNKNOWN_NS);
+            let want = own + below;
+            if want <= t.rank {
+                continue;
+            }
+            t.rank = want;
+            stack.extend(t.preds.iter().map(|q| (*q, want)));
+            if let State::Queued(ws) = &t.state {
+                let old = t.key;
+                t.key.prio = std::cmp::Reverse(want as u64);
+                let new = t.key;
+                for w in ws.clone() {
+                    if let Some(worker) = self.workers.get_mut(&w) {
+                        worker.queue.rekey(old, new);
+                    }
+                }
+            }
+        }
     }
 
     /// A worker came up (or back up) offering `callables`, taking at most
@@ -178,8 +391,10 @@ impl Scheduler {
             callables: HashSet::default(),
             window: 1,
             in_flight: 0,
-            queue: VecDeque::new(),
+            queue: queue::ReadyQueue::default(),
             device_buffers: HashSet::default(),
+            backlog_ns: 0.0,
+            in_flight_ns: 0.0,
         });
         w.up = true;
         w.callables = callables.into_iter().collect();
@@ -265,6 +480,10 @@ impl Scheduler {
                 members,
                 state: State::Waiting,
                 retries: 0,
+                predicted: Members::new(),
+                key: queue::Key::unqueued(task),
+                rank: 0.0,
+                preds: smallvec::SmallVec::new(),
             },
         );
     }
@@ -337,8 +556,11 @@ impl Scheduler {
         }
         left[member] = false;
         let w = workers[member];
+        let predicted = t.predicted.get(member).copied().flatten().unwrap_or(0.0);
         if let Some(worker) = self.workers.get_mut(&w) {
             worker.in_flight = worker.in_flight.saturating_sub(1);
+            worker.backlog_ns = (worker.backlog_ns - predicted).max(0.0);
+            worker.in_flight_ns = (worker.in_flight_ns - predicted).max(0.0);
         }
         if let Err(cause) = result {
             failure.get_or_insert((member, Outcome::TaskFailure(cause)));
@@ -366,9 +588,14 @@ impl Scheduler {
         };
         w.up = false;
         w.in_flight = 0;
+        w.backlog_ns = 0.0;
+        w.in_flight_ns = 0.0;
         // Its device memory went with it.
         w.device_buffers.clear();
-        let queued: Vec<TaskId> = w.queue.drain(..).collect();
+        let queued: Vec<TaskId> = w.queue.drain();
+        for h in self.holders.values_mut() {
+            h.retain(|x| *x != worker);
+        }
         let why = format!("{worker} lost: {cause}");
         let why_running = if fenced {
             why.clone()
@@ -426,11 +653,13 @@ impl Scheduler {
                 .iter()
                 .zip(&ws)
                 .any(|(m, w)| *w == worker && matches!(m.placement, Placement::On(_)));
+            let key = t.key;
             for w in &ws {
                 if let Some(other) = self.workers.get_mut(w) {
-                    other.queue.retain(|x| *x != id);
+                    other.queue.remove(key);
                 }
             }
+            self.unqueue_backlog(id);
             if named {
                 self.done(id, 0, None, Outcome::EndpointFailure(why.clone()), &mut out);
             } else {
@@ -528,11 +757,16 @@ impl Scheduler {
             State::Running { .. } => Err(CancelError::Running(task)),
             State::Fencing(worker) => Err(CancelError::Fencing { task, worker }),
             State::Queued(ws) => {
+                let key = self
+                    .tasks
+                    .get(&task)
+                    .map_or(queue::Key::unqueued(task), |t| t.key);
                 for w in ws {
                     if let Some(worker) = self.workers.get_mut(&w) {
-                        worker.queue.retain(|x| *x != task);
+                        worker.queue.remove(key);
                     }
                 }
+                self.unqueue_backlog(task);
                 self.tasks.remove(&task);
                 let mut out = vec![Action::Done {
                     task,

@@ -2,8 +2,78 @@
 //! dispatching what heads them while windows allow (groups all-or-nothing),
 //! and finishing tasks.
 
-use super::{Action, Outcome, Placement, Scheduler, State};
+use std::cmp::Reverse;
+use std::collections::BTreeSet;
+
+use super::{Action, HOLDERS_MAX, IN_FLIGHT_HORIZON_NS, Outcome, Placement, Scheduler, State};
 use crate::ids::{TaskId, WorkerId};
+
+/// A task's place in its workers' queues: higher priority first, then
+/// ready order. Every queue orders by the same keys, so two groups meet in
+/// the same order on every worker they share (no deadlock), as with FIFO
+/// queues.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub(super) struct Key {
+    /// The upward rank in ns (0 when not ranking).
+    pub(super) prio: Reverse<u64>,
+    /// Ready order.
+    pub(super) seq: u64,
+    pub(super) task: TaskId,
+}
+
+impl Key {
+    /// The key of a task not queued yet.
+    pub(super) fn unqueued(task: TaskId) -> Key {
+        Key {
+            prio: Reverse(0),
+            seq: 0,
+            task,
+        }
+    }
+}
+
+/// A worker's ready queue.
+#[derive(Debug, Default)]
+pub(super) struct ReadyQueue {
+    keys: BTreeSet<Key>,
+}
+
+impl ReadyQueue {
+    pub(super) fn push(&mut self, key: Key) {
+        self.keys.insert(key);
+    }
+    pub(super) fn front(&self) -> Option<TaskId> {
+        self.keys.first().map(|k| k.task)
+    }
+    pub(super) fn pop_front(&mut self) -> Option<TaskId> {
+        self.keys.pop_first().map(|k| k.task)
+    }
+    pub(super) fn remove(&mut self, key: Key) {
+        self.keys.remove(&key);
+    }
+    /// A queued task's key changed (its rank grew).
+    pub(super) fn rekey(&mut self, old: Key, new: Key) {
+        if self.keys.remove(&old) {
+            self.keys.insert(new);
+        }
+    }
+    pub(super) fn len(&self) -> usize {
+        self.keys.len()
+    }
+    pub(super) fn is_empty(&self) -> bool {
+        self.keys.is_empty()
+    }
+    pub(super) fn iter(&self) -> impl Iterator<Item = TaskId> + '_ {
+        self.keys.iter().map(|k| k.task)
+    }
+    /// Empties the queue, returning its tasks in order.
+    pub(super) fn drain(&mut self) -> Vec<TaskId> {
+        std::mem::take(&mut self.keys)
+            .into_iter()
+            .map(|k| k.task)
+            .collect()
+    }
+}
 
 impl Scheduler {
     /// Places a ready task's members and queues it on their workers.
@@ -12,7 +82,14 @@ impl Scheduler {
             return;
         };
         let mut chosen: super::Members<WorkerId> = super::Members::new();
+        let mut predicted: super::Members<Option<f64>> = super::Members::new();
+        let models = self.policy.models();
         for info in &t.members {
+            let expect = if models {
+                self.model.predict(info.callable, &info.work)
+            } else {
+                None
+            };
             let pick = match info.placement {
                 Placement::On(w) => match self.workers.get(&w) {
                     Some(worker) if worker.up => Ok(w),
@@ -30,9 +107,28 @@ impl Scheduler {
                             .iter()
                             .any(|b| w.device_buffers.contains(b));
                         let outstanding = w.queue.len() + w.in_flight;
-                        // Work beyond the window first, then free slots
-                        // (windows differ), then the device-buffer holder.
+                        // Modelled finish first (whole µs, so that noise in
+                        // the models does not override the rest), when
+                        // modelling and the task's duration is known.
+                        let finish = match expect {
+                            Some(ns) => {
+                                let lacking: f64 = info
+                                    .work
+                                    .data
+                                    .iter()
+                                    .filter(|(k, _, _)| {
+                                        !self.holders.get(k).is_some_and(|h| h.contains(id))
+                                    })
+                                    .map(|&(_, bytes, _)| self.model.copy_ns(**id, bytes))
+                                    .sum();
+                                ((w.backlog_ns + lacking + ns) / 1e3) as u64
+                            }
+                            None => 0,
+                        };
+                        // Work beyond the window, then free slots (windows
+                        // differ), then the device-buffer holder.
                         (
+                            finish,
                             outstanding.saturating_sub(w.window),
                             std::cmp::Reverse(w.window.saturating_sub(outstanding)),
                             !holds,
@@ -48,7 +144,10 @@ impl Scheduler {
                     }),
             };
             match pick {
-                Ok(w) => chosen.push(w),
+                Ok(w) => {
+                    chosen.push(w);
+                    predicted.push(expect);
+                }
                 Err(outcome) => {
                     let callable = info.callable;
                     self.note_failure(task, callable, None, &outcome);
@@ -58,13 +157,57 @@ impl Scheduler {
                 }
             }
         }
-        for w in &chosen {
-            if let Some(worker) = self.workers.get_mut(w) {
-                worker.queue.push_back(task);
+        self.next_seq += 1;
+        let Some(t) = self.tasks.get_mut(&task) else {
+            return;
+        };
+        t.key = Key {
+            prio: Reverse(if self.policy == super::Policy::Dmdas {
+                t.rank as u64
+            } else {
+                0
+            }),
+            seq: self.next_seq,
+            task,
+        };
+        if models {
+            if self.holders.len() > HOLDERS_MAX {
+                self.holders.clear();
+            }
+            for (info, w) in t.members.iter().zip(&chosen) {
+                for &(k, _, written) in &info.work.data {
+                    let h = self.holders.entry(k).or_default();
+                    if written {
+                        h.clear();
+                    }
+                    if !h.contains(w) {
+                        h.push(*w);
+                    }
+                }
             }
         }
-        if let Some(t) = self.tasks.get_mut(&task) {
-            t.state = State::Queued(chosen);
+        for (w, p) in chosen.iter().zip(&predicted) {
+            if let Some(worker) = self.workers.get_mut(w) {
+                worker.queue.push(t.key);
+                worker.backlog_ns += p.unwrap_or(0.0);
+            }
+        }
+        t.predicted = predicted;
+        t.state = State::Queued(chosen);
+    }
+
+    /// A queued task leaves its queues without running: its modelled work
+    /// leaves their backlogs.
+    pub(super) fn unqueue_backlog(&mut self, task: TaskId) {
+        let Some(t) = self.tasks.get(&task) else {
+            return;
+        };
+        if let State::Queued(ws) = &t.state {
+            for (w, p) in ws.iter().zip(&t.predicted) {
+                if let Some(worker) = self.workers.get_mut(w) {
+                    worker.backlog_ns = (worker.backlog_ns - p.unwrap_or(0.0)).max(0.0);
+                }
+            }
         }
     }
 
@@ -76,11 +219,7 @@ impl Scheduler {
         loop {
             let mut progressed = false;
             heads.clear();
-            heads.extend(
-                self.workers
-                    .values()
-                    .filter_map(|w| w.queue.front().copied()),
-            );
+            heads.extend(self.workers.values().filter_map(|w| w.queue.front()));
             for &task in &heads {
                 let workers = &mut self.workers;
                 let Some(t) = self.tasks.get_mut(&task) else {
@@ -89,18 +228,23 @@ impl Scheduler {
                 let State::Queued(ws) = &t.state else {
                     continue;
                 };
-                let fits = ws.iter().all(|w| {
+                let predicted = &t.predicted;
+                let fits = ws.iter().zip(predicted).all(|(w, p)| {
                     workers.get(w).is_some_and(|x| {
-                        x.up && x.in_flight < x.window && x.queue.front() == Some(&task)
+                        x.up && x.in_flight < x.window
+                            && (x.in_flight < 2
+                                || x.in_flight_ns + p.unwrap_or(0.0) <= IN_FLIGHT_HORIZON_NS)
+                            && x.queue.front() == Some(task)
                     })
                 });
                 if !fits {
                     continue;
                 }
-                for (m, w) in ws.iter().enumerate() {
+                for (m, (w, p)) in ws.iter().zip(predicted).enumerate() {
                     if let Some(worker) = workers.get_mut(w) {
                         worker.queue.pop_front();
                         worker.in_flight += 1;
+                        worker.in_flight_ns += p.unwrap_or(0.0);
                     }
                     out.push(Action::Dispatch {
                         task,

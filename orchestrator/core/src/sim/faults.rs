@@ -116,7 +116,7 @@ pub fn check_after_faults(
 /// # Panics
 /// When the engine refuses a task or a task never ends.
 pub fn run_engine_with_faults(p: &Program, workers: u32, rng: &mut Rng) -> FaultRun {
-    let mut engine = Engine::new();
+    let mut engine = Engine::with_policy(super::any_policy(rng));
     let workers = workers.max(2).max(
         p.tasks
             .iter()
@@ -249,6 +249,7 @@ pub fn run_engine_with_faults(p: &Program, workers: u32, rng: &mut Rng) -> Fault
                 Err("kernel failed".to_string())
             } else {
                 apply(&writes, &mut mem);
+                super::observe(&mut engine, task, member, rng);
                 Ok(())
             };
             engine.on_event(Event::Finished {

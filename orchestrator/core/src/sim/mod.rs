@@ -509,13 +509,53 @@ fn submission(t: &ProgTask, retries: u32) -> Event {
         members: t
             .members
             .iter()
-            .map(|_| MemberInfo {
+            .map(|args| MemberInfo {
                 callable: CALLABLE,
                 placement: Placement::Any,
                 device_buffers: vec![],
+                work: work_of(args),
             })
             .collect(),
     })
+}
+
+/// What the performance models see of a member: its views' shapes as the
+/// size class, their elements as the size, each view as a byte set.
+fn work_of(args: &[Arg]) -> crate::sched::Work {
+    use std::hash::{Hash, Hasher};
+    let mut class = rustc_hash::FxHasher::default();
+    let mut size = 0;
+    let mut data = smallvec::SmallVec::new();
+    for a in args {
+        a.tensor.shape().hash(&mut class);
+        size += a.tensor.element_count();
+        let mut key = rustc_hash::FxHasher::default();
+        (a.tensor.byte_offset(), a.tensor.shape(), a.tensor.strides()).hash(&mut key);
+        data.push((key.finish(), a.tensor.element_count(), a.tag.writes()));
+    }
+    crate::sched::Work {
+        class: class.finish(),
+        size,
+        flops: (size % 3 == 0).then_some(size * 10),
+        data,
+    }
+}
+
+/// A scheduling policy drawn from `rng`, so that the simulations cover
+/// each.
+pub(crate) fn any_policy(rng: &mut Rng) -> crate::sched::Policy {
+    crate::sched::Policy::ALL[(rng.next_u64() % 3) as usize].1
+}
+
+/// Feeds the performance models a made-up measurement of a member about to
+/// be reported (the models decide where and in which order, never whether:
+/// any figure must leave the results unchanged).
+pub(crate) fn observe(engine: &mut Engine, task: TaskId, member: usize, rng: &mut Rng) {
+    let ns = u64::from(rng.range(1, 100_000));
+    let bytes = u64::from(rng.range(0, 4)) * 4096;
+    engine
+        .scheduler_mut()
+        .observe(task, member, ns, bytes, bytes / 8);
 }
 
 fn worker_up(worker: u32, window: usize) -> Event {
@@ -533,7 +573,7 @@ fn worker_up(worker: u32, window: usize) -> Event {
 /// When the engine refuses a task or a task does not succeed (the program
 /// has no failures).
 pub fn run_engine(p: &Program, workers: u32, rng: &mut Rng) -> (Memory, RunStats) {
-    let mut engine = Engine::new();
+    let mut engine = Engine::with_policy(any_policy(rng));
     let mut pending = Vec::new();
     // A group needs as many workers as members.
     let workers = workers.max(
@@ -600,6 +640,7 @@ pub fn run_engine(p: &Program, workers: u32, rng: &mut Rng) -> (Memory, RunStats
             let (task, member, writes) = in_flight.swap_remove(i);
             // Outputs land when the task completes.
             apply(&writes, &mut mem);
+            observe(&mut engine, task, member, rng);
             let actions = engine.on_event(Event::Finished {
                 task,
                 member,

@@ -340,6 +340,7 @@ fn submission(id: u64, args: &[(Tensor, ArgTag)], placement: Placement) -> Sub {
             callable: K,
             placement,
             device_buffers: vec![],
+            work: Default::default(),
         }],
         retries: 0,
     }
@@ -578,7 +579,8 @@ fn groups_launch_all_or_nothing_on_distinct_workers() {
             MemberInfo {
                 callable: K,
                 placement: Placement::Any,
-                device_buffers: vec![]
+                device_buffers: vec![],
+                work: Default::default()
             };
             2
         ],
@@ -1044,6 +1046,7 @@ fn a_group_publishes_one_completion_token() {
         callable: K,
         placement: Placement::On(WorkerId(w)),
         device_buffers: vec![],
+        work: Default::default(),
     };
     let out = e
         .submit(Sub {

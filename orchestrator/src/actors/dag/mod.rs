@@ -68,6 +68,8 @@ struct MemberState {
 
 pub(crate) struct DagActor {
     engine: Engine,
+    /// Where the performance models are kept across runs.
+    models_path: Option<std::path::PathBuf>,
     endpoints: Vec<EndpointRef>,
     next_id: u64,
     records: strata_core::SeqMap<TaskId, Box<Record>>,
@@ -131,6 +133,15 @@ const STEP: usize = 256;
 /// what is ready).
 const STEP_HOLD: Duration = Duration::from_micros(20);
 
+/// The scheduler's policy and its performance models' history.
+pub(crate) struct Models {
+    pub(crate) policy: strata_core::sched::Policy,
+    /// Where the models are kept across runs.
+    pub(crate) path: Option<std::path::PathBuf>,
+    /// What that file held at the start.
+    pub(crate) loaded: Vec<strata_core::sched::perf::Entry>,
+}
+
 impl DagActor {
     pub(crate) fn new(
         endpoints: Vec<EndpointRef>,
@@ -139,11 +150,15 @@ impl DagActor {
         gate: std::sync::Arc<strata_core::Gate>,
         policy: crate::policy::Quarantine,
         device_cache: bool,
+        models: Models,
     ) -> Self {
         // Versions are kept only when some chip keeps copies.
         let caching = device_cache && endpoints.iter().any(|e| e.caches);
+        let mut engine = Engine::with_policy(models.policy);
+        engine.scheduler_mut().model_mut().load(&models.loaded);
         DagActor {
-            engine: Engine::new(),
+            engine,
+            models_path: models.path,
             pending: endpoints.iter().map(|_| Vec::new()).collect(),
             pending_n: 0,
             endpoints,
@@ -225,6 +240,7 @@ impl DagActor {
                     }
                     Some(Msg::Cmd(Cmd::Shutdown { reply })) => {
                         self.shutdown().await;
+                        self.save_models();
                         let _ = reply.send(());
                         return;
                     }
@@ -318,6 +334,16 @@ impl DagActor {
 
     /// Stops every endpoint (each closes its task stream and fd channel)
     /// and lets go of every record: waiters see the cluster closed.
+    /// Writes the performance models to their file, if they have one.
+    fn save_models(&self) {
+        if let Some(path) = &self.models_path {
+            let entries = self.engine.scheduler().model().entries();
+            if let Err(e) = crate::perf_models::save(path, entries) {
+                tracing::warn!(path = %path.display(), error = %e, "cannot save the performance models");
+            }
+        }
+    }
+
     async fn shutdown(&mut self) {
         self.gate.close();
         for ep in &self.endpoints {
@@ -360,6 +386,17 @@ impl DagActor {
                     result,
                 } = &event
                 {
+                    if result.is_ok() {
+                        // The kernel's own time, without the copies around it.
+                        let copies = report.copy_in_ns + report.copy_out_ns;
+                        self.engine.scheduler_mut().observe(
+                            *task,
+                            *member,
+                            report.busy_ns.saturating_sub(copies),
+                            report.to_device,
+                            report.copy_in_ns,
+                        );
+                    }
                     if let Some(slot) = self
                         .records
                         .get_mut(task)

@@ -387,9 +387,9 @@ pub fn cholesky_runs<T: strata_chip::kernel::Element>(
                     )?;
                 }
             }
-            tasks += 1
-                + 2 * u64::from(tiles - k - 1)
-                + u64::from(tiles - k - 1) * u64::from(tiles - k - 2) / 2;
+            // potrf, a trsm and a syrk per tile below, a gemm per pair.
+            let below = u64::from(tiles - k - 1);
+            tasks += 1 + 2 * below + below * below.saturating_sub(1) / 2;
         }
         let summary = cluster.wait_all()?;
         let wall = start.elapsed();

@@ -133,4 +133,22 @@ pub struct RunSummary {
     /// Members sent again because the chip no longer held bytes left out
     /// of them.
     pub resent: u64,
+    /// Completions whose kernel time the performance models had predicted
+    /// when placing them.
+    pub predicted: u64,
+    /// Their measured kernel time, in all (ns).
+    pub predicted_measured_ns: u64,
+    /// The sum of |predicted − measured| over them (ns): divided by
+    /// `predicted_measured_ns`, the models' relative error.
+    pub prediction_error_ns: u64,
+}
+
+impl RunSummary {
+    /// The performance models' relative error over the run's completions
+    /// they predicted (time-weighted: Σ|predicted − measured| / Σ measured),
+    /// or `None` when they predicted none.
+    pub fn prediction_error(&self) -> Option<f64> {
+        (self.predicted_measured_ns > 0)
+            .then(|| self.prediction_error_ns as f64 / self.predicted_measured_ns as f64)
+    }
 }

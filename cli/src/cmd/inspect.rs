@@ -69,9 +69,10 @@ pub fn to_json(decoded: &Decoded) -> Value {
     }
 }
 
-/// The JSON form of one tensor.
+/// The JSON form of one tensor (an extension dtype, outside the seed
+/// format's codes, also says so: `"dtype_extension": true`).
 pub fn tensor_json(t: &Tensor) -> Value {
-    json!({
+    let mut v = json!({
         "buffer": descriptor_json(t.buffer()),
         "byte_offset": t.byte_offset(),
         "ndims": t.ndims(),
@@ -80,7 +81,11 @@ pub fn tensor_json(t: &Tensor) -> Value {
         "dtype": t.dtype().name(),
         "extent_bytes": t.extent_bytes(),
         "contiguous": t.is_contiguous(),
-    })
+    });
+    if t.dtype().is_extension() {
+        v["dtype_extension"] = json!(true);
+    }
+    v
 }
 
 fn descriptor_json(d: &BufferDescriptor) -> Value {

@@ -7,18 +7,23 @@
 //! `"ok": false`, and the exit status is 1.
 //!
 //! ```text
-//! strata-bench [--quick] [--scenario throughput|latency|stencil|handoff|remote|readers]...
+//! strata-bench [--quick] [--scenario throughput|latency|stencil|handoff|remote|readers|cholesky]...
 //!              [--link ring|grpc|in-process]... [--k TILES]...
 //!              [--n READERS]... [--pattern P]... [--repeats R]
+//!              [--cholesky-n N]... [--tile T]... [--scheduler least-loaded|dmda|dmdas]...
 //! ```
 //!
 //! Each local scenario runs over every link (worker processes with the
 //! ring, the same with the gRPC stream, in-process workers) unless
 //! `--link` picks some; `readers` (many tasks reading the same bytes, see
-//! `strata_bench/readers.rs`) runs over the ring unless `--link` picks.
+//! `strata_bench/readers.rs`) runs over the ring unless `--link` picks;
+//! `cholesky` (tiled Cholesky per scheduling policy, see
+//! `strata_bench/cholesky.rs`) runs on 2 worker processes over the ring.
 
 use std::path::PathBuf;
 
+#[path = "strata_bench/cholesky.rs"]
+mod cholesky;
 #[path = "strata_bench/readers.rs"]
 mod readers;
 
@@ -42,6 +47,8 @@ struct Opts {
     ks: Vec<u32>,
     /// What the readers scenarios run (task counts by default by `quick`).
     readers: readers::Plan,
+    /// What the Cholesky scenario runs.
+    cholesky: cholesky::Plan,
 }
 
 fn parse() -> Result<Opts, String> {
@@ -55,11 +62,29 @@ fn parse() -> Result<Opts, String> {
             patterns: Vec::new(),
             repeats: 3,
         },
+        cholesky: cholesky::Plan::new(false),
     };
+    let mut chol_ns = Vec::new();
+    let mut chol_tiles = Vec::new();
+    let mut chol_policies = Vec::new();
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         match a.as_str() {
             "--quick" => o.quick = true,
+            "--cholesky-n" => chol_ns.push(
+                args.next()
+                    .and_then(|v| v.parse().ok())
+                    .ok_or("--cholesky-n needs a matrix order")?,
+            ),
+            "--tile" => chol_tiles.push(
+                args.next()
+                    .and_then(|v| v.parse().ok())
+                    .filter(|&t: &u32| t > 0)
+                    .ok_or("--tile needs a tile size")?,
+            ),
+            "--scheduler" => chol_policies.push(strata_orchestrator::SchedulerPolicy::from_name(
+                &args.next().ok_or("--scheduler needs a policy")?,
+            )?),
             "--scenario" => o
                 .scenarios
                 .push(args.next().ok_or("--scenario needs a name")?),
@@ -98,20 +123,21 @@ fn parse() -> Result<Opts, String> {
             }
             "-h" | "--help" => {
                 println!(
-                    "strata-bench [--quick] [--scenario throughput|latency|stencil|handoff|remote|readers]... [--link ring|grpc|in-process]... [--k TILES]... [--n READERS]... [--pattern private|shared|overlapping|writer|inference]... [--repeats R]"
+                    "strata-bench [--quick] [--scenario throughput|latency|stencil|handoff|remote|readers]... [--link ring|grpc|in-process]... [--k TILES]... [--n READERS]... [--pattern private|shared|overlapping|writer|inference]... [--repeats R] [--cholesky-n N]... [--tile T]... [--scheduler least-loaded|dmda|dmdas]..."
                 );
                 std::process::exit(0);
             }
             other => return Err(format!("unknown option {other:?}")),
         }
     }
-    const ALL: [&str; 6] = [
+    const ALL: [&str; 7] = [
         "throughput",
         "latency",
         "stencil",
         "handoff",
         "remote",
         "readers",
+        "cholesky",
     ];
     for s in &o.scenarios {
         if !ALL.contains(&s.as_str()) {
@@ -124,6 +150,29 @@ fn parse() -> Result<Opts, String> {
     if o.readers.ns.is_empty() {
         o.readers.ns = readers::default_ns(o.quick);
     }
+    let defaults = cholesky::Plan::new(o.quick);
+    o.cholesky = cholesky::Plan {
+        ns: if chol_ns.is_empty() {
+            defaults.ns
+        } else {
+            chol_ns
+        },
+        tiles: if chol_tiles.is_empty() {
+            defaults.tiles
+        } else {
+            chol_tiles
+        },
+        repeats: if o.readers.repeats == 3 {
+            defaults.repeats
+        } else {
+            o.readers.repeats
+        },
+        policies: if chol_policies.is_empty() {
+            defaults.policies
+        } else {
+            chol_policies
+        },
+    };
     Ok(o)
 }
 
@@ -194,8 +243,15 @@ fn local(mode: Mode, n: usize, device: &str) -> Result<Cluster, String> {
 }
 
 /// As [`local`], from a builder with more settings.
+///
+/// `STRATA_SCHEDULER` (least-loaded, dmda, dmdas) sets the scheduling
+/// policy of every scenario's cluster but the Cholesky's, which sets its
+/// own: for measuring what placement by the models costs per task.
 fn local_from(b: ClusterBuilder, mode: Mode, n: usize, device: &str) -> Result<Cluster, String> {
-    let b = b.device(device).window(256);
+    let mut b = b.device(device).window(256);
+    if let Ok(name) = std::env::var("STRATA_SCHEDULER") {
+        b = b.scheduler(strata_orchestrator::SchedulerPolicy::from_name(&name)?);
+    }
     let cluster = match mode {
         Mode::Process => b.local(n).worker_binary(worker_binary()),
         Mode::Grpc => b.local(n).worker_binary(worker_binary()).ring(false),
@@ -580,7 +636,7 @@ fn main() {
         // No --link: every link, but readers over the ring only.
         let modes: &[Mode] = match (s.as_str(), opts.links.is_empty()) {
             ("remote", _) => &[],
-            ("readers", true) => &[Mode::Process],
+            ("readers" | "cholesky", true) => &[Mode::Process],
             (_, true) => &Mode::ALL,
             (_, false) => &opts.links,
         };
@@ -592,6 +648,7 @@ fn main() {
                     "latency" => latency(mode, opts.quick),
                     "stencil" => stencil(mode, opts.quick, &opts.ks),
                     "readers" => readers::readers(mode, &opts.readers),
+                    "cholesky" => cholesky::cholesky(&opts.cholesky),
                     _ => handoff(mode, opts.quick),
                 };
                 (mode.name(s), r)

@@ -47,6 +47,84 @@ fn tiled_matmul_over_four_local_workers_matches_the_reference() {
     );
 }
 
+/// A tiled Cholesky (potrf, trsm, syrk, gemm tile tasks) through real
+/// workers under every scheduling policy, F32 on staged chips and F64 on
+/// unified ones, checked by its residual; the models predict the later
+/// runs' kernels, and kept in a file they predict a new cluster's first.
+#[test]
+fn tiled_cholesky_is_right_under_every_policy_and_the_models_persist() {
+    use strata_orchestrator::SchedulerPolicy;
+    let dir = tempfile::tempdir().unwrap();
+    let models = dir.path().join("models.json");
+    for (_, policy) in SchedulerPolicy::ALL {
+        for device in ["sim", "sim:mode=unified"] {
+            let cluster = Cluster::builder()
+                .local(2)
+                .worker_binary(strata_bin())
+                .device(device)
+                .scheduler(policy)
+                .perf_models(&models)
+                .start()
+                .expect("cluster");
+            let runs = if device == "sim" {
+                strata_orchestrator::demo::cholesky_runs::<f32>(&cluster, 256, 64, 2)
+                    .expect("job")
+                    .into_iter()
+                    .map(|r| (r, 1e-5))
+                    .collect::<Vec<_>>()
+            } else {
+                strata_orchestrator::demo::cholesky_runs::<f64>(&cluster, 256, 64, 2)
+                    .expect("job")
+                    .into_iter()
+                    .map(|r| (r, 1e-12))
+                    .collect()
+            };
+            for (r, tol) in &runs {
+                assert_eq!(r.tasks, 20, "4 tiles a side: 4 + 2·6 + 4 tasks");
+                assert_eq!(r.summary.succeeded, 20);
+                assert!(
+                    r.ok(*tol),
+                    "{policy} on {device}: residual {}",
+                    r.max_abs_err
+                );
+            }
+            if policy != SchedulerPolicy::LeastLoaded {
+                // The second run's kernels were all seen in the first.
+                assert_eq!(runs[1].0.summary.predicted, 20, "{policy} on {device}");
+            }
+            cluster.shutdown().expect("shutdown");
+        }
+    }
+    let saved = std::fs::read_to_string(&models).expect("models saved at shutdown");
+    assert!(saved.contains("strata_perf_models"), "{saved}");
+    // A new cluster predicts from the file from its first task on.
+    let cluster = Cluster::builder()
+        .local(2)
+        .worker_binary(strata_bin())
+        .perf_models(&models)
+        .start()
+        .expect("cluster");
+    let r = strata_orchestrator::demo::cholesky::<f32>(&cluster, 256, 64).expect("job");
+    assert!(r.ok(1e-5));
+    assert_eq!(
+        r.summary.predicted, 20,
+        "every task predicted from the file"
+    );
+    cluster.shutdown().expect("shutdown");
+    // A file that is not a models file fails the start, naming it.
+    std::fs::write(&models, "{not json").unwrap();
+    let err = Cluster::builder()
+        .local(1)
+        .worker_binary(strata_bin())
+        .perf_models(&models)
+        .start()
+        .expect_err("a corrupt models file");
+    assert!(
+        err.to_string().contains("models.json") && err.to_string().contains("delete it"),
+        "{err}"
+    );
+}
+
 /// The device cache through real workers: the same tiled matmul with
 /// copies kept on the chips and without, both right; with them, tiles read
 /// again on a chip are found there, so far fewer bytes are copied in.

@@ -47,6 +47,7 @@ fn npy_f64(path: &Path) -> (Vec<u64>, Vec<f64>) {
             .into_iter()
             .map(f64::from)
             .collect(),
+        npyz::DType::Plain(t) if t.to_string() == "<f8" => npy.into_vec::<f64>().unwrap(),
         npyz::DType::Plain(t) if t.to_string() == "<i4" => npy
             .into_vec::<i32>()
             .unwrap()

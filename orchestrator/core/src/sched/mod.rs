@@ -297,7 +297,8 @@ impl Scheduler {
 
     /// Member `member` of `task` ran its kernel for `kernel_ns` and copied
     /// `copied_bytes` to its chip in `copy_ns`: the models learn from it.
-    /// Call before the member's [`Scheduler::finished`].
+    /// Call before the member's [`Scheduler::finished`]. Returns what the
+    /// models had predicted for it when it was placed (ns), if they had.
     pub fn observe(
         &mut self,
         task: TaskId,
@@ -305,12 +306,10 @@ impl Scheduler {
         kernel_ns: u64,
         copied_bytes: u64,
         copy_ns: u64,
-    ) {
-        let Some(t) = self.tasks.get(&task) else {
-            return;
-        };
+    ) -> Option<f64> {
+        let t = self.tasks.get(&task)?;
         let (Some(info), State::Running { workers, .. }) = (t.members.get(member), &t.state) else {
-            return;
+            return None;
         };
         let predicted = t.predicted.get(member).copied().flatten();
         if let Some(&w) = workers.get(member) {
@@ -318,6 +317,7 @@ impl Scheduler {
         }
         self.model
             .observe(info.callable, &info.work, kernel_ns as f64, predicted);
+        predicted
     }
 
     /// `task`'s predecessors in the graph (the DAG's edges): under

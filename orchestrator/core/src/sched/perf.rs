@@ -25,6 +25,11 @@ use crate::ids::{KernelHandle, WorkerId};
 /// regression.
 pub const CALIBRATED: u64 = 2;
 
+/// A class's mean weighs its last samples most: past this many, each new
+/// one moves it by 1/`RECENT` (an exponential average), so that the first
+/// runs' cold caches and page faults fade instead of weighing forever.
+pub const RECENT: u64 = 16;
+
 /// The flop rate assumed before any task that declared flops was measured
 /// (10 GFlop/s).
 pub const DEFAULT_FLOPS_PER_NS: f64 = 10.0;
@@ -54,8 +59,14 @@ struct Welford {
 impl Welford {
     fn add(&mut self, x: f64) {
         self.n += 1;
+        let k = self.n.min(RECENT) as f64;
         let d = x - self.mean;
-        self.mean += d / self.n as f64;
+        self.mean += d / k;
+        // Welford's sum of squared deviations, aged like the mean once past
+        // RECENT (then it stands for the last RECENT samples).
+        if self.n > RECENT {
+            self.m2 *= 1.0 - 1.0 / k;
+        }
         self.m2 += d * (x - self.mean);
     }
 }
@@ -224,7 +235,7 @@ impl PerfModel {
                     n: w.n,
                     mean_ns: w.mean,
                     stddev_ns: if w.n > 1 {
-                        (w.m2 / (w.n - 1) as f64).sqrt()
+                        (w.m2 / (w.n.min(RECENT) - 1) as f64).sqrt()
                     } else {
                         0.0
                     },
@@ -250,7 +261,7 @@ impl PerfModel {
                     Welford {
                         n: e.n,
                         mean: e.mean_ns,
-                        m2: var * (e.n.saturating_sub(1)) as f64,
+                        m2: var * (e.n.min(RECENT).saturating_sub(1)) as f64,
                     },
                 ),
             );
@@ -355,6 +366,21 @@ mod tests {
         again.load(&saved);
         assert_eq!(again.entries(), saved);
         assert_eq!(again.predict(k, &work(1, 8)), Some(200.0));
+    }
+
+    #[test]
+    fn old_samples_fade() {
+        let mut m = PerfModel::new();
+        let k = KernelHandle([7; 16]);
+        // A cold first sample, then a steady state.
+        m.observe(k, &work(1, 8), 10_000.0, None);
+        for _ in 0..200 {
+            m.observe(k, &work(1, 8), 100.0, None);
+        }
+        let p = m.predict(k, &work(1, 8)).unwrap();
+        assert!((p - 100.0).abs() < 1.0, "{p}");
+        let e = &m.entries()[0];
+        assert!(e.stddev_ns < 10.0, "{e:?}");
     }
 
     #[test]

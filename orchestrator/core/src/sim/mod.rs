@@ -553,7 +553,7 @@ pub(crate) fn any_policy(rng: &mut Rng) -> crate::sched::Policy {
 pub(crate) fn observe(engine: &mut Engine, task: TaskId, member: usize, rng: &mut Rng) {
     let ns = u64::from(rng.range(1, 100_000));
     let bytes = u64::from(rng.range(0, 4)) * 4096;
-    engine
+    let _ = engine
         .scheduler_mut()
         .observe(task, member, ns, bytes, bytes / 8);
 }

@@ -389,13 +389,22 @@ impl DagActor {
                     if result.is_ok() {
                         // The kernel's own time, without the copies around it.
                         let copies = report.copy_in_ns + report.copy_out_ns;
-                        self.engine.scheduler_mut().observe(
+                        let kernel_ns = report.busy_ns.saturating_sub(copies);
+                        let predicted = self.engine.scheduler_mut().observe(
                             *task,
                             *member,
-                            report.busy_ns.saturating_sub(copies),
+                            kernel_ns,
                             report.to_device,
                             report.copy_in_ns,
                         );
+                        if let Some(p) = predicted {
+                            let err = (p - kernel_ns as f64).abs() as u64;
+                            for s in [&mut self.run, &mut self.totals] {
+                                s.predicted += 1;
+                                s.predicted_measured_ns += kernel_ns;
+                                s.prediction_error_ns += err;
+                            }
+                        }
                     }
                     if let Some(slot) = self
                         .records

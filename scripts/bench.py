@@ -38,7 +38,13 @@ IN_PROCESS = [f"{s}-in-process" for s in LOCAL]
 # one row per pattern and N, in its own table.
 READERS = "readers"
 PATTERNS = ["private", "shared", "overlapping", "writer", "inference"]
-ALL_STRATA = SCENARIOS + GRPC + IN_PROCESS + [READERS]
+# Tiled Cholesky per scheduling policy beside StarPU's own (issue 32), and
+# schedules at scale on timing-model chips: tables of their own.
+CHOLESKY = "cholesky"
+SCALE = "scale"
+POLICIES = ["least-loaded", "dmda", "dmdas"]
+ALL_STRATA = SCENARIOS + GRPC + IN_PROCESS + [READERS, CHOLESKY, SCALE]
+OWN_TABLES = (READERS, CHOLESKY, SCALE)
 
 
 def link_of(scenario):
@@ -108,7 +114,17 @@ def starpu(quick):
     if b.returncode != 0:
         return [], "StarPU benchmark did not build: " + (b.stderr or b.stdout).strip()[-400:]
     log("running StarPU")
-    return run_lines([os.path.join(out, "starpu_bench")] + (["--quick"] if quick else []), timeout=900)
+    rows, err = run_lines([os.path.join(out, "starpu_bench")] + (["--quick"] if quick else []), timeout=900)
+    log("running StarPU's tiled Cholesky (cholesky_implicit, OpenBLAS, 2 CPU workers)")
+    chol, cerr = run_lines([sys.executable, "bench/starpu/cholesky.py"] + (["--quick"] if quick else []),
+                           timeout=1800)
+    for r in chol:
+        # Into the common row shape: variant = StarPU's scheduler.
+        if "gflops" in r:
+            rows.append({"system": "starpu", "scenario": CHOLESKY, "variant": r["sched"],
+                         "params": {"n": r["n"], "tile": r["tile"], "runs_gflops": r.get("runs_gflops")},
+                         "value": r["gflops"], "unit": "GFlop/s", "ok": True, "detail": r.get("blas", "")})
+    return rows, err or cerr
 
 
 def pick(rows, system, scenario, variant=None):
@@ -189,6 +205,23 @@ def compare(rows):
             if worst is not None:
                 target(f"readers: per task at N={hi:,} within 1.5× of N={lo:,}", worst, worst <= 1.5,
                        f"worst pattern {name}: {fmt(worst)}×")
+    ch = cholesky_table(rows)
+    if ch:
+        worst, where = None, None
+        for (n, t), v in sorted(ch.items()):
+            best = max((v.get(("strata", "sim:mode=unified", p)) or 0) for p in POLICIES)
+            q = ratio(best, v.get(("starpu", None, "dmda")))
+            if q is not None and (worst is None or q < worst):
+                worst, where = q, f"N={n} tile {t}"
+        if worst is not None:
+            target("Cholesky ≥ StarPU's dmda at every size", worst, worst >= 1,
+                   f"worst {where}: strata's best policy {fmt(worst)}× StarPU dmda")
+    sc = scale_table(rows)
+    for (w, link), v in sorted(sc.items()):
+        worst = max((x for (c, p), x in v.items() if c in (4, 8) and p == "dmdas"), default=None)
+        if worst is not None:
+            target(f"scale: {w} ≤ 1.25× bound at 4 and 8 chips (dmdas, link {link})", worst, worst <= 1.25,
+                   " / ".join(f"{c} chips {fmt(x)}×" for (c, p), x in sorted(v.items()) if p == "dmdas"))
     h1, hg = pick(rows, "strata", "handoff", "1MiB"), pick(rows, "strata", "handoff", "1GiB")
     if h1 and hg:
         r = ratio(hg["value"], h1["value"])
@@ -209,6 +242,59 @@ def readers_table(rows):
             if p["pattern"] == "writer-added":
                 out[p["N"]]["writer-insert"] = p.get("writer_insert_us")
     return out
+
+
+def cholesky_table(rows):
+    """{(N, tile): {(system, device, variant): GFlop/s}}."""
+    out = {}
+    for r in rows:
+        if r.get("scenario") != CHOLESKY or "n" not in r.get("params", {}):
+            continue
+        p = r["params"]
+        out.setdefault((p["n"], p["tile"]), {})[(r["system"], p.get("device"), r["variant"])] = \
+            r["value"] if r.get("ok") else None
+    return out
+
+
+def cholesky_markdown(rows):
+    ch = cholesky_table(rows)
+    if not ch:
+        return []
+    lines = ["", "Tiled Cholesky, F32, 2 workers (GFlop/s = N³/3 / wall; StarPU: `cholesky_implicit` on 2 CPU "
+             "workers over OpenBLAS, models calibrated; strata: built-in kernels on 2 worker processes, "
+             "median of the runs after one calibration run):", "",
+             "| N | tile | StarPU dmda | StarPU dmdas | StarPU eager | strata least-loaded | strata dmda | "
+             "strata dmdas | strata dmdas, staged chips |", "|---|---|---|---|---|---|---|---|---|"]
+    for (n, t), v in sorted(ch.items()):
+        cells = [v.get(("starpu", None, s)) for s in ("dmda", "dmdas", "eager")]
+        cells += [v.get(("strata", "sim:mode=unified", p)) for p in POLICIES]
+        cells.append(v.get(("strata", "sim", "dmdas")))
+        lines.append(f"| {n} | {t} | " + " | ".join(fmt(c) for c in cells) + " |")
+    return lines
+
+
+def scale_table(rows):
+    """{(workload, link): {(chips, policy): makespan / bound}}."""
+    out = {}
+    for r in rows:
+        if r.get("system") != "strata" or r.get("scenario") != SCALE or "chips" not in r.get("params", {}):
+            continue
+        p = r["params"]
+        out.setdefault((p["workload"], p.get("link")), {})[(p["chips"], p["policy"])] = r["value"]
+    return out
+
+
+def scale_markdown(rows):
+    sc = scale_table(rows)
+    if not sc:
+        return []
+    lines = ["", "Schedules at scale (timing-model chips, 10 GFlop/s each, modelled link; makespan of the "
+             "second run ÷ max(critical path, total work / chips)):", "",
+             "| workload | link | chips | least-loaded | dmda | dmdas |", "|---|---|---|---|---|---|"]
+    for (w, link), v in sorted(sc.items()):
+        for c in sorted({c for c, _ in v}):
+            lines.append(f"| {w} | {link} | {c} | " + " | ".join(fmt(v.get((c, p))) for p in POLICIES) + " |")
+    return lines
 
 
 def readers_markdown(rows):
@@ -248,7 +334,7 @@ def markdown(rows, targets, peers, meta):
               "|---|---|---|---|---|---|---|"]
     keys = []
     for r in rows:
-        if r.get("scenario") == READERS:
+        if r.get("scenario") in OWN_TABLES:
             continue
         k = (r.get("scenario"), r.get("variant"))
         if k not in keys:
@@ -265,6 +351,8 @@ def markdown(rows, targets, peers, meta):
         link = link_of(sc) if pick(rows, "strata", sc, var) else "—"
         lines.append(f"| {sc} | {link} | {var} | {val('strata')} | {val('ray')} | {val('starpu')} | {unit} |")
     lines += readers_markdown(rows)
+    lines += cholesky_markdown(rows)
+    lines += scale_markdown(rows)
     lines += ["", "| target | met | figure |", "|---|---|---|"]
     for t in targets:
         met = "n/a (peer not run)" if t["met"] is None else ("yes" if t["met"] else "**no**")
@@ -307,6 +395,29 @@ for i, (sc, unit, log) in enumerate([("throughput", "tasks/s", True), ("latency"
         if log and vals: a.set_yscale("log")
     a.set_title(sc); a.set_ylabel(unit)
     if sc == "stencil": a.legend(fontsize=8)
+fig.tight_layout()
+fig.savefig(sys.argv[2], dpi=110)
+'''
+
+SCALE_PLOT = r'''
+import json, sys
+import matplotlib
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+rows = [r for r in json.load(open(sys.argv[1]))["rows"]
+        if r.get("system") == "strata" and r.get("scenario") == "scale"]
+groups = sorted({(r["params"]["workload"], r["params"].get("link")) for r in rows})
+fig, ax = plt.subplots(1, len(groups), figsize=(5 * len(groups), 4.2), squeeze=False)
+for a, (w, link) in zip(ax[0], groups):
+    for p, c in (("least-loaded", "#999999"), ("dmda", "#6baed6"), ("dmdas", "#08519c")):
+        pts = sorted((r["params"]["chips"], r["value"]) for r in rows
+                     if r["params"]["workload"] == w and r["params"].get("link") == link
+                     and r["params"]["policy"] == p)
+        if pts:
+            a.plot(*zip(*pts), marker="o", label=p, color=c)
+    a.axhline(1.25, color="r", ls="--", lw=1, label="1.25")
+    a.set_xscale("log", base=2); a.set_xlabel("chips"); a.set_ylabel("makespan / lower bound")
+    a.set_title(f"{w}, link {link}"); a.set_ylim(bottom=1); a.legend(fontsize=8)
 fig.tight_layout()
 fig.savefig(sys.argv[2], dpi=110)
 '''
@@ -389,6 +500,10 @@ def main():
         log(perr)
     elif readers_table(rows):
         perr = plot(res, os.path.join(a.out, "readers.png"), READERS_PLOT)
+        if perr:
+            log(perr)
+    if not perr and scale_table(rows):
+        perr = plot(res, os.path.join(a.out, "scale.png"), SCALE_PLOT)
         if perr:
             log(perr)
     print(md)

@@ -11,6 +11,15 @@
 //! | `run` | bytes of the per-run bump region | mem/4 |
 //! | `scratch` | bytes of the per-kernel scratch region (staged copies, temporaries) | mem/4 |
 //! | `prefetch` | `on` (a launch waiting for a lane has its bytes copied into the device cache meanwhile, by a copy thread) or `off` | on |
+//! | `timing` | `on`: kernels do not compute; each takes its modelled duration (its flops at `gflops`, or the bytes its arguments span at 10 GB/s for a kernel that counts no flops) and leaves its outputs as they were. Results are then not checked | off |
+//! | `gflops` | the modelled compute rate of timing mode, a whole number of GFlop/s | 50 |
+//! | `link` | a modelled link: every byte staged to or from the chip also takes this bandwidth, a size per second (`16GB` is 16·10⁹ bytes/s) | none |
+//! | `latency` | and each transfer on it (a launch's bytes in, each view it writes back) this many µs | 0 |
+//!
+//! Timing mode and the link make a simulated cluster of many chips cost
+//! little CPU (a chip sleeps through its kernels and transfers), so
+//! schedules can be studied at 16 or 64 chips on a small machine, as
+//! StarPU does in its simulation mode.
 //!
 //! The persistent region gets the rest. Sizes are integers with an optional
 //! suffix: `B`, `KiB`, `MiB`, `GiB`, `TiB` (powers of 1024) or `KB`, `MB`,
@@ -68,6 +77,14 @@ pub struct DeviceSpec {
     /// Copy the bytes of launches waiting for a lane into the device cache
     /// ahead of them (staged mode).
     pub prefetch: bool,
+    /// Kernels take their modelled duration instead of computing.
+    pub timing: bool,
+    /// Timing mode's compute rate, GFlop/s.
+    pub gflops: u32,
+    /// The modelled link's bandwidth, bytes per second, if there is one.
+    pub link: Option<u64>,
+    /// Its latency per transfer, µs.
+    pub latency_us: u32,
 }
 
 impl DeviceSpec {
@@ -87,6 +104,10 @@ impl Default for DeviceSpec {
             run: 1 << 28,
             scratch: 1 << 28,
             prefetch: true,
+            timing: false,
+            gflops: 50,
+            link: None,
+            latency_us: 0,
         })
     }
 }
@@ -108,6 +129,7 @@ impl FromStr for DeviceSpec {
         }
         let (mut mem, mut mode, mut lanes, mut run, mut scratch) = (None, None, None, None, None);
         let mut prefetch = None;
+        let (mut timing, mut gflops, mut link, mut latency) = (None, None, None, None);
         for item in rest.into_iter().flat_map(|r| r.split(',')) {
             let (key, value) = item
                 .split_once('=')
@@ -152,9 +174,39 @@ impl FromStr for DeviceSpec {
                     };
                     prefetch.replace(on).is_some()
                 }
+                "timing" => {
+                    let on = match value {
+                        "on" => true,
+                        "off" => false,
+                        other => {
+                            return Err(bad(format!("timing: {other:?} is not on or off")));
+                        }
+                    };
+                    timing.replace(on).is_some()
+                }
+                "gflops" => {
+                    let g: u32 = value.parse().ok().filter(|g| *g > 0).ok_or_else(|| {
+                        bad(format!("gflops: {value:?} is not a whole number above 0"))
+                    })?;
+                    gflops.replace(g).is_some()
+                }
+                "link" => {
+                    let b = parse_size(value).ok().filter(|b| *b > 0).ok_or_else(|| {
+                        bad(format!(
+                            "link: {value:?} is not a bandwidth such as 16GB (bytes per second)"
+                        ))
+                    })?;
+                    link.replace(b).is_some()
+                }
+                "latency" => {
+                    let us: u32 = value.parse().map_err(|_| {
+                        bad(format!("latency: {value:?} is not a whole number of µs"))
+                    })?;
+                    latency.replace(us).is_some()
+                }
                 other => {
                     return Err(bad(format!(
-                        "unknown key {other:?} (known: mem, mode, lanes, run, scratch, prefetch)"
+                        "unknown key {other:?} (known: mem, mode, lanes, run, scratch, prefetch, timing, gflops, link, latency)"
                     )));
                 }
             };
@@ -204,12 +256,17 @@ impl FromStr for DeviceSpec {
             run,
             scratch,
             prefetch: prefetch.unwrap_or(true),
+            timing: timing.unwrap_or(false),
+            gflops: gflops.unwrap_or(50),
+            link,
+            latency_us: latency.unwrap_or(0),
         })
     }
 }
 
 impl fmt::Display for DeviceSpec {
-    /// The canonical form, with every key: parsing it gives the same spec.
+    /// The canonical form, with every key (the timing and link keys only
+    /// when timing is on or a link is set): parsing it gives the same spec.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
@@ -220,7 +277,14 @@ impl fmt::Display for DeviceSpec {
             format_size(self.run),
             format_size(self.scratch),
             if self.prefetch { "on" } else { "off" }
-        )
+        )?;
+        if self.timing {
+            write!(f, ",timing=on,gflops={}", self.gflops)?;
+        }
+        if let Some(b) = self.link {
+            write!(f, ",link={b},latency={}", self.latency_us)?;
+        }
+        Ok(())
     }
 }
 
@@ -282,7 +346,14 @@ mod tests {
         assert_eq!(s.mem, 2 << 30);
         let u: DeviceSpec = "sim:mode=unified,lanes=2".parse().unwrap();
         assert_eq!((u.mode, u.lanes), (Mode::Unified, 2));
-        for spec in [d, s, u] {
+        let t: DeviceSpec = "sim:timing=on,gflops=200,link=16GB,latency=5"
+            .parse()
+            .unwrap();
+        assert_eq!(
+            (t.timing, t.gflops, t.link, t.latency_us),
+            (true, 200, Some(16_000_000_000), 5)
+        );
+        for spec in [d, s, u, t] {
             assert_eq!(
                 spec.to_string().parse::<DeviceSpec>().unwrap(),
                 spec,
@@ -315,6 +386,10 @@ mod tests {
                 .is_ok_and(|d| d.prefetch)
         );
         assert!(err("sim:mem").contains("not KEY=VALUE"));
+        assert!(err("sim:timing=yes").contains("timing: \"yes\" is not on or off"));
+        assert!(err("sim:gflops=0").contains("gflops: \"0\""));
+        assert!(err("sim:link=fast").contains("link: \"fast\""));
+        assert!(err("sim:latency=-1").contains("latency: \"-1\""));
         assert!(err("sim:mem=1KiB").contains("below the minimum"));
         assert!(err("sim:mem=1GiB,run=1GiB").contains("exceed mem"));
         assert!(err("sim:mem=1TiB,run=0,scratch=0").contains("at most"));

@@ -43,6 +43,15 @@ impl Layout {
         }
     }
 
+    /// The bytes a copy of `view` moves ([`Layout::copy_in`]'s and
+    /// [`Layout::copy_out`]'s count), without moving them: what a chip in
+    /// timing mode charges its link.
+    pub(crate) fn view_bytes(self, view: &Tensor) -> u64 {
+        let mut total = 0u64;
+        for_each_run(view, |_, len| total += len as u64);
+        total
+    }
+
     /// Whether a copy-in writes every byte of the copy (otherwise the rest
     /// must be zeroed: it holds an earlier owner's bytes).
     pub(crate) fn filled_by_copy_in(self, view: &Tensor) -> bool {

@@ -219,4 +219,12 @@ pub trait Kernel: Send + Sync + 'static {
     /// # Errors
     /// A message, reported as the task's failure cause.
     fn run(&self, ctx: &mut KernelContext<'_>) -> Result<(), String>;
+
+    /// The floating-point operations a run on these arguments costs, if the
+    /// kernel can say: a chip in timing mode (`sim:timing=on`) takes that
+    /// many flops at its modelled rate instead of running it. `None`: it
+    /// takes the time of moving the bytes its arguments span.
+    fn flops(&self, _args: &[Tensor]) -> Option<u64> {
+        None
+    }
 }

@@ -106,6 +106,11 @@ impl Backend for SimBackend<'_> {
         if !host.writable() || view.end_byte() > host.len() as u64 || block.len < len {
             return 0;
         }
+        // A timing chip's copies hold nothing: it moves no byte to host
+        // memory, ever (a kernel there writes nothing either).
+        if self.0.spec.timing {
+            return layout.view_bytes(view);
+        }
         let Ok(src) = self.0.memory.ptr(DEVICE_BASE + block.offset, len) else {
             return 0;
         };
@@ -491,6 +496,9 @@ impl Inner {
             if let Acquired::Fresh { block, .. } = acquired {
                 let addr = DEVICE_BASE + block.offset;
                 copied = (|| -> Result<u64, Error> {
+                    if self.spec.timing {
+                        return Ok(layout.view_bytes(t));
+                    }
                     if !layout.filled_by_copy_in(t) {
                         self.zero(addr, len, false)?;
                     }
@@ -524,6 +532,7 @@ impl Inner {
                 &mut figures,
             );
             if let Some(n) = copied {
+                self.link_pause(n);
                 self.cache.count_prefetched(n);
                 figures.prefetched += n;
                 out.cache.add(&figures);
@@ -808,6 +817,14 @@ impl Inner {
                 (DEVICE_BASE + block.offset, Some(guard), copy_in)
             }
         };
+        if self.spec.timing {
+            // Timing mode moves no byte: it charges the link what a copy
+            // would move, and no kernel reads the block.
+            if from_host {
+                report.staged_in += layout.view_bytes(t);
+            }
+            return Ok((addr, guard));
+        }
         let dev = self.memory.ptr(addr, len)?;
         // Wherever no copy-in writes — the whole block for an OUTPUT, the
         // gaps of a strided view laid out as in the buffer — the block
@@ -916,9 +933,22 @@ impl Inner {
             Ok(unsafe { Scratch::new(ptr, nbytes, Box::new(move || drop(guard))) })
         };
         let mut ctx = KernelContext::new(&args, &launch.scalars, &scratch);
+        // The modelled link carries what this launch staged in (what a
+        // prefetch copied ahead was charged on the copy thread).
+        self.link_pause(report.staged_in);
         let started = Instant::now();
         report.copy_in = started.saturating_duration_since(begun);
-        let ran = catch_unwind(AssertUnwindSafe(|| launch.kernel.run(&mut ctx)));
+        let ran = if self.spec.timing {
+            let tensors: Vec<Tensor> = launch.args.iter().map(|a| a.tensor).collect();
+            pause(modelled_kernel(
+                &self.spec,
+                launch.kernel.flops(&tensors),
+                &tensors,
+            ));
+            Ok(Ok(()))
+        } else {
+            catch_unwind(AssertUnwindSafe(|| launch.kernel.run(&mut ctx)))
+        };
         report.kernel = started.elapsed();
         match ran {
             Ok(Ok(())) => {}
@@ -961,18 +991,72 @@ impl Inner {
             }
             let t = &arg.tensor;
             let layout = Layout::of(t);
-            let dev = self.memory.ptr(m.chip().addr(), layout.len(t))?;
-            // SAFETY: as for the copy in, in the other direction; the
-            // host mapping is writable (check_backing).
-            let moved =
-                unsafe { layout.copy_out(t, dev, mem.as_ptr().add(t.byte_offset() as usize)) };
+            let moved = if self.spec.timing {
+                // Counted and charged, never written: the kernel computed
+                // nothing, and host memory keeps its bytes.
+                layout.view_bytes(t)
+            } else {
+                let dev = self.memory.ptr(m.chip().addr(), layout.len(t))?;
+                // SAFETY: as for the copy in, in the other direction; the
+                // host mapping is writable (check_backing).
+                unsafe { layout.copy_out(t, dev, mem.as_ptr().add(t.byte_offset() as usize)) }
+            };
             report.staged_out += moved;
+            self.link_pause(moved);
             if let Some(c) = slot {
                 c.written_through = moved;
             }
         }
         Ok(())
     }
+
+    /// Sleeps for what moving `bytes` over the modelled link takes (nothing
+    /// without a link, or for no bytes).
+    fn link_pause(&self, bytes: u64) {
+        if let (Some(bw), true) = (self.spec.link, bytes > 0) {
+            pause(link_time(bw, self.spec.latency_us, bytes));
+        }
+    }
+}
+
+/// What moving `bytes` takes on a link of `bandwidth` bytes/s and
+/// `latency_us` per transfer.
+fn link_time(bandwidth: u64, latency_us: u32, bytes: u64) -> Duration {
+    Duration::from_micros(u64::from(latency_us))
+        + Duration::from_secs_f64(bytes as f64 / bandwidth as f64)
+}
+
+/// How long a kernel takes in timing mode: its flops at the spec's rate,
+/// or, for a kernel that counts none, the bytes its arguments span at
+/// 10 GB/s.
+fn modelled_kernel(spec: &DeviceSpec, flops: Option<u64>, args: &[Tensor]) -> Duration {
+    match flops {
+        Some(f) => Duration::from_secs_f64(f as f64 / (f64::from(spec.gflops) * 1e9)),
+        None => {
+            let bytes: u64 = args.iter().map(Tensor::extent_bytes).sum();
+            Duration::from_secs_f64(bytes as f64 / 10e9)
+        }
+    }
+}
+
+/// Sleeps for `d` (the modelled chip's time passing without its CPU).
+/// The thread's timer slack is cut to a microsecond first (Linux lets a
+/// sleep overrun by 50 µs otherwise: a few per task, a visible share of a
+/// modelled millisecond kernel).
+fn pause(d: Duration) {
+    thread_local! {
+        static TIGHT: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    }
+    if d.is_zero() {
+        return;
+    }
+    TIGHT.with(|t| {
+        if !t.replace(true) {
+            // Only precision is lost if it fails.
+            let _ = nix::sys::prctl::set_timerslack(1_000);
+        }
+    });
+    std::thread::sleep(d);
 }
 
 /// The error for a held argument the chip could never hold.

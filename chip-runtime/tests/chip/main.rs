@@ -11,3 +11,4 @@ mod failures;
 mod isolation;
 mod kernels;
 mod staging;
+mod timing;

@@ -7,7 +7,7 @@
 //! `"ok": false`, and the exit status is 1.
 //!
 //! ```text
-//! strata-bench [--quick] [--scenario throughput|latency|stencil|handoff|remote|readers|cholesky]...
+//! strata-bench [--quick] [--scenario throughput|latency|stencil|handoff|remote|readers|cholesky|scale]...
 //!              [--link ring|grpc|in-process]... [--k TILES]...
 //!              [--n READERS]... [--pattern P]... [--repeats R]
 //!              [--cholesky-n N]... [--tile T]... [--scheduler least-loaded|dmda|dmdas]...
@@ -18,7 +18,9 @@
 //! `--link` picks some; `readers` (many tasks reading the same bytes, see
 //! `strata_bench/readers.rs`) runs over the ring unless `--link` picks;
 //! `cholesky` (tiled Cholesky per scheduling policy, see
-//! `strata_bench/cholesky.rs`) runs on 2 worker processes over the ring.
+//! `strata_bench/cholesky.rs`) runs on 2 worker processes over the ring;
+//! `scale` (tiled Cholesky and GEMM on 4–64 chips in timing mode, see
+//! `strata_bench/scale.rs`) on in-process workers.
 
 use std::path::PathBuf;
 
@@ -26,6 +28,8 @@ use std::path::PathBuf;
 mod cholesky;
 #[path = "strata_bench/readers.rs"]
 mod readers;
+#[path = "strata_bench/scale.rs"]
+mod scale;
 
 /// The driver allocates per task; glibc's allocator under several threads
 /// was the largest cost in its profile.
@@ -130,7 +134,7 @@ fn parse() -> Result<Opts, String> {
             other => return Err(format!("unknown option {other:?}")),
         }
     }
-    const ALL: [&str; 7] = [
+    const ALL: [&str; 8] = [
         "throughput",
         "latency",
         "stencil",
@@ -138,6 +142,7 @@ fn parse() -> Result<Opts, String> {
         "remote",
         "readers",
         "cholesky",
+        "scale",
     ];
     for s in &o.scenarios {
         if !ALL.contains(&s.as_str()) {
@@ -637,6 +642,7 @@ fn main() {
         let modes: &[Mode] = match (s.as_str(), opts.links.is_empty()) {
             ("remote", _) => &[],
             ("readers" | "cholesky", true) => &[Mode::Process],
+            ("scale", _) => &[Mode::InProcess],
             (_, true) => &Mode::ALL,
             (_, false) => &opts.links,
         };
@@ -649,6 +655,7 @@ fn main() {
                     "stencil" => stencil(mode, opts.quick, &opts.ks),
                     "readers" => readers::readers(mode, &opts.readers),
                     "cholesky" => cholesky::cholesky(&opts.cholesky),
+                    "scale" => scale::scale(&scale::Plan::new(opts.quick)),
                     _ => handoff(mode, opts.quick),
                 };
                 (mode.name(s), r)

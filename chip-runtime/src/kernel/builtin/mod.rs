@@ -40,12 +40,15 @@ use super::{
 
 type CheckFn = fn(&[Tensor], &[u64]) -> Result<(), (usize, String)>;
 type RunFn = fn(&mut KernelContext<'_>) -> Result<(), String>;
+type CostFn = fn(&[Tensor]) -> u64;
 
-/// A built-in kernel: a descriptor and two functions.
+/// A built-in kernel: a descriptor, two functions, and for the matrix
+/// kernels a flop count.
 struct Builtin {
     desc: KernelDescriptor,
     check: CheckFn,
     run: RunFn,
+    cost: Option<CostFn>,
 }
 
 impl Kernel for Builtin {
@@ -58,6 +61,31 @@ impl Kernel for Builtin {
     fn run(&self, ctx: &mut KernelContext<'_>) -> Result<(), String> {
         (self.run)(ctx)
     }
+    fn flops(&self, args: &[Tensor]) -> Option<u64> {
+        self.cost.map(|c| c(args))
+    }
+}
+
+/// Axis `i` of argument `a`.
+fn dim(args: &[Tensor], a: usize, i: usize) -> u64 {
+    args.get(a)
+        .and_then(|t| t.shape().get(i))
+        .map_or(0, |&d| u64::from(d))
+}
+
+/// The usual flop counts: 2mkn for a product (matmul, gemm), n³/3 for
+/// potrf, m·n² for trsm, m²k for syrk.
+fn product_flops(a: &[Tensor]) -> u64 {
+    2 * dim(a, 0, 0) * dim(a, 0, 1) * dim(a, 1, 1)
+}
+fn potrf_flops(a: &[Tensor]) -> u64 {
+    dim(a, 0, 0).pow(3) / 3
+}
+fn trsm_flops(a: &[Tensor]) -> u64 {
+    dim(a, 1, 0) * dim(a, 1, 1).pow(2)
+}
+fn syrk_flops(a: &[Tensor]) -> u64 {
+    dim(a, 0, 0).pow(2) * dim(a, 0, 1)
 }
 
 fn arg(name: &str, access: Access, dtypes: DTypes, rank: Rank) -> ArgSpec {
@@ -71,6 +99,18 @@ fn kernel(
     check: CheckFn,
     run: RunFn,
 ) -> Arc<dyn Kernel> {
+    costed(name, args, scalars, check, run, None)
+}
+
+/// [`kernel`] with a flop count.
+fn costed(
+    name: &str,
+    args: Vec<ArgSpec>,
+    scalars: Vec<ScalarSpec>,
+    check: CheckFn,
+    run: RunFn,
+    cost: Option<CostFn>,
+) -> Arc<dyn Kernel> {
     Arc::new(Builtin {
         desc: KernelDescriptor {
             name: name.to_owned(),
@@ -80,6 +120,7 @@ fn kernel(
         },
         check,
         run,
+        cost,
     })
 }
 
@@ -129,7 +170,7 @@ pub fn all() -> Vec<Arc<dyn Kernel>> {
             |a, _| same_shape(a, 1, 0),
             elementwise::axpy,
         ),
-        kernel(
+        costed(
             "matmul",
             vec![
                 arg("a", R, list(FLOAT_DTYPES), Rank::Exactly(2)),
@@ -139,8 +180,9 @@ pub fn all() -> Vec<Arc<dyn Kernel>> {
             vec![],
             linalg::check_matmul,
             linalg::matmul,
+            Some(product_flops),
         ),
-        kernel(
+        costed(
             "matmul_acc",
             vec![
                 arg("a", R, list(FLOAT_DTYPES), Rank::Exactly(2)),
@@ -150,6 +192,7 @@ pub fn all() -> Vec<Arc<dyn Kernel>> {
             vec![],
             linalg::check_matmul,
             linalg::matmul_acc,
+            Some(product_flops),
         ),
         kernel(
             "reduce_sum",
@@ -181,14 +224,15 @@ pub fn all() -> Vec<Arc<dyn Kernel>> {
             linalg::check_transpose,
             elementwise::transpose,
         ),
-        kernel(
+        costed(
             "potrf",
             vec![arg("a", RW, list(REAL), Rank::Exactly(2))],
             vec![],
             blas::check_potrf,
             blas::potrf,
+            Some(potrf_flops),
         ),
-        kernel(
+        costed(
             "trsm",
             vec![
                 arg("l", R, list(REAL), Rank::Exactly(2)),
@@ -197,8 +241,9 @@ pub fn all() -> Vec<Arc<dyn Kernel>> {
             vec![],
             blas::check_trsm,
             blas::trsm,
+            Some(trsm_flops),
         ),
-        kernel(
+        costed(
             "syrk",
             vec![
                 arg("a", R, list(REAL), Rank::Exactly(2)),
@@ -207,8 +252,9 @@ pub fn all() -> Vec<Arc<dyn Kernel>> {
             vec![],
             blas::check_syrk,
             blas::syrk,
+            Some(syrk_flops),
         ),
-        kernel(
+        costed(
             "gemm",
             vec![
                 arg("a", R, list(REAL), Rank::Exactly(2)),
@@ -221,6 +267,7 @@ pub fn all() -> Vec<Arc<dyn Kernel>> {
             ],
             linalg::check_matmul,
             blas::gemm,
+            Some(product_flops),
         ),
     ]
 }

@@ -226,6 +226,8 @@ struct Task {
     /// Upward rank (ns): its modelled duration plus the longest modelled
     /// path after it among the tasks submitted so far.
     rank: f64,
+    /// Its modelled duration when it was submitted (ns), for ranking.
+    cost: f64,
     /// Unfinished predecessors, for raising their ranks ([`Policy::Dmdas`]).
     preds: smallvec::SmallVec<[TaskId; 4]>,
 }
@@ -260,11 +262,11 @@ const UNKNOWN_NS: f64 = 1_000.0;
 /// their modelled durations add up to less than this (ns): a small window
 /// of long tasks keeps later placements and priorities meaningful, a long
 /// one of short tasks keeps the link busy.
-const IN_FLIGHT_HORIZON_NS: f64 = 1_000_000.0;
+const IN_FLIGHT_HORIZON_NS: f64 = 4_000_000.0;
 
 /// Rank updates one submission may make before it stops raising its
 /// ancestors' ranks (deep graphs then rank by what is near).
-const RANK_BUDGET: usize = 256;
+const RANK_BUDGET: usize = 128;
 
 impl Scheduler {
     /// A scheduler without workers, with the default policy.
@@ -337,6 +339,7 @@ impl Scheduler {
         };
         if let Some(t) = self.tasks.get_mut(&task) {
             t.rank = cost;
+            t.cost = cost;
             t.preds = preds
                 .iter()
                 .map(|(p, _)| *p)
@@ -354,12 +357,7 @@ impl Scheduler {
             let Some(t) = self.tasks.get_mut(&p) else {
                 continue;
             };
-            let own = t
-                .members
-                .first()
-                .and_then(|m| self.model.predict(m.callable, &m.work))
-                .unwrap_or(UNKNOWN_NS);
-            let want = own + below;
+            let want = t.cost + below;
             if want <= t.rank {
                 continue;
             }
@@ -483,6 +481,7 @@ impl Scheduler {
                 predicted: Members::new(),
                 key: queue::Key::unqueued(task),
                 rank: 0.0,
+                cost: 0.0,
                 preds: smallvec::SmallVec::new(),
             },
         );

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Single-core GFlop/s of OpenBLAS's tile kernels, to set beside strata's.
 
-    OPENBLAS_NUM_THREADS=1 python3 scripts/openblas_tiles.py
+    OPENBLAS_NUM_THREADS=1 python3 scripts/openblas_tiles.py   # needs numpy and scipy from PyPI
 
 Times LAPACK's potrf and BLAS's trsm (right side, lower, transposed:
 b <- b·l^-T), syrk (lower, c <- c - a·a^T) and gemm (c <- c - a·b) through

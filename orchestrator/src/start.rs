@@ -519,6 +519,7 @@ fn start(b: ClusterBuilder) -> Result<Cluster, Error> {
                 && info.fd_passing
                 && b.device_cache
                 && b.write_back == crate::WriteBack::Deferred,
+            kind: device_kind(&info.device),
         });
         let _ = up_tx.send(Notice::Event(Event::WorkerUp {
             worker: id,
@@ -663,4 +664,14 @@ fn targets(
         });
     }
     Ok((targets, local))
+}
+
+/// A worker's device kind for the performance models: a hash of its
+/// canonical device spec (the same on every run, so saved models stay
+/// valid).
+fn device_kind(device: &str) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = rustc_hash::FxHasher::default();
+    device.hash(&mut h);
+    h.finish()
 }

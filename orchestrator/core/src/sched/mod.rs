@@ -186,6 +186,8 @@ struct Worker {
     in_flight: usize,
     queue: queue::ReadyQueue,
     device_buffers: HashSet<CanonicalIdentity>,
+    /// Its device kind, for the performance models (0 until said).
+    kind: u64,
     /// Modelled ns of the work queued and in flight here.
     backlog_ns: f64,
     /// Of that, in flight.
@@ -248,6 +250,8 @@ pub struct Scheduler {
     holders: rustc_hash::FxHashMap<u64, Members<WorkerId>>,
     /// Ready order, for queue keys.
     next_seq: u64,
+    /// Device kinds said by [`Scheduler::set_kind`].
+    kinds: rustc_hash::FxHashMap<WorkerId, u64>,
 }
 
 /// Byte sets whose holders the scheduler remembers at most (then it
@@ -297,6 +301,34 @@ impl Scheduler {
         &mut self.model
     }
 
+    /// `worker`'s device kind (a hash of its device spec): its tasks'
+    /// times are learned and predicted apart from other kinds'. Kept
+    /// across the worker's losses and returns; a worker whose kind was
+    /// never said is kind 0.
+    pub fn set_kind(&mut self, worker: WorkerId, kind: u64) {
+        self.kinds.insert(worker, kind);
+        if let Some(w) = self.workers.get_mut(&worker) {
+            w.kind = kind;
+        }
+    }
+
+    fn kind_of(&self, worker: WorkerId) -> u64 {
+        self.kinds.get(&worker).copied().unwrap_or(0)
+    }
+
+    /// A member's modelled duration before it is placed (for ranking): on
+    /// the kind of the lowest worker that offers its callable.
+    fn unplaced_cost(&self, m: &MemberInfo) -> f64 {
+        let kind = self
+            .workers
+            .values()
+            .find(|w| w.callables.contains(&m.callable))
+            .map_or(0, |w| w.kind);
+        self.model
+            .predict(m.callable, kind, &m.work)
+            .unwrap_or(UNKNOWN_NS)
+    }
+
     /// Member `member` of `task` ran its kernel for `kernel_ns` and copied
     /// `copied_bytes` to its chip in `copy_ns`: the models learn from it.
     /// Call before the member's [`Scheduler::finished`]. Returns what the
@@ -314,11 +346,11 @@ impl Scheduler {
             return None;
         };
         let predicted = t.predicted.get(member).copied().flatten();
-        if let Some(&w) = workers.get(member) {
-            self.model.observe_copy(w, copied_bytes, copy_ns);
-        }
+        let w = *workers.get(member)?;
+        let kind = self.kind_of(w);
+        self.model.observe_copy(w, copied_bytes, copy_ns);
         self.model
-            .observe(info.callable, &info.work, kernel_ns as f64, predicted);
+            .observe(info.callable, kind, &info.work, kernel_ns as f64, predicted);
         predicted
     }
 
@@ -333,8 +365,7 @@ impl Scheduler {
             Some(t) => t
                 .members
                 .first()
-                .and_then(|m| self.model.predict(m.callable, &m.work))
-                .unwrap_or(UNKNOWN_NS),
+                .map_or(UNKNOWN_NS, |m| self.unplaced_cost(m)),
             None => return,
         };
         if let Some(t) = self.tasks.get_mut(&task) {
@@ -391,10 +422,12 @@ impl Scheduler {
             in_flight: 0,
             queue: queue::ReadyQueue::default(),
             device_buffers: HashSet::default(),
+            kind: 0,
             backlog_ns: 0.0,
             in_flight_ns: 0.0,
         });
         w.up = true;
+        w.kind = self.kinds.get(&worker).copied().unwrap_or(0);
         w.callables = callables.into_iter().collect();
         w.window = window.max(1);
         let mut out = Vec::new();

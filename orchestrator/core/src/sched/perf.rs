@@ -1,5 +1,9 @@
 //! Performance models: how long a kernel takes, learned from history.
 //!
+//! Every model is per callable *and device kind* (a hash of the worker's
+//! device spec, as StarPU keeps one per architecture): a fast chip's history
+//! says nothing of a slow one's.
+//!
 //! - **History.** Per callable and *size class* (a hash of its arguments'
 //!   shapes and dtypes, as StarPU's history-based models key by footprint),
 //!   the mean and variance of measured kernel times (Welford). A class
@@ -76,6 +80,8 @@ impl Welford {
 pub struct Entry {
     /// The callable's handle.
     pub callable: [u8; 16],
+    /// The device kind it ran on (see [`PerfModel`]).
+    pub kind: u64,
     /// The size class.
     pub class: u64,
     /// Bytes its arguments span.
@@ -114,17 +120,16 @@ impl Accuracy {
 #[derive(Debug, Clone, Default)]
 struct Callable {
     classes: FxHashMap<u64, (f64, Welford)>,
-    /// The fitted `(ln a, b)`, refitted when a class's mean moved.
+    /// The fitted `(ln a, b)`, refitted whenever a class's mean moves.
     fit: Option<(f64, f64)>,
-    stale: bool,
 }
 
-/// Learned kernel and transfer times.
+/// Learned kernel and transfer times, per callable and device kind.
 #[derive(Debug, Clone, Default)]
 pub struct PerfModel {
-    callables: FxHashMap<KernelHandle, Callable>,
-    /// Flops and kernel ns over tasks that declared flops.
-    flops: (f64, f64),
+    callables: FxHashMap<(KernelHandle, u64), Callable>,
+    /// Flops and kernel ns over tasks that declared flops, per device kind.
+    flops: FxHashMap<u64, (f64, f64)>,
     /// Bytes and ns copied to each worker's chip.
     links: FxHashMap<WorkerId, (f64, f64)>,
     accuracy: Accuracy,
@@ -136,33 +141,29 @@ impl PerfModel {
         PerfModel::default()
     }
 
-    /// The expected kernel time of `work` under `callable`, in ns, if the
-    /// model can say.
-    pub fn predict(&mut self, callable: KernelHandle, work: &Work) -> Option<f64> {
-        if let Some(c) = self.callables.get_mut(&callable) {
+    /// The expected kernel time of `work` under `callable` on a chip of
+    /// device kind `kind`, in ns, if the model can say.
+    pub fn predict(&self, callable: KernelHandle, kind: u64, work: &Work) -> Option<f64> {
+        if let Some(c) = self.callables.get(&(callable, kind)) {
             if let Some((_, w)) = c.classes.get(&work.class) {
                 if w.n >= CALIBRATED {
                     return Some(w.mean);
                 }
             }
-            if let Some((ln_a, b)) = c.fitted() {
-                if work.size > 0 {
-                    return Some((ln_a + b * (work.size as f64).ln()).exp());
-                }
+            if let (Some((ln_a, b)), true) = (c.fit, work.size > 0) {
+                return Some((ln_a + b * (work.size as f64).ln()).exp());
             }
             if let Some((_, w)) = c.classes.get(&work.class) {
                 return Some(w.mean);
             }
         }
-        work.flops.map(|f| f as f64 / self.flops_per_ns())
+        work.flops.map(|f| f as f64 / self.flops_per_ns(kind))
     }
 
-    fn flops_per_ns(&self) -> f64 {
-        let (f, ns) = self.flops;
-        if f > 0.0 && ns > 0.0 {
-            f / ns
-        } else {
-            DEFAULT_FLOPS_PER_NS
+    fn flops_per_ns(&self, kind: u64) -> f64 {
+        match self.flops.get(&kind) {
+            Some(&(f, ns)) if f > 0.0 && ns > 0.0 => f / ns,
+            _ => DEFAULT_FLOPS_PER_NS,
         }
     }
 
@@ -171,6 +172,7 @@ impl PerfModel {
     pub fn observe(
         &mut self,
         callable: KernelHandle,
+        kind: u64,
         work: &Work,
         kernel_ns: f64,
         predicted: Option<f64>,
@@ -185,17 +187,18 @@ impl PerfModel {
             }
             None => self.accuracy.unpredicted += 1,
         }
-        let c = self.callables.entry(callable).or_default();
+        let c = self.callables.entry((callable, kind)).or_default();
         let (size, w) = c
             .classes
             .entry(work.class)
             .or_insert((work.size as f64, Welford::default()));
         *size = work.size as f64;
         w.add(kernel_ns);
-        c.stale = true;
+        c.refit();
         if let Some(f) = work.flops {
-            self.flops.0 += f as f64;
-            self.flops.1 += kernel_ns;
+            let r = self.flops.entry(kind).or_default();
+            r.0 += f as f64;
+            r.1 += kernel_ns;
         }
     }
 
@@ -227,9 +230,10 @@ impl PerfModel {
         let mut out: Vec<Entry> = self
             .callables
             .iter()
-            .flat_map(|(k, c)| {
+            .flat_map(|((k, kind), c)| {
                 c.classes.iter().map(move |(class, (size, w))| Entry {
                     callable: k.0,
+                    kind: *kind,
                     class: *class,
                     size: *size,
                     n: w.n,
@@ -242,7 +246,7 @@ impl PerfModel {
                 })
             })
             .collect();
-        out.sort_by_key(|e| (e.callable, e.class));
+        out.sort_by_key(|e| (e.callable, e.kind, e.class));
         out
     }
 
@@ -252,7 +256,10 @@ impl PerfModel {
             if e.n == 0 || !(e.mean_ns.is_finite() && e.mean_ns > 0.0) {
                 continue;
             }
-            let c = self.callables.entry(KernelHandle(e.callable)).or_default();
+            let c = self
+                .callables
+                .entry((KernelHandle(e.callable), e.kind))
+                .or_default();
             let var = e.stddev_ns * e.stddev_ns;
             c.classes.insert(
                 e.class,
@@ -265,19 +272,16 @@ impl PerfModel {
                     },
                 ),
             );
-            c.stale = true;
+            c.refit();
         }
     }
 }
 
 impl Callable {
-    /// The power law over the classes' means, refitted if stale.
-    fn fitted(&mut self) -> Option<(f64, f64)> {
-        if self.stale {
-            self.stale = false;
-            self.fit = fit(self.classes.values().map(|(s, w)| (*s, w.mean)));
-        }
-        self.fit
+    /// Fits the power law over the classes' means again (a callable has a
+    /// few classes: one per tile shape it ran on).
+    fn refit(&mut self) {
+        self.fit = fit(self.classes.values().map(|(s, w)| (*s, w.mean)));
     }
 }
 
@@ -320,43 +324,43 @@ mod tests {
     fn history_then_regression_then_flops() {
         let mut m = PerfModel::new();
         let k = KernelHandle([1; 16]);
-        assert_eq!(m.predict(k, &work(1, 100)), None);
+        assert_eq!(m.predict(k, 0, &work(1, 100)), None);
         let declared = Work {
             flops: Some(1_000_000),
             ..work(9, 10)
         };
         // Before any measurement: the default rate.
         assert_eq!(
-            m.predict(KernelHandle([2; 16]), &declared),
+            m.predict(KernelHandle([2; 16]), 0, &declared),
             Some(1e6 / DEFAULT_FLOPS_PER_NS)
         );
         // t = 3 · size^1.5 at two sizes.
         for _ in 0..3 {
-            m.observe(k, &work(1, 100), 3.0 * 100f64.powf(1.5), None);
-            m.observe(k, &work(2, 400), 3.0 * 400f64.powf(1.5), None);
+            m.observe(k, 0, &work(1, 100), 3.0 * 100f64.powf(1.5), None);
+            m.observe(k, 0, &work(2, 400), 3.0 * 400f64.powf(1.5), None);
         }
-        let hist = m.predict(k, &work(1, 100)).unwrap();
+        let hist = m.predict(k, 0, &work(1, 100)).unwrap();
         assert!((hist - 3000.0).abs() < 1e-6, "{hist}");
-        let guess = m.predict(k, &work(3, 900)).unwrap();
+        let guess = m.predict(k, 0, &work(3, 900)).unwrap();
         assert!(
             (guess - 3.0 * 900f64.powf(1.5)).abs() / guess < 1e-9,
             "{guess}"
         );
         // Measured flop rate: 1e6 flops in 1e4 ns = 100 flops/ns.
-        m.observe(KernelHandle([2; 16]), &declared, 1e4, None);
+        m.observe(KernelHandle([2; 16]), 0, &declared, 1e4, None);
         let other = Work {
             flops: Some(2_000_000),
             ..work(8, 10)
         };
-        assert_eq!(m.predict(KernelHandle([3; 16]), &other), Some(2e4));
+        assert_eq!(m.predict(KernelHandle([3; 16]), 0, &other), Some(2e4));
     }
 
     #[test]
     fn accuracy_and_round_trip() {
         let mut m = PerfModel::new();
         let k = KernelHandle([5; 16]);
-        m.observe(k, &work(1, 8), 100.0, Some(150.0));
-        m.observe(k, &work(1, 8), 300.0, None);
+        m.observe(k, 0, &work(1, 8), 100.0, Some(150.0));
+        m.observe(k, 0, &work(1, 8), 300.0, None);
         assert_eq!(m.accuracy().predicted, 1);
         assert!((m.accuracy().mean_rel_err() - 0.5).abs() < 1e-12);
         let saved = m.entries();
@@ -365,7 +369,7 @@ mod tests {
         let mut again = PerfModel::new();
         again.load(&saved);
         assert_eq!(again.entries(), saved);
-        assert_eq!(again.predict(k, &work(1, 8)), Some(200.0));
+        assert_eq!(again.predict(k, 0, &work(1, 8)), Some(200.0));
     }
 
     #[test]
@@ -373,14 +377,30 @@ mod tests {
         let mut m = PerfModel::new();
         let k = KernelHandle([7; 16]);
         // A cold first sample, then a steady state.
-        m.observe(k, &work(1, 8), 10_000.0, None);
+        m.observe(k, 0, &work(1, 8), 10_000.0, None);
         for _ in 0..200 {
-            m.observe(k, &work(1, 8), 100.0, None);
+            m.observe(k, 0, &work(1, 8), 100.0, None);
         }
-        let p = m.predict(k, &work(1, 8)).unwrap();
+        let p = m.predict(k, 0, &work(1, 8)).unwrap();
         assert!((p - 100.0).abs() < 1.0, "{p}");
         let e = &m.entries()[0];
         assert!(e.stddev_ns < 10.0, "{e:?}");
+    }
+
+    #[test]
+    fn each_device_kind_has_its_own_history() {
+        let mut m = PerfModel::new();
+        let k = KernelHandle([9; 16]);
+        for _ in 0..3 {
+            m.observe(k, 1, &work(1, 8), 100.0, None);
+            m.observe(k, 2, &work(1, 8), 400.0, None);
+        }
+        assert_eq!(m.predict(k, 1, &work(1, 8)), Some(100.0));
+        assert_eq!(m.predict(k, 2, &work(1, 8)), Some(400.0));
+        assert_eq!(m.predict(k, 3, &work(1, 8)), None);
+        let mut again = PerfModel::new();
+        again.load(&m.entries());
+        assert_eq!(again.predict(k, 2, &work(1, 8)), Some(400.0));
     }
 
     #[test]

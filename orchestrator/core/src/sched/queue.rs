@@ -85,10 +85,14 @@ impl Scheduler {
         let mut predicted: super::Members<Option<f64>> = super::Members::new();
         let models = self.policy.models();
         for info in &t.members {
-            let expect = if models {
-                self.model.predict(info.callable, &info.work)
-            } else {
-                None
+            // Each worker's kind has its own model: the prediction is the
+            // chosen worker's.
+            let expect_on = |w: &super::Worker| {
+                if models {
+                    self.model.predict(info.callable, w.kind, &info.work)
+                } else {
+                    None
+                }
             };
             let pick = match info.placement {
                 Placement::On(w) => match self.workers.get(&w) {
@@ -110,7 +114,7 @@ impl Scheduler {
                         // Modelled finish first (whole µs, so that noise in
                         // the models does not override the rest), when
                         // modelling and the task's duration is known.
-                        let finish = match expect {
+                        let finish = match expect_on(w) {
                             Some(ns) => {
                                 let lacking: f64 = info
                                     .work
@@ -146,7 +150,7 @@ impl Scheduler {
             match pick {
                 Ok(w) => {
                     chosen.push(w);
-                    predicted.push(expect);
+                    predicted.push(self.workers.get(&w).and_then(expect_on));
                 }
                 Err(outcome) => {
                     let callable = info.callable;

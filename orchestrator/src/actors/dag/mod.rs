@@ -37,6 +37,9 @@ pub(crate) struct EndpointRef {
     /// (a caching chip that maps host buffers, with deferred write-back:
     /// [`writeback`]).
     pub(crate) keeps_dirty: bool,
+    /// Its device kind for the performance models: a hash of its device
+    /// spec (chips with one spec share a history).
+    pub(crate) kind: u64,
 }
 
 struct Record {
@@ -156,6 +159,10 @@ impl DagActor {
         let caching = device_cache && endpoints.iter().any(|e| e.caches);
         let mut engine = Engine::with_policy(models.policy);
         engine.scheduler_mut().model_mut().load(&models.loaded);
+        for (i, ep) in endpoints.iter().enumerate() {
+            let id = WorkerId(u32::try_from(i).unwrap_or(u32::MAX));
+            engine.scheduler_mut().set_kind(id, ep.kind);
+        }
         DagActor {
             engine,
             models_path: models.path,

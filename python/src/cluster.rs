@@ -480,7 +480,12 @@ impl PyCluster {
     /// bytes the task writes on a worker it connected to (or an
     /// in-process one) stay quarantined until the kernel has ended; other
     /// tasks running there fail with :class:`WorkerLost`.
-    #[pyo3(signature = (callable, *args, on=None, after=None, timeout=None))]
+    ///
+    /// ``flops=`` declares the task's cost in floating-point operations:
+    /// the scheduler's performance models predict its duration from it
+    /// before they have measured its kernel at these shapes.
+    #[pyo3(signature = (callable, *args, on=None, after=None, timeout=None, flops=None))]
+    #[allow(clippy::too_many_arguments)]
     fn submit(
         &self,
         py: Python<'_>,
@@ -489,9 +494,13 @@ impl PyCluster {
         on: Option<u32>,
         after: Option<Bound<'_, PyAny>>,
         timeout: Option<f64>,
+        flops: Option<u64>,
     ) -> PyResult<PyTask> {
         let sig = self.core.sig(callable)?;
-        let task = build(&sig, callable, &args, on, after.as_ref(), timeout)?;
+        let mut task = build(&sig, callable, &args, on, after.as_ref(), timeout)?;
+        if let Some(f) = flops {
+            task = task.flops(f);
+        }
         let core = &self.core;
         let handle = py.detach(|| core.run(|c| c.submit(task))).map_err(err)?;
         Ok(PyTask {

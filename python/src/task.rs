@@ -498,6 +498,11 @@ pub(crate) struct PySummary {
     held_bytes: u64,
     /// Tasks sent again because a chip no longer held such bytes.
     resent: u64,
+    /// Completions whose kernel time the performance models predicted.
+    predicted: u64,
+    /// The models' relative error over those (Σ|predicted − measured| /
+    /// Σ measured), or ``None`` when they predicted none.
+    prediction_error: Option<f64>,
 }
 
 impl From<RunSummary> for PySummary {
@@ -523,6 +528,8 @@ impl From<RunSummary> for PySummary {
             evictions: s.evictions,
             held_bytes: s.held_bytes,
             resent: s.resent,
+            predicted: s.predicted,
+            prediction_error: s.prediction_error(),
         }
     }
 }
@@ -531,7 +538,7 @@ impl From<RunSummary> for PySummary {
 impl PySummary {
     fn __repr__(&self) -> String {
         format!(
-            "strata.Summary(submitted={}, succeeded={}, failed={}, skipped={}, cancelled={}, edges={}, fd_bytes={}, sent_bytes={}, returned_bytes={}, staged_bytes={}, to_device_bytes={}, from_device_bytes={}, prefetched_bytes={}, on_chip_bytes={}, cache_hits={}, cache_misses={}, write_backs={}, evictions={}, held_bytes={}, resent={})",
+            "strata.Summary(submitted={}, succeeded={}, failed={}, skipped={}, cancelled={}, edges={}, fd_bytes={}, sent_bytes={}, returned_bytes={}, staged_bytes={}, to_device_bytes={}, from_device_bytes={}, prefetched_bytes={}, on_chip_bytes={}, cache_hits={}, cache_misses={}, write_backs={}, evictions={}, held_bytes={}, resent={}, predicted={}, prediction_error={})",
             self.submitted,
             self.succeeded,
             self.failed,
@@ -551,7 +558,10 @@ impl PySummary {
             self.write_backs,
             self.evictions,
             self.held_bytes,
-            self.resent
+            self.resent,
+            self.predicted,
+            self.prediction_error
+                .map_or_else(|| "None".to_owned(), |e| format!("{e:.3}"))
         )
     }
 }

@@ -100,6 +100,8 @@ class Summary:
     evictions: int
     held_bytes: int
     resent: int
+    predicted: int
+    prediction_error: Optional[float]
 
 class Worker:
     """One worker of a cluster."""
@@ -201,6 +203,7 @@ class Cluster:
         on: Optional[int] = None,
         after: Optional[Iterable[Task]] = None,
         timeout: Optional[float] = None,
+        flops: Optional[int] = None,
     ) -> Task: ...
     def task(
         self,

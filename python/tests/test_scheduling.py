@@ -41,6 +41,15 @@ def test_float64_cholesky_matches_numpy_under_each_policy(scheduler, tmp_path):
     assert saved["strata_perf_models"] == 1 and saved["entries"]
 
 
+def test_declared_flops_give_a_first_prediction():
+    with strata.Cluster(in_process=1) as c:
+        x = c.zeros((64, 64), np.float32)
+        c.submit("fill", x, 1.0, flops=10_000)
+        s = c.wait_all()
+        # The first task of an unseen kernel was predicted from its flops.
+        assert s.predicted == 1
+
+
 def test_an_unknown_scheduler_names_the_known_ones():
     with pytest.raises(ValueError, match="least-loaded, dmda, dmdas"):
         strata.Cluster(in_process=1, scheduler="fastest")

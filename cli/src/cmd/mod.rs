@@ -63,7 +63,8 @@ impl From<SchedulerArg> for strata_orchestrator::SchedulerPolicy {
 /// Where a run's bytes went, as lines: copies between host and device
 /// memory and on the chips, bytes to and from remote workers, and the
 /// device caches' hits, misses, write-backs and evictions (that line only
-/// when some chip cached).
+/// when some chip cached), and how well the performance models predicted
+/// the kernels' times (only when they predicted some).
 fn transfer_lines(s: &strata_orchestrator::RunSummary) -> Vec<String> {
     let mut lines = vec![format!(
         "bytes host->device {} ({} ahead of their task), device->host {}, on chips {}",
@@ -79,6 +80,13 @@ fn transfer_lines(s: &strata_orchestrator::RunSummary) -> Vec<String> {
         lines.push(format!(
             "device cache: {} hits, {} misses, {} write-backs, {} evictions",
             s.cache_hits, s.cache_misses, s.write_backs, s.evictions
+        ));
+    }
+    if let Some(e) = s.prediction_error() {
+        lines.push(format!(
+            "performance models: {} kernel times predicted, {:.0}% off in all",
+            s.predicted,
+            e * 100.0
         ));
     }
     lines

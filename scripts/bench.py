@@ -38,7 +38,7 @@ IN_PROCESS = [f"{s}-in-process" for s in LOCAL]
 # one row per pattern and N, in its own table.
 READERS = "readers"
 PATTERNS = ["private", "shared", "overlapping", "writer", "inference"]
-# Tiled Cholesky per scheduling policy beside StarPU's own (issue 32), and
+# Tiled Cholesky per scheduling policy beside StarPU's own, and
 # schedules at scale on timing-model chips: tables of their own.
 CHOLESKY = "cholesky"
 SCALE = "scale"

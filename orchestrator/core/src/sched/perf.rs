@@ -120,9 +120,16 @@ impl Accuracy {
 #[derive(Debug, Clone, Default)]
 struct Callable {
     classes: FxHashMap<u64, (f64, Welford)>,
-    /// The fitted `(ln a, b)`, refitted whenever a class's mean moves.
+    /// The fitted `(ln a, b)`: refitted when a class is added, and every
+    /// [`REFIT_EVERY`] samples after (means move slowly; a completion
+    /// should not pay a pass over every class).
     fit: Option<(f64, f64)>,
+    /// Samples since the last fit.
+    since_fit: u32,
 }
+
+/// Samples a callable takes between fits of its power law.
+const REFIT_EVERY: u32 = 16;
 
 /// Learned kernel and transfer times, per callable and device kind.
 #[derive(Debug, Clone, Default)]
@@ -188,13 +195,17 @@ impl PerfModel {
             None => self.accuracy.unpredicted += 1,
         }
         let c = self.callables.entry((callable, kind)).or_default();
+        let classes = c.classes.len();
         let (size, w) = c
             .classes
             .entry(work.class)
             .or_insert((work.size as f64, Welford::default()));
         *size = work.size as f64;
         w.add(kernel_ns);
-        c.refit();
+        c.since_fit += 1;
+        if c.classes.len() != classes || c.since_fit >= REFIT_EVERY {
+            c.refit();
+        }
         if let Some(f) = work.flops {
             let r = self.flops.entry(kind).or_default();
             r.0 += f as f64;
@@ -282,6 +293,7 @@ impl Callable {
     /// few classes: one per tile shape it ran on).
     fn refit(&mut self) {
         self.fit = fit(self.classes.values().map(|(s, w)| (*s, w.mean)));
+        self.since_fit = 0;
     }
 }
 

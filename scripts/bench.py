@@ -34,7 +34,7 @@ SCENARIOS = ["throughput", "latency", "stencil", "handoff", "remote", "remote-ba
 LOCAL = [s for s in SCENARIOS if not s.startswith("remote")]
 GRPC = [f"{s}-grpc" for s in LOCAL]
 IN_PROCESS = [f"{s}-in-process" for s in LOCAL]
-# Many unfinished tasks reading the same bytes (issue 30), over the ring only:
+# Many unfinished tasks reading the same bytes, over the ring only:
 # one row per pattern and N, in its own table.
 READERS = "readers"
 PATTERNS = ["private", "shared", "overlapping", "writer", "inference"]
@@ -217,10 +217,11 @@ def compare(rows):
             target("Cholesky ≥ StarPU's dmda at every size", worst, worst >= 1,
                    f"worst {where}: strata's best policy {fmt(worst)}× StarPU dmda")
     sc = scale_table(rows)
-    for (w, link), v in sorted(sc.items()):
+    for (w, link, wb), v in sorted(sc.items()):
         worst = max((x for (c, p), x in v.items() if c in (4, 8) and p == "dmdas"), default=None)
         if worst is not None:
-            target(f"scale: {w} ≤ 1.25× bound at 4 and 8 chips (dmdas, link {link})", worst, worst <= 1.25,
+            target(f"scale: {w} ≤ 1.25× bound at 4 and 8 chips (dmdas, link {link}, write-back {wb})", worst,
+                   worst <= 1.25,
                    " / ".join(f"{c} chips {fmt(x)}×" for (c, p), x in sorted(v.items()) if p == "dmdas"))
     h1, hg = pick(rows, "strata", "handoff", "1MiB"), pick(rows, "strata", "handoff", "1GiB")
     if h1 and hg:
@@ -274,13 +275,14 @@ def cholesky_markdown(rows):
 
 
 def scale_table(rows):
-    """{(workload, link): {(chips, policy): makespan / bound}}."""
+    """{(workload, link, write-back): {(chips, policy): makespan / bound}}."""
     out = {}
     for r in rows:
         if r.get("system") != "strata" or r.get("scenario") != SCALE or "chips" not in r.get("params", {}):
             continue
         p = r["params"]
-        out.setdefault((p["workload"], p.get("link")), {})[(p["chips"], p["policy"])] = r["value"]
+        key = (p["workload"], p.get("link"), p.get("write_back", "through"))
+        out.setdefault(key, {})[(p["chips"], p["policy"])] = r["value"]
     return out
 
 
@@ -290,10 +292,12 @@ def scale_markdown(rows):
         return []
     lines = ["", "Schedules at scale (timing-model chips, 10 GFlop/s each, modelled link; makespan of the "
              "second run ÷ max(critical path, total work / chips)):", "",
-             "| workload | link | chips | least-loaded | dmda | dmdas |", "|---|---|---|---|---|---|"]
-    for (w, link), v in sorted(sc.items()):
+             "| workload | link | write-back | chips | least-loaded | dmda | dmdas |",
+             "|---|---|---|---|---|---|---|"]
+    for (w, link, wb), v in sorted(sc.items()):
         for c in sorted({c for c, _ in v}):
-            lines.append(f"| {w} | {link} | {c} | " + " | ".join(fmt(v.get((c, p))) for p in POLICIES) + " |")
+            lines.append(f"| {w} | {link} | {wb} | {c} | " + " | ".join(fmt(v.get((c, p))) for p in POLICIES)
+                         + " |")
     return lines
 
 
@@ -410,11 +414,12 @@ groups = sorted({(r["params"]["workload"], r["params"].get("link")) for r in row
 fig, ax = plt.subplots(1, len(groups), figsize=(5 * len(groups), 4.2), squeeze=False)
 for a, (w, link) in zip(ax[0], groups):
     for p, c in (("least-loaded", "#999999"), ("dmda", "#6baed6"), ("dmdas", "#08519c")):
-        pts = sorted((r["params"]["chips"], r["value"]) for r in rows
-                     if r["params"]["workload"] == w and r["params"].get("link") == link
-                     and r["params"]["policy"] == p)
-        if pts:
-            a.plot(*zip(*pts), marker="o", label=p, color=c)
+        for wb, ls in (("through", "-"), ("deferred", ":")):
+            pts = sorted((r["params"]["chips"], r["value"]) for r in rows
+                         if r["params"]["workload"] == w and r["params"].get("link") == link
+                         and r["params"]["policy"] == p and r["params"].get("write_back", "through") == wb)
+            if pts:
+                a.plot(*zip(*pts), marker="o", ls=ls, label=f"{p}, {wb}", color=c)
     a.axhline(1.25, color="r", ls="--", lw=1, label="1.25")
     a.set_xscale("log", base=2); a.set_xlabel("chips"); a.set_ylabel("makespan / lower bound")
     a.set_title(f"{w}, link {link}"); a.set_ylim(bottom=1); a.legend(fontsize=8)

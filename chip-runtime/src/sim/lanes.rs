@@ -28,7 +28,10 @@
 //! condition variable: a job submitted in that window costs no futex
 //! wake-up, which across two cores is tens of microseconds — more than a
 //! small kernel. The hint decides nothing: the lane re-takes the lock and
-//! looks at the queue itself, so a stale hint only costs a spin.
+//! looks at the queue itself, so a stale hint only costs a spin. A
+//! timing chip's lanes do not spin (their kernels sleep; with 8 or 64
+//! modelled chips on two cores the spinning took the CPU the sleepers
+//! needed to wake on time).
 
 use std::collections::VecDeque;
 use std::panic::{AssertUnwindSafe, catch_unwind};
@@ -67,6 +70,8 @@ struct Shared {
     idle: Condvar,
     /// Queued jobs, as of the last change under the lock (a hint).
     queued: AtomicU64,
+    /// Whether an idle lane spins and yields before it sleeps.
+    spin: bool,
 }
 
 struct State {
@@ -88,7 +93,9 @@ impl std::fmt::Debug for State {
 }
 
 impl LanePool {
-    pub(crate) fn new(lanes: usize) -> std::io::Result<Self> {
+    /// `lanes` threads; with `spin`, an idle one spins and yields a while
+    /// before it sleeps (see the module docs), without, it sleeps at once.
+    pub(crate) fn new(lanes: usize, spin: bool) -> std::io::Result<Self> {
         let shared = Arc::new(Shared {
             state: Mutex::new(State {
                 queue: VecDeque::new(),
@@ -99,6 +106,7 @@ impl LanePool {
             work: Condvar::new(),
             idle: Condvar::new(),
             queued: AtomicU64::new(0),
+            spin,
         });
         let mut threads = Vec::with_capacity(lanes);
         for lane in 0..lanes {
@@ -209,7 +217,9 @@ fn run_lane(shared: &Shared, lane: usize) {
             return;
         } else {
             drop(s);
-            spin_for_work(shared);
+            if shared.spin {
+                spin_for_work(shared);
+            }
             s = lock(&shared.state);
             if s.queue.is_empty() && !s.shutdown {
                 s = wait(&shared.work, s);
@@ -265,7 +275,7 @@ mod tests {
     /// take its lane down or leak the in-flight count.
     #[test]
     fn every_job_runs_once_even_after_a_panic() {
-        let pool = LanePool::new(3).unwrap();
+        let pool = LanePool::new(3, true).unwrap();
         let count = std::sync::Arc::new(AtomicUsize::new(0));
         let prev = std::panic::take_hook();
         std::panic::set_hook(Box::new(|_| {}));
@@ -289,7 +299,7 @@ mod tests {
     /// 0, before `run_here` returns; a panic in it stays in the job.
     #[test]
     fn an_idle_single_lane_runs_the_job_on_the_caller() {
-        let pool = LanePool::new(1).unwrap();
+        let pool = LanePool::new(1, true).unwrap();
         let me = std::thread::current().id();
         let ran = std::sync::Arc::new(std::sync::Mutex::new(None));
         let r = std::sync::Arc::clone(&ran);
@@ -310,9 +320,9 @@ mod tests {
     /// when its lane is running a job, or when it has shut down.
     #[test]
     fn the_job_comes_back_unless_it_would_start_at_once() {
-        let two = LanePool::new(2).unwrap();
+        let two = LanePool::new(2, true).unwrap();
         assert!(two.run_here(Box::new(|_| {})).is_err(), "several lanes");
-        let one = LanePool::new(1).unwrap();
+        let one = LanePool::new(1, true).unwrap();
         let (started_tx, started) = std::sync::mpsc::channel();
         let (release, released) = std::sync::mpsc::channel::<()>();
         assert!(
@@ -334,7 +344,7 @@ mod tests {
     /// lane, one job at a time), then runs on the lane thread.
     #[test]
     fn a_job_queued_while_the_lane_is_lent_runs_after_it() {
-        let pool = std::sync::Arc::new(LanePool::new(1).unwrap());
+        let pool = std::sync::Arc::new(LanePool::new(1, true).unwrap());
         let running = std::sync::Arc::new(AtomicUsize::new(0));
         let order = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
         let (p, r, o) = (
@@ -377,7 +387,7 @@ mod loom_models {
     fn completions_are_neither_lost_nor_duplicated() {
         use crate::sync::{AtomicU64, Ordering};
         loom::model(|| {
-            let pool = LanePool::new(2).unwrap();
+            let pool = LanePool::new(2, true).unwrap();
             let runs: Vec<Arc<AtomicU64>> = (0..2).map(|_| Arc::new(AtomicU64::new(0))).collect();
             let slots: Vec<Arc<Slot<usize>>> = (0..2).map(|_| Arc::new(Slot::new())).collect();
             for (i, (slot, count)) in slots.iter().zip(&runs).enumerate() {
@@ -409,7 +419,7 @@ mod loom_models {
     fn a_lent_lane_runs_one_job_at_a_time_and_loses_none() {
         use crate::sync::{AtomicU64, Ordering};
         loom::model(|| {
-            let pool = Arc::new(LanePool::new(1).unwrap());
+            let pool = Arc::new(LanePool::new(1, true).unwrap());
             let running = Arc::new(AtomicU64::new(0));
             let runs = Arc::new(AtomicU64::new(0));
             let job = |running: &Arc<AtomicU64>, runs: &Arc<AtomicU64>| -> Job {
@@ -442,7 +452,7 @@ mod loom_models {
     fn wait_idle_waits_for_running_jobs() {
         use crate::sync::{AtomicU64, Ordering};
         loom::model(|| {
-            let pool = LanePool::new(1).unwrap();
+            let pool = LanePool::new(1, true).unwrap();
             let ran = Arc::new(AtomicU64::new(0));
             let r = Arc::clone(&ran);
             assert!(

@@ -159,12 +159,16 @@ impl SimDevice {
     pub fn new(spec: DeviceSpec) -> Result<Self, Error> {
         let arena = Arena::new(spec.persistent(), spec.run, spec.scratch)?;
         let memory = DeviceMemory::new(spec.mem)?;
-        let lanes = LanePool::new(spec.lanes).map_err(|e| Error::Map {
+        // A timing chip's kernels sleep: a lane that spins for the next
+        // job only takes the CPU that the driver and the other modelled
+        // chips need to keep time.
+        let spin = !spec.timing;
+        let lanes = LanePool::new(spec.lanes, spin).map_err(|e| Error::Map {
             bytes: 0,
             reason: format!("cannot start lane threads: {e}"),
         })?;
         let copier = if spec.prefetch && spec.mode == Mode::Staged {
-            Some(LanePool::new(1).map_err(|e| Error::Map {
+            Some(LanePool::new(1, spin).map_err(|e| Error::Map {
                 bytes: 0,
                 reason: format!("cannot start the copy thread: {e}"),
             })?)
@@ -797,6 +801,11 @@ impl Inner {
             Some(Acquired::Hit(block)) => return Ok((DEVICE_BASE + block.offset, None)),
             Some(Acquired::Copy { from, to, .. }) => {
                 let (src, dst) = (DEVICE_BASE + from.offset, DEVICE_BASE + to.offset);
+                if self.spec.timing {
+                    // As for bytes from host memory: nothing moves, and no
+                    // kernel reads the block.
+                    return Ok((dst, None));
+                }
                 if !layout.filled_by_copy_in(t) {
                     self.zero(dst, len, false)?;
                 }

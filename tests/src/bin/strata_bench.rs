@@ -53,6 +53,8 @@ struct Opts {
     readers: readers::Plan,
     /// What the Cholesky scenario runs.
     cholesky: cholesky::Plan,
+    /// What the scale scenario runs.
+    scale: scale::Plan,
 }
 
 fn parse() -> Result<Opts, String> {
@@ -67,8 +69,12 @@ fn parse() -> Result<Opts, String> {
             repeats: 3,
         },
         cholesky: cholesky::Plan::new(false),
+        scale: scale::Plan::new(false),
     };
     let mut chol_ns = Vec::new();
+    let mut chips = Vec::new();
+    let mut scale_links = Vec::new();
+    let mut write_backs = Vec::new();
     let mut chol_tiles = Vec::new();
     let mut chol_policies = Vec::new();
     let mut args = std::env::args().skip(1);
@@ -89,6 +95,30 @@ fn parse() -> Result<Opts, String> {
             "--scheduler" => chol_policies.push(strata_orchestrator::SchedulerPolicy::from_name(
                 &args.next().ok_or("--scheduler needs a policy")?,
             )?),
+            "--chips" => chips.push(
+                args.next()
+                    .and_then(|v| v.parse().ok())
+                    .filter(|&c: &usize| c > 0)
+                    .ok_or("--chips needs a chip count of at least 1")?,
+            ),
+            "--scale-link" => scale_links.push(scale::link_named(
+                &args.next().ok_or("--scale-link needs 16GB/s or 1GB/s")?,
+            )?),
+            "--write-back" => write_backs.push(
+                match args
+                    .next()
+                    .ok_or("--write-back needs through or deferred")?
+                    .as_str()
+                {
+                    "through" => strata_orchestrator::WriteBack::Through,
+                    "deferred" => strata_orchestrator::WriteBack::Deferred,
+                    other => {
+                        return Err(format!(
+                            "unknown write-back {other:?}; through or deferred"
+                        ));
+                    }
+                },
+            ),
             "--scenario" => o
                 .scenarios
                 .push(args.next().ok_or("--scenario needs a name")?),
@@ -127,7 +157,7 @@ fn parse() -> Result<Opts, String> {
             }
             "-h" | "--help" => {
                 println!(
-                    "strata-bench [--quick] [--scenario throughput|latency|stencil|handoff|remote|readers]... [--link ring|grpc|in-process]... [--k TILES]... [--n READERS]... [--pattern private|shared|overlapping|writer|inference]... [--repeats R] [--cholesky-n N]... [--tile T]... [--scheduler least-loaded|dmda|dmdas]..."
+                    "strata-bench [--quick] [--scenario throughput|latency|stencil|handoff|remote|readers|cholesky|scale]... [--link ring|grpc|in-process]... [--k TILES]... [--n READERS]... [--pattern private|shared|overlapping|writer|inference]... [--repeats R] [--cholesky-n N]... [--tile T]... [--scheduler least-loaded|dmda|dmdas]... [--chips C]... [--scale-link 16GB/s|1GB/s]... [--write-back through|deferred]..."
                 );
                 std::process::exit(0);
             }
@@ -175,7 +205,31 @@ fn parse() -> Result<Opts, String> {
         policies: if chol_policies.is_empty() {
             defaults.policies
         } else {
+            chol_policies.clone()
+        },
+    };
+    let defaults = scale::Plan::new(o.quick);
+    o.scale = scale::Plan {
+        chips: if chips.is_empty() {
+            defaults.chips
+        } else {
+            chips
+        },
+        policies: if chol_policies.is_empty() {
+            defaults.policies
+        } else {
             chol_policies
+        },
+        tiles: defaults.tiles,
+        links: if scale_links.is_empty() {
+            defaults.links
+        } else {
+            scale_links
+        },
+        write_backs: if write_backs.is_empty() {
+            defaults.write_backs
+        } else {
+            write_backs
         },
     };
     Ok(o)
@@ -655,7 +709,7 @@ fn main() {
                     "stencil" => stencil(mode, opts.quick, &opts.ks),
                     "readers" => readers::readers(mode, &opts.readers),
                     "cholesky" => cholesky::cholesky(&opts.cholesky),
-                    "scale" => scale::scale(&scale::Plan::new(opts.quick)),
+                    "scale" => scale::scale(&opts.scale),
                     _ => handoff(mode, opts.quick),
                 };
                 (mode.name(s), r)

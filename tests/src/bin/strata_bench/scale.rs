@@ -10,11 +10,18 @@
 //! task graph and the same flop rate (transfers cost the bound nothing, so
 //! a schedule that moves bytes it need not shows). The results are not
 //! checked (timing mode computes nothing); the graph is.
+//!
+//! Each runs with written tiles going back to host memory when their task
+//! ends (write-through, the cluster's default: every task's output
+//! crosses the link) and, in the full run, kept on the chips until needed
+//! (deferred write-back, as StarPU keeps data on its accelerators). With
+//! `STRATA_SCALE_TRACE=DIR` set, each second run's trace is written there
+//! (Chrome trace-event JSON).
 
 use std::time::Instant;
 
 use serde_json::json;
-use strata_orchestrator::{Cluster, SchedulerPolicy, Task};
+use strata_orchestrator::{Cluster, SchedulerPolicy, Task, WriteBack};
 use strata_wire::DType;
 
 use super::emit;
@@ -40,8 +47,21 @@ pub(crate) struct Plan {
     pub(crate) policies: Vec<SchedulerPolicy>,
     /// Tiles a side: the Cholesky's and the GEMM's.
     pub(crate) tiles: (u32, u32),
-    /// How many of [`DEVICES`] (the fast link first).
-    pub(crate) links: usize,
+    /// Indices into [`DEVICES`].
+    pub(crate) links: Vec<usize>,
+    /// When written tiles go back to host memory.
+    pub(crate) write_backs: Vec<WriteBack>,
+}
+
+/// The index in [`DEVICES`] of a link's name.
+pub(crate) fn link_named(name: &str) -> Result<usize, String> {
+    DEVICES
+        .iter()
+        .position(|(n, _)| *n == name)
+        .ok_or_else(|| {
+            let names: Vec<&str> = DEVICES.iter().map(|(n, _)| *n).collect();
+            format!("unknown link {name:?}; one of {}", names.join(", "))
+        })
 }
 
 impl Plan {
@@ -50,7 +70,12 @@ impl Plan {
             chips: if quick { vec![4] } else { vec![4, 8, 16, 64] },
             policies: SchedulerPolicy::ALL.iter().map(|(_, p)| *p).collect(),
             tiles: if quick { (8, 4) } else { (16, 8) },
-            links: if quick { 1 } else { DEVICES.len() },
+            links: if quick { vec![0] } else { (0..DEVICES.len()).collect() },
+            write_backs: if quick {
+                vec![WriteBack::Through]
+            } else {
+                vec![WriteBack::Through, WriteBack::Deferred]
+            },
         }
     }
 }
@@ -279,17 +304,23 @@ fn run(
 
 pub(crate) fn scale(plan: &Plan) -> Result<bool, String> {
     let mut ok = true;
-    for &(link, device) in &DEVICES[..plan.links] {
+    for &(link, device) in plan.links.iter().map(|&l| &DEVICES[l]) {
         for w in [cholesky(plan.tiles.0, 256), gemm(plan.tiles.1, 512)] {
             let (critical, work) = bounds(&w);
             for &chips in &plan.chips {
                 let bound = critical.max(work / chips as f64);
                 let ideal = ideal(&w, chips);
-                for &policy in &plan.policies {
+                for (&policy, &write_back) in plan
+                    .policies
+                    .iter()
+                    .flat_map(|p| plan.write_backs.iter().map(move |w| (p, w)))
+                {
                     let cluster = Cluster::builder()
                         .in_process(chips)
                         .device(device)
                         .scheduler(policy)
+                        .write_back(write_back)
+                        .trace(std::env::var_os("STRATA_SCALE_TRACE").is_some())
                         .window(256)
                         .start()
                         .map_err(|e| e.to_string())?;
@@ -299,20 +330,42 @@ pub(crate) fn scale(plan: &Plan) -> Result<bool, String> {
                         .collect::<Result<Vec<_>, _>>()?;
                     // The first run calibrates the models; the second counts.
                     let first = run(&cluster, &w, &mats)?;
+                    let before = cluster.totals().map_err(|e| e.to_string())?;
+                    let _ = cluster.take_trace();
                     let makespan = run(&cluster, &w, &mats)?;
                     let totals = cluster.totals().map_err(|e| e.to_string())?;
+                    if let Some(dir) = std::env::var_os("STRATA_SCALE_TRACE") {
+                        if let Ok(Some(t)) = cluster.take_trace() {
+                            let path = std::path::Path::new(&dir).join(format!(
+                                "{}-{chips}-{}-{}-{write_back:?}.json",
+                                w.name,
+                                link.replace('/', ""),
+                                policy.name()
+                            ));
+                            t.write_chrome(path, cluster.workers())
+                                .map_err(|e| e.to_string())?;
+                        }
+                    }
                     cluster.shutdown().map_err(|e| e.to_string())?;
                     let ratio = makespan / bound;
                     ok &= emit(
                         "scale",
-                        &format!("{}-{}", w.name, policy.name()),
+                        &match write_back {
+                            WriteBack::Through => format!("{}-{}", w.name, policy.name()),
+                            WriteBack::Deferred => {
+                                format!("{}-{}-deferred", w.name, policy.name())
+                            }
+                        },
                         json!({
                             "workload": w.name, "policy": policy.name(), "chips": chips, "link": link,
+                            "write_back": format!("{write_back:?}").to_lowercase(),
                             "tiles": w.tiles, "tile": w.tile, "tasks": w.tasks.len(),
                             "device": device, "makespan_s": makespan, "first_run_s": first,
                             "bound_s": bound, "critical_path_s": critical, "work_s": work,
                             "ideal_s": ideal, "x_ideal": makespan / ideal,
-                            "staged_bytes": totals.to_device_bytes + totals.from_device_bytes,
+                            "to_device_bytes": totals.to_device_bytes - before.to_device_bytes,
+                            "from_device_bytes": totals.from_device_bytes - before.from_device_bytes,
+                            "prefetched_bytes": totals.prefetched_bytes - before.prefetched_bytes,
                             "model_error": totals.prediction_error(),
                         }),
                         ratio,

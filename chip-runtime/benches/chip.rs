@@ -9,7 +9,8 @@
 //! allocations (zeroed) of 4 KiB to 16 MiB; and the tiled-Cholesky
 //! kernels (`potrf`, `trsm`, `syrk`, `gemm`) on 256² and 512² tiles in F32
 //! and F64, in unified mode (the kernel alone; throughput in FLOP/s by the
-//! usual counts: n³/3, n³, n³ and 2n³).
+//! usual counts: n³/3, n³, n³ and 2n³), and the F32 256² ones again in
+//! place, on tiles of an 8192² matrix that come from memory.
 //!
 //! `cargo bench -p strata-chip-runtime --bench chip`
 
@@ -151,6 +152,114 @@ fn bench_tile_kernels(c: &mut Criterion) {
     }
 }
 
+/// The tile kernels in place: on 256² tiles of one 8192² F32 matrix
+/// (row stride 8192), a different tile triple each iteration, so the tiles
+/// come from memory, as in a tiled Cholesky, and not from a cache the
+/// previous iteration warmed (`scripts/openblas_in_situ.py` times
+/// OpenBLAS the same way). The values are left to drift: only time counts.
+fn bench_tile_in_situ(c: &mut Criterion) {
+    const N: u32 = 8192;
+    const B: u32 = 256;
+    let reg = Registry::with_builtins();
+    let dev = SimDevice::from_spec("sim:mem=64MiB,mode=unified,lanes=1").unwrap();
+    let bytes = N as usize * N as usize * 4;
+    let (host, whole) = host_view(*b"benchisi", 1, bytes, &[N, N], &[N, 1], DType::F32);
+    // Small values, a dominant diagonal: nothing overflows for a while.
+    let vals: Vec<u8> = (0..u64::from(N) * u64::from(N))
+        .flat_map(|k| {
+            let (i, j) = (k / u64::from(N), k % u64::from(N));
+            let v = if i == j {
+                4.0f32
+            } else {
+                ((k % 7) as f32) * 1e-4
+            };
+            v.to_le_bytes()
+        })
+        .collect();
+    host.write(0, &vals).unwrap();
+    let tile = |i: u32, j: u32, transposed: bool, tag: ArgTag| {
+        let offset = (u64::from(i) * u64::from(N) + u64::from(j)) * u64::from(B) * 4;
+        let strides = if transposed { [1, N] } else { [N, 1] };
+        LaunchArg {
+            tensor: Tensor::new(*whole.buffer(), offset, &[B, B], &strides, DType::F32).unwrap(),
+            tag,
+            backing: ArgBacking::Host(host.clone()),
+            cache: None,
+        }
+    };
+    // Tile triples (i > j > k), spread over the matrix by a fixed LCG.
+    let tiles = N / B;
+    let mut x = 12345u64;
+    let triples: Vec<(u32, u32, u32)> = (0..256)
+        .map(|_| {
+            let mut pick = || {
+                x = x
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                ((x >> 33) % u64::from(tiles)) as u32
+            };
+            let mut t = [pick(), pick(), pick()];
+            t.sort_unstable();
+            (
+                t[2].max(t[1] + 1).min(tiles - 1),
+                t[1].max(t[0] + 1).min(tiles - 2),
+                t[0],
+            )
+        })
+        .collect();
+    let n3 = u64::from(B).pow(3);
+    let mut group = c.benchmark_group("tile_in_situ_f32_256");
+    for (name, flops) in [("gemm", 2 * n3), ("syrk", n3), ("trsm", n3)] {
+        let kernel = reg.get(reg.find(name, 1).unwrap()).unwrap();
+        let launches: Vec<Launch> = triples
+            .iter()
+            .map(|&(i, j, k)| {
+                let (args, scalars) = match name {
+                    // The Cholesky's update: c(i,j) -= a(i,k)·a(j,k)ᵀ.
+                    "gemm" => (
+                        vec![
+                            tile(i, k, false, ArgTag::Input),
+                            tile(j, k, true, ArgTag::Input),
+                            tile(i, j, false, ArgTag::InOut),
+                        ],
+                        vec![(-1f64).to_bits(), 1f64.to_bits()],
+                    ),
+                    "syrk" => (
+                        vec![
+                            tile(i, k, false, ArgTag::Input),
+                            tile(i, i, false, ArgTag::InOut),
+                        ],
+                        vec![],
+                    ),
+                    _ => (
+                        vec![
+                            tile(k, k, false, ArgTag::Input),
+                            tile(i, k, false, ArgTag::InOut),
+                        ],
+                        vec![],
+                    ),
+                };
+                Launch {
+                    kernel: kernel.clone(),
+                    args,
+                    scalars,
+                    gate: None,
+                }
+            })
+            .collect();
+        group.throughput(Throughput::Elements(flops));
+        let mut next = 0usize;
+        group.bench_function(name, |b| {
+            b.iter(|| {
+                let l = launches[next % launches.len()].clone();
+                next += 1;
+                device::launch(&dev, l).unwrap().wait().unwrap()
+            })
+        });
+    }
+    group.finish();
+}
+
 /// Times `launch` on `dev`, from launch to completion.
 fn bench_launch(
     group: &mut criterion::BenchmarkGroup<'_, criterion::measurement::WallTime>,
@@ -266,6 +375,6 @@ fn bench_isolation(c: &mut Criterion) {
 criterion_group! {
     name = benches;
     config = Criterion::default().warm_up_time(Duration::from_millis(500)).measurement_time(Duration::from_secs(3));
-    targets = bench_matmul, bench_arena, bench_isolation, bench_tile_kernels
+    targets = bench_matmul, bench_arena, bench_isolation, bench_tile_kernels, bench_tile_in_situ
 }
 criterion_main!(benches);

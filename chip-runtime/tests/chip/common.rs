@@ -45,6 +45,12 @@ pub(crate) enum Layout {
     Transposed,
     /// Every axis stepped by 2 (innermost stride > 1), with a gap before.
     Stepped,
+    /// A block of a larger array: the innermost axis contiguous, each
+    /// outer one a line apart plus a gap (rows far apart, as a tile of a
+    /// matrix), with a gap before.
+    Tile,
+    /// A tile, with the axes stored in reverse order.
+    TransposedTile,
 }
 
 pub(crate) const LAYOUTS: [Layout; 3] = [Layout::RowMajor, Layout::Transposed, Layout::Stepped];
@@ -63,17 +69,26 @@ pub(crate) fn host_tensor(
     let mut strides = vec![0u32; n];
     let step = if layout == Layout::Stepped { 2 } else { 1 };
     let mut acc = 1u32;
-    let order: Vec<usize> = if layout == Layout::Transposed {
+    let order: Vec<usize> = if matches!(layout, Layout::Transposed | Layout::TransposedTile) {
         (0..n).collect()
     } else {
         (0..n).rev().collect()
     };
+    let tile = matches!(layout, Layout::Tile | Layout::TransposedTile);
     for &k in &order {
         strides[k] = acc * step;
         acc *= shape[k] * step;
+        if tile {
+            // The next axis steps over a line of a wider array.
+            acc = acc * 2 + 5;
+        }
     }
     let elem = u64::from(dtype.bits() / 8);
-    let offset_elems = if layout == Layout::Stepped { 3 } else { 0 };
+    let offset_elems = if layout == Layout::Stepped || tile {
+        3
+    } else {
+        0
+    };
     let nbytes = (u64::from(acc) + offset_elems + 8) * elem;
     let identity = CanonicalIdentity::new(
         *b"chiptest",

@@ -10,9 +10,9 @@ use strata_chip::{Device, Registry, SimDevice};
 use strata_wire::check::Rng;
 use strata_wire::{ArgTag, DType};
 
-use crate::common::{HostTensor, LAYOUTS, MODES, eps, fill_with, host_tensor, read, run};
+use crate::common::{HostTensor, Layout, MODES, eps, fill_with, host_tensor, read, run};
 
-const SIZES: [u32; 8] = [1, 2, 7, 31, 32, 33, 64, 97];
+const SIZES: [u32; 9] = [1, 2, 7, 31, 32, 33, 64, 97, 130];
 
 fn each_mode(mut f: impl FnMut(&SimDevice, &Registry, &mut Rng)) {
     let reg = Registry::with_builtins();
@@ -24,6 +24,17 @@ fn each_mode(mut f: impl FnMut(&SimDevice, &Registry, &mut Rng)) {
         assert_eq!(dev.stats().arena.scratch.in_use, 0);
     }
 }
+
+/// The layouts the dense kernels see: tiles of a larger matrix (which
+/// `trsm` and `syrk` copy into packed blocks first when they are large)
+/// besides the common ones.
+const LAYOUTS: [Layout; 5] = [
+    Layout::RowMajor,
+    Layout::Transposed,
+    Layout::Stepped,
+    Layout::Tile,
+    Layout::TransposedTile,
+];
 
 fn tensor(rng: &mut Rng, shape: &[u32], dtype: DType) -> HostTensor {
     let layout = rng.pick(&LAYOUTS);
@@ -335,4 +346,83 @@ fn bad_inputs_are_named() {
         )
         .is_err()
     );
+}
+
+/// `syrk` and `trsm` on large tiles of wider matrices (the packed path):
+/// right, and no byte between the tile's lines touched.
+#[test]
+fn tiles_of_wider_matrices_are_packed_and_written_back_in_place() {
+    each_mode(|dev, reg, rng| {
+        for layout in [Layout::Tile, Layout::TransposedTile] {
+            let (m, k) = (130u32, 96u32);
+            let a = host_tensor(rng, &[m, k], DType::F64, layout);
+            let c = host_tensor(rng, &[m, m], DType::F64, layout);
+            let (am, c0, before) = (matrix(&a), matrix(&c), c.bytes());
+            run(
+                dev,
+                reg,
+                "syrk",
+                vec![a.arg(ArgTag::Input), c.arg(ArgTag::InOut)],
+                vec![],
+            )
+            .unwrap();
+            let (mu, ku) = (m as usize, k as usize);
+            let want: Vec<Vec<f64>> = (0..mu)
+                .map(|i| {
+                    (0..mu)
+                        .map(|j| c0[i][j] - (0..ku).map(|p| am[i][p] * am[j][p]).sum::<f64>())
+                        .collect()
+                })
+                .collect();
+            let tol = 8.0 * k as f64 * eps(DType::F64) * (norm(&am).powi(2) + norm(&c0));
+            assert_near(&format!("syrk on {layout:?}"), &matrix(&c), &want, tol);
+            untouched_outside(&c, &before);
+
+            let l = host_tensor(rng, &[m, m], DType::F64, layout);
+            fill_with(&l, |ix| match ix[1].cmp(&ix[0]) {
+                std::cmp::Ordering::Greater => 1e6,
+                std::cmp::Ordering::Equal => 2.0,
+                std::cmp::Ordering::Less => ((ix[0] * 7 + ix[1] * 3) % 11) as f64 / 11.0 - 0.5,
+            });
+            let b = host_tensor(rng, &[k, m], DType::F64, layout);
+            let (b0, before) = (matrix(&b), b.bytes());
+            run(
+                dev,
+                reg,
+                "trsm",
+                vec![l.arg(ArgTag::Input), b.arg(ArgTag::InOut)],
+                vec![],
+            )
+            .unwrap();
+            let (x, lm) = (matrix(&b), matrix(&l));
+            let back: Vec<Vec<f64>> = (0..ku)
+                .map(|i| {
+                    (0..mu)
+                        .map(|j| (0..=j).map(|p| x[i][p] * lm[j][p]).sum())
+                        .collect()
+                })
+                .collect();
+            let tol = 32.0 * m as f64 * eps(DType::F64) * norm(&b0).max(1.0);
+            assert_near(&format!("trsm on {layout:?}: x·lᵀ"), &back, &b0, tol);
+            untouched_outside(&b, &before);
+        }
+    });
+}
+
+/// Every byte of `t`'s buffer outside its elements is as in `before`.
+fn untouched_outside(t: &HostTensor, before: &[u8]) {
+    let elem = (t.view.dtype().bits() / 8) as usize;
+    let mut inside = vec![false; before.len()];
+    let s = t.view.shape();
+    for i in 0..s[0] as usize {
+        for j in 0..s[1] as usize {
+            let e = i * t.view.strides()[0] as usize + j * t.view.strides()[1] as usize;
+            let at = t.view.byte_offset() as usize + e * elem;
+            inside[at..at + elem].iter_mut().for_each(|x| *x = true);
+        }
+    }
+    let now = t.bytes();
+    for (at, ((&was, &is), &mine)) in before.iter().zip(&now).zip(&inside).enumerate() {
+        assert!(mine || was == is, "byte {at} outside the view changed");
+    }
 }

@@ -113,9 +113,7 @@ fn parse() -> Result<Opts, String> {
                     "through" => strata_orchestrator::WriteBack::Through,
                     "deferred" => strata_orchestrator::WriteBack::Deferred,
                     other => {
-                        return Err(format!(
-                            "unknown write-back {other:?}; through or deferred"
-                        ));
+                        return Err(format!("unknown write-back {other:?}; through or deferred"));
                     }
                 },
             ),

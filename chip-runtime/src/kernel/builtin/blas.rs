@@ -4,7 +4,7 @@
 use strata_wire::{DType, Tensor};
 
 use crate::kernel::KernelContext;
-use crate::kernel::dense::{self, MatMut, MatRef, Real};
+use crate::kernel::dense::{self, MatMut, MatRef, Packed, Real};
 
 /// Runs `$body` with `$T` bound to f32 or f64.
 macro_rules! with_real {
@@ -80,7 +80,7 @@ pub(super) fn trsm(ctx: &mut KernelContext<'_>) -> Result<(), String> {
     with_real!(ctx.arg(0)?.dtype(), T => {
         let l = ctx.input::<T>(0)?;
         let mut b = ctx.output::<T>(1)?;
-        dense::trsm(MatRef::of(&l, "l")?, MatMut::of(&mut b, "b")?)
+        packed(MatRef::of(&l, "l")?, MatMut::of(&mut b, "b")?, dense::trsm)
             .map_err(|(j, _)| format!("l is singular: l[{j}, {j}] is zero"))
     })
 }
@@ -89,7 +89,7 @@ pub(super) fn syrk(ctx: &mut KernelContext<'_>) -> Result<(), String> {
     with_real!(ctx.arg(0)?.dtype(), T => {
         let a = ctx.input::<T>(0)?;
         let mut c = ctx.output::<T>(1)?;
-        dense::syrk(MatRef::of(&a, "a")?, MatMut::of(&mut c, "c")?);
+        packed(MatRef::of(&a, "a")?, MatMut::of(&mut c, "c")?, dense::syrk);
         Ok(())
     })
 }
@@ -119,4 +119,24 @@ fn gemm_as<T: Real>(
         T::from_f64(beta),
     );
     Ok(())
+}
+
+/// Runs `f` on `a` and `c`, each packed first when its lines are spread
+/// (see [`Packed`]); a packed `c` is copied back whatever `f` returns, as
+/// the kernel would have left it in place.
+fn packed<T: Real, R>(
+    a: MatRef<'_, T>,
+    mut c: MatMut<'_, T>,
+    f: impl FnOnce(MatRef<'_, T>, MatMut<'_, T>) -> R,
+) -> R {
+    let pa = Packed::of(a);
+    let a = pa.as_ref().map_or(a, Packed::as_ref);
+    match Packed::of(c.rb()) {
+        Some(mut pc) => {
+            let r = f(a, pc.as_mut());
+            pc.unpack(&mut c);
+            r
+        }
+        None => f(a, c),
+    }
 }

@@ -55,13 +55,10 @@ pub(crate) struct Plan {
 
 /// The index in [`DEVICES`] of a link's name.
 pub(crate) fn link_named(name: &str) -> Result<usize, String> {
-    DEVICES
-        .iter()
-        .position(|(n, _)| *n == name)
-        .ok_or_else(|| {
-            let names: Vec<&str> = DEVICES.iter().map(|(n, _)| *n).collect();
-            format!("unknown link {name:?}; one of {}", names.join(", "))
-        })
+    DEVICES.iter().position(|(n, _)| *n == name).ok_or_else(|| {
+        let names: Vec<&str> = DEVICES.iter().map(|(n, _)| *n).collect();
+        format!("unknown link {name:?}; one of {}", names.join(", "))
+    })
 }
 
 impl Plan {
@@ -70,7 +67,11 @@ impl Plan {
             chips: if quick { vec![4] } else { vec![4, 8, 16, 64] },
             policies: SchedulerPolicy::ALL.iter().map(|(_, p)| *p).collect(),
             tiles: if quick { (8, 4) } else { (16, 8) },
-            links: if quick { vec![0] } else { (0..DEVICES.len()).collect() },
+            links: if quick {
+                vec![0]
+            } else {
+                (0..DEVICES.len()).collect()
+            },
             write_backs: if quick {
                 vec![WriteBack::Through]
             } else {

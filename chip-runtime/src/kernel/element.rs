@@ -30,6 +30,12 @@ pub trait Element: Pod + PartialEq {
     /// A scalar argument as this type: f64 bits for floats, the low bits in
     /// two's complement for integers.
     fn from_scalar(bits: u64) -> Self;
+    /// When a scalar argument's value cannot be this type's (an integer
+    /// out of its range): the value as given, and the range, for the
+    /// error; `None` when it can (every float can: they round).
+    fn scalar_misfit(_bits: u64) -> Option<(String, String)> {
+        None
+    }
     /// Sum (wrapping for integers; rounded for 16-bit floats).
     fn add(self, other: Self) -> Self;
     /// Product (wrapping for integers; rounded for 16-bit floats).
@@ -43,6 +49,16 @@ macro_rules! int_element {
             fn to_f64(self) -> f64 { self as f64 }
             fn from_f64(v: f64) -> Self { v as $t }
             fn from_scalar(bits: u64) -> Self { bits as $t }
+            fn scalar_misfit(bits: u64) -> Option<(String, String)> {
+                // Signed types are sent as i64 bits, unsigned as u64.
+                let range = format!("{}..={}", <$t>::MIN, <$t>::MAX);
+                if <$t>::MIN == 0 {
+                    (bits > <$t>::MAX as u64).then(|| (bits.to_string(), range))
+                } else {
+                    let v = bits as i64;
+                    (v < <$t>::MIN as i64 || v > <$t>::MAX as i64).then(|| (v.to_string(), range))
+                }
+            }
             fn add(self, other: Self) -> Self { self.wrapping_add(other) }
             fn mul(self, other: Self) -> Self { self.wrapping_mul(other) }
         }
@@ -185,11 +201,12 @@ macro_rules! with_bits {
 }
 
 /// The dtypes [`with_float!`] accepts.
-pub const FLOAT_DTYPES: &[DType] = &[DType::F32, DType::F16, DType::BF16];
+pub const FLOAT_DTYPES: &[DType] = &[DType::F32, DType::F64, DType::F16, DType::BF16];
 
 /// The dtypes [`with_numeric!`] accepts.
 pub const NUMERIC_DTYPES: &[DType] = &[
     DType::F32,
+    DType::F64,
     DType::F16,
     DType::BF16,
     DType::I8,

@@ -2,7 +2,7 @@
 //! handle, the context it runs in, and the registry of built-ins.
 //!
 //! A kernel's identity is its canonical descriptor string, for example
-//! `add@1(a:R:F32|F16|BF16|I8|I16|I32|I64|U8|U16|U32|U64:*,b:R:=0:=0,out:W:=0:=0;)`
+//! `add@1(a:R:F32|F64|F16|BF16|I8|I16|I32|I64|U8|U16|U32|U64:*,b:R:=0:=0,out:W:=0:=0;)`
 //! (argument `name:access:dtypes:rank`, then `;` and the scalars `name:kind`);
 //! its [`KernelHandle`] is the first 16 bytes of that string's SHA-256, so
 //! two processes that agree on the descriptor agree on the handle, and a

@@ -477,8 +477,22 @@ fn registry_handles() {
     let add = reg.get(reg.find("add", 1).unwrap()).unwrap();
     assert_eq!(
         add.descriptor().canonical(),
-        "add@1(a:R:F32|F16|BF16|I8|I16|I32|I64|U8|U16|U32|U64:*,b:R:=0:=0,out:W:=0:=0;)"
+        "add@1(a:R:F32|F64|F16|BF16|I8|I16|I32|I64|U8|U16|U32|U64:*,b:R:=0:=0,out:W:=0:=0;)"
     );
+    // The examples of docs/wire-format.md §8.2.
+    for (name, canonical) in [
+        (
+            "matmul_acc",
+            "matmul_acc@1(a:R:F32|F64|F16|BF16:2,b:R:=0:2,c:RW:=0:2;)",
+        ),
+        (
+            "axpy",
+            "axpy@1(x:R:F32|F64|F16|BF16:*,y:RW:=0:=0;alpha:f64)",
+        ),
+    ] {
+        let k = reg.get(reg.find(name, 1).unwrap()).unwrap();
+        assert_eq!(k.descriptor().canonical(), canonical);
+    }
     // Same name and version, different signature: refused.
     let mut reg2 = reg.clone();
     let clash = Arc::new(Panicky(KernelDescriptor {
@@ -589,4 +603,49 @@ fn a_closed_gate_keeps_a_queued_launch_from_starting() {
     assert_eq!(read(&free.bytes(), &free.view, &[15]), 4.0);
     let s = d.stats();
     assert_eq!((s.launched, s.succeeded, s.failed), (3, 2, 1));
+}
+
+/// An integer `fill` value the dtype cannot hold fails the task, naming
+/// it and the range, and writes nothing; the edges of the range are kept.
+#[test]
+fn a_fill_value_out_of_the_dtypes_range_is_refused() {
+    let d = SimDevice::from_spec("sim:mem=1MiB").unwrap();
+    let reg = Registry::with_builtins();
+    let mut rng = Rng(3);
+    for (dtype, bad, good, why) in [
+        (
+            DType::U8,
+            300u64,
+            255u64,
+            "value 300 does not fit out's dtype U8 (0..=255)",
+        ),
+        (
+            DType::U8,
+            (-1i64) as u64,
+            0,
+            "value 18446744073709551615 does not fit",
+        ),
+        (
+            DType::I16,
+            (-32_769i64) as u64,
+            (-32_768i64) as u64,
+            "value -32769 does not fit out's dtype I16 (-32768..=32767)",
+        ),
+        (DType::I16, 40_000, 32_767, "value 40000 does not fit"),
+    ] {
+        let x = host_tensor(&mut rng, &[8], dtype, Layout::RowMajor);
+        let before = x.bytes();
+        let err = run(&d, &reg, "fill", vec![x.arg(ArgTag::Output)], vec![bad]).unwrap_err();
+        assert!(matches!(err, Error::KernelFailed { .. }), "{err}");
+        assert!(err.to_string().contains(why), "{err}");
+        assert_eq!(x.bytes(), before, "{dtype}: a refused fill wrote");
+        run(&d, &reg, "fill", vec![x.arg(ArgTag::Output)], vec![good]).unwrap();
+        let want = read(&x.bytes(), &x.view, &[3]);
+        let expect = if dtype == DType::U8 {
+            good as f64
+        } else {
+            good as i64 as f64
+        };
+        assert_eq!(want, expect, "{dtype}");
+    }
 }

@@ -51,6 +51,7 @@ fn fill() {
     each_mode(|dev, reg, rng| {
         for dtype in [
             DType::F32,
+            DType::F64,
             DType::F16,
             DType::BF16,
             DType::I32,
@@ -62,7 +63,7 @@ fn fill() {
                 let s = shape(rng, rank);
                 let out = host_tensor(rng, &s, dtype, layout);
                 let (scalar, want) = if dtype.bits() >= 16
-                    && matches!(dtype, DType::F32 | DType::F16 | DType::BF16)
+                    && matches!(dtype, DType::F32 | DType::F64 | DType::F16 | DType::BF16)
                 {
                     (1.5f64.to_bits(), 1.5)
                 } else if dtype == DType::U8 {
@@ -94,7 +95,7 @@ fn fill() {
 #[test]
 fn copy_and_transpose_move_elements_exactly() {
     each_mode(|dev, reg, rng| {
-        for dtype in [DType::F32, DType::BF16, DType::I64, DType::U8] {
+        for dtype in [DType::F32, DType::F64, DType::BF16, DType::I64, DType::U8] {
             for _ in 0..6 {
                 let rank = rng.range(2, 4);
                 let s = shape(rng, rank);
@@ -137,7 +138,14 @@ fn copy_and_transpose_move_elements_exactly() {
 #[test]
 fn add_mul_axpy() {
     each_mode(|dev, reg, rng| {
-        for dtype in [DType::F32, DType::F16, DType::BF16, DType::I32, DType::U8] {
+        for dtype in [
+            DType::F32,
+            DType::F64,
+            DType::F16,
+            DType::BF16,
+            DType::I32,
+            DType::U8,
+        ] {
             for _ in 0..6 {
                 let rank = rng.range(1, 4);
                 let s = shape(rng, rank);
@@ -169,7 +177,7 @@ fn add_mul_axpy() {
                         );
                     }
                 }
-                if matches!(dtype, DType::F32 | DType::F16 | DType::BF16) {
+                if matches!(dtype, DType::F32 | DType::F64 | DType::F16 | DType::BF16) {
                     let y = any_layout(rng, &s, dtype);
                     let before = y.bytes();
                     let alpha = -0.75f64;
@@ -246,7 +254,7 @@ fn matmul_case(dev: &SimDevice, reg: &Registry, rng: &mut Rng, dtype: DType, acc
 #[test]
 fn matmul_and_matmul_acc() {
     each_mode(|dev, reg, rng| {
-        for dtype in [DType::F32, DType::F16, DType::BF16] {
+        for dtype in [DType::F32, DType::F64, DType::F16, DType::BF16] {
             for _ in 0..12 {
                 matmul_case(dev, reg, rng, dtype, false);
                 matmul_case(dev, reg, rng, dtype, true);
@@ -306,7 +314,7 @@ fn reduce_shape(x: &[u32]) -> Vec<u32> {
 #[test]
 fn reduce_sum_and_softmax() {
     each_mode(|dev, reg, rng| {
-        for dtype in [DType::F32, DType::F16, DType::BF16] {
+        for dtype in [DType::F32, DType::F64, DType::F16, DType::BF16] {
             for _ in 0..8 {
                 let rank = rng.range(1, 4);
                 let s = shape(rng, rank);

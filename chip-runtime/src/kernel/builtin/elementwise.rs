@@ -7,6 +7,12 @@ use crate::{with_bits, with_float, with_numeric};
 pub(super) fn fill(ctx: &mut KernelContext<'_>) -> Result<(), String> {
     let value = ctx.scalar(0)?;
     with_numeric!(ctx.arg(0)?.dtype(), T => {
+        if let Some((given, range)) = T::scalar_misfit(value) {
+            return Err(format!(
+                "value {given} does not fit out's dtype {} ({range})",
+                T::DTYPE.name()
+            ));
+        }
         let mut out = ctx.output::<T>(0)?;
         let v = T::from_scalar(value);
         let g = *out.geometry();

@@ -40,27 +40,31 @@ pub(super) fn matmul_acc(ctx: &mut KernelContext<'_>) -> Result<(), String> {
     gemm(ctx, 1.0)
 }
 
-/// `c = a·b + beta·c`, through f32 SGEMM; 16-bit floats are widened into
-/// scratch memory first and narrowed back after.
+/// `c = a·b + beta·c`, through the crate's SGEMM or DGEMM; 16-bit floats
+/// are widened into f32 scratch memory first and narrowed back after.
 fn gemm(ctx: &mut KernelContext<'_>, beta: f32) -> Result<(), String> {
     match ctx.arg(0)?.dtype() {
-        strata_wire::DType::F32 => {
-            let a = ctx.input::<f32>(0)?;
-            let b = ctx.input::<f32>(1)?;
-            let mut c = ctx.output::<f32>(2)?;
-            dense::gemm(
-                MatRef::of(&a, "a")?,
-                MatRef::of(&b, "b")?,
-                &mut MatMut::of(&mut c, "c")?,
-                1.0,
-                beta,
-            );
-            Ok(())
-        }
+        strata_wire::DType::F32 => gemm_in_place::<f32>(ctx, beta),
+        strata_wire::DType::F64 => gemm_in_place::<f64>(ctx, beta),
         strata_wire::DType::F16 => gemm_widened::<f16>(ctx, beta),
         strata_wire::DType::BF16 => gemm_widened::<bf16>(ctx, beta),
         other => Err(format!("matmul does not support {other}")),
     }
+}
+
+/// `c = a·b + beta·c` on the views themselves.
+fn gemm_in_place<T: dense::Real>(ctx: &mut KernelContext<'_>, beta: f32) -> Result<(), String> {
+    let a = ctx.input::<T>(0)?;
+    let b = ctx.input::<T>(1)?;
+    let mut c = ctx.output::<T>(2)?;
+    dense::gemm(
+        MatRef::of(&a, "a")?,
+        MatRef::of(&b, "b")?,
+        &mut MatMut::of(&mut c, "c")?,
+        T::ONE,
+        T::from_f64(f64::from(beta)),
+    );
+    Ok(())
 }
 
 fn gemm_widened<T: Element>(ctx: &mut KernelContext<'_>, beta: f32) -> Result<(), String> {

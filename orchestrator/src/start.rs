@@ -415,6 +415,13 @@ fn start(b: ClusterBuilder) -> Result<Cluster, Error> {
     if b.local == 0 && b.in_process == 0 && b.remotes.is_empty() {
         return Err(ClusterError::NoWorkers.into());
     }
+    // A spec no worker accepts fails here, at once and with the kinds there
+    // are, not as workers that exit before they are ready.
+    if b.local > 0 || b.in_process > 0 {
+        b.device
+            .parse::<strata_chip::DeviceSpec>()
+            .map_err(|source| ClusterError::Device { source })?;
+    }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(b.driver_threads.unwrap_or_else(|| {
             if b.remotes

@@ -2,6 +2,7 @@
 //! orchestrator driving them, with the blocking calls made GIL-free.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
 use pyo3::prelude::*;
@@ -13,13 +14,17 @@ use crate::array::PyArray;
 use crate::dtype;
 use crate::errors::{err, invalid_view, raise};
 use crate::kernel::{PyKernelSpec, registry_with};
-use crate::task::{PySummary, PyTask, PyTaskSpec, SLICE, Sig, build};
+use crate::task::{PySummary, PyTask, PyTaskSpec, Sig, build};
 
 /// What arrays, tasks and the cluster object share: the cluster (until it
 /// is closed) and the signatures of the callables used so far.
 pub(crate) struct Core {
     cluster: RwLock<Option<Cluster>>,
     sigs: Mutex<HashMap<String, Arc<Sig>>>,
+    /// Set by `close` before it takes the cluster: a wait blocked in
+    /// another thread (holding the cluster's read lock) gives up at its
+    /// next slice instead of keeping `close` waiting for the run.
+    closing: AtomicBool,
 }
 
 impl Core {
@@ -31,6 +36,11 @@ impl Core {
             Some(c) => f(c),
             None => Err(Error::Closed),
         }
+    }
+
+    /// Whether `close` has been called.
+    pub(crate) fn closing(&self) -> bool {
+        self.closing.load(Ordering::Acquire)
     }
 
     /// The signature of `callable`, parsed once.
@@ -48,6 +58,7 @@ impl Core {
     /// Stops the cluster (no waiting for tasks): its workers are stopped
     /// and reaped.
     fn close(&self) {
+        self.closing.store(true, Ordering::Release);
         let taken = self
             .cluster
             .write()
@@ -293,6 +304,7 @@ impl PyCluster {
             core: Arc::new(Core {
                 cluster: RwLock::new(Some(cluster)),
                 sigs: Mutex::new(HashMap::new()),
+                closing: AtomicBool::new(false),
             }),
         })
     }
@@ -319,7 +331,7 @@ impl PyCluster {
     /// Waits for every task, then closes the cluster; returns the run's
     /// :class:`Summary`.
     fn shutdown(&self, py: Python<'_>) -> PyResult<PySummary> {
-        let r = self.wait_all(py);
+        let r = self.wait_all(py, None);
         self.close(py);
         r
     }
@@ -540,8 +552,9 @@ impl PyCluster {
     }
 
     /// Waits for ``task`` (as ``task.wait()``).
-    fn wait(&self, py: Python<'_>, task: &PyTask) -> PyResult<()> {
-        crate::task::wait_task(py, &self.core, task.handle)
+    #[pyo3(signature = (task, timeout=None))]
+    fn wait(&self, py: Python<'_>, task: &PyTask, timeout: Option<f64>) -> PyResult<()> {
+        crate::task::wait_task(py, &self.core, task.handle, timeout)
     }
 
     /// Waits until every submitted task has finished and returns the run's
@@ -549,23 +562,19 @@ impl PyCluster {
     /// end here). The GIL is released; Ctrl-C raises ``KeyboardInterrupt``
     /// within 50 ms.
     ///
+    /// With ``timeout=`` (seconds) it gives up after that long and raises
+    /// :class:`WaitTimeout`; the run goes on, and a later ``wait_all()``
+    /// collects it. A ``close()`` from another thread makes it raise
+    /// :class:`ClusterClosed` within 50 ms.
+    ///
     /// Raises the run's first task failure (:class:`TaskFailed` and its
     /// subclasses).
-    fn wait_all(&self, py: Python<'_>) -> PyResult<PySummary> {
+    #[pyo3(signature = (timeout=None))]
+    fn wait_all(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<PySummary> {
         let core = Arc::clone(&self.core);
-        let mut interrupted = None;
-        let r = py.detach(|| {
-            core.run(|c| {
-                c.wait_all_while(SLICE, || {
-                    // Python's signal handlers run here (Ctrl-C raises).
-                    interrupted = Python::attach(|py| py.check_signals()).err();
-                    interrupted.is_none()
-                })
-            })
-        });
-        if let Some(e) = interrupted {
-            return Err(e);
-        }
+        let mut watch = crate::task::Watch::new("wait_all", timeout)?;
+        let r = py.detach(|| core.run(|c| c.wait_all_while(watch.slice(), || watch.go_on(&core))));
+        watch.given_up("the run is unfinished")?;
         match r.map_err(err)? {
             Some(s) => Ok(s.into()),
             None => Err(raise("Error", "wait_all was given up", &[])),

@@ -67,8 +67,31 @@ pub(crate) fn to_py(py: Python<'_>, d: DType) -> PyResult<Py<PyAny>> {
 pub(crate) fn is_float(d: DType) -> bool {
     matches!(
         d,
-        DType::F32 | DType::F16 | DType::BF16 | DType::Fp8E4M3Fn | DType::Fp8E8M0 | DType::Fp4E2M1
+        DType::F32
+            | DType::F64
+            | DType::F16
+            | DType::BF16
+            | DType::Fp8E4M3Fn
+            | DType::Fp8E8M0
+            | DType::Fp4E2M1
     )
+}
+
+/// The values an integer scalar for an argument of dtype `d` may take
+/// (inclusive), when `d` is an integer dtype.
+pub(crate) fn int_range(d: DType) -> Option<(i128, i128)> {
+    Some(match d {
+        DType::Bool => (0, 1),
+        DType::U8 => (0, u8::MAX.into()),
+        DType::U16 => (0, u16::MAX.into()),
+        DType::U32 => (0, u32::MAX.into()),
+        DType::U64 => (0, u64::MAX.into()),
+        DType::I8 => (i8::MIN.into(), i8::MAX.into()),
+        DType::I16 => (i16::MIN.into(), i16::MAX.into()),
+        DType::I32 => (i32::MIN.into(), i32::MAX.into()),
+        DType::I64 => (i64::MIN.into(), i64::MAX.into()),
+        _ => return None,
+    })
 }
 
 /// Whether a scalar in `d`'s kind is an unsigned integer.

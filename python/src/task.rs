@@ -3,7 +3,7 @@
 //! task handles, group members and run summaries.
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use pyo3::prelude::*;
 use pyo3::types::{PyFloat, PyInt, PyTuple};
@@ -13,7 +13,7 @@ use strata_wire::{Access, ArgTag, DType};
 use crate::array::PyArray;
 use crate::cluster::Core;
 use crate::dtype;
-use crate::errors::{err, wrong_tag};
+use crate::errors::{err, raise, wrong_tag};
 
 /// A view with an explicit tag, from :func:`strata.input`,
 /// :func:`strata.output`, :func:`strata.inout`,
@@ -284,6 +284,25 @@ pub(crate) fn build(
         )));
     }
     for ((name, kind), v) in sig.scalars.iter().zip(&numbers) {
+        // A value like an integer argument's must fit its dtype: 300 in a
+        // u8 would otherwise arrive as 44.
+        if let Kind::Like(i) = kind
+            && let Some(&d) = dtypes.get(*i)
+            && let Some((lo, hi)) = dtype::int_range(d)
+            && let Ok(n) = v.extract::<i128>()
+            && !(lo..=hi).contains(&n)
+        {
+            return Err(raise(
+                "SubmitError",
+                format!(
+                    "{}: scalar {name}={n} does not fit argument {i} ({}) of dtype {} ({lo}..={hi})",
+                    sig.qualified,
+                    sig.args.get(*i).map_or("?", |(n, _)| n.as_str()),
+                    d.name().to_ascii_lowercase()
+                ),
+                &[],
+            ));
+        }
         let kind = match kind {
             Kind::Like(i) => match dtypes.get(*i) {
                 Some(&d) if dtype::is_float(d) => Kind::F64,
@@ -382,8 +401,13 @@ impl PyTask {
     /// Raises :class:`TaskFailed` (or :class:`WorkerLost`,
     /// :class:`TaskSkipped`, :class:`TaskCancelled`) when it did not
     /// succeed.
-    fn wait(&self, py: Python<'_>) -> PyResult<()> {
-        wait_task(py, &self.core, self.handle)
+    ///
+    /// With ``timeout=`` (seconds) it gives up after that long and raises
+    /// :class:`WaitTimeout` (the task goes on); a ``close()`` from another
+    /// thread makes it raise :class:`ClusterClosed` within 50 ms.
+    #[pyo3(signature = (timeout=None))]
+    fn wait(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<()> {
+        wait_task(py, &self.core, self.handle, timeout)
     }
 
     /// Whether the task has finished successfully (``False`` while it
@@ -420,20 +444,106 @@ impl PyTask {
 
 /// Waits for `task` with the GIL released, running Python's signal
 /// handlers every [`SLICE`] (Ctrl-C raises `KeyboardInterrupt`).
-pub(crate) fn wait_task(py: Python<'_>, core: &Arc<Core>, task: TaskHandle) -> PyResult<()> {
-    let mut interrupted = None;
-    let r = py.detach(|| {
-        core.run(|c| {
-            c.wait_while(task, SLICE, || {
-                interrupted = Python::attach(|py| py.check_signals()).err();
-                interrupted.is_none()
-            })
-        })
-    });
-    if let Some(e) = interrupted {
-        return Err(e);
-    }
+pub(crate) fn wait_task(
+    py: Python<'_>,
+    core: &Arc<Core>,
+    task: TaskHandle,
+    timeout: Option<f64>,
+) -> PyResult<()> {
+    let mut watch = Watch::new("wait", timeout)?;
+    let r = py.detach(|| core.run(|c| c.wait_while(task, watch.slice(), || watch.go_on(core))));
+    watch.given_up(&format!("task {} is unfinished", task.id().0))?;
     r.map(drop).map_err(err)
+}
+
+/// What a wait keeps an eye on between its slices: Ctrl-C (Python's
+/// signal handlers), a `close()` from another thread, and its deadline.
+pub(crate) struct Watch {
+    what: &'static str,
+    timeout: Option<f64>,
+    deadline: Option<Instant>,
+    why: Option<GaveUp>,
+}
+
+enum GaveUp {
+    Signal(PyErr),
+    Closed,
+    Timeout,
+}
+
+impl Watch {
+    /// `timeout`: seconds, zero or more and finite, or `None` (no limit).
+    pub(crate) fn new(what: &'static str, timeout: Option<f64>) -> PyResult<Self> {
+        let deadline = match timeout {
+            None => None,
+            Some(t) if t.is_finite() && t >= 0.0 => {
+                Instant::now().checked_add(Duration::from_secs_f64(t))
+            }
+            Some(t) => {
+                return Err(raise(
+                    "Error",
+                    format!(
+                        "{what}: timeout={t} is not a number of seconds; give zero or more, or None"
+                    ),
+                    &[],
+                ));
+            }
+        };
+        Ok(Watch {
+            what,
+            timeout,
+            deadline,
+            why: None,
+        })
+    }
+
+    /// How long each slice of the wait lasts: [`SLICE`], or less when the
+    /// deadline is nearer.
+    pub(crate) fn slice(&self) -> Duration {
+        match self.deadline {
+            Some(d) => d
+                .saturating_duration_since(Instant::now())
+                .clamp(Duration::from_millis(1), SLICE),
+            None => SLICE,
+        }
+    }
+
+    /// Whether to wait another slice.
+    pub(crate) fn go_on(&mut self, core: &Core) -> bool {
+        self.why = if let Err(e) = Python::attach(|py| py.check_signals()) {
+            Some(GaveUp::Signal(e))
+        } else if core.closing() {
+            Some(GaveUp::Closed)
+        } else if self.deadline.is_some_and(|d| Instant::now() >= d) {
+            Some(GaveUp::Timeout)
+        } else {
+            None
+        };
+        self.why.is_none()
+    }
+
+    /// The error for a wait given up, if it was; `unfinished` says what
+    /// was still running.
+    pub(crate) fn given_up(&mut self, unfinished: &str) -> PyResult<()> {
+        match self.why.take() {
+            None => Ok(()),
+            Some(GaveUp::Signal(e)) => Err(e),
+            Some(GaveUp::Closed) => Err(raise(
+                "ClusterClosed",
+                format!("{}: the cluster was closed while waiting", self.what),
+                &[],
+            )),
+            Some(GaveUp::Timeout) => Err(raise(
+                "WaitTimeout",
+                format!(
+                    "{}: {unfinished} after timeout={} s; it goes on (wait again to collect it)",
+                    self.what,
+                    self.timeout.unwrap_or(0.0)
+                ),
+                &[],
+            )),
+        }
+    }
 }
 
 /// How long one slice of a wait lasts before signals are checked.

@@ -26,6 +26,7 @@ __all__ = [
     "TaskCancelled",
     "Quarantined",
     "ClusterClosed",
+    "WaitTimeout",
     "NpyError",
     "GraphError",
     "TraceError",
@@ -135,7 +136,14 @@ class Quarantined(Error):
 
 
 class ClusterClosed(Error):
-    """The cluster is closed (or its actors stopped)."""
+    """The cluster is closed (or its actors stopped); also what a wait
+    blocked in another thread raises when ``close()`` is called."""
+
+
+class WaitTimeout(Error, TimeoutError):
+    """A ``wait(timeout=)`` or ``wait_all(timeout=)`` gave up: what it
+    waited for is unfinished and goes on (wait again to collect it, or
+    cancel it)."""
 
 
 class NpyError(Error):

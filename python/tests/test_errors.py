@@ -160,3 +160,32 @@ def test_a_timeout_must_be_a_positive_number_of_seconds(inproc):
             inproc.task("fill", x, 1.0, timeout=bad)
     inproc.submit("fill", x, 2.0, timeout=30).wait()
     assert (x.numpy() == 2).all()
+
+
+def test_an_unknown_device_is_refused_at_once_naming_the_kinds_there_are():
+    import pykernels
+
+    for kw in ({"local": 1}, {"in_process": 1}, {"local": 1, "kernels": [pykernels.sleep]}):
+        t0 = time.monotonic()
+        with pytest.raises(strata.ClusterError, match=r'unknown device kind "gpu" \(known: sim\)'):
+            strata.Cluster(device="gpu", **kw)
+        assert time.monotonic() - t0 < 2, kw
+
+
+def test_an_integer_scalar_out_of_the_arguments_range_is_refused_at_submit(inproc):
+    x = inproc.zeros(4, dtype=np.uint8)
+    with pytest.raises(strata.SubmitError, match=r"scalar value=300 does not fit argument 0 \(out\) of dtype u8 \(0\.\.=255\)"):
+        inproc.submit("fill", x, 300)
+    with pytest.raises(strata.SubmitError, match="value=-1 does not fit"):
+        inproc.submit("fill", x, -1)
+    inproc.submit("fill", x, 255).wait()
+    assert (x.numpy() == 255).all()
+    y = inproc.zeros(4, dtype=np.int16)
+    with pytest.raises(strata.SubmitError, match=r"value=-32769 does not fit .* \(-32768\.\.=32767\)"):
+        inproc.submit("fill", y, -32769)
+    inproc.submit("fill", y, -32768).wait()
+    assert (y.numpy() == -32768).all()
+    # A float64 argument's value is a float (it was taken for an integer).
+    z = inproc.zeros(4, dtype=np.float64)
+    inproc.submit("fill", z, 1.5).wait()
+    assert (z.numpy() == 1.5).all()

@@ -10,6 +10,7 @@ import threading
 import time
 
 import numpy as np
+import pytest
 
 import strata
 from conftest import alive
@@ -113,3 +114,57 @@ def test_wait_all_after_an_interrupt_still_reports_the_whole_run(local2):
     s = c.wait_all()
     assert s.submitted == 0
     assert (b.numpy() == 2).all()
+
+
+def test_waits_give_up_after_their_timeout_and_the_tasks_go_on(local2):
+    c = local2
+    a = c.zeros(4)
+    t = c.submit("test.sleep", a, 0.8)
+    t0 = time.monotonic()
+    with pytest.raises(strata.WaitTimeout, match=r"the run is unfinished after timeout=0\.1 s") as e:
+        c.wait_all(timeout=0.1)
+    assert isinstance(e.value, TimeoutError)
+    assert time.monotonic() - t0 < 0.6
+    with pytest.raises(strata.WaitTimeout, match=f"task {t.id} is unfinished"):
+        t.wait(timeout=0.05)
+    with pytest.raises(strata.WaitTimeout):
+        c.wait(t, timeout=0)
+    # What was waited for went on: waiting again collects it.
+    t.wait(timeout=10)
+    s = c.wait_all(timeout=10)
+    assert s.failed == 0
+    assert (a.numpy() == 1).all()
+    for bad in (-1, float("nan"), float("inf")):
+        with pytest.raises(strata.Error, match="timeout"):
+            c.wait_all(timeout=bad)
+        with pytest.raises(strata.Error, match="timeout"):
+            t.wait(timeout=bad)
+
+
+def test_close_from_another_thread_ends_a_blocked_wait_all_at_once():
+    import pykernels
+
+    c = strata.Cluster(local=1, kernels=[pykernels.sleep])
+    x = c.zeros(4)
+    c.submit("test.sleep", x, 6.0)
+    got = []
+
+    def waiter():
+        try:
+            c.wait_all()
+        except Exception as e:  # noqa: BLE001 - the test looks at it
+            got.append(e)
+
+    th = threading.Thread(target=waiter)
+    th.start()
+    time.sleep(0.3)
+    t0 = time.monotonic()
+    c.close()
+    took = time.monotonic() - t0
+    th.join(10)
+    assert not th.is_alive()
+    # It did not wait for the 6 s task.
+    assert took < 3, took
+    assert len(got) == 1 and isinstance(got[0], strata.ClusterClosed), got
+    assert "closed while waiting" in str(got[0])
+    assert c.closed

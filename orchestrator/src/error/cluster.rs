@@ -22,6 +22,13 @@ pub enum ClusterError {
     /// The builder asked for no worker at all.
     #[error("no workers: ask for local or in-process workers, or connect to some")]
     NoWorkers,
+    /// The device spec of the local and in-process workers is not one a
+    /// worker accepts (checked before any is started).
+    #[error("local workers' device: {source}")]
+    Device {
+        /// Why (it names the spec and the device kinds there are).
+        source: strata_chip::Error,
+    },
     /// A worker address is malformed.
     #[error("{reason}")]
     Address {

@@ -1603,3 +1603,34 @@ fn a_group_publishes_one_completion_token() {
     assert_ne!(token.read::<u32>().unwrap(), vec![0; 4]);
     assert_ne!(c.read::<u32>().unwrap(), vec![0; 4]);
 }
+
+#[test]
+fn a_device_spec_no_worker_accepts_fails_the_start_before_any_worker_runs() {
+    for (local, in_process) in [(1, 0), (0, 1)] {
+        let t0 = Instant::now();
+        let e = Cluster::builder()
+            .local(local)
+            .in_process(in_process)
+            .worker_binary(strata_bin())
+            .device("gpu")
+            .start()
+            .expect_err("a gpu device is refused");
+        assert!(
+            matches!(e, Error::Cluster(ClusterError::Device { .. })),
+            "{e:?}"
+        );
+        let m = e.to_string();
+        assert!(
+            m.contains("unknown device kind \"gpu\" (known: sim)"),
+            "{m}"
+        );
+        assert!(t0.elapsed() < Duration::from_secs(2), "{m}");
+    }
+    // A bad key in a known kind is named too.
+    let e = Cluster::builder()
+        .in_process(1)
+        .device("sim:mem=lots")
+        .start()
+        .expect_err("a bad size is refused");
+    assert!(e.to_string().contains("mem"), "{e}");
+}

@@ -49,6 +49,9 @@ pub(crate) struct PyArray {
     pub(crate) core: Arc<Core>,
 }
 
+/// A view derived from another: `(byte delta, shape, element strides)`.
+type Derived = (u64, Vec<u32>, Vec<u32>);
+
 impl PyArray {
     pub(crate) fn new(view: View, core: Arc<Core>) -> Self {
         PyArray { view, core }
@@ -88,6 +91,113 @@ impl PyArray {
             .reshape(offset, shape, strides, dtype)
             .map_err(err)?;
         Ok(PyArray::new(view, Arc::clone(&self.core)))
+    }
+
+    /// `view[key]` computed here, for the keys a loop over tiles uses —
+    /// Python integers, slices with a positive step, `...` and `None`,
+    /// alone or in a tuple — when the answer is a view strata can express:
+    /// `(byte delta, shape, element strides)` as `strata._geometry.index`
+    /// gives them (numpy's rules: `tests/test_views.py` checks the two
+    /// agree on random keys). `None` for anything else (other key types,
+    /// an index out of range, an empty or reversed axis, too many axes):
+    /// the numpy path answers those, with its errors.
+    fn basic_index(&self, key: &Bound<'_, PyAny>) -> PyResult<Option<Derived>> {
+        use pyo3::types::{PyBool, PyEllipsis, PyInt, PySlice};
+        let parts: Vec<Bound<'_, PyAny>> = match key.cast::<PyTuple>() {
+            Ok(t) => t.iter().collect(),
+            Err(_) => vec![key.clone()],
+        };
+        if parts.len() > 8 {
+            return Ok(None);
+        }
+        let Some(item) = dtype::itemsize(self.view.dtype()) else {
+            return Ok(None);
+        };
+        let (shape, strides) = (self.view.shape(), self.view.tensor().strides());
+        let ellipsis = PyEllipsis::get(key.py());
+        let mut axis = 0usize;
+        let mut rest_seen = false;
+        // Axes the key names (integers and slices), for `...`'s share.
+        let mut named = 0usize;
+        for p in &parts {
+            if p.is_instance_of::<PyBool>() {
+                return Ok(None);
+            }
+            if p.is_instance_of::<PyInt>() || p.is_instance_of::<PySlice>() {
+                named += 1;
+            } else if p.is(ellipsis) {
+                if rest_seen {
+                    return Ok(None);
+                }
+                rest_seen = true;
+            } else if !p.is_none() {
+                return Ok(None);
+            }
+        }
+        if named > shape.len() {
+            return Ok(None);
+        }
+        let mut offset: u64 = 0;
+        let mut out: Vec<(u64, u64)> = Vec::with_capacity(shape.len() + 2);
+        let keep = |out: &mut Vec<(u64, u64)>, axis: usize| {
+            out.push((u64::from(shape[axis]), u64::from(strides[axis])));
+        };
+        for p in &parts {
+            if p.is_none() {
+                out.push((1, 0));
+            } else if p.is(ellipsis) {
+                for _ in 0..shape.len() - named {
+                    keep(&mut out, axis);
+                    axis += 1;
+                }
+            } else if let Ok(sl) = p.cast::<PySlice>() {
+                let len = shape[axis] as isize;
+                let ix = sl.indices(len)?;
+                if ix.step <= 0 || ix.slicelength == 0 {
+                    return Ok(None);
+                }
+                offset += ix.start as u64 * u64::from(strides[axis]);
+                out.push((
+                    ix.slicelength as u64,
+                    u64::from(strides[axis]) * ix.step as u64,
+                ));
+                axis += 1;
+            } else {
+                let Ok(i) = p.extract::<i64>() else {
+                    return Ok(None);
+                };
+                let len = i64::from(shape[axis]);
+                let i = if i < 0 { i + len } else { i };
+                if !(0..len).contains(&i) {
+                    return Ok(None);
+                }
+                offset += i as u64 * u64::from(strides[axis]);
+                axis += 1;
+            }
+        }
+        while axis < shape.len() {
+            keep(&mut out, axis);
+            axis += 1;
+        }
+        if out.len() > 5 {
+            return Ok(None);
+        }
+        if out.is_empty() {
+            out.push((1, 1));
+        }
+        // As `_geometry._finish`: a length-1 axis gets the row-major stride.
+        let (mut new_shape, mut new_strides) = (vec![0u32; out.len()], vec![0u32; out.len()]);
+        let mut inner: u64 = 1;
+        for (k, &(n, st)) in out.iter().enumerate().rev() {
+            let st = if n == 1 { inner } else { st };
+            let (Ok(n32), Ok(st32)) = (u32::try_from(n), u32::try_from(st)) else {
+                return Ok(None);
+            };
+            new_shape[k] = n32;
+            new_strides[k] = st32;
+            inner = st * n;
+        }
+        Ok(Some((offset * item as u64, new_shape, new_strides)))
     }
 
     /// Applies `strata._geometry.<func>` to this view and derives the
@@ -286,7 +396,12 @@ impl PyArray {
     /// (lists, arrays, boolean masks) and :class:`InvalidView` for a
     /// geometry strata cannot express (negative steps, empty slices).
     fn __getitem__(&self, py: Python<'_>, key: Bound<'_, PyAny>) -> PyResult<Self> {
-        self.by_numpy(py, "index", key, self.view.dtype())
+        match self.basic_index(&key)? {
+            Some((delta, shape, strides)) => {
+                self.derive(delta, &shape, &strides, self.view.dtype())
+            }
+            None => self.by_numpy(py, "index", key, self.view.dtype()),
+        }
     }
 
     /// Assigns through numpy (host buffers): ``arr[1:3] = 7`` is

@@ -325,6 +325,16 @@ impl PyArray {
         self.itemsize()
     }
 
+    /// Bytes the view's elements take (numpy's ``size * itemsize``; half a
+    /// byte each for a 4-bit dtype, rounded up). Not what it spans in its
+    /// buffer when it is strided (that is the buffer's business).
+    #[getter]
+    fn nbytes(&self) -> PyResult<u64> {
+        let d = self.view.dtype();
+        d.bytes_for(self.view.tensor().element_count())
+            .ok_or_else(|| invalid_view("nbytes overflows"))
+    }
+
     /// Where the view starts in its buffer, in bytes.
     #[getter]
     fn offset(&self) -> u64 {

@@ -110,7 +110,54 @@ pub(crate) enum Kind {
 pub(crate) struct Sig {
     pub(crate) qualified: String,
     pub(crate) args: Vec<(String, Access)>,
+    /// Per argument, the dtypes and ranks it takes (checked at submit).
+    rules: Vec<(DtypeRule, RankRule)>,
     pub(crate) scalars: Vec<(String, Kind)>,
+}
+
+/// The dtypes an argument takes.
+#[derive(Debug, Clone)]
+enum DtypeRule {
+    Any,
+    OneOf(Vec<DType>),
+    SameAs(usize),
+}
+
+/// The ranks an argument takes.
+#[derive(Debug, Clone, Copy)]
+enum RankRule {
+    Any,
+    Exactly(usize),
+    AtLeast(usize),
+    SameAs(usize),
+}
+
+impl DtypeRule {
+    /// `*`, `NAME|NAME|…` or `=i`. A name this build does not know (a
+    /// newer worker's dtype) leaves the argument unchecked here: the
+    /// worker checks it again at launch.
+    fn parse(text: &str) -> Option<DtypeRule> {
+        if text == "*" {
+            return Some(DtypeRule::Any);
+        }
+        if let Some(i) = text.strip_prefix('=') {
+            return i.parse().ok().map(DtypeRule::SameAs);
+        }
+        let names: Option<Vec<DType>> = text.split('|').map(DType::from_name).collect();
+        Some(names.map_or(DtypeRule::Any, DtypeRule::OneOf))
+    }
+}
+
+impl RankRule {
+    /// `*`, `n`, `>=n` or `=i`.
+    fn parse(text: &str) -> Option<RankRule> {
+        Some(match text {
+            "*" => RankRule::Any,
+            t if t.starts_with(">=") => RankRule::AtLeast(t[2..].parse().ok()?),
+            t if t.starts_with('=') => RankRule::SameAs(t[1..].parse().ok()?),
+            t => RankRule::Exactly(t.parse().ok()?),
+        })
+    }
 }
 
 impl Sig {
@@ -131,9 +178,12 @@ impl Sig {
                     Some("RW") => Access::ReadWrite,
                     _ => return Err(bad()),
                 };
-                Ok((name, access))
+                let dtypes = it.next().and_then(DtypeRule::parse).ok_or_else(bad)?;
+                let rank = it.next().and_then(RankRule::parse).ok_or_else(bad)?;
+                Ok(((name, access), (dtypes, rank)))
             })
-            .collect::<Result<_, _>>()?;
+            .collect::<Result<Vec<_>, _>>()?;
+        let (args, rules): (Vec<_>, Vec<_>) = args.into_iter().unzip();
         let scalars = scalars
             .split(',')
             .filter(|s| !s.is_empty())
@@ -155,8 +205,62 @@ impl Sig {
         Ok(Sig {
             qualified: canonical[..open].to_owned(),
             args,
+            rules,
             scalars,
         })
+    }
+
+    /// Checks the arguments' dtypes and ranks against the signature, as
+    /// the worker would at launch: a task that would fail there is refused
+    /// at submit, with nothing queued.
+    fn check_args(&self, dtypes: &[DType], ranks: &[usize]) -> PyResult<()> {
+        let name = |i: usize| self.args.get(i).map_or("?", |(n, _)| n.as_str());
+        let refuse = |i: usize, why: String| {
+            raise(
+                "SubmitError",
+                format!("{}: argument {i} ({}): {why}", self.qualified, name(i)),
+                &[],
+            )
+        };
+        for (i, ((d, r), (drule, rrule))) in dtypes.iter().zip(ranks).zip(&self.rules).enumerate() {
+            match drule {
+                DtypeRule::OneOf(list) if !list.contains(d) => {
+                    let names: Vec<&str> = list.iter().map(|x| x.name()).collect();
+                    return Err(refuse(
+                        i,
+                        format!(
+                            "dtype {} is not accepted (accepted: {})",
+                            d.name(),
+                            names.join(", ")
+                        ),
+                    ));
+                }
+                DtypeRule::SameAs(j) if dtypes.get(*j).is_some_and(|dj| dj != d) => {
+                    return Err(refuse(
+                        i,
+                        format!(
+                            "dtype {} differs from argument {j} ({})'s {}: the kernel needs the same",
+                            d.name(),
+                            name(*j),
+                            dtypes[*j].name()
+                        ),
+                    ));
+                }
+                _ => {}
+            }
+            let want = match *rrule {
+                RankRule::Exactly(n) if *r != n => Some(format!("{n} axes")),
+                RankRule::AtLeast(n) if *r < n => Some(format!("at least {n} axes")),
+                RankRule::SameAs(j) if ranks.get(j).is_some_and(|rj| rj != r) => {
+                    Some(format!("as many axes as argument {j} ({})", name(j)))
+                }
+                _ => None,
+            };
+            if let Some(want) = want {
+                return Err(refuse(i, format!("has {r} axes; the kernel takes {want}")));
+            }
+        }
+        Ok(())
     }
 
     fn arg_names(&self) -> String {
@@ -216,6 +320,7 @@ pub(crate) fn build(
     }
     let mut tensors = 0usize;
     let mut dtypes: Vec<DType> = Vec::with_capacity(sig.args.len());
+    let mut ranks: Vec<usize> = Vec::with_capacity(sig.args.len());
     let mut numbers: Vec<Bound<'_, PyAny>> = Vec::new();
     for (pos, a) in args.iter().enumerate() {
         let (array, explicit) = if let Ok(arr) = a.cast::<PyArray>() {
@@ -259,6 +364,7 @@ pub(crate) fn build(
         };
         let arr = array.get();
         dtypes.push(arr.view.dtype());
+        ranks.push(arr.view.shape().len());
         task = task.arg(&arr.view, tag);
         tensors += 1;
     }
@@ -270,6 +376,7 @@ pub(crate) fn build(
             sig.arg_names()
         )));
     }
+    sig.check_args(&dtypes, &ranks)?;
     if numbers.len() != sig.scalars.len() {
         return Err(wrong_tag(format!(
             "{} takes {} scalars ({}); got {}",

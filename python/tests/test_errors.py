@@ -189,3 +189,21 @@ def test_an_integer_scalar_out_of_the_arguments_range_is_refused_at_submit(inpro
     z = inproc.zeros(4, dtype=np.float64)
     inproc.submit("fill", z, 1.5).wait()
     assert (z.numpy() == 1.5).all()
+
+
+def test_dtypes_and_ranks_are_checked_against_the_signature_at_submit(inproc):
+    inproc.wait_all()
+    a32, a64 = inproc.zeros((4, 4), np.float32), inproc.zeros((4, 4), np.float64)
+    with pytest.raises(strata.SubmitError, match=r"argument 1 \(b\): dtype F64 differs from argument 0 \(a\)'s F32"):
+        inproc.submit("add", a32, a64, a32)
+    with pytest.raises(strata.SubmitError, match=r"argument 0 \(a\): has 1 axes; the kernel takes 2 axes"):
+        inproc.submit("matmul", inproc.zeros(4, np.float32), a32, a32)
+    with pytest.raises(strata.SubmitError, match=r"argument 0 \(a\): dtype I32 is not accepted \(accepted: F32, F64\)"):
+        inproc.submit("potrf", inproc.zeros((4, 4), np.int32))
+    with pytest.raises(strata.SubmitError, match="not accepted"):
+        inproc.task("potrf", inproc.zeros((4, 4), np.int32))
+    # Nothing was queued; the right ones run.
+    inproc.submit("add", a64, a64, inproc.zeros((4, 4), np.float64))
+    inproc.submit("matmul", a32, a32, inproc.zeros((4, 4), np.float32))
+    s = inproc.wait_all()
+    assert (s.submitted, s.failed) == (2, 0)

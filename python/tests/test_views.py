@@ -133,3 +133,15 @@ def test_indexing_computes_numpys_geometry_on_random_keys(inproc):
                 assert got.offset - v.offset == delta, key
                 assert list(got.shape) == list(shape), key
                 assert [s // v.itemsize for s in got.strides] == list(elems), key
+
+
+def test_numpys_attributes(inproc):
+    ref = np.arange(6 * 8, dtype=np.float64).reshape(6, 8)
+    a = inproc.array(ref)
+    for v, r in ((a, ref), (a[1:5, ::3], ref[1:5, ::3]), (a.T, ref.T), (a[2], ref[2])):
+        assert (v.shape, v.ndim, v.size, v.itemsize, v.nbytes, len(v)) == (
+            r.shape, r.ndim, r.size, r.itemsize, r.nbytes, len(r)
+        )
+        assert np.array_equal(np.asarray(v), r)
+        # np.asarray is the buffer's memory, not a copy.
+        assert np.shares_memory(np.asarray(v), np.asarray(a))

@@ -148,7 +148,7 @@ def fmt(v, digits=3):
 
 
 def compare(rows):
-    """The targets of issue 16, from one run's rows (strata over the ring)."""
+    """The ring data plane's targets, from one run's rows (strata over the ring)."""
     out = []
 
     def target(name, value, ok, note):

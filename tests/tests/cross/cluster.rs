@@ -1,5 +1,4 @@
-//! The orchestrator end to end against real worker processes (issue 6's
-//! acceptance list): tiled matmul over local and TCP workers, the
+//! The orchestrator end to end against real worker processes: tiled matmul over local and TCP workers, the
 //! differential test through real workers, a worker killed mid-run,
 //! device-buffer pipelines and zero-copy hand-off.
 

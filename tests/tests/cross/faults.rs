@@ -1,4 +1,4 @@
-//! Faults a running cluster meets (issue 9): a worker restarted on its
+//! Faults a running cluster meets: a worker restarted on its
 //! address rejoining, a connection cut mid-stream, and a link taken down
 //! between hosts in separate network namespaces. Results are checked
 //! against the same job run on one worker with nothing going wrong.
@@ -660,7 +660,7 @@ fn ip(args: &[&str]) -> Result<(), String> {
     }
 }
 
-/// The multi-host test of issue 9: the driver and two workers in separate
+/// The multi-host test: the driver and two workers in separate
 /// network namespaces, a job over TCP with a token, one link taken down
 /// mid-run. The driver notices at its health deadline, the work behind
 /// the dead link reruns on the other host, the cut-off worker ends the

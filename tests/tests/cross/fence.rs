@@ -1,7 +1,7 @@
 //! Fencing a lost session against the real worker binary: a client that
 //! lost its connection comes back naming its old session, which the
 //! worker ends at once; the old session's queued tasks never start, and
-//! the client can watch its running tasks drain to zero (issue 14 §1).
+//! the client can watch its running tasks drain to zero.
 
 use std::path::Path;
 use std::time::{Duration, Instant};

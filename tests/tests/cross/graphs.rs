@@ -1,5 +1,5 @@
 //! `strata run` on graph files and `strata demo --trace`, through the real
-//! binary (issue 7's acceptance list).
+//! binary.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};

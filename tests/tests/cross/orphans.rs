@@ -1,4 +1,4 @@
-//! Nothing outlives its driver (issue 29): a driver SIGKILLed while its
+//! Nothing outlives its driver: a driver SIGKILLed while its
 //! spawned workers run a sleeping and a spinning kernel takes them with it
 //! within a second, and leaves nothing in the temporary directory or
 //! `/dev/shm`; a folder that a crash did leave behind is swept by the next

@@ -1,4 +1,4 @@
-//! Quarantine after a loss without a fence (issue 14 §1), with real
+//! Quarantine after a loss without a fence, with real
 //! processes: a task's bytes stay reserved until the task has definitively
 //! ended on its worker. The scenario of the issue — a long task on worker
 //! 0 writes `x`, worker 0 hangs, a WAW successor on worker 1 overwrites

@@ -1,4 +1,4 @@
-//! An imported fd cannot be pulled out from under a worker (issue 14 §2).
+//! An imported fd cannot be pulled out from under a worker.
 //!
 //! A worker maps every import shared; a backing shrunk under the mapping
 //! would make each later access raise SIGBUS and kill the worker, with

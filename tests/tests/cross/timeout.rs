@@ -1,4 +1,4 @@
-//! Task timeouts (issue 29 §6), one test per kind of worker: a task past
+//! Task timeouts, one test per kind of worker: a task past
 //! its timeout fails with a cause saying it timed out, and because its
 //! kernel cannot be trusted to stop, its bytes follow the quarantine
 //! rules — a spawned worker is killed (fenced) and restarted, a connected

@@ -1,5 +1,5 @@
 //! `strata worker` against a test client that speaks the protocol as an
-//! orchestrator would (issue 4's acceptance list).
+//! orchestrator would.
 
 use std::collections::HashMap;
 use std::os::unix::process::CommandExt;

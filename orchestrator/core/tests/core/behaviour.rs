@@ -837,7 +837,7 @@ fn done_with(actions: &[Action], id: u64) -> Option<Outcome> {
     })
 }
 
-/// The scenario of issue 14: a task lost without a fence must not have its
+/// The quarantine scenario: a task lost without a fence must not have its
 /// bytes overwritten (or read) until the fence.
 #[test]
 fn a_loss_without_a_fence_quarantines_the_written_bytes_until_fenced() {

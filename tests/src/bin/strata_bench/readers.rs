@@ -1,4 +1,4 @@
-//! The `readers` scenarios (issue 30): what a task costs when N unfinished
+//! The `readers` scenarios: what a task costs when N unfinished
 //! tasks read the same bytes, against N that read bytes of their own.
 //!
 //! Every task is the built-in `copy` of 64 F32 elements into its own row

@@ -161,14 +161,7 @@ fn trsm_solves_against_the_transposed_triangle() {
                 let x = matrix(&b);
                 let lm = matrix(&l);
                 let (m, n) = (m as usize, n as usize);
-                // x·lᵀ must give back b (lower triangle of l only).
-                let back: Vec<Vec<f64>> = (0..m)
-                    .map(|i| {
-                        (0..n)
-                            .map(|j| (0..=j).map(|k| x[i][k] * lm[j][k]).sum())
-                            .collect()
-                    })
-                    .collect();
+                let back = times_lower_t(&x, &lm);
                 let tol = 8.0 * n as f64 * eps(dtype) * norm(&before).max(1.0) * 4.0;
                 assert_near(&format!("trsm {dtype} {m}×{n}: x·lᵀ"), &back, &before, tol);
             }
@@ -193,14 +186,7 @@ fn syrk_updates_every_element() {
                     vec![],
                 )
                 .unwrap();
-                let (m, k) = (m as usize, k as usize);
-                let want: Vec<Vec<f64>> = (0..m)
-                    .map(|i| {
-                        (0..m)
-                            .map(|j| c0[i][j] - (0..k).map(|p| am[i][p] * am[j][p]).sum::<f64>())
-                            .collect()
-                    })
-                    .collect();
+                let want = minus_a_at(&c0, &am);
                 let tol = 8.0 * k as f64 * eps(dtype) * (norm(&am).powi(2) + norm(&c0));
                 assert_near(
                     &format!("syrk {dtype} m={m} k={k}"),
@@ -366,14 +352,7 @@ fn tiles_of_wider_matrices_are_packed_and_written_back_in_place() {
                 vec![],
             )
             .unwrap();
-            let (mu, ku) = (m as usize, k as usize);
-            let want: Vec<Vec<f64>> = (0..mu)
-                .map(|i| {
-                    (0..mu)
-                        .map(|j| c0[i][j] - (0..ku).map(|p| am[i][p] * am[j][p]).sum::<f64>())
-                        .collect()
-                })
-                .collect();
+            let want = minus_a_at(&c0, &am);
             let tol = 8.0 * k as f64 * eps(DType::F64) * (norm(&am).powi(2) + norm(&c0));
             assert_near(&format!("syrk on {layout:?}"), &matrix(&c), &want, tol);
             untouched_outside(&c, &before);
@@ -394,14 +373,7 @@ fn tiles_of_wider_matrices_are_packed_and_written_back_in_place() {
                 vec![],
             )
             .unwrap();
-            let (x, lm) = (matrix(&b), matrix(&l));
-            let back: Vec<Vec<f64>> = (0..ku)
-                .map(|i| {
-                    (0..mu)
-                        .map(|j| (0..=j).map(|p| x[i][p] * lm[j][p]).sum())
-                        .collect()
-                })
-                .collect();
+            let back = times_lower_t(&matrix(&b), &matrix(&l));
             let tol = 32.0 * m as f64 * eps(DType::F64) * norm(&b0).max(1.0);
             assert_near(&format!("trsm on {layout:?}: x·lᵀ"), &back, &b0, tol);
             untouched_outside(&b, &before);
@@ -425,4 +397,29 @@ fn untouched_outside(t: &HostTensor, before: &[u8]) {
     for (at, ((&was, &is), &mine)) in before.iter().zip(&now).zip(&inside).enumerate() {
         assert!(mine || was == is, "byte {at} outside the view changed");
     }
+}
+
+/// `x·lᵀ` with only `l`'s lower triangle (what a `trsm` solution must give
+/// back).
+fn times_lower_t(x: &[Vec<f64>], l: &[Vec<f64>]) -> Vec<Vec<f64>> {
+    x.iter()
+        .map(|row| {
+            (0..l.len())
+                .map(|j| (0..=j).map(|p| row[p] * l[j][p]).sum())
+                .collect()
+        })
+        .collect()
+}
+
+/// `c − a·aᵀ`, every element (`syrk`'s definition).
+fn minus_a_at(c: &[Vec<f64>], a: &[Vec<f64>]) -> Vec<Vec<f64>> {
+    c.iter()
+        .enumerate()
+        .map(|(i, row)| {
+            row.iter()
+                .enumerate()
+                .map(|(j, v)| v - a[i].iter().zip(&a[j]).map(|(x, y)| x * y).sum::<f64>())
+                .collect()
+        })
+        .collect()
 }

@@ -14,6 +14,8 @@ mod registry;
 mod validate;
 pub mod view;
 
+#[cfg(target_arch = "x86_64")]
+mod blocked;
 pub mod builtin;
 pub(crate) mod dense;
 

@@ -255,6 +255,73 @@ fn gemm_scales_and_accumulates() {
     });
 }
 
+/// Shapes past the blocked GEMM's block sizes (256 deep, 96 rows and
+/// 1024 columns at a time) and not multiples of its 6×16 and 6×8
+/// register tiles, on every layout: each block edge and partial panel.
+#[test]
+fn gemm_is_right_across_block_edges() {
+    let reg = Registry::with_builtins();
+    let dev = SimDevice::from_spec("sim:mem=64MiB,mode=unified").unwrap();
+    let mut rng = Rng(7100);
+    for dtype in [DType::F32, DType::F64] {
+        for (case, &(m, k, n)) in [
+            (97, 257, 17),
+            (13, 300, 1030),
+            (200, 513, 33),
+            (6, 8, 16),
+            (5, 3, 9),
+        ]
+        .iter()
+        .enumerate()
+        {
+            let a = tensor(&mut rng, &[m, k], dtype);
+            let b = tensor(&mut rng, &[k, n], dtype);
+            let c = tensor(&mut rng, &[m, n], dtype);
+            let (alpha, beta) = if case % 2 == 0 {
+                (-1.0, 1.0)
+            } else {
+                (0.5, 0.0)
+            };
+            if beta == 0.0 {
+                fill_with(&c, |_| f64::NAN);
+            }
+            let (am, bm, c0) = (matrix(&a), matrix(&b), matrix(&c));
+            run(
+                &dev,
+                &reg,
+                "gemm",
+                vec![
+                    a.arg(ArgTag::Input),
+                    b.arg(ArgTag::Input),
+                    c.arg(ArgTag::InOut),
+                ],
+                vec![f64::to_bits(alpha), f64::to_bits(beta)],
+            )
+            .unwrap();
+            let (m, k, n) = (m as usize, k as usize, n as usize);
+            let want: Vec<Vec<f64>> = (0..m)
+                .map(|i| {
+                    (0..n)
+                        .map(|j| {
+                            let ab: f64 = (0..k).map(|p| am[i][p] * bm[p][j]).sum();
+                            alpha * ab + if beta == 0.0 { 0.0 } else { beta * c0[i][j] }
+                        })
+                        .collect()
+                })
+                .collect();
+            let scale = norm(&am) * norm(&bm) + if beta == 0.0 { 0.0 } else { 2.0 * norm(&c0) };
+            let tol = 8.0 * k as f64 * eps(dtype) * scale;
+            assert_near(
+                &format!("gemm {dtype} {m}×{k}×{n}"),
+                &matrix(&c),
+                &want,
+                tol,
+            );
+        }
+    }
+    dev.check_invariants().unwrap();
+}
+
 #[test]
 fn bad_inputs_are_named() {
     let reg = Registry::with_builtins();

@@ -122,13 +122,17 @@ fn gemm_as<T: Real>(
 }
 
 /// Runs `f` on `a` and `c`, each packed first when its lines are spread
-/// (see [`Packed`]); a packed `c` is copied back whatever `f` returns, as
-/// the kernel would have left it in place.
+/// (see [`Packed`]) and GEMM does not pack them itself; a packed `c` is
+/// copied back whatever `f` returns, as the kernel would have left it in
+/// place.
 fn packed<T: Real, R>(
     a: MatRef<'_, T>,
     mut c: MatMut<'_, T>,
     f: impl FnOnce(MatRef<'_, T>, MatMut<'_, T>) -> R,
 ) -> R {
+    if dense::blocked_gemm_here() {
+        return f(a, c);
+    }
     let pa = Packed::of(a);
     let a = pa.as_ref().map_or(a, Packed::as_ref);
     match Packed::of(c.rb()) {

@@ -515,6 +515,17 @@ pub(crate) fn gemm<T: Real>(
     if unsafe { T::blocked(a, b, c, alpha, beta) } {
         return;
     }
+    portable_gemm(a, b, c, alpha, beta);
+}
+
+/// [`gemm`] by the `gemm` crate (shapes chained and non-empty).
+fn portable_gemm<T: Real>(
+    a: MatRef<'_, T>,
+    b: MatRef<'_, T>,
+    c: &mut MatMut<'_, T>,
+    alpha: T,
+    beta: T,
+) {
     // SAFETY: each matrix's pointer and strides address exactly its own
     // elements for indices inside its shape (the MatRef/MatMut contract);
     // the shapes chain (asserted); `c`'s elements are distinct and do not
@@ -706,6 +717,97 @@ fn sub_assign<T: Real>(mut c: MatMut<'_, T>, t: MatRef<'_, T>) {
                 for j in 0..c.cols {
                     let v = c.get(i, j) - t.get(i, j);
                     c.set(i, j, v);
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Both GEMMs (this crate's blocked one, where it runs, and the
+    /// portable one) against the definition, on operands whose rows lie
+    /// further apart than their width, with beta zero (c not read) and
+    /// not. (The device tests cover every layout through whichever GEMM
+    /// the CPU gets.)
+    #[test]
+    fn both_gemms_match_the_definition() {
+        let mut x = 1u64;
+        let mut next = move || {
+            x = x
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            ((x >> 40) % 2001) as f64 / 1000.0 - 1.0
+        };
+        for &(m, k, n) in &[(1, 1, 1), (7, 33, 18), (97, 260, 40), (13, 5, 1030)] {
+            // Each operand stored with a row step of its width plus 3.
+            let store = |rows: usize, cols: usize, next: &mut dyn FnMut() -> f64| {
+                let ld = cols + 3;
+                let v: Vec<f64> = (0..rows * ld).map(|_| next()).collect();
+                (v, ld)
+            };
+            let (av, lda) = store(m, k, &mut next);
+            let (bv, ldb) = store(k, n, &mut next);
+            let (cv, ldc) = store(m, n, &mut next);
+            for beta in [0.0, -2.0] {
+                let want: Vec<f64> = (0..m * n)
+                    .map(|ij| {
+                        let (i, j) = (ij / n, ij % n);
+                        let ab: f64 = (0..k).map(|p| av[i * lda + p] * bv[p * ldb + j]).sum();
+                        0.5 * ab
+                            + if beta == 0.0 {
+                                0.0
+                            } else {
+                                beta * cv[i * ldc + j]
+                            }
+                    })
+                    .collect();
+                for blocked in [true, false] {
+                    let mut c = cv.clone();
+                    if beta == 0.0 {
+                        c.iter_mut().for_each(|v| *v = f64::NAN);
+                    }
+                    let a = MatRef {
+                        ptr: av.as_ptr(),
+                        rows: m,
+                        cols: k,
+                        rs: lda as isize,
+                        cs: 1,
+                        _life: PhantomData,
+                    };
+                    let b = MatRef {
+                        ptr: bv.as_ptr(),
+                        rows: k,
+                        cols: n,
+                        rs: ldb as isize,
+                        cs: 1,
+                        _life: PhantomData,
+                    };
+                    let mut cm = MatMut {
+                        ptr: c.as_mut_ptr(),
+                        rows: m,
+                        cols: n,
+                        rs: ldc as isize,
+                        cs: 1,
+                        _life: PhantomData,
+                    };
+                    if blocked {
+                        // SAFETY: the matrices address their own vectors.
+                        if !unsafe { f64::blocked(a, b, &mut cm, 0.5, beta) } {
+                            continue;
+                        }
+                    } else {
+                        portable_gemm(a, b, &mut cm, 0.5, beta);
+                    }
+                    for (ij, w) in want.iter().enumerate() {
+                        let got = c[(ij / n) * ldc + ij % n];
+                        assert!(
+                            (got - w).abs() <= 1e-12 * (k as f64 + 1.0) * 4.0,
+                            "{m}×{k}×{n} beta {beta} blocked {blocked}: [{ij}] {got} want {w}"
+                        );
+                    }
                 }
             }
         }

@@ -44,7 +44,9 @@ pub(crate) trait Blocked: Real {
     /// Lines a register transpose takes at once.
     const GROUP: usize;
 
-    /// `Σ_p a[p·MR + i] · b[p·NR + j]` for `p < k`, into `d`.
+    /// `Σ_p a[i·k + p] · b[p·NR + j]` for `p < k`, into `d`: `a` is MR
+    /// rows of `k` (its elements are broadcast, so they need not be
+    /// transposed), `b` is `k` rows of NR (loaded as vectors).
     ///
     /// # Safety
     /// AVX2 and FMA are present; `a` holds `k·MR` elements, `b` `k·NR`;
@@ -159,7 +161,7 @@ macro_rules! micro_body {
             };
             for (i, row) in c.iter_mut().enumerate() {
                 // SAFETY: as above.
-                let ai = unsafe { $bcast(&*$a.add(p * MR + i)) };
+                let ai = unsafe { $bcast(&*$a.add(i * $k + p)) };
                 row[0] = $fma(ai, b0, row[0]);
                 row[1] = $fma(ai, b1, row[1]);
             }
@@ -460,7 +462,7 @@ pub(crate) unsafe fn gemm<T: Blocked>(
                         ds: a.cs,
                     };
                     // SAFETY: as for b.
-                    unsafe { pack(lines, ic, mc, pc, kc, MR, apack) };
+                    unsafe { pack_rows(lines, ic, mc, pc, kc, apack) };
                     for ir in (0..mc).step_by(MR) {
                         let mb = (mc - ir).min(MR);
                         for jr in (0..nc).step_by(nr) {
@@ -539,6 +541,62 @@ fn aligned<T: Real>(buf: &mut Vec<T>, len: usize) -> &mut [T] {
     }
     let skip = buf.as_ptr().align_offset(64).min(line);
     &mut buf[skip..skip + len]
+}
+
+/// Packs `count` lines from `first` of `m`, each `kc` deep from `p0`, into
+/// panels of MR lines: panel `q` holds line `q·MR + i`'s `kc` elements at
+/// `i·kc`, zero past the last line. These are `a`'s panels: the
+/// micro-kernel broadcasts their elements, so a row along the depth is
+/// copied as it is; the next panel's lines are fetched meanwhile.
+///
+/// # Safety
+/// The block lies inside `m`'s shape; `out` holds the panels.
+unsafe fn pack_rows<T: Blocked>(
+    m: Lines<T>,
+    first: usize,
+    count: usize,
+    p0: usize,
+    kc: usize,
+    out: &mut [T],
+) {
+    let line = |l: usize| {
+        m.ptr
+            .wrapping_offset((first + l) as isize * m.ls + p0 as isize * m.ds)
+    };
+    let per_cache_line = 64 / std::mem::size_of::<T>();
+    for (q, panel) in out
+        .chunks_exact_mut(MR * kc)
+        .take(count.div_ceil(MR))
+        .enumerate()
+    {
+        for (i, dst) in panel.chunks_exact_mut(kc).enumerate() {
+            let l = q * MR + i;
+            if l >= count {
+                dst.fill(T::ZERO);
+                continue;
+            }
+            if l + MR < count && m.ds == 1 {
+                let next = line(l + MR);
+                for p in (0..kc).step_by(per_cache_line) {
+                    // SAFETY: a prefetch never faults, wherever it points.
+                    unsafe {
+                        _mm_prefetch::<_MM_HINT_T0>(next.wrapping_add(p).cast());
+                    }
+                }
+            }
+            let src = line(l);
+            if m.ds == 1 {
+                // SAFETY: line l's kc elements from p0 are adjacent and
+                // inside m.
+                dst.copy_from_slice(unsafe { std::slice::from_raw_parts(src, kc) });
+            } else {
+                for (p, v) in dst.iter_mut().enumerate() {
+                    // SAFETY: (first + l, p0 + p) is inside m.
+                    *v = unsafe { *src.offset(p as isize * m.ds) };
+                }
+            }
+        }
+    }
 }
 
 /// Packs `count` lines from `first` of `m`, each `kc` deep from `p0`, into

@@ -672,9 +672,9 @@ const SYRK_ROWS: usize = 64;
 /// `c ← c − a·aᵀ` on all of `c`, by block rows: each block row's product
 /// up to and including the diagonal block is computed once into a
 /// temporary (one GEMM), then subtracted from that block row and, mirrored,
-/// from the block column above the diagonal. About 1.25·m²·k multiply-adds
-/// for 256 rows (against m²·k/2 for one triangle and m²·k for all of c),
-/// in a few large GEMMs.
+/// from the block column above the diagonal. About 0.63·m²·k multiply-adds
+/// for 256 rows (against m²·k/2 for one triangle and m²·k for a plain
+/// GEMM on all of c), in a few large GEMMs.
 pub(crate) fn syrk<T: Real>(a: MatRef<'_, T>, mut c: MatMut<'_, T>) {
     let m = c.rows;
     let mut tmp = vec![T::ZERO; SYRK_ROWS.min(m) * m];

@@ -12,9 +12,9 @@
 //! this one does not run (other targets, CPUs without AVX2 and FMA), was
 //! 1.19–1.24× OpenBLAS's time there; packing with prefetches of the next
 //! lines, as BLAS libraries do, is what closes most of that. Measured on
-//! 256² F32 tiles of an 8192² matrix, alternating runs: this GEMM 448–457
+//! 256² F32 tiles of an 8192² matrix, alternating runs: this GEMM 436–477
 //! µs a call, the crate 494–538, OpenBLAS 411–426. On a tile that stays in
-//! cache the crate is 3–4 % faster (381–400 against 395–415 µs).
+//! cache the crate is 3–5 % faster (381–400 against 395–415 µs).
 //!
 //! The `unsafe` here: the micro-kernels and transposes (raw vector loads
 //! and stores of packed panels, whose lengths the driver sizes) and the

@@ -2,6 +2,7 @@
 processes can import it)."""
 
 import os
+import sys
 import signal
 import time
 
@@ -62,6 +63,13 @@ def die_once(out):
         os.kill(os.getpid(), signal.SIGKILL)
         time.sleep(10)
     out[...] = 7
+
+
+@strata.kernel("test.exit_3", args=("out:w:f32",))
+def exit_3(out):
+    # Ends its worker process at once, with a last word in its log.
+    print("exit_3: leaving with status 3", file=sys.stderr, flush=True)
+    os._exit(3)
 
 
 def _chosen(shape, seed):

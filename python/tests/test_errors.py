@@ -72,6 +72,8 @@ def test_killed_worker_is_worker_lost_and_retry_reruns(tmp_path, monkeypatch):
         with pytest.raises(strata.WorkerLost) as e:
             c.submit("test.die_once", out).wait()
         assert e.value.outcome == "ENDPOINT_FAILURE"
+        # How the process ended, not only that the link broke.
+        assert "was killed by signal 9 (SIGKILL)" in str(e.value), str(e.value)
         with pytest.raises(strata.WorkerLost):
             c.wait_all()
     os.unlink(tmp_path / "marker")
@@ -81,6 +83,17 @@ def test_killed_worker_is_worker_lost_and_retry_reruns(tmp_path, monkeypatch):
         assert (out.numpy() == 7).all()
         pids = [w.pid for w in c.workers]
         assert sum(alive(p) for p in pids) == 1
+
+
+def test_a_worker_that_exits_is_reported_with_its_status_and_log():
+    import pykernels
+
+    with strata.Cluster(local=1, kernels=[pykernels.exit_3]) as c:
+        with pytest.raises(strata.WorkerLost) as e:
+            c.submit("test.exit_3", c.zeros(4)).wait()
+        msg = str(e.value)
+        assert "exited with status 3" in msg, msg
+        assert "exit_3: leaving with status 3" in msg, msg
 
 
 def start_tcp_worker(tmp_path, token):

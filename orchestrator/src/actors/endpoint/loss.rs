@@ -91,7 +91,19 @@ impl EndpointActor {
         let tx = self.internal_tx.clone();
         tokio::task::spawn_blocking(move || {
             let mut fenced = staged;
+            let mut cause = cause;
             if let Ok(pid) = i32::try_from(s.pid) {
+                // How it ended, when it did on its own (a broken link is
+                // usually a dead process, seen a moment before its exit):
+                // the likeliest explanation after its last words.
+                match exit_of(s.pid, Duration::from_millis(50)) {
+                    Ok(Some(how)) => cause = format!("{cause}; its process {} {how}", s.pid),
+                    Ok(None) => {
+                        cause =
+                            format!("{cause}; its process {} was still running (killed)", s.pid);
+                    }
+                    Err(_) => {}
+                }
                 let _ = nix::sys::signal::kill(
                     nix::unistd::Pid::from_raw(pid),
                     nix::sys::signal::Signal::SIGKILL,
@@ -101,7 +113,7 @@ impl EndpointActor {
             let tail = crate::local::tail(&s.log);
             let last: Vec<&str> = tail.lines().filter(|l| !l.trim().is_empty()).collect();
             let cause = if last.is_empty() {
-                cause
+                format!("{cause}; its log is empty")
             } else {
                 let last = &last[last.len().saturating_sub(3)..];
                 format!("{cause}; its log ends: {}", last.join(" | "))
@@ -376,6 +388,36 @@ enum RestartError {
 
 /// Waits up to `limit` for process `pid` to be dead (a zombie or gone).
 /// Blocks: call it off the async runtime.
+/// How child `pid` ended ("exited with status 3", "was killed by signal
+/// 9 (SIGKILL)"), looking for up to `limit`; `Ok(None)` while it still
+/// runs then, `Err` when it cannot be told (not this process's child, or
+/// reaped already). Peeks without reaping (`WNOWAIT`): the process's owner
+/// still reaps it.
+fn exit_of(pid: u32, limit: Duration) -> nix::Result<Option<String>> {
+    use nix::sys::wait::{Id, WaitPidFlag, WaitStatus, waitid};
+    let pid = nix::unistd::Pid::from_raw(i32::try_from(pid).map_err(|_| nix::Error::EINVAL)?);
+    let deadline = Instant::now() + limit;
+    loop {
+        let flags = WaitPidFlag::WEXITED | WaitPidFlag::WNOHANG | WaitPidFlag::WNOWAIT;
+        match waitid(Id::Pid(pid), flags) {
+            Ok(WaitStatus::Exited(_, code)) => {
+                return Ok(Some(format!("exited with status {code}")));
+            }
+            Ok(WaitStatus::Signaled(_, signal, core)) => {
+                let core = if core { " (core dumped)" } else { "" };
+                return Ok(Some(format!(
+                    "was killed by signal {} ({}){core}",
+                    signal as i32,
+                    signal.as_str()
+                )));
+            }
+            Ok(_) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(2)),
+            Ok(_) => return Ok(None),
+            Err(e) => return Err(e),
+        }
+    }
+}
+
 fn wait_gone(pid: u32, limit: Duration) -> bool {
     let deadline = Instant::now() + limit;
     loop {
@@ -386,5 +428,39 @@ fn wait_gone(pid: u32, limit: Duration) -> bool {
             return false;
         }
         std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_childs_end_is_told_without_reaping_it() {
+        let mut exited = std::process::Command::new("sh")
+            .args(["-c", "exit 3"])
+            .spawn()
+            .unwrap();
+        assert_eq!(
+            exit_of(exited.id(), Duration::from_secs(5)).unwrap().as_deref(),
+            Some("exited with status 3")
+        );
+        // Not reaped: its owner still collects the status.
+        assert_eq!(exited.wait().unwrap().code(), Some(3));
+
+        let mut running = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .unwrap();
+        assert_eq!(exit_of(running.id(), Duration::from_millis(20)).unwrap(), None);
+        running.kill().unwrap();
+        assert_eq!(
+            exit_of(running.id(), Duration::from_secs(5)).unwrap().as_deref(),
+            Some("was killed by signal 9 (SIGKILL)")
+        );
+        running.wait().unwrap();
+        // Reaped now, and pid 1 was never ours: nothing to tell.
+        assert!(exit_of(running.id(), Duration::ZERO).is_err());
+        assert!(exit_of(1, Duration::ZERO).is_err());
     }
 }

@@ -52,6 +52,24 @@ pub(crate) struct PyArray {
 /// A view derived from another: `(byte delta, shape, element strides)`.
 type Derived = (u64, Vec<u32>, Vec<u32>);
 
+/// `(length, element stride)` axes at `delta` bytes as a [`Derived`], as
+/// `_geometry._finish` makes it: a length-1 axis gets the row-major
+/// stride. `None` past 5 axes, for an empty axis, or past 32 bits.
+fn finish(axes: &[(u64, u64)], delta: u64) -> Option<Derived> {
+    if axes.is_empty() || axes.len() > 5 || axes.iter().any(|&(n, _)| n == 0) {
+        return None;
+    }
+    let (mut shape, mut strides) = (vec![0u32; axes.len()], vec![0u32; axes.len()]);
+    let mut inner: u64 = 1;
+    for (k, &(n, st)) in axes.iter().enumerate().rev() {
+        let st = if n == 1 { inner } else { st };
+        shape[k] = u32::try_from(n).ok()?;
+        strides[k] = u32::try_from(st).ok()?;
+        inner = st.checked_mul(n)?;
+    }
+    Some((delta, shape, strides))
+}
+
 impl PyArray {
     pub(crate) fn new(view: View, core: Arc<Core>) -> Self {
         PyArray { view, core }
@@ -179,25 +197,111 @@ impl PyArray {
             keep(&mut out, axis);
             axis += 1;
         }
-        if out.len() > 5 {
-            return Ok(None);
-        }
         if out.is_empty() {
             out.push((1, 1));
         }
-        // As `_geometry._finish`: a length-1 axis gets the row-major stride.
-        let (mut new_shape, mut new_strides) = (vec![0u32; out.len()], vec![0u32; out.len()]);
-        let mut inner: u64 = 1;
-        for (k, &(n, st)) in out.iter().enumerate().rev() {
-            let st = if n == 1 { inner } else { st };
-            let (Ok(n32), Ok(st32)) = (u32::try_from(n), u32::try_from(st)) else {
-                return Ok(None);
-            };
-            new_shape[k] = n32;
-            new_strides[k] = st32;
-            inner = st * n;
+        Ok(finish(&out, offset * item as u64))
+    }
+
+    /// `view.reshape(newshape)` computed here (numpy's no-copy reshape in
+    /// C order: runs of old axes that are contiguous with each other take
+    /// the new axes of the same product), for a shape of Python integers
+    /// with at most one -1. `None` for anything else, or where numpy would
+    /// copy or refuse: the numpy path answers those, with its errors.
+    fn native_reshape(&self, new: &Bound<'_, PyAny>) -> Option<Derived> {
+        let want: Vec<i64> = if new.is_instance_of::<pyo3::types::PyInt>() {
+            vec![new.extract().ok()?]
+        } else if let Ok(t) = new.cast::<PyTuple>() {
+            t.iter().map(|n| n.extract::<i64>().ok()).collect::<Option<_>>()?
+        } else {
+            new.extract().ok()?
+        };
+        let (shape, strides) = (self.view.shape(), self.view.tensor().strides());
+        let total: u64 = shape.iter().map(|&n| u64::from(n)).product();
+        let known: i64 = want.iter().filter(|&&n| n != -1).product();
+        if want.is_empty() || want.len() > 5 || want.iter().any(|&n| n < -1 || n == 0) || known <= 0 {
+            return None;
         }
-        Ok(Some((offset * item as u64, new_shape, new_strides)))
+        let new_dims: Vec<u64> = match want.iter().filter(|&&n| n == -1).count() {
+            0 => want.iter().map(|&n| n as u64).collect(),
+            1 if total % known as u64 == 0 => want
+                .iter()
+                .map(|&n| if n == -1 { total / known as u64 } else { n as u64 })
+                .collect(),
+            _ => return None,
+        };
+        if new_dims.iter().product::<u64>() != total {
+            return None;
+        }
+        // numpy's `_attempt_nocopy_reshape`, C order, in elements.
+        let old: Vec<(u64, u64)> = shape
+            .iter()
+            .zip(strides)
+            .filter(|&(&n, _)| n != 1)
+            .map(|(&n, &st)| (u64::from(n), u64::from(st)))
+            .collect();
+        let mut new_strides = vec![1u64; new_dims.len()];
+        let (mut oi, mut oj, mut ni, mut nj) = (0, 1, 0, 1);
+        while ni < new_dims.len() && oi < old.len() {
+            let (mut np, mut op) = (new_dims[ni], old[oi].0);
+            while np != op {
+                if np < op {
+                    np *= *new_dims.get(nj)?;
+                    nj += 1;
+                } else {
+                    op *= old.get(oj)?.0;
+                    oj += 1;
+                }
+            }
+            if (oi..oj - 1).any(|k| old[k].1 != old[k + 1].0 * old[k + 1].1) {
+                return None;
+            }
+            new_strides[nj - 1] = old[oj - 1].1;
+            for k in (ni + 1..nj).rev() {
+                new_strides[k - 1] = new_strides[k] * new_dims[k];
+            }
+            ni = nj;
+            nj += 1;
+            oi = oj;
+            oj += 1;
+        }
+        let out: Vec<(u64, u64)> = new_dims.into_iter().zip(new_strides).collect();
+        finish(&out, 0)
+    }
+
+    /// `view.view(dtype)` of elements of `new` bytes computed here (numpy's
+    /// rule: with another size, the last axis must be contiguous, and its
+    /// bytes a whole number of new elements). `None` where numpy would
+    /// refuse or the result is no strata view: the numpy path answers.
+    fn native_retype(&self, new: usize) -> Option<Derived> {
+        let item = dtype::itemsize(self.view.dtype())? as u64;
+        let new = new as u64;
+        let (shape, strides) = (self.view.shape(), self.view.tensor().strides());
+        let mut out: Vec<(u64, u64)> = shape
+            .iter()
+            .zip(strides)
+            .map(|(&n, &st)| (u64::from(n), u64::from(st) * item))
+            .collect();
+        let last = out.last_mut()?;
+        if new != item {
+            if last.0 != 1 && last.1 != item {
+                return None;
+            }
+            let bytes = last.0 * item;
+            if bytes % new != 0 {
+                return None;
+            }
+            *last = (bytes / new, new);
+        }
+        // Byte strides to elements of the new size (length-1 axes' do
+        // not matter: `finish` gives them the row-major one).
+        for a in &mut out {
+            if a.0 != 1 && a.1 % new != 0 {
+                return None;
+            }
+            a.1 /= new;
+        }
+        finish(&out, 0)
     }
 
     /// Applies `strata._geometry.<func>` to this view and derives the
@@ -469,7 +573,12 @@ impl PyArray {
             } else {
                 shape.into_any()
             };
-        self.by_numpy(py, "reshape", shape, self.view.dtype())
+        match self.native_reshape(&shape) {
+            Some((delta, shape, strides)) => {
+                self.derive(delta, &shape, &strides, self.view.dtype())
+            }
+            None => self.by_numpy(py, "reshape", shape, self.view.dtype()),
+        }
     }
 
     /// The same bytes seen as ``dtype`` (numpy's ``ndarray.view``): with
@@ -483,7 +592,10 @@ impl PyArray {
                 d.name()
             ))
         })?;
-        self.by_numpy(py, "view", obj(py, new).into_bound(py), d)
+        match self.native_retype(new) {
+            Some((delta, shape, strides)) => self.derive(delta, &shape, &strides, d),
+            None => self.by_numpy(py, "view", obj(py, new).into_bound(py), d),
+        }
     }
 
     /// An ``ndarray`` over the buffer's memory with this view's shape,

@@ -19,6 +19,30 @@ pub(crate) fn parse(obj: &Bound<'_, PyAny>) -> PyResult<DType> {
             return Ok(d);
         }
     }
+    // A type (`np.float32`, `float`): remembered by identity, each kept
+    // alive by the table, so that `view(np.int32)` in a loop does not ask
+    // numpy every time.
+    let is_type = obj.is_instance_of::<pyo3::types::PyType>();
+    if is_type {
+        let known = TYPES.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((_, d)) = known.iter().find(|(t, _)| t.as_ptr() == obj.as_ptr()) {
+            return Ok(*d);
+        }
+    }
+    let d = parse_by_numpy(obj)?;
+    if is_type {
+        let mut known = TYPES.lock().unwrap_or_else(|e| e.into_inner());
+        if known.len() < 64 {
+            known.push((obj.clone().unbind(), d));
+        }
+    }
+    Ok(d)
+}
+
+/// Types already parsed, and what they named.
+static TYPES: std::sync::Mutex<Vec<(Py<PyAny>, DType)>> = std::sync::Mutex::new(Vec::new());
+
+fn parse_by_numpy(obj: &Bound<'_, PyAny>) -> PyResult<DType> {
     let np = obj.py().import("numpy")?;
     let dt = np.call_method1("dtype", (obj,)).map_err(|e| {
         invalid_view(format!(

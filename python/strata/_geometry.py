@@ -1,8 +1,11 @@
 """View geometry by numpy's own rules.
 
-strata views are numpy-style (offset, shape, strides) over a buffer, so
-indexing, reshaping and ``.view(dtype)`` are answered by numpy itself,
-applied to a *stand-in* array with the view's shape and strides. The
+strata views are numpy-style (offset, shape, strides) over a buffer. The
+extension computes the common cases itself (basic indexing, no-copy
+``reshape``, ``.view(dtype)``: ``PyArray::basic_index``,
+``native_reshape``, ``native_retype``); everything else, and every
+refusal, is answered here by numpy itself, applied to a *stand-in* array
+with the view's shape and strides. The
 stand-in's memory is never touched: only basic indexing (which computes a
 pointer and strides), ``reshape(copy=False)`` and ``.view`` are applied to
 it, each of which never reads an element, and anything that would make

@@ -135,6 +135,61 @@ def test_indexing_computes_numpys_geometry_on_random_keys(inproc):
                 assert [s // v.itemsize for s in got.strides] == list(elems), key
 
 
+def _factorizations(rng, total, ndim):
+    dims = []
+    for _ in range(ndim - 1):
+        divisors = [d for d in range(1, total + 1) if total % d == 0]
+        d = int(rng.choice(divisors))
+        dims.append(d)
+        total //= d
+    dims.append(total)
+    rng.shuffle(dims)
+    if rng.random() < 0.3:
+        dims[int(rng.integers(0, len(dims)))] = -1
+    return tuple(dims)
+
+
+def test_reshape_and_retype_compute_numpys_geometry(inproc):
+    """``reshape`` and ``view(dtype)``, computed natively where they can
+    be, against numpy's own rules (the stand-in path) on random shapes
+    over views of every layout; what numpy refuses is refused the same
+    way, with the same message."""
+    from strata import _geometry
+
+    rng = np.random.default_rng(6)
+    base = inproc.array(np.zeros((6, 8, 4), np.float32))
+    views = (base, base[1:5], base[:, 2:6], base[:, ::2], base.T, base[2], base[:, 3, 1:], base[1:2, :, 2:3])
+    for v in views:
+        for _ in range(300):
+            ndim = int(rng.integers(1, 7))
+            new = _factorizations(rng, v.size, ndim)
+            if rng.random() < 0.1:
+                new = new + (int(rng.integers(2, 5)),)  # a wrong size
+            try:
+                delta, shape, elems = _geometry.reshape(list(v.shape), list(v.strides), v.itemsize, new)
+            except Exception as e:  # noqa: BLE001 - the same refusal is expected
+                with pytest.raises(type(e)) as got:
+                    v.reshape(new)
+                assert str(got.value) == str(e), new
+                continue
+            got = v.reshape(new)
+            assert got.offset - v.offset == delta, new
+            assert list(got.shape) == list(shape), new
+            assert [s // v.itemsize for s in got.strides] == list(elems), new
+        for dtype, size in ((np.float32, 4), (np.float64, 8), (np.int16, 2), (np.uint8, 1)):
+            try:
+                delta, shape, elems = _geometry.view(list(v.shape), list(v.strides), v.itemsize, size)
+            except Exception as e:  # noqa: BLE001 - the same refusal is expected
+                with pytest.raises(type(e)) as got:
+                    v.view(dtype)
+                assert str(got.value) == str(e), dtype
+                continue
+            got = v.view(dtype)
+            assert (got.offset - v.offset, list(got.shape)) == (delta, list(shape)), dtype
+            assert [s // size for s in got.strides] == list(elems), dtype
+            assert got.dtype == np.dtype(dtype)
+
+
 def test_numpys_attributes(inproc):
     ref = np.arange(6 * 8, dtype=np.float64).reshape(6, 8)
     a = inproc.array(ref)

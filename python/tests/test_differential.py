@@ -1,6 +1,7 @@
-"""Random programs over numpy-sliced views of shared buffers, run through
-strata (1-4 local workers, and in-process workers), end byte-identical to
-the same program run one task at a time with numpy."""
+"""Random programs over numpy-sliced views of shared buffers (float32,
+int32 bits seen as int16, and float64), run through strata (1-4 local
+workers, and in-process workers), end byte-identical to the same program
+run one task at a time with numpy."""
 
 import numpy as np
 import pytest
@@ -36,8 +37,14 @@ def program(seed, n_ops=40):
     ops = []
     for _ in range(n_ops):
         shape = (int(rng.integers(1, 7)), int(rng.integers(1, 7)))
-        kind = ["copy", "add", "mul", "fill", "copy_bits", "iadd16"][int(rng.integers(6))]
-        bufs = [int(rng.integers(3)) for _ in range(3)]
+        kind = ["copy", "add", "mul", "fill", "copy_bits", "iadd16", "copy64", "add64", "mul64", "fill64"][
+            int(rng.integers(10))
+        ]
+        if kind.endswith("64"):
+            # float64 programs on buffers 3-4 (float64 from the start).
+            bufs = [int(rng.integers(3, 5)) for _ in range(3)]
+        else:
+            bufs = [int(rng.integers(3)) for _ in range(3)]
         specs = [make_view(rng, shape) for _ in range(3)]
         value = int(rng.integers(-4, 5))
         ops.append((kind, bufs, specs, value))
@@ -58,6 +65,8 @@ def run_numpy(init, ops):
 
 
 def operands(kind, arrays, specs, get):
+    if kind.endswith("64"):
+        return [get(arrays[i], specs[i]) for i in range(3)]
     if kind in ("copy", "add", "mul", "fill"):
         arrs = [arrays[i].view(np.float32) if arrays[i].dtype != np.float32 else arrays[i] for i in range(3)]
         return [get(arrs[i], specs[i]) for i in range(3)]
@@ -70,6 +79,7 @@ def operands(kind, arrays, specs, get):
 
 def apply(kind, arrays, specs, value, get):
     x, y, z = operands(kind, arrays, specs, get)
+    kind = kind.removesuffix("64")
     if kind in ("copy", "copy_bits"):
         y[...] = x
     elif kind == "add":
@@ -83,10 +93,12 @@ def apply(kind, arrays, specs, value, get):
 
 
 def written(kind, views):
+    kind = kind.removesuffix("64")
     return views[1] if kind in ("copy", "copy_bits") else views[2]
 
 
 def read(kind, views):
+    kind = kind.removesuffix("64")
     if kind in ("copy", "copy_bits"):
         return [views[0]]
     if kind == "fill":
@@ -106,10 +118,11 @@ def run_strata(cluster, init, ops):
         arrs = [bufs[i] for i in bi]
         views = operands(kind, arrs, specs, pick)
         np_views = [v.numpy() for v in views]
-        name = {"copy": "copy", "copy_bits": "copy", "add": "add", "mul": "mul", "fill": "fill", "iadd16": "add"}[kind]
-        if kind in ("copy", "copy_bits"):
+        base = kind.removesuffix("64")
+        name = {"copy": "copy", "copy_bits": "copy", "add": "add", "mul": "mul", "fill": "fill", "iadd16": "add"}[base]
+        if base in ("copy", "copy_bits"):
             args = (views[0], views[1])
-        elif kind == "fill":
+        elif base == "fill":
             args = (views[2], value)
         else:
             args = tuple(views)
@@ -136,6 +149,8 @@ def test_differential(workers):
                 rng.integers(-8, 9, size=(ROWS, COLS)).astype(np.float32),
                 rng.integers(-8, 9, size=(ROWS, COLS)).astype(np.float32),
                 rng.integers(-1000, 1000, size=(ROWS, COLS)).astype(np.int32).view(np.float32),
+                rng.integers(-8, 9, size=(ROWS, COLS)).astype(np.float64),
+                rng.integers(-8, 9, size=(ROWS, COLS)).astype(np.float64),
             ]
             # Buffer 2 holds int32 bits: float ops on it would meet NaN
             # patterns, so arithmetic programs keep floats on 0-1 by
@@ -144,7 +159,7 @@ def test_differential(workers):
             ops = [
                 (k, bi, s, v)
                 for (k, bi, s, v) in ops
-                if k in ("copy_bits", "iadd16") or all(i < 2 for i in bi)
+                if k in ("copy_bits", "iadd16") or k.endswith("64") or all(i < 2 for i in bi)
             ]
             got, refused = run_strata(cluster, init, ops)
             ref_ops = [op for n, op in enumerate(ops) if n not in refused]

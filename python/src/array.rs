@@ -212,21 +212,30 @@ impl PyArray {
         let want: Vec<i64> = if new.is_instance_of::<pyo3::types::PyInt>() {
             vec![new.extract().ok()?]
         } else if let Ok(t) = new.cast::<PyTuple>() {
-            t.iter().map(|n| n.extract::<i64>().ok()).collect::<Option<_>>()?
+            t.iter()
+                .map(|n| n.extract::<i64>().ok())
+                .collect::<Option<_>>()?
         } else {
             new.extract().ok()?
         };
         let (shape, strides) = (self.view.shape(), self.view.tensor().strides());
         let total: u64 = shape.iter().map(|&n| u64::from(n)).product();
         let known: i64 = want.iter().filter(|&&n| n != -1).product();
-        if want.is_empty() || want.len() > 5 || want.iter().any(|&n| n < -1 || n == 0) || known <= 0 {
+        if want.is_empty() || want.len() > 5 || want.iter().any(|&n| n < -1 || n == 0) || known <= 0
+        {
             return None;
         }
         let new_dims: Vec<u64> = match want.iter().filter(|&&n| n == -1).count() {
             0 => want.iter().map(|&n| n as u64).collect(),
             1 if total % known as u64 == 0 => want
                 .iter()
-                .map(|&n| if n == -1 { total / known as u64 } else { n as u64 })
+                .map(|&n| {
+                    if n == -1 {
+                        total / known as u64
+                    } else {
+                        n as u64
+                    }
+                })
                 .collect(),
             _ => return None,
         };

@@ -521,6 +521,65 @@ impl PyCluster {
         })
     }
 
+    /// Submits many tasks of one callable: ``tasks`` is an iterable of
+    /// argument tuples, one per task, each as ``submit`` takes its
+    /// positional arguments (``on=`` and ``flops=`` apply to every one).
+    /// Returns their :class:`Task` objects, in order. The same as a loop
+    /// of ``submit`` calls, at less cost per task: the arguments of every
+    /// task are checked first (a refusal there submits nothing), then all
+    /// are submitted with the GIL released once. An error names the
+    /// task's place in the batch; one the engine raises (an argument
+    /// written where another of the same task reads) leaves the tasks
+    /// before it submitted, and ``wait_all()`` collects them.
+    #[pyo3(signature = (callable, tasks, on=None, flops=None))]
+    fn submit_many(
+        &self,
+        py: Python<'_>,
+        callable: &str,
+        tasks: Bound<'_, PyAny>,
+        on: Option<u32>,
+        flops: Option<u64>,
+    ) -> PyResult<Vec<PyTask>> {
+        let sig = self.core.sig(callable)?;
+        let mut built = Vec::new();
+        for (i, args) in tasks.try_iter()?.enumerate() {
+            let args = args?;
+            let args = match args.cast::<PyTuple>() {
+                Ok(t) => t.clone(),
+                Err(_) => PyTuple::new(py, args.try_iter()?.collect::<PyResult<Vec<_>>>()?)?,
+            };
+            let mut task =
+                build(&sig, callable, &args, on, None, None).map_err(|e| in_batch(py, e, i))?;
+            if let Some(f) = flops {
+                task = task.flops(f);
+            }
+            built.push(task);
+        }
+        let core = &self.core;
+        let mut handles = Vec::with_capacity(built.len());
+        let failed = py.detach(|| {
+            core.run(|c| {
+                for (i, task) in built.into_iter().enumerate() {
+                    match c.submit(task) {
+                        Ok(h) => handles.push(h),
+                        Err(e) => return Ok(Some((i, e))),
+                    }
+                }
+                Ok(None)
+            })
+        });
+        match failed.map_err(err)? {
+            None => Ok(handles
+                .into_iter()
+                .map(|handle| PyTask {
+                    handle,
+                    core: Arc::clone(&self.core),
+                })
+                .collect()),
+            Some((i, e)) => Err(in_batch(py, err(e), i)),
+        }
+    }
+
     /// A group member, as ``submit`` takes it, for :meth:`submit_group`.
     #[pyo3(signature = (callable, *args, on=None, after=None, timeout=None))]
     fn task(
@@ -863,4 +922,23 @@ impl PyWorker {
             self.0.id.0, self.0.endpoint, self.0.chip, self.0.device, self.0.transport, self.0.pid
         )
     }
+}
+
+/// `e` again, its message saying which task of a batch it is about (the
+/// same exception type, its attributes kept).
+fn in_batch(py: Python<'_>, e: PyErr, i: usize) -> PyErr {
+    let value = e.value(py);
+    let message = format!("task {i} of the batch: {value}");
+    let again = (|| -> PyResult<PyErr> {
+        let new = e.get_type(py).call1((message,))?;
+        if let Ok(attrs) = value.getattr("__dict__") {
+            if let Ok(d) = attrs.cast::<pyo3::types::PyDict>() {
+                for (k, v) in d.iter() {
+                    new.setattr(k.cast::<pyo3::types::PyString>()?, v)?;
+                }
+            }
+        }
+        Ok(PyErr::from_value(new))
+    })();
+    again.unwrap_or(e)
 }

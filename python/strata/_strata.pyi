@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from typing import Any, Callable, Iterable, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Iterable, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -207,6 +207,13 @@ class Cluster:
         timeout: Optional[float] = None,
         flops: Optional[int] = None,
     ) -> Task: ...
+    def submit_many(
+        self,
+        callable: str,
+        tasks: Iterable[Sequence[Union[Array, Tagged, Number]]],
+        on: Optional[int] = None,
+        flops: Optional[int] = None,
+    ) -> List[Task]: ...
     def task(
         self,
         callable: str,

@@ -222,3 +222,30 @@ def test_deferred_writes_reach_numpy_at_the_wait():
         assert s.from_device_bytes < 8 * 4096, s
     with pytest.raises(ValueError, match="write_back"):
         strata.Cluster(local=1, write_back="sometimes")
+
+
+def test_submit_many_is_a_loop_of_submits_and_names_the_task_it_refuses(inproc):
+    import numpy as np
+
+    a = inproc.array(np.arange(64, dtype=np.float32).reshape(8, 8))
+    b = inproc.array(np.ones((8, 8), np.float32))
+    out = inproc.zeros((8, 8), np.float32)
+    tasks = inproc.submit_many("add", ((a[i], b[i], out[i]) for i in range(8)))
+    assert len(tasks) == 8
+    inproc.wait_all()
+    assert np.array_equal(out.numpy(), a.numpy() + 1)
+    # A list per task works too, and on= applies to each.
+    inproc.submit_many("mul", [[a[i], b[i], out[i]] for i in range(8)], on=0)
+    inproc.wait_all()
+    assert np.array_equal(out.numpy(), a.numpy())
+    # Refused at the check: nothing of the batch is submitted.
+    before = inproc.totals().submitted
+    bad = [(a[0], b[0], out[0]), (a[1], b[1].view(np.int32), out[1])]
+    with pytest.raises(strata.SubmitError, match="task 1 of the batch: .*dtype"):
+        inproc.submit_many("add", bad)
+    assert inproc.totals().submitted == before
+    # Refused by the engine (the output overlaps an input): the ones before stay.
+    with pytest.raises(strata.SubmitError, match="task 1 of the batch"):
+        inproc.submit_many("add", [(a[0], b[0], out[0]), (a[1], b[1], a[1])])
+    inproc.wait_all()
+    assert inproc.totals().submitted == before + 1

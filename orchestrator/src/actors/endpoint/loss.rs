@@ -442,7 +442,9 @@ mod tests {
             .spawn()
             .unwrap();
         assert_eq!(
-            exit_of(exited.id(), Duration::from_secs(5)).unwrap().as_deref(),
+            exit_of(exited.id(), Duration::from_secs(5))
+                .unwrap()
+                .as_deref(),
             Some("exited with status 3")
         );
         // Not reaped: its owner still collects the status.
@@ -452,10 +454,15 @@ mod tests {
             .arg("30")
             .spawn()
             .unwrap();
-        assert_eq!(exit_of(running.id(), Duration::from_millis(20)).unwrap(), None);
+        assert_eq!(
+            exit_of(running.id(), Duration::from_millis(20)).unwrap(),
+            None
+        );
         running.kill().unwrap();
         assert_eq!(
-            exit_of(running.id(), Duration::from_secs(5)).unwrap().as_deref(),
+            exit_of(running.id(), Duration::from_secs(5))
+                .unwrap()
+                .as_deref(),
             Some("was killed by signal 9 (SIGKILL)")
         );
         running.wait().unwrap();

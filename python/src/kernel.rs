@@ -278,8 +278,61 @@ impl Kernel for PyKernel {
     }
 
     fn run(&self, ctx: &mut KernelContext<'_>) -> Result<(), String> {
+        keep_thread_state();
         Python::attach(|py| self.call(py, ctx))
     }
+}
+
+thread_local! {
+    /// Whether this thread's Python thread state is kept (see
+    /// [`keep_thread_state`]).
+    static KEPT: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Makes the Python thread state of this thread (a chip's lane, which
+/// Python did not start) live as long as the thread. Without it each
+/// kernel call's `Python::attach` made a thread state and its frame stack
+/// (an mmap) and dropped both on the way out (a munmap): a third of a
+/// no-op kernel's cost. A thread that has a thread state already (one
+/// Python started) is left alone.
+///
+/// The crate's one `unsafe`: two calls of CPython's stable API.
+#[allow(unsafe_code)]
+fn keep_thread_state() {
+    KEPT.with(|kept| {
+        if kept.get() {
+            return;
+        }
+        kept.set(true);
+        // Only once `threading` is imported elsewhere (the extension
+        // imports it as it loads): imported first on this thread, it would
+        // take this thread for the main one and wait at exit for its state
+        // to go, which a kept state never does.
+        let threading = Python::attach(|py| {
+            py.import("sys")
+                .and_then(|sys| sys.getattr("modules"))
+                .and_then(|m| m.contains("threading"))
+                .unwrap_or(false)
+        });
+        if !threading {
+            return;
+        }
+        // SAFETY: the interpreter runs (this process serves kernels from
+        // inside it, or is the driver that made the in-process worker).
+        // A thread without a thread state holds no GIL; for it,
+        // `PyGILState_Ensure` takes the GIL with a new state for this
+        // thread and `PyEval_SaveThread` releases the GIL keeping the state
+        // as this thread's: the `Ensure` is never matched, so the later
+        // `Ensure`/`Release` pairs of `Python::attach` find the state and
+        // leave it in place. Nothing is done on a thread that has one.
+        unsafe {
+            if !pyo3::ffi::PyGILState_GetThisThreadState().is_null() {
+                return;
+            }
+            let _ = pyo3::ffi::PyGILState_Ensure();
+            pyo3::ffi::PyEval_SaveThread();
+        }
+    });
 }
 
 /// The built-in kernels and `kernels`.

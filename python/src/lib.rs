@@ -12,12 +12,14 @@
 //! pyo3 turns one into `pyo3_runtime.PanicException`, and the driver's
 //! errors become the exception classes of `errors.rs`.
 //!
-//! The crate has no `unsafe`: numpy arrays over a host buffer are built by
-//! numpy from `__array_interface__` (an address and the view's geometry;
-//! the array's base keeps the buffer mapped), and a Python kernel's
-//! arguments likewise.
+//! The crate's only `unsafe` is `kernel::keep_thread_state` (two calls of
+//! CPython's stable API that keep a chip lane's Python thread state for
+//! the thread's life). numpy arrays over a host buffer are built by numpy
+//! from `__array_interface__` (an address and the view's geometry; the
+//! array's base keeps the buffer mapped), and a Python kernel's arguments
+//! likewise.
 
-#![forbid(unsafe_code)]
+#![deny(unsafe_code)]
 
 use pyo3::prelude::*;
 
@@ -31,6 +33,11 @@ mod task;
 /// The extension module.
 #[pymodule]
 fn _strata(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    // `threading` imported here, on the thread importing strata (the main
+    // one, as a rule): imported first inside a kernel on a chip's lane, it
+    // would take that lane for the main thread and wait for it at exit
+    // (see `kernel::keep_thread_state`).
+    m.py().import("threading")?;
     m.add_class::<cluster::PyCluster>()?;
     m.add_class::<array::PyArray>()?;
     m.add_class::<task::PyTask>()?;

@@ -602,8 +602,8 @@ unsafe fn pack_rows<T: Blocked>(
 /// Packs `count` lines from `first` of `m`, each `kc` deep from `p0`, into
 /// panels of `width` lines: panel `q` holds, for each `p < kc`, the
 /// `width` elements `m(first + q·width + l, p0 + p)`, zero past the last
-/// line. `a`'s lines are its rows (MR-panels), `b`'s its columns
-/// (NR-panels); see [`Lines`].
+/// line. These are `b`'s panels (`width` NR), whose lines are its
+/// columns; see [`Lines`].
 ///
 /// # Safety
 /// The block lies inside `m`'s shape; `out` holds the panels and GROUP

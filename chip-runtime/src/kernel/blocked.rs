@@ -236,37 +236,49 @@ unsafe fn micro_f64(k: usize, a: *const f64, b: *const f64, d: &Dest<f64>) {
     )
 }
 
+/// The first element of each of `src`'s lines, `N` of them: lines past its
+/// count read `zeros` (KC zero elements) instead.
+fn line_starts<T, const N: usize>(
+    src: Run<T>,
+    kc: usize,
+    zeros: &'static [T; KC],
+) -> [*const T; N] {
+    debug_assert!(kc <= KC && src.count <= N);
+    std::array::from_fn(|l| {
+        if l < src.count {
+            src.at.wrapping_offset(l as isize * src.ld)
+        } else {
+            zeros.as_ptr()
+        }
+    })
+}
+
+/// Fetches element `p` of each of `lines`'s lines into cache.
+#[inline]
+fn prefetch<T>(lines: Run<T>, p: usize) {
+    for l in 0..lines.count {
+        // A prefetch never faults, wherever it points.
+        let at = lines
+            .at
+            .wrapping_offset(l as isize * lines.ld)
+            .wrapping_add(p);
+        // SAFETY: as above.
+        unsafe { _mm_prefetch::<_MM_HINT_T0>(at.cast()) };
+    }
+}
+
 /// [`Blocked::transpose`] for F32: 8×8 blocks transposed in registers.
 ///
 /// # Safety
 /// As [`Blocked::transpose`].
 #[target_feature(enable = "avx2,fma")]
 unsafe fn transpose_f32(src: Run<f32>, kc: usize, dst: *mut f32, width: usize, ahead: Run<f32>) {
-    let Run {
-        at: src,
-        ld,
-        count: lines,
-    } = src;
-    debug_assert!(kc <= KC && lines <= 8);
     static ZEROS: [f32; KC] = [0.0; KC];
-    let from: [*const f32; 8] = std::array::from_fn(|l| {
-        if l < lines {
-            src.wrapping_offset(l as isize * ld)
-        } else {
-            ZEROS.as_ptr()
-        }
-    });
+    let from: [*const f32; 8] = line_starts(src, kc, &ZEROS);
     let mut p = 0;
     while p + 8 <= kc {
         if p % 16 == 0 {
-            for l in 0..ahead.count {
-                // A prefetch never faults, wherever it points.
-                let at = ahead
-                    .at
-                    .wrapping_offset(l as isize * ahead.ld)
-                    .wrapping_add(p);
-                _mm_prefetch::<_MM_HINT_T0>(at.cast());
-            }
+            prefetch(ahead, p);
         }
         // SAFETY: each line's elements p..p + 8 are readable (a missing
         // line reads zeros, KC of them).
@@ -304,9 +316,9 @@ unsafe fn transpose_f32(src: Run<f32>, kc: usize, dst: *mut f32, width: usize, a
         p += 8;
     }
     for p in p..kc {
-        for l in 0..lines {
+        for (l, line) in from.iter().enumerate().take(src.count) {
             // SAFETY: as above, one element at a time.
-            unsafe { *dst.add(p * width + l) = *src.offset(l as isize * ld).add(p) };
+            unsafe { *dst.add(p * width + l) = *line.add(p) };
         }
     }
 }
@@ -317,31 +329,12 @@ unsafe fn transpose_f32(src: Run<f32>, kc: usize, dst: *mut f32, width: usize, a
 /// As [`Blocked::transpose`].
 #[target_feature(enable = "avx2,fma")]
 unsafe fn transpose_f64(src: Run<f64>, kc: usize, dst: *mut f64, width: usize, ahead: Run<f64>) {
-    let Run {
-        at: src,
-        ld,
-        count: lines,
-    } = src;
-    debug_assert!(kc <= KC && lines <= 4);
     static ZEROS: [f64; KC] = [0.0; KC];
-    let from: [*const f64; 4] = std::array::from_fn(|l| {
-        if l < lines {
-            src.wrapping_offset(l as isize * ld)
-        } else {
-            ZEROS.as_ptr()
-        }
-    });
+    let from: [*const f64; 4] = line_starts(src, kc, &ZEROS);
     let mut p = 0;
     while p + 4 <= kc {
         if p % 8 == 0 {
-            for l in 0..ahead.count {
-                // A prefetch never faults, wherever it points.
-                let at = ahead
-                    .at
-                    .wrapping_offset(l as isize * ahead.ld)
-                    .wrapping_add(p);
-                _mm_prefetch::<_MM_HINT_T0>(at.cast());
-            }
+            prefetch(ahead, p);
         }
         // SAFETY: each line's elements p..p + 4 are readable (a missing
         // line reads zeros, KC of them).
@@ -363,9 +356,9 @@ unsafe fn transpose_f64(src: Run<f64>, kc: usize, dst: *mut f64, width: usize, a
         p += 4;
     }
     for p in p..kc {
-        for l in 0..lines {
+        for (l, line) in from.iter().enumerate().take(src.count) {
             // SAFETY: as above, one element at a time.
-            unsafe { *dst.add(p * width + l) = *src.offset(l as isize * ld).add(p) };
+            unsafe { *dst.add(p * width + l) = *line.add(p) };
         }
     }
 }

@@ -97,49 +97,36 @@ unsafe fn blocked_gemm<T: super::blocked::Blocked>(
     true
 }
 
-impl Real for f32 {
-    const ZERO: Self = 0.0;
-    const ONE: Self = 1.0;
-    fn sqrt(self) -> Self {
-        f32::sqrt(self)
-    }
+/// `Real` for a float type: the constants, `sqrt`, and the blocked GEMM
+/// where this target has one.
+macro_rules! real {
+    ($t:ty) => {
+        impl Real for $t {
+            const ZERO: Self = 0.0;
+            const ONE: Self = 1.0;
+            fn sqrt(self) -> Self {
+                <$t>::sqrt(self)
+            }
 
-    unsafe fn blocked(
-        a: MatRef<'_, Self>,
-        b: MatRef<'_, Self>,
-        c: &mut MatMut<'_, Self>,
-        alpha: Self,
-        beta: Self,
-    ) -> bool {
-        #[cfg(target_arch = "x86_64")]
-        // SAFETY: the caller's contract.
-        return unsafe { blocked_gemm(a, b, c, alpha, beta) };
-        #[cfg(not(target_arch = "x86_64"))]
-        return false;
-    }
+            unsafe fn blocked(
+                a: MatRef<'_, Self>,
+                b: MatRef<'_, Self>,
+                c: &mut MatMut<'_, Self>,
+                alpha: Self,
+                beta: Self,
+            ) -> bool {
+                #[cfg(target_arch = "x86_64")]
+                // SAFETY: the caller's contract.
+                return unsafe { blocked_gemm(a, b, c, alpha, beta) };
+                #[cfg(not(target_arch = "x86_64"))]
+                return false;
+            }
+        }
+    };
 }
 
-impl Real for f64 {
-    const ZERO: Self = 0.0;
-    const ONE: Self = 1.0;
-    fn sqrt(self) -> Self {
-        f64::sqrt(self)
-    }
-
-    unsafe fn blocked(
-        a: MatRef<'_, Self>,
-        b: MatRef<'_, Self>,
-        c: &mut MatMut<'_, Self>,
-        alpha: Self,
-        beta: Self,
-    ) -> bool {
-        #[cfg(target_arch = "x86_64")]
-        // SAFETY: the caller's contract.
-        return unsafe { blocked_gemm(a, b, c, alpha, beta) };
-        #[cfg(not(target_arch = "x86_64"))]
-        return false;
-    }
-}
+real!(f32);
+real!(f64);
 
 /// A read-only strided matrix.
 #[derive(Debug, Clone, Copy)]

@@ -199,57 +199,73 @@ fn syrk_updates_every_element() {
     });
 }
 
+/// Runs `gemm` on random `m×k` and `k×n` operands of random layouts into a
+/// random `m×n` `c` and checks `c ← alpha·a·b + beta·c` against the
+/// definition in f64 (with `beta` zero, `c` holds NaN first: it must not
+/// be read).
+#[allow(clippy::too_many_arguments)]
+fn check_gemm(
+    dev: &SimDevice,
+    reg: &Registry,
+    rng: &mut Rng,
+    dtype: DType,
+    (m, k, n): (u32, u32, u32),
+    alpha: f64,
+    beta: f64,
+) {
+    let a = tensor(rng, &[m, k], dtype);
+    let b = tensor(rng, &[k, n], dtype);
+    let c = tensor(rng, &[m, n], dtype);
+    if beta == 0.0 {
+        fill_with(&c, |_| f64::NAN);
+    }
+    let (am, bm, c0) = (matrix(&a), matrix(&b), matrix(&c));
+    run(
+        dev,
+        reg,
+        "gemm",
+        vec![
+            a.arg(ArgTag::Input),
+            b.arg(ArgTag::Input),
+            c.arg(ArgTag::InOut),
+        ],
+        vec![f64::to_bits(alpha), f64::to_bits(beta)],
+    )
+    .unwrap();
+    let (m, k, n) = (m as usize, k as usize, n as usize);
+    let want: Vec<Vec<f64>> = (0..m)
+        .map(|i| {
+            (0..n)
+                .map(|j| {
+                    let ab: f64 = (0..k).map(|p| am[i][p] * bm[p][j]).sum();
+                    let c = if beta == 0.0 { 0.0 } else { beta * c0[i][j] };
+                    alpha * ab + c
+                })
+                .collect()
+        })
+        .collect();
+    let scale = norm(&am) * norm(&bm) + if beta == 0.0 { 0.0 } else { 2.0 * norm(&c0) };
+    let tol = 8.0 * k as f64 * eps(dtype) * scale;
+    assert_near(
+        &format!("gemm {dtype} {m}×{k}×{n}"),
+        &matrix(&c),
+        &want,
+        tol,
+    );
+}
+
 #[test]
 fn gemm_scales_and_accumulates() {
     each_mode(|dev, reg, rng| {
         for dtype in [DType::F32, DType::F64] {
             for (case, &n) in SIZES.iter().enumerate() {
                 let (m, k) = (rng.range(1, 70), rng.range(1, 70));
-                let a = tensor(rng, &[m, k], dtype);
-                let b = tensor(rng, &[k, n], dtype);
-                let c = tensor(rng, &[m, n], dtype);
                 let (alpha, beta) = match case % 3 {
                     0 => (1.0, 0.0),
                     1 => (-1.0, 1.0),
                     _ => (0.5, -2.0),
                 };
-                if beta == 0.0 {
-                    // c is not read: NaN there must not reach the result.
-                    fill_with(&c, |_| f64::NAN);
-                }
-                let (am, bm, c0) = (matrix(&a), matrix(&b), matrix(&c));
-                run(
-                    dev,
-                    reg,
-                    "gemm",
-                    vec![
-                        a.arg(ArgTag::Input),
-                        b.arg(ArgTag::Input),
-                        c.arg(ArgTag::InOut),
-                    ],
-                    vec![f64::to_bits(alpha), f64::to_bits(beta)],
-                )
-                .unwrap();
-                let (m, k, n) = (m as usize, k as usize, n as usize);
-                let want: Vec<Vec<f64>> = (0..m)
-                    .map(|i| {
-                        (0..n)
-                            .map(|j| {
-                                let ab: f64 = (0..k).map(|p| am[i][p] * bm[p][j]).sum();
-                                let c = if beta == 0.0 { 0.0 } else { beta * c0[i][j] };
-                                alpha * ab + c
-                            })
-                            .collect()
-                    })
-                    .collect();
-                let scale = norm(&am) * norm(&bm) + if beta == 0.0 { 0.0 } else { 2.0 * norm(&c0) };
-                let tol = 8.0 * k as f64 * eps(dtype) * scale;
-                assert_near(
-                    &format!("gemm {dtype} {m}×{k}×{n}"),
-                    &matrix(&c),
-                    &want,
-                    tol,
-                );
+                check_gemm(dev, reg, rng, dtype, (m, k, n), alpha, beta);
             }
         }
     });
@@ -264,7 +280,7 @@ fn gemm_is_right_across_block_edges() {
     let dev = SimDevice::from_spec("sim:mem=64MiB,mode=unified").unwrap();
     let mut rng = Rng(7100);
     for dtype in [DType::F32, DType::F64] {
-        for (case, &(m, k, n)) in [
+        for (case, &shape) in [
             (97, 257, 17),
             (13, 300, 1030),
             (200, 513, 33),
@@ -274,49 +290,12 @@ fn gemm_is_right_across_block_edges() {
         .iter()
         .enumerate()
         {
-            let a = tensor(&mut rng, &[m, k], dtype);
-            let b = tensor(&mut rng, &[k, n], dtype);
-            let c = tensor(&mut rng, &[m, n], dtype);
             let (alpha, beta) = if case % 2 == 0 {
                 (-1.0, 1.0)
             } else {
                 (0.5, 0.0)
             };
-            if beta == 0.0 {
-                fill_with(&c, |_| f64::NAN);
-            }
-            let (am, bm, c0) = (matrix(&a), matrix(&b), matrix(&c));
-            run(
-                &dev,
-                &reg,
-                "gemm",
-                vec![
-                    a.arg(ArgTag::Input),
-                    b.arg(ArgTag::Input),
-                    c.arg(ArgTag::InOut),
-                ],
-                vec![f64::to_bits(alpha), f64::to_bits(beta)],
-            )
-            .unwrap();
-            let (m, k, n) = (m as usize, k as usize, n as usize);
-            let want: Vec<Vec<f64>> = (0..m)
-                .map(|i| {
-                    (0..n)
-                        .map(|j| {
-                            let ab: f64 = (0..k).map(|p| am[i][p] * bm[p][j]).sum();
-                            alpha * ab + if beta == 0.0 { 0.0 } else { beta * c0[i][j] }
-                        })
-                        .collect()
-                })
-                .collect();
-            let scale = norm(&am) * norm(&bm) + if beta == 0.0 { 0.0 } else { 2.0 * norm(&c0) };
-            let tol = 8.0 * k as f64 * eps(dtype) * scale;
-            assert_near(
-                &format!("gemm {dtype} {m}×{k}×{n}"),
-                &matrix(&c),
-                &want,
-                tol,
-            );
+            check_gemm(&dev, &reg, &mut rng, dtype, shape, alpha, beta);
         }
     }
     dev.check_invariants().unwrap();

@@ -9,10 +9,14 @@ StarPU from Debian's `libstarpu-dev` with apt) and runs their programs
 (bench/ray/, bench/starpu/), all in one run, then writes DIR/results.json,
 DIR/results.md and, when matplotlib is available, DIR/results.png and
 DIR/readers.png (strata's cost per task against N unfinished readers).
+The Python jobs (bench/python/: tiled matmul, tiled Cholesky, a Jacobi
+stencil and a loop of small tasks) run strata's Python package beside Dask
+(threads and distributed) and numpy, in a venv of their own under `.bench/`
+with this checkout's package built into it; DIR/python.png plots them.
 A peer that cannot be installed is reported as such; strata's figures stand
 alone then. `--quick` runs small sizes (under two minutes); `--check` exits 1
 unless every strata scenario ran and checked its result (what CI runs, with
-`--strata-only`).
+`--strata-only`); `--python-only` runs only the Python jobs.
 """
 
 import argparse
@@ -44,7 +48,11 @@ CHOLESKY = "cholesky"
 SCALE = "scale"
 POLICIES = ["least-loaded", "dmda", "dmdas"]
 ALL_STRATA = SCENARIOS + GRPC + IN_PROCESS + [READERS, CHOLESKY, SCALE]
-OWN_TABLES = (READERS, CHOLESKY, SCALE)
+# The Python jobs (bench/python/python_bench.py), each system a column.
+PY_SCENARIOS = ["py-matmul", "py-cholesky", "py-jacobi", "py-loop"]
+PY_SYSTEMS = [("strata", "strata, built-in kernels"), ("strata-py", "strata, numpy kernels"),
+              ("dask-threads", "Dask threads"), ("dask-distributed", "Dask distributed"), ("numpy", "numpy")]
+OWN_TABLES = (READERS, CHOLESKY, SCALE, *PY_SCENARIOS)
 
 
 def link_of(scenario):
@@ -125,6 +133,17 @@ def starpu(quick):
                          "params": {"n": r["n"], "tile": r["tile"], "runs_gflops": r.get("runs_gflops")},
                          "value": r["gflops"], "unit": "GFlop/s", "ok": True, "detail": r.get("blas", "")})
     return rows, err or cerr
+
+
+def python_side(quick):
+    venv = os.path.join(ROOT, ".bench", "py-venv")
+    log("installing strata's Python package, numpy, scipy and Dask (private venv .bench/py-venv)")
+    i = subprocess.run(["bash", "bench/python/install.sh", venv], cwd=ROOT, capture_output=True, text=True)
+    if i.returncode != 0:
+        return [], "the Python venv could not be made: " + (i.stderr or i.stdout).strip()[-400:]
+    log("running the Python jobs: strata, Dask, numpy")
+    return run_lines([os.path.join(venv, "bin", "python"), "bench/python/python_bench.py"]
+                     + (["--quick"] if quick else []), timeout=3600)
 
 
 def pick(rows, system, scenario, variant=None):
@@ -223,6 +242,13 @@ def compare(rows):
             target(f"scale: {w} ≤ 1.25× bound at 4 and 8 chips (dmdas, link {link}, write-back {wb})", worst,
                    worst <= 1.25,
                    " / ".join(f"{c} chips {fmt(x)}×" for (c, p), x in sorted(v.items()) if p == "dmdas"))
+    for r in rows:
+        if r.get("system") == "dask-threads" and r.get("scenario") == "py-matmul" and r["variant"] == "1024/64":
+            best = min((x["value"] for x in rows if x.get("scenario") == "py-matmul" and x["variant"] == "1024/64"
+                        and x["system"] in ("strata", "strata-py") and x.get("ok")), default=None)
+            q = ratio(best, r["value"])
+            target("Python tiled matmul 1024²/64² ≤ 0.1× Dask threads' time", q, None if q is None else q <= 0.1,
+                   f"strata {fmt(best)} s, Dask threads {fmt(r['value'])} s: {fmt(q)}×")
     h1, hg = pick(rows, "strata", "handoff", "1MiB"), pick(rows, "strata", "handoff", "1GiB")
     if h1 and hg:
         r = ratio(hg["value"], h1["value"])
@@ -301,6 +327,32 @@ def scale_markdown(rows):
     return lines
 
 
+def python_markdown(rows):
+    py = [r for r in rows if r.get("scenario") in PY_SCENARIOS]
+    if not py:
+        return []
+    lines = ["", "From Python, beside Dask and numpy (float64; 2 workers, 2 threads or 2 Dask worker processes; "
+             "BLAS at one thread; seconds from host numpy arrays to a numpy result, median after a warm-up; "
+             "the loop in tasks/s; each result checked against numpy, a wrong one marked):", "",
+             "| job | size | tasks | " + " | ".join(n for _, n in PY_SYSTEMS) + " | unit |",
+             "|---|---|---|" + "---|" * len(PY_SYSTEMS) + "---|"]
+    keys = []
+    for r in py:
+        k = (r["scenario"], r["variant"])
+        if k not in keys:
+            keys.append(k)
+    for sc, var in keys:
+        cells = []
+        for system, _ in PY_SYSTEMS:
+            r = pick(rows, system, sc, var)
+            cells.append("—" if not r or r.get("value") is None
+                         else fmt(r["value"]) + ("" if r.get("ok") else " (wrong!)"))
+        any_row = next(r for r in py if (r["scenario"], r["variant"]) == (sc, var))
+        lines.append(f"| {sc[3:]} | {var} | {any_row['params'].get('tasks', '—'):,} | " + " | ".join(cells)
+                     + f" | {any_row['unit']} |")
+    return lines
+
+
 def readers_markdown(rows):
     rd = readers_table(rows)
     if not rd:
@@ -334,8 +386,6 @@ def markdown(rows, targets, peers, meta):
     for name, err in peers.items():
         if err:
             lines.append(f"- **{name}**: {err}")
-    lines += ["", "| scenario | strata link | variant | strata | Ray | StarPU | unit |",
-              "|---|---|---|---|---|---|---|"]
     keys = []
     for r in rows:
         if r.get("scenario") in OWN_TABLES:
@@ -345,6 +395,9 @@ def markdown(rows, targets, peers, meta):
             keys.append(k)
     order = {s: i for i, s in enumerate(ALL_STRATA)}
     keys.sort(key=lambda k: order.get(k[0], len(order)))
+    if keys:
+        lines += ["", "| scenario | strata link | variant | strata | Ray | StarPU | unit |",
+                  "|---|---|---|---|---|---|---|"]
     for sc, var in keys:
         def val(system):
             r = pick(rows, system, sc, var)
@@ -357,6 +410,7 @@ def markdown(rows, targets, peers, meta):
     lines += readers_markdown(rows)
     lines += cholesky_markdown(rows)
     lines += scale_markdown(rows)
+    lines += python_markdown(rows)
     lines += ["", "| target | met | figure |", "|---|---|---|"]
     for t in targets:
         met = "n/a (peer not run)" if t["met"] is None else ("yes" if t["met"] else "**no**")
@@ -427,6 +481,37 @@ fig.tight_layout()
 fig.savefig(sys.argv[2], dpi=110)
 '''
 
+PY_PLOT = r'''
+import json, sys
+import matplotlib
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+rows = [r for r in json.load(open(sys.argv[1]))["rows"] if r.get("scenario", "").startswith("py-")]
+systems = [("strata", "strata, built-in", "#08519c"), ("strata-py", "strata, numpy kernels", "#6baed6"),
+           ("dask-threads", "Dask threads", "#fd8d3c"), ("dask-distributed", "Dask distributed", "#a63603"),
+           ("numpy", "numpy", "#777777")]
+scen = [s for s in ("py-matmul", "py-cholesky", "py-jacobi", "py-loop") if any(r["scenario"] == s for r in rows)]
+fig, ax = plt.subplots(1, len(scen), figsize=(5 * len(scen), 4.2), squeeze=False)
+for a, sc in zip(ax[0], scen):
+    variants = list(dict.fromkeys(r["variant"] for r in rows if r["scenario"] == sc))
+    w = 0.8 / len(systems)
+    for k, (sys_, label, c) in enumerate(systems):
+        xs, ys = [], []
+        for i, v in enumerate(variants):
+            got = [r for r in rows if r["scenario"] == sc and r["variant"] == v and r["system"] == sys_
+                   and r.get("value") and r.get("ok")]
+            if got:
+                xs.append(i + (k - len(systems) / 2 + 0.5) * w); ys.append(got[0]["value"])
+        if xs:
+            a.bar(xs, ys, w, label=label, color=c)
+    a.set_xticks(range(len(variants))); a.set_xticklabels(variants)
+    a.set_yscale("log"); a.set_title(sc[3:] + (" (higher is better)" if sc == "py-loop" else " (lower is better)"))
+    a.set_ylabel("tasks/s" if sc == "py-loop" else "seconds")
+ax[0][0].legend(fontsize=8)
+fig.tight_layout()
+fig.savefig(sys.argv[2], dpi=110)
+'''
+
 READERS_PLOT = r'''
 import json, sys
 import matplotlib
@@ -453,8 +538,8 @@ fig.savefig(sys.argv[2], dpi=110)
 
 
 def plot(results_json, png, script=PLOT):
-    candidates = [sys.executable, os.path.join(ROOT, ".bench", "ray-venv", "bin", "python"),
-                  os.path.join(ROOT, ".venv", "bin", "python")]
+    candidates = [sys.executable, os.path.join(ROOT, ".bench", "py-venv", "bin", "python"),
+                  os.path.join(ROOT, ".bench", "ray-venv", "bin", "python"), os.path.join(ROOT, ".venv", "bin", "python")]
     for py in candidates:
         if not os.path.exists(py):
             continue
@@ -470,24 +555,28 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="small sizes, under two minutes")
     ap.add_argument("--strata-only", action="store_true", help="do not install or run the peers")
+    ap.add_argument("--python-only", action="store_true", help="only the Python jobs beside Dask and numpy")
     ap.add_argument("--check", action="store_true", help="exit 1 unless every strata scenario ran and was right")
     ap.add_argument("--out", default=os.path.join(ROOT, "target", "bench"), help="where results go")
     a = ap.parse_args()
     os.makedirs(a.out, exist_ok=True)
     started = time.time()
     rows, peers = [], {}
-    got, err = strata(a.quick)
-    rows += got
-    peers["strata"] = err
+    if not a.python_only:
+        got, err = strata(a.quick)
+        rows += got
+        peers["strata"] = err
     if not a.strata_only:
-        for name, fn in (("Ray", ray), ("StarPU", starpu)):
+        others = (("Ray", ray), ("StarPU", starpu)) if not a.python_only else ()
+        for name, fn in others + (("Python", python_side),):
             got, err = fn(a.quick)
             rows += got
             peers[name] = err
             if err:
                 log(f"{name}: {err}")
     targets = compare(rows)
-    cmd = "python3 scripts/bench.py" + (" --quick" if a.quick else "") + (" --strata-only" if a.strata_only else "")
+    cmd = "python3 scripts/bench.py" + (" --quick" if a.quick else "") + (" --strata-only" if a.strata_only else "") \
+        + (" --python-only" if a.python_only else "")
     meta = {
         "command": cmd,
         "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.platform()}",
@@ -500,11 +589,16 @@ def main():
     md = markdown(rows, targets, peers, meta)
     with open(os.path.join(a.out, "results.md"), "w") as f:
         f.write(md)
-    perr = plot(res, os.path.join(a.out, "results.png"))
+    main_rows = any(r.get("scenario") in SCENARIOS + GRPC + IN_PROCESS for r in rows)
+    perr = plot(res, os.path.join(a.out, "results.png")) if main_rows else None
     if perr:
         log(perr)
     elif readers_table(rows):
         perr = plot(res, os.path.join(a.out, "readers.png"), READERS_PLOT)
+        if perr:
+            log(perr)
+    if not perr and any(r.get("scenario") in PY_SCENARIOS for r in rows):
+        perr = plot(res, os.path.join(a.out, "python.png"), PY_PLOT)
         if perr:
             log(perr)
     if not perr and scale_table(rows):

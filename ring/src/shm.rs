@@ -179,8 +179,12 @@ impl SharedRing {
         ])
         .map_err(|e| io(&e))?;
         let file = mfd.into_file();
+        // Populated: the lanes' pages are made and mapped now, not faulted
+        // in one by one on the first lap of records (a fault costs
+        // microseconds, and a lap is thousands of tasks).
         let map = MmapOptions::new()
             .len(caps.file_len())
+            .populate()
             .map_raw(&file)
             .map_err(|e| io(&e))?;
         let ring = SharedRing::new(map, caps);
@@ -220,6 +224,7 @@ impl SharedRing {
         }
         let map = MmapOptions::new()
             .len(caps.file_len())
+            .populate()
             .map_raw(&file)
             .map_err(|e| RingError::Io(e.to_string()))?;
         let ring = SharedRing::new(map, caps);

@@ -57,4 +57,14 @@ def add(a, b, c):
     np.add(a, b, out=c)
 
 
-ALL = [matmul_acc, potrf, trsm, syrk, gemm_nt, jacobi, add]
+@strata.kernel("bench.noop1", args=("x:r",))
+def noop1(x):
+    pass
+
+
+@strata.kernel("bench.noop3", args=("x:r", "y:r", "out:w"))
+def noop3(x, y, out):
+    pass
+
+
+ALL = [matmul_acc, potrf, trsm, syrk, gemm_nt, jacobi, add, noop1, noop3]

@@ -1,0 +1,135 @@
+"""The Python layer's own figures, one round, printed as one JSON line:
+a view by slicing, submit (the call alone, and sustained), a loop of tasks,
+dependent hops (the first thousand of a fresh cluster and later ones),
+tiled matmul 1024² in 64² tiles (F32, F64), tiled Cholesky 2048² in 256²
+tiles with numpy kernels, and no-op Python kernels on one worker.
+
+    python python/bench/figures.py
+
+Run it against two installs of the package in turn (e.g. two venvs) to
+compare them; `strata-bench --scenario latency --link ring` gives the
+Rust driver's hop for the same machine.
+"""
+import json, os, statistics, sys, time, timeit
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(ROOT, "bench", "python"))  # the kernels, for the workers too
+import numpy as np
+import strata
+import pykernels as pyk
+
+out = {"strata": os.path.dirname(strata.__file__)}
+U = "sim:mode=unified"
+
+with strata.Cluster(local=2, device=U) as c:
+    a = c.zeros((64, 64), "f32"); b = c.zeros((64, 64), "f32"); o = c.zeros((64, 64), "f32")
+    t = timeit.repeat(lambda: a[8:16, 24:32], number=20000, repeat=7)
+    out["view_us"] = statistics.median(t) / 20000 * 1e6
+    va, vb, vo = a[8:16, 24:32], b[8:16, 24:32], o[8:16, 24:32]
+    for _ in range(2000):
+        c.submit("add", va, vb, vo)
+    c.wait_all()
+    sub = []
+    for _ in range(5):
+        t0 = time.perf_counter()
+        for _ in range(20000):
+            c.submit("add", va, vb, vo)
+        sub.append((time.perf_counter() - t0) / 20000 * 1e6)
+        c.wait_all()
+    out["submit_us"] = statistics.median(sub)
+    # The call alone: bursts of 500, fewer than the command channel holds,
+    # so the driver's actor never holds the caller up.
+    burst = []
+    for _ in range(40):
+        t0 = time.perf_counter()
+        for _ in range(500):
+            c.submit("add", va, vb, vo)
+        burst.append((time.perf_counter() - t0) / 500 * 1e6)
+        c.wait_all()
+    out["submit_burst_us"] = statistics.median(burst)
+    n = 50000
+    x = c.zeros((n // 8, 8), "f32"); y = c.zeros((n // 8, 8), "f32"); z = c.zeros((n, 8), "f32")
+    rates = []
+    for _ in range(3):
+        t0 = time.perf_counter()
+        for i in range(n):
+            r = i % (n // 8)
+            c.submit("add", x[r:r + 1, 0:8], y[r:r + 1, 0:8], z[i:i + 1, 0:8])
+        c.wait_all()
+        rates.append(n / (time.perf_counter() - t0))
+    out["loop_per_s"] = statistics.median(rates)
+
+def hops(n_first=1000, n_later=9000):
+    with strata.Cluster(local=2, device=U) as c:
+        x = c.zeros(8, "f32"); y = c.zeros(8, "f32")
+        def run(n):
+            t0 = time.perf_counter()
+            for i in range(n):
+                c.submit("axpy", x, y, 0.5, on=i % 2)
+            c.wait_all()
+            return (time.perf_counter() - t0) / n * 1e6
+        return run(n_first), run(n_later)
+h = [hops() for _ in range(3)]
+out["hop_first_us"] = statistics.median(a for a, _ in h)
+out["hop_warm_us"] = statistics.median(b for _, b in h)
+
+def matmul(c, dt, n=1024, t=64):
+    rng = np.random.default_rng(0)
+    ah = rng.standard_normal((n, n)).astype(dt); bh = rng.standard_normal((n, n)).astype(dt)
+    runs = []
+    for _ in range(4):
+        t0 = time.perf_counter()
+        A, B = c.array(ah), c.array(bh); C = c.zeros((n, n), dt)
+        for i in range(0, n, t):
+            for j in range(0, n, t):
+                for k in range(0, n, t):
+                    c.submit("matmul_acc", A[i:i+t, k:k+t], B[k:k+t, j:j+t], C[i:i+t, j:j+t])
+        c.wait_all()
+        runs.append(time.perf_counter() - t0)
+        assert np.abs(C.numpy() - ah @ bh).max() < 1e-2
+    return statistics.median(runs[1:])
+
+def cholesky(c, n=2048, t=256):
+    i, j = np.indices((n, n)); ah = 1.0 / (i + j + 1) + n * (i == j)
+    runs = []
+    for _ in range(4):
+        t0 = time.perf_counter()
+        A = c.array(ah)
+        for k in range(0, n, t):
+            kk = A[k:k+t, k:k+t]
+            c.submit("bench.potrf", kk)
+            for r in range(k + t, n, t):
+                c.submit("bench.trsm", kk, A[r:r+t, k:k+t])
+            for r in range(k + t, n, t):
+                c.submit("bench.syrk", A[r:r+t, k:k+t], A[r:r+t, r:r+t])
+                for q in range(k + t, r, t):
+                    c.submit("bench.gemm_nt", A[r:r+t, k:k+t], A[q:q+t, k:k+t], A[r:r+t, q:q+t])
+        c.wait_all()
+        runs.append(time.perf_counter() - t0)
+        assert np.abs(np.tril(A.numpy()) - np.linalg.cholesky(ah)).max() < 1e-8
+    return statistics.median(runs[1:])
+
+with strata.Cluster(local=2, kernels=pyk.ALL) as c:
+    out["matmul_f32_s"] = matmul(c, np.float32)
+    try:
+        out["matmul_f64_s"] = matmul(c, np.float64)
+    except Exception as e:
+        out["matmul_f64_s"] = f"refused: {type(e).__name__}: {str(e).splitlines()[0][:120]}"
+    out["cholesky_numpy_kernels_s"] = cholesky(c)
+
+with strata.Cluster(local=1, device=U, kernels=pyk.ALL) as c:
+    a = c.zeros((64, 64), "f32"); o = c.zeros((1000, 80), "f32")
+    m = 20000
+    for name, mk in (("pykernel1", lambda i: (a[0:8, 0:8],)),
+                     ("pykernel3", lambda i: (a[0:8, 0:8], a[8:16, 0:8], o[i % 1000, (i // 1000) % 10 * 8:(i // 1000) % 10 * 8 + 8]))):
+        args = [mk(i) for i in range(m)]
+        call = "bench.noop" + name[-1]
+        rates = []
+        for _ in range(3):
+            t0 = time.perf_counter()
+            for i in range(m):
+                c.submit(call, *args[i])
+            c.wait_all()
+            rates.append(m / (time.perf_counter() - t0))
+        out[name + "_per_s"] = statistics.median(rates)
+print(json.dumps(out))

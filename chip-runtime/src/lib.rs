@@ -1,4 +1,4 @@
-//! `strata-chip`: the chip runtime a worker runs tasks on (DESIGN §6).
+//! `strata-chip`: the chip runtime a worker runs tasks on (docs/ARCHITECTURE.md, chip runtime).
 //!
 //! - [`Device`]: allocate and free device memory, copy host↔device, launch
 //!   kernels on materialized arguments, synchronize, report statistics.

@@ -60,7 +60,7 @@ fn inspect_prints_a_single_tensor() {
     assert_eq!(json["tensor"]["buffer"]["nbytes"], 4096);
 }
 
-/// Padding is alignment slack (DESIGN §3): a blob written by a producer that
+/// Padding is alignment slack (docs/wire-format.md §1): a blob written by a producer that
 /// leaves garbage in every pad (as simpler may) is accepted and printed
 /// exactly as the clean blob is, canonical identity hex included.
 #[test]

@@ -8,7 +8,7 @@
 //! 2. each `FdImport` frame carries, in the same `sendmsg`, exactly as many
 //!    fds as it lists identities (and, optionally, one descriptor per
 //!    identity: what the buffer is imported as, so that tasks may narrow
-//!    that grant but never widen it, DESIGN §3);
+//!    that grant but never widen it, docs/wire-format.md §3);
 //! 3. the worker answers each with an `FdAck`, one result per identity;
 //! 4. closing the channel ends the session on the worker.
 //!

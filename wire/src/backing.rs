@@ -1,4 +1,4 @@
-//! Backend kinds and the bodies that locate a buffer's memory (DESIGN §3).
+//! Backend kinds and the bodies that locate a buffer's memory (docs/wire-format.md §3, §3.1).
 //!
 //! Body rules: address kinds (FORK_SHM, FORK_COW, DEVICE_MALLOC, VMM_WINDOW)
 //! carry exactly 8 bytes, a nonzero address; POSIX_SHM a name of 1–32
@@ -50,7 +50,7 @@ impl BackendKind {
     pub const fn code(self) -> u8 {
         self as u8
     }
-    /// The upper-case name used by the brief.
+    /// The upper-case name docs/wire-format.md uses.
     pub const fn name(self) -> &'static str {
         match self {
             BackendKind::ForkShm => "FORK_SHM",

@@ -1,4 +1,4 @@
-//! The worker-local materialized argument (DESIGN §3, §6).
+//! The worker-local materialized argument (docs/wire-format.md §7).
 
 use crate::{AddressSpace, DType, Error, Tensor};
 

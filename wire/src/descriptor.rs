@@ -1,4 +1,4 @@
-//! Buffer descriptors (DESIGN §3): what a tensor argument points into.
+//! Buffer descriptors (docs/wire-format.md §3): what a tensor argument points into.
 //!
 //! Layout of a [`BufferDescriptor`] (88 bytes, little-endian):
 //!
@@ -169,7 +169,7 @@ impl BufferDescriptor {
 
     /// The same descriptor granting `access`, which must be the buffer's
     /// grant or narrower ([`Access::is_within`]): a derived descriptor, like
-    /// a derived view, may grant less than its buffer, never more (DESIGN §3).
+    /// a derived view, may grant less than its buffer, never more (docs/wire-format.md §3).
     /// There is deliberately no way to widen a grant: a widened alias would
     /// let a task write through a buffer its owner shared read-only.
     ///
@@ -224,7 +224,7 @@ impl BufferDescriptor {
     /// # Errors
     /// [`Error::Truncated`] / [`Error::TrailingBytes`] when `bytes` is not
     /// 88 bytes long; [`Error::InvalidField`] naming the first field that
-    /// breaks a rule of DESIGN §3.
+    /// breaks a rule of docs/wire-format.md §3.
     pub fn decode(bytes: &[u8]) -> Result<Self, Error> {
         exact_len("buffer descriptor", bytes, DESCRIPTOR_SIZE)?;
         Self::read(&mut Reader::new("buffer descriptor", bytes))

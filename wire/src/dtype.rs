@@ -177,7 +177,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn codes_round_trip_and_sizes_match_the_brief() {
+    fn codes_round_trip_and_sizes_match_the_wire_format() {
         let sizes_bits = [32, 16, 32, 16, 8, 8, 16, 64, 64, 16, 32, 8, 8, 8, 4];
         for (code, bits) in sizes_bits.into_iter().enumerate() {
             let code = u8::try_from(code).unwrap();

@@ -1,8 +1,8 @@
-//! Canonical buffer identities (DESIGN §3).
+//! Canonical buffer identities (docs/wire-format.md §2).
 //!
 //! Layout (32 bytes, little-endian): `owner_instance_id[8]` @0, `buffer_id`
 //! u64 @8, `generation` u32 @16 (0 is invalid), padding @20..32. The padding
-//! is ignored on decode, by equality and by hashing, as the brief says, so
+//! is ignored on decode, by equality and by hashing, as docs/wire-format.md §2 says, so
 //! identities minted by other systems compare by their real fields.
 
 use std::num::NonZeroU32;

@@ -1,4 +1,4 @@
-//! How a task touches each tensor argument (DESIGN §4).
+//! How a task touches each tensor argument (docs/wire-format.md §6).
 
 /// The tag of a task argument: what the task does with the bytes of the
 /// view, and therefore which ordering it needs. The discriminant is the wire
@@ -46,7 +46,7 @@ impl ArgTag {
         self as u8
     }
 
-    /// The upper-case name used by the brief.
+    /// The upper-case name docs/wire-format.md uses.
     pub const fn name(self) -> &'static str {
         match self {
             ArgTag::Input => "INPUT",

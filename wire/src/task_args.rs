@@ -1,4 +1,4 @@
-//! The TaskArgs blob: a task's tensor arguments and scalars (DESIGN §3).
+//! The TaskArgs blob: a task's tensor arguments and scalars (docs/wire-format.md §5).
 //!
 //! Layout, little-endian: `[i32 T][i32 S][Tensor × T][u64 × S]`, with
 //! `0 ≤ T ≤ 256` and `0 ≤ S ≤ 128`, and nothing after the last scalar.

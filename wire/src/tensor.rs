@@ -1,4 +1,4 @@
-//! The wire tensor: a typed, strided view over a buffer (DESIGN §3).
+//! The wire tensor: a typed, strided view over a buffer (docs/wire-format.md §4).
 //!
 //! Layout (144 bytes, little-endian):
 //!

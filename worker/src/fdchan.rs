@@ -10,7 +10,7 @@
 //! identities, and is answered by an `FdAck` with one result per identity.
 //! An `FdImport` may also list one descriptor per identity: what the buffer
 //! is imported as, so that tasks may narrow that grant but never widen it
-//! (DESIGN §3), whichever task uses the buffer first.
+//! (docs/wire-format.md §3), whichever task uses the buffer first.
 //!
 //! Received fds are close-on-exec from the moment they arrive
 //! (`MSG_CMSG_CLOEXEC`) and owned (`OwnedFd`) at once; fds beyond what a

@@ -12,7 +12,7 @@
 //! the DAG (complete or fail), whose transitions make more tasks ready or
 //! skip them. Losing a worker fails what ran there.
 //!
-//! Quarantine (DESIGN §7). A loss is *fenced* when the worker can no
+//! Quarantine (docs/reliability.md, quarantine). A loss is *fenced* when the worker can no
 //! longer touch task memory (the caller saw it dead, or its bytes were
 //! staged copies); otherwise the tasks it was running may still write.
 //! Each such task is reported [`Action::Quarantined`] — the driver then

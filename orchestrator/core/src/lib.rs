@@ -1,4 +1,5 @@
-//! `strata-core`: the IO-free heart of the orchestrator (DESIGN §4).
+//! `strata-core`: the IO-free heart of the orchestrator
+//! (docs/ARCHITECTURE.md, dependency inference).
 //!
 //! - [`Dag`]: dependency inference. From tasks with tagged tensor
 //!   arguments it builds the DAG whose every schedule gives the bytes of

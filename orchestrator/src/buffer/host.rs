@@ -29,7 +29,7 @@ pub(crate) struct HostShared {
     notify: mpsc::UnboundedSender<Released>,
     /// Views written by tasks lost without a fence, until their quarantine
     /// lifts: the driver's own reads and writes of those bytes are refused
-    /// (DESIGN §7). Empty but for the rare loss; the DAG actor marks and
+    /// (docs/reliability.md, quarantine). Empty but for the rare loss; the DAG actor marks and
     /// lifts, driver threads check.
     quarantine: std::sync::Mutex<Vec<Mark>>,
     /// Whether `quarantine` holds any mark, so that the driver's checks

@@ -46,7 +46,7 @@ impl View {
 
     /// The same view granting only `access`, which must be within what this
     /// view grants: a derived view may narrow access, never widen it
-    /// (DESIGN §3). The grant is what tasks named with the view get: a task
+    /// (docs/wire-format.md §3). The grant is what tasks named with the view get: a task
     /// that writes through a READ view is refused at submit (requested
     /// access ⊆ granted access), and a worker refuses it too. It binds
     /// the driver as well: [`View::write`] through a view that does not

@@ -1,4 +1,4 @@
-//! An alias only narrows access (DESIGN §3), across the process boundary:
+//! An alias only narrows access (docs/wire-format.md §3), across the process boundary:
 //! a worker serves a task through a descriptor narrower than the import and
 //! refuses a wider one, and the driver API derives narrower views only.
 

@@ -4,7 +4,7 @@ use super::oracle::{check_answer, overlap_by_bytes};
 use super::views::{Rng, ViewClass, view_pair};
 use crate::{BufferDescriptor, DType, Footprint, TENSOR_SIZE, TaskArgs, Tensor, overlap};
 
-/// An independent reading of the tensor rules of DESIGN §3, written for
+/// An independent reading of the tensor rules of docs/wire-format.md §4, written for
 /// clarity rather than speed, to cross-check [`Tensor::decode`].
 pub fn reference_tensor_valid(bytes: &[u8]) -> bool {
     if bytes.len() != TENSOR_SIZE {
@@ -16,7 +16,7 @@ pub fn reference_tensor_valid(bytes: &[u8]) -> bool {
     reference_view_valid(bytes)
 }
 
-/// An independent reading of the buffer-descriptor rules of DESIGN §3.
+/// An independent reading of the buffer-descriptor rules of docs/wire-format.md §3.
 /// Padding (@5..8, the identity's @28..40, @54..56) is alignment slack and
 /// is not looked at.
 pub fn reference_descriptor_valid(bytes: &[u8]) -> bool {
@@ -96,7 +96,7 @@ fn reference_view_valid(bytes: &[u8]) -> bool {
             return false;
         }
     }
-    // DESIGN §3 computes the extent "with checked arithmetic": the span in
+    // docs/wire-format.md §4 computes the extent "with checked arithmetic": the span in
     // elements must fit 64 bits even where, for FP4 (half a byte each), the
     // extent in bytes would still fit.
     if span > u128::from(u64::MAX) {

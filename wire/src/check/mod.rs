@@ -4,7 +4,7 @@
 //! - [`byte_set`] / [`overlap_by_bytes`]: the brute-force overlap oracle.
 //! - [`ViewClass`] / [`view_pair`]: random view pairs by class, from a seed.
 //! - [`reference_tensor_valid`]: an independent, deliberately plain reading
-//!   of the DESIGN §3 rules, to cross-check the real validator.
+//!   of the rules of docs/wire-format.md §3 and §4, to cross-check the real validator.
 //! - [`check_tensor_bytes`], [`check_task_args_bytes`], [`check_overlap_seed`]:
 //!   the fuzz oracles. They panic when an invariant is broken; that is their
 //!   job (a fuzzer reports the panic as a crash).

@@ -1,4 +1,4 @@
-//! Padding is alignment slack (DESIGN §3): records with every pad byte set
+//! Padding is alignment slack (docs/wire-format.md §1): records with every pad byte set
 //! decode, compare and hash like clean ones, and re-encode with zero pads;
 //! the data a producer chose not to fill (body past `body_len`, slots past
 //! `ndims`) must still be zero.

@@ -1,4 +1,4 @@
-//! Every rule of DESIGN §3, broken one at a time: each rejection names the
+//! Every rule of docs/wire-format.md §3 and §4, broken one at a time: each rejection names the
 //! field. Also: blobs with hostile counts are refused without allocating
 //! for the claimed count.
 
@@ -366,7 +366,7 @@ fn blob_tensor_errors_say_which_tensor() {
     assert_eq!(TaskArgs::decode(&full.encode()), Ok(full));
 }
 
-/// An alias only narrows access (DESIGN §3): every narrowing is accepted,
+/// An alias only narrows access (docs/wire-format.md §3): every narrowing is accepted,
 /// every widening (and the sideways READ ↔ WRITE) refused, naming both.
 #[test]
 fn a_derived_descriptor_only_narrows_access() {

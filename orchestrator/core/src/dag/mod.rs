@@ -1,4 +1,5 @@
-//! The DAG builder: dependency inference from tagged views (DESIGN §4).
+//! The DAG builder: dependency inference from tagged views
+//! (docs/ARCHITECTURE.md, dependency inference).
 //!
 //! Contract: running the tasks in any order this DAG allows gives exactly
 //! the bytes of running them one by one in submission order. Per buffer
@@ -35,7 +36,7 @@
 //! several may write the same bytes: one buffer named as every member's
 //! output is the group's single completion token for downstream tasks.
 //!
-//! Quarantine (DESIGN §7): a running task whose worker was lost without a
+//! Quarantine (docs/reliability.md, quarantine): a running task whose worker was lost without a
 //! fence may still be writing. [`Dag::lose`] ends it like a failure for its
 //! readers (they are skipped) and releases tasks that only read-ordered
 //! after it (WAR: overwriting what it reads can only change its own,

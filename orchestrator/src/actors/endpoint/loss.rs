@@ -8,7 +8,7 @@
 //! starts afresh (nothing imported, nothing in flight) and reports it up
 //! again. A spawned worker is restarted while the respawn budget lasts.
 //!
-//! Fences (DESIGN §7). A loss is fenced when it happens if the worker
+//! Fences (docs/reliability.md, quarantine). A loss is fenced when it happens if the worker
 //! cannot touch task memory any more: a staged link (it only held copies,
 //! and late completions are dropped) or a spawned process the endpoint
 //! killed and saw gone. Otherwise the engine quarantines what was in

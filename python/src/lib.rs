@@ -23,6 +23,14 @@
 
 use pyo3::prelude::*;
 
+/// The driver and a Python process's worker allocate per task from
+/// several threads, as the `strata` binary's do; mimalloc serves the
+/// extension's Rust allocations as it serves the binary's (glibc's malloc
+/// and the copies around it were a fifth of the driver's threads' time).
+/// Python's own objects keep Python's allocator.
+#[global_allocator]
+static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 mod array;
 mod cluster;
 mod dtype;

@@ -158,7 +158,12 @@ impl PerfModel {
                 }
             }
             if let (Some((ln_a, b)), true) = (c.fit, work.size > 0) {
-                return Some((ln_a + b * (work.size as f64).ln()).exp());
+                // A fit from a few sizes can extrapolate past any finite
+                // time; that is no prediction.
+                let p = (ln_a + b * (work.size as f64).ln()).exp();
+                if p.is_finite() {
+                    return Some(p);
+                }
             }
             if let Some((_, w)) = c.classes.get(&work.class) {
                 return Some(w.mean);
@@ -298,9 +303,12 @@ impl Callable {
 }
 
 /// Least squares of `ln t = ln a + b · ln s`; `None` without two distinct
-/// positive sizes.
+/// positive sizes (classes of one size, such as one shape in several
+/// dtypes, would otherwise leave rounding in the denominator and a slope
+/// of any size).
 fn fit(points: impl Iterator<Item = (f64, f64)>) -> Option<(f64, f64)> {
     let (mut n, mut sx, mut sy, mut sxx, mut sxy) = (0f64, 0f64, 0f64, 0f64, 0f64);
+    let (mut lo, mut hi) = (f64::INFINITY, f64::NEG_INFINITY);
     for (s, t) in points {
         if s > 0.0 && t > 0.0 {
             let (x, y) = (s.ln(), t.ln());
@@ -309,10 +317,12 @@ fn fit(points: impl Iterator<Item = (f64, f64)>) -> Option<(f64, f64)> {
             sy += y;
             sxx += x * x;
             sxy += x * y;
+            lo = lo.min(s);
+            hi = hi.max(s);
         }
     }
     let den = n * sxx - sx * sx;
-    if n < 2.0 || den.abs() < 1e-9 {
+    if n < 2.0 || hi <= lo || den.abs() < 1e-9 {
         return None;
     }
     let b = (n * sxy - sx * sy) / den;
@@ -330,6 +340,36 @@ mod tests {
             size,
             ..Work::default()
         }
+    }
+
+    #[test]
+    fn one_size_in_many_classes_fits_nothing() {
+        let mut m = PerfModel::new();
+        let k = KernelHandle([3; 16]);
+        // The same 8-byte size in three classes with different times:
+        // no slope can be fitted, so an unseen size gets no prediction
+        // from a regression (and none at all without declared flops).
+        for (class, ns) in [(1, 10.0), (2, 1e9), (3, 5.0)] {
+            m.observe(k, 0, &work(class, 8), ns, None);
+        }
+        assert_eq!(m.predict(k, 0, &work(4, 1 << 40)), None);
+    }
+
+    #[test]
+    fn a_prediction_is_always_a_finite_time() {
+        let mut m = PerfModel::new();
+        let k = KernelHandle([4; 16]);
+        // A steep law from two sizes: 1 ns at size 1, 1e300 ns at size 2
+        // (slope about 997); a size of 2^40 would be exp(27,000) ns.
+        m.observe(k, 0, &work(1, 1), 1.0, None);
+        m.observe(k, 0, &work(2, 2), 1e300, None);
+        let p = m.predict(k, 0, &work(3, 1 << 40));
+        assert!(p.is_none_or(f64::is_finite), "{p:?}");
+        let declared = Work {
+            flops: Some(1_000),
+            ..work(3, 1 << 40)
+        };
+        assert!(m.predict(k, 0, &declared).is_some_and(f64::is_finite));
     }
 
     #[test]

@@ -372,20 +372,22 @@ impl DagActor {
         let event = match up {
             Notice::Event(event) => event,
             Notice::Completed { event, report } => {
+                // Counts a worker reported: summed saturating, so that no
+                // figure of a worker's can overflow the driver's sums.
                 for s in [&mut self.run, &mut self.totals] {
-                    s.sent_bytes += report.sent;
-                    s.returned_bytes += report.returned;
-                    s.staged_bytes += report.staged;
-                    s.to_device_bytes += report.to_device;
-                    s.from_device_bytes += report.from_device;
-                    s.on_chip_bytes += report.cache.device_to_device;
-                    s.prefetched_bytes += report.cache.prefetched;
-                    s.cache_hits += report.cache.hits;
-                    s.cache_misses += report.cache.misses;
-                    s.write_backs += report.cache.write_backs;
-                    s.evictions += report.cache.evictions;
-                    s.held_bytes += report.held;
-                    s.resent += u64::from(report.resent);
+                    add(&mut s.sent_bytes, report.sent);
+                    add(&mut s.returned_bytes, report.returned);
+                    add(&mut s.staged_bytes, report.staged);
+                    add(&mut s.to_device_bytes, report.to_device);
+                    add(&mut s.from_device_bytes, report.from_device);
+                    add(&mut s.on_chip_bytes, report.cache.device_to_device);
+                    add(&mut s.prefetched_bytes, report.cache.prefetched);
+                    add(&mut s.cache_hits, report.cache.hits);
+                    add(&mut s.cache_misses, report.cache.misses);
+                    add(&mut s.write_backs, report.cache.write_backs);
+                    add(&mut s.evictions, report.cache.evictions);
+                    add(&mut s.held_bytes, report.held);
+                    add(&mut s.resent, u64::from(report.resent));
                 }
                 if let Event::Finished {
                     task,
@@ -395,7 +397,9 @@ impl DagActor {
                 {
                     if result.is_ok() {
                         // The kernel's own time, without the copies around it.
-                        let copies = report.copy_in_ns + report.copy_out_ns;
+                        // The report's figures are the worker's: summed
+                        // without trusting them not to overflow.
+                        let copies = report.copy_in_ns.saturating_add(report.copy_out_ns);
                         let kernel_ns = report.busy_ns.saturating_sub(copies);
                         let predicted = self.engine.scheduler_mut().observe(
                             *task,
@@ -405,11 +409,14 @@ impl DagActor {
                             report.copy_in_ns,
                         );
                         if let Some(p) = predicted {
+                            // `as` saturates: a prediction far off (or a
+                            // worker's absurd time) pins the sums at the
+                            // top instead of overflowing them.
                             let err = (p - kernel_ns as f64).abs() as u64;
                             for s in [&mut self.run, &mut self.totals] {
                                 s.predicted += 1;
-                                s.predicted_measured_ns += kernel_ns;
-                                s.prediction_error_ns += err;
+                                add(&mut s.predicted_measured_ns, kernel_ns);
+                                add(&mut s.prediction_error_ns, err);
                             }
                         }
                     }
@@ -923,4 +930,9 @@ fn cache_args(
         });
     }
     (cache, writes)
+}
+
+/// `sum += n`, pinned at the top instead of overflowing.
+fn add(sum: &mut u64, n: u64) {
+    *sum = sum.saturating_add(n);
 }

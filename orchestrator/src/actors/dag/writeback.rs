@@ -195,8 +195,9 @@ impl DagActor {
         }
         if let Some(bytes) = bytes {
             for s in [&mut self.run, &mut self.totals] {
-                s.from_device_bytes += bytes;
-                s.staged_bytes += bytes;
+                // The worker's count of the bytes it wrote back.
+                super::add(&mut s.from_device_bytes, bytes);
+                super::add(&mut s.staged_bytes, bytes);
                 s.write_backs += list.len() as u64;
             }
             if let Some(dir) = &mut self.directory {

@@ -15,12 +15,16 @@ def test_tags_come_from_the_signature(local2):
     x = c.array(np.arange(16, dtype=np.float32))
     y = c.zeros(16)
     z = c.zeros(16)
-    c.submit("copy", x, y)  # x INPUT, y OUTPUT
+    # The copy waits for a sleeper, so that every task below is still
+    # unfinished when the next is submitted and each inferred edge counts
+    # (an edge to a finished task is no edge).
+    hold = c.submit("test.sleep", c.zeros(1), 0.2)
+    c.submit("copy", x, y, after=[hold])  # x INPUT, y OUTPUT
     c.submit("add", x, y, z)  # reads y: after the copy (RAW)
     c.submit("fill", x, 0.0)  # writes x: after both readers (WAR)
     s = c.wait_all()
-    assert s.succeeded == 3
-    assert s.edges >= 2
+    assert s.succeeded == 4
+    assert s.edges >= 3
     assert np.array_equal(z.numpy(), 2 * np.arange(16, dtype=np.float32))
     assert (x.numpy() == 0).all()
 

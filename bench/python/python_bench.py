@@ -66,10 +66,10 @@ def rel_err(got, want):
 # ---------------------------------------------------------------- the jobs
 
 
-def matmul_strata(c, n, t, numpy_kernels):
+def matmul_strata(c, n, t, numpy_kernels, dtype=DTYPE):
     def job(a_host, b_host):
         a, b = c.array(a_host), c.array(b_host)
-        out = c.zeros((n, n), DTYPE)
+        out = c.zeros((n, n), dtype)
         name = "bench.matmul_acc" if numpy_kernels else "matmul_acc"
         for i in range(0, n, t):
             for j in range(0, n, t):

@@ -17,6 +17,7 @@ sys.path.insert(0, os.path.join(ROOT, "bench", "python"))  # the kernels, for th
 import numpy as np
 import strata
 import pykernels as pyk
+from python_bench import cholesky_strata, matmul_strata
 
 out = {"strata": os.path.dirname(strata.__file__)}
 U = "sim:mode=unified"
@@ -29,24 +30,22 @@ with strata.Cluster(local=2, device=U) as c:
     for _ in range(2000):
         c.submit("add", va, vb, vo)
     c.wait_all()
-    sub = []
-    for _ in range(5):
-        t0 = time.perf_counter()
-        for _ in range(20000):
-            c.submit("add", va, vb, vo)
-        sub.append((time.perf_counter() - t0) / 20000 * 1e6)
-        c.wait_all()
-    out["submit_us"] = statistics.median(sub)
+
+    def per_submit(batches, each):
+        """Median µs per submit over `batches` batches of `each` tasks."""
+        got = []
+        for _ in range(batches):
+            t0 = time.perf_counter()
+            for _ in range(each):
+                c.submit("add", va, vb, vo)
+            got.append((time.perf_counter() - t0) / each * 1e6)
+            c.wait_all()
+        return statistics.median(got)
+
+    out["submit_us"] = per_submit(5, 20000)
     # The call alone: bursts of 500, fewer than the command channel holds,
     # so the driver's actor never holds the caller up.
-    burst = []
-    for _ in range(40):
-        t0 = time.perf_counter()
-        for _ in range(500):
-            c.submit("add", va, vb, vo)
-        burst.append((time.perf_counter() - t0) / 500 * 1e6)
-        c.wait_all()
-    out["submit_burst_us"] = statistics.median(burst)
+    out["submit_burst_us"] = per_submit(40, 500)
     n = 50000
     x = c.zeros((n // 8, 8), "f32"); y = c.zeros((n // 8, 8), "f32"); z = c.zeros((n, 8), "f32")
     rates = []
@@ -73,41 +72,26 @@ h = [hops() for _ in range(3)]
 out["hop_first_us"] = statistics.median(a for a, _ in h)
 out["hop_warm_us"] = statistics.median(b for _, b in h)
 
+def timed(job, inputs, check):
+    """Median seconds of three runs after a warm-up, each result checked."""
+    runs = []
+    for _ in range(4):
+        t0 = time.perf_counter()
+        got = job(*inputs)
+        runs.append(time.perf_counter() - t0)
+        assert check(got)
+    return statistics.median(runs[1:])
+
 def matmul(c, dt, n=1024, t=64):
     rng = np.random.default_rng(0)
     ah = rng.standard_normal((n, n)).astype(dt); bh = rng.standard_normal((n, n)).astype(dt)
-    runs = []
-    for _ in range(4):
-        t0 = time.perf_counter()
-        A, B = c.array(ah), c.array(bh); C = c.zeros((n, n), dt)
-        for i in range(0, n, t):
-            for j in range(0, n, t):
-                for k in range(0, n, t):
-                    c.submit("matmul_acc", A[i:i+t, k:k+t], B[k:k+t, j:j+t], C[i:i+t, j:j+t])
-        c.wait_all()
-        runs.append(time.perf_counter() - t0)
-        assert np.abs(C.numpy() - ah @ bh).max() < 1e-2
-    return statistics.median(runs[1:])
+    want = ah @ bh
+    return timed(matmul_strata(c, n, t, False, dt), (ah, bh), lambda got: np.abs(got - want).max() < 1e-2)
 
 def cholesky(c, n=2048, t=256):
     i, j = np.indices((n, n)); ah = 1.0 / (i + j + 1) + n * (i == j)
-    runs = []
-    for _ in range(4):
-        t0 = time.perf_counter()
-        A = c.array(ah)
-        for k in range(0, n, t):
-            kk = A[k:k+t, k:k+t]
-            c.submit("bench.potrf", kk)
-            for r in range(k + t, n, t):
-                c.submit("bench.trsm", kk, A[r:r+t, k:k+t])
-            for r in range(k + t, n, t):
-                c.submit("bench.syrk", A[r:r+t, k:k+t], A[r:r+t, r:r+t])
-                for q in range(k + t, r, t):
-                    c.submit("bench.gemm_nt", A[r:r+t, k:k+t], A[q:q+t, k:k+t], A[r:r+t, q:q+t])
-        c.wait_all()
-        runs.append(time.perf_counter() - t0)
-        assert np.abs(np.tril(A.numpy()) - np.linalg.cholesky(ah)).max() < 1e-8
-    return statistics.median(runs[1:])
+    want = np.linalg.cholesky(ah)
+    return timed(cholesky_strata(c, n, t, True), (ah,), lambda got: np.abs(got - want).max() < 1e-8)
 
 with strata.Cluster(local=2, kernels=pyk.ALL) as c:
     out["matmul_f32_s"] = matmul(c, np.float32)

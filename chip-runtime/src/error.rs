@@ -171,3 +171,39 @@ pub enum Error {
     #[error(transparent)]
     Wire(#[from] strata_wire::Error),
 }
+
+impl Error {
+    /// What kind of task failure this error is, when a task's launch ends
+    /// with it: the kernel's own errors are [`FailureKind::Kernel`]; an
+    /// argument that does not fit (its view, backing, signature or
+    /// scalars) is [`FailureKind::ImportRefused`]; a launch that was not
+    /// started or an unknown kernel is [`FailureKind::Refused`]; the rest
+    /// is the chip's ([`FailureKind::Device`]).
+    ///
+    /// [`FailureKind::Kernel`]: strata_boundary::FailureKind::Kernel
+    /// [`FailureKind::ImportRefused`]: strata_boundary::FailureKind::ImportRefused
+    /// [`FailureKind::Refused`]: strata_boundary::FailureKind::Refused
+    /// [`FailureKind::Device`]: strata_boundary::FailureKind::Device
+    pub fn failure_kind(&self) -> strata_boundary::FailureKind {
+        use strata_boundary::FailureKind;
+        match self {
+            Error::KernelFailed { .. } | Error::KernelPanicked { .. } => FailureKind::Kernel,
+            Error::Argument { .. } | Error::Scalars { .. } | Error::Wire(_) => {
+                FailureKind::ImportRefused
+            }
+            Error::UnknownKernel(_)
+            | Error::ConflictingKernel(_)
+            | Error::NotStarted { .. }
+            | Error::ShutDown => FailureKind::Refused,
+            Error::OutOfMemory { .. }
+            | Error::TooManyBlocks { .. }
+            | Error::UnknownBlock { .. }
+            | Error::CacheConflict { .. }
+            | Error::NotHeld { .. }
+            | Error::RunEnded { .. }
+            | Error::OutOfRange { .. }
+            | Error::Spec { .. }
+            | Error::Map { .. } => FailureKind::Device,
+        }
+    }
+}

@@ -61,7 +61,7 @@ pub use policy::Quarantine;
 pub use start::ClusterBuilder;
 pub use strata_client::ClientTls;
 pub use strata_core::sched::Policy as SchedulerPolicy;
-pub use strata_core::{Outcome, TaskId, WorkerId};
+pub use strata_core::{FailureCause, FailureKind, Outcome, TaskId, WorkerId};
 pub use task::{Task, TaskHandle};
 pub use trace::Trace;
 
@@ -96,6 +96,9 @@ pub struct RunSummary {
     pub skipped: u64,
     /// Tasks cancelled.
     pub cancelled: u64,
+    /// The tasks that did not succeed (failed, skipped or cancelled), by
+    /// kind of failure: only kinds that happened appear.
+    pub by_kind: std::collections::BTreeMap<FailureKind, u64>,
     /// Dependency edges inferred (one per predecessor of a task).
     pub edges: u64,
     /// Bytes of host buffers passed to local workers by fd (each buffer

@@ -5,6 +5,7 @@ use std::fmt;
 
 use bytes::Bytes;
 
+pub use strata_boundary::{FailureCause, FailureKind};
 use strata_wire::{ArgTag, CanonicalIdentity, TaskArgs};
 use strata_wire::{KernelHandle, Region, TaskId};
 
@@ -414,7 +415,7 @@ pub enum TaskOutcome {
     /// It ran to success.
     Success,
     /// It failed; the cause.
-    Failure(String),
+    Failure(FailureCause),
     /// It did not run: bytes the driver left out as held
     /// ([`CacheArg::held`]) are not on the chip; which ones. Sent again
     /// with the bytes, it runs.
@@ -495,7 +496,7 @@ impl TryFrom<pb::Completion> for TaskCompletion {
                         "a failed task must carry its cause",
                     ));
                 }
-                TaskOutcome::Failure(c.cause)
+                TaskOutcome::Failure(FailureCause::new(FailureKind::from_code(c.kind), c.cause))
             }
             Ok(pb::Outcome::Resend) => {
                 if c.cause.is_empty() {
@@ -548,15 +549,18 @@ impl TryFrom<pb::Completion> for TaskCompletion {
 
 impl From<TaskCompletion> for pb::Completion {
     fn from(c: TaskCompletion) -> Self {
-        let (outcome, cause) = match c.outcome {
-            TaskOutcome::Success => (pb::Outcome::Success, String::new()),
-            TaskOutcome::Failure(cause) => (pb::Outcome::TaskFailure, cause),
-            TaskOutcome::Resend(cause) => (pb::Outcome::Resend, cause),
+        let (outcome, cause, kind) = match c.outcome {
+            TaskOutcome::Success => (pb::Outcome::Success, String::new(), 0),
+            TaskOutcome::Failure(cause) => {
+                (pb::Outcome::TaskFailure, cause.message, cause.kind.code())
+            }
+            TaskOutcome::Resend(cause) => (pb::Outcome::Resend, cause, 0),
         };
         pb::Completion {
             task_id: c.id.0,
             outcome: outcome as i32,
             cause,
+            kind,
             timing: Some(pb::Timing {
                 queued_ns: c.queued_ns,
                 busy_ns: c.busy_ns,
@@ -1183,7 +1187,7 @@ mod tests {
     fn completions_round_trip_and_are_checked() {
         let c = TaskCompletion {
             id: TaskId(9),
-            outcome: TaskOutcome::Failure("boom".into()),
+            outcome: TaskOutcome::Failure(FailureCause::new(FailureKind::Kernel, "boom")),
             lane: 1,
             queued_ns: 2,
             busy_ns: 3,
@@ -1203,6 +1207,18 @@ mod tests {
         };
         let p: pb::Completion = c.clone().into();
         assert_eq!(TaskCompletion::try_from(p.clone()).unwrap(), c);
+        // A kind this side does not know, or none (an older worker), is
+        // OTHER; the words stay.
+        for kind in [0, 99] {
+            let Ok(TaskCompletion {
+                outcome: TaskOutcome::Failure(cause),
+                ..
+            }) = TaskCompletion::try_from(pb::Completion { kind, ..p.clone() })
+            else {
+                panic!("kind {kind}: not a failure")
+            };
+            assert_eq!(cause, FailureCause::new(FailureKind::Other, "boom"));
+        }
         let field = |p: pb::Completion| TaskCompletion::try_from(p).unwrap_err().field;
         assert_eq!(
             field(pb::Completion {

@@ -10,7 +10,7 @@ use pyo3::IntoPyObjectExt;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 use strata_orchestrator::{
-    ClusterError, Error, LinkError, Outcome, RunError, SubmitError, ViewError,
+    ClusterError, Error, FailureKind, LinkError, Outcome, RunError, SubmitError, ViewError,
 };
 
 /// `v` as a Python object (`None` if it cannot be one).
@@ -92,15 +92,15 @@ pub(crate) fn err(e: Error) -> PyErr {
 pub(crate) fn run_error(r: RunError) -> PyErr {
     let message = r.to_string();
     Python::attach(|py| {
-        let (class, outcome, cause, because) = match &r.outcome {
-            Outcome::TaskFailure(c) => ("TaskFailed", "TASK_FAILURE", Some(c.clone()), None),
-            Outcome::EndpointFailure(c) => {
-                ("WorkerLost", "ENDPOINT_FAILURE", Some(c.clone()), None)
-            }
-            Outcome::Skipped { because } => ("TaskSkipped", "SKIPPED", None, Some(because.0)),
-            Outcome::Cancelled => ("TaskCancelled", "CANCELLED", None, None),
-            Outcome::Success => ("TaskFailed", "SUCCESS", None, None),
+        let (class, outcome, because) = match &r.outcome {
+            Outcome::TaskFailure(_) => ("TaskFailed", "TASK_FAILURE", None),
+            Outcome::EndpointFailure(_) => ("WorkerLost", "ENDPOINT_FAILURE", None),
+            Outcome::Skipped { because } => ("TaskSkipped", "SKIPPED", Some(because.0)),
+            Outcome::Cancelled => ("TaskCancelled", "CANCELLED", None),
+            Outcome::Success => ("TaskFailed", "SUCCESS", None),
         };
+        let cause = r.outcome.cause().map(|c| c.message.as_str());
+        let kind = failure_kind(py, r.outcome.kind());
         raise(
             class,
             message,
@@ -109,11 +109,33 @@ pub(crate) fn run_error(r: RunError) -> PyErr {
                 ("callable", obj(py, r.callable.as_str())),
                 ("worker", obj(py, r.worker.as_deref())),
                 ("outcome", obj(py, outcome)),
+                ("kind", kind),
                 ("cause", obj(py, cause)),
                 ("because", obj(py, because)),
             ],
         )
     })
+}
+
+/// `kind` as a member of `strata.errors.FailureKind` (`None` for none,
+/// or without the package).
+fn failure_kind(py: Python<'_>, kind: Option<FailureKind>) -> Py<PyAny> {
+    kind.and_then(|k| {
+        let cls = py
+            .import("strata.errors")
+            .ok()?
+            .getattr("FailureKind")
+            .ok()?;
+        cls.call1((k.name(),)).ok().map(Bound::unbind)
+    })
+    .unwrap_or_else(|| py.None())
+}
+
+/// Every kind's name, in the engine's order: what
+/// `strata.errors.FailureKind` must cover (a test checks it does).
+#[pyfunction]
+pub(crate) fn _failure_kinds() -> Vec<&'static str> {
+    FailureKind::ALL.iter().map(|k| k.name()).collect()
 }
 
 /// `InvalidView` with `message`.

@@ -671,55 +671,79 @@ impl PyTaskSpec {
 }
 
 /// What a run did: ``wait_all()``'s answer (and ``totals()``'s).
-#[pyclass(name = "Summary", module = "strata", frozen, get_all)]
+#[pyclass(name = "Summary", module = "strata", frozen)]
 pub(crate) struct PySummary {
     /// Tasks submitted.
+    #[pyo3(get)]
     submitted: u64,
     /// Tasks that succeeded.
+    #[pyo3(get)]
     succeeded: u64,
     /// Tasks that failed.
+    #[pyo3(get)]
     failed: u64,
     /// Tasks skipped because a producer failed.
+    #[pyo3(get)]
     skipped: u64,
     /// Tasks cancelled.
+    #[pyo3(get)]
     cancelled: u64,
     /// Dependency edges inferred.
+    #[pyo3(get)]
     edges: u64,
     /// Bytes of host buffers passed to local workers by fd (not copied).
+    #[pyo3(get)]
     fd_bytes: u64,
     /// View bytes sent to remote workers.
+    #[pyo3(get)]
     sent_bytes: u64,
     /// View bytes remote workers sent back.
+    #[pyo3(get)]
     returned_bytes: u64,
     /// Bytes workers staged between host and device memory.
+    #[pyo3(get)]
     staged_bytes: u64,
     /// Of those, bytes copied host → device.
+    #[pyo3(get)]
     to_device_bytes: u64,
     /// Of those, bytes copied device → host.
+    #[pyo3(get)]
     from_device_bytes: u64,
     /// Of ``to_device_bytes``, bytes copied in ahead of their task.
+    #[pyo3(get)]
     prefetched_bytes: u64,
     /// Bytes copied on the chips (from a cached copy to a writing
     /// kernel's block).
+    #[pyo3(get)]
     on_chip_bytes: u64,
     /// Arguments whose bytes a chip held already.
+    #[pyo3(get)]
     cache_hits: u64,
     /// Arguments whose bytes a chip copied in.
+    #[pyo3(get)]
     cache_misses: u64,
     /// Dirty cached copies written back.
+    #[pyo3(get)]
     write_backs: u64,
     /// Cached copies evicted to make room.
+    #[pyo3(get)]
     evictions: u64,
     /// View bytes left out of tasks for remote workers whose chips held
     /// them.
+    #[pyo3(get)]
     held_bytes: u64,
     /// Tasks sent again because a chip no longer held such bytes.
+    #[pyo3(get)]
     resent: u64,
     /// Completions whose kernel time the performance models predicted.
+    #[pyo3(get)]
     predicted: u64,
     /// The models' relative error over those (Σ|predicted − measured| /
     /// Σ measured), or ``None`` when they predicted none.
+    #[pyo3(get)]
     prediction_error: Option<f64>,
+    /// Tasks that did not succeed by kind (``by_kind`` in Python).
+    kinds: Vec<(&'static str, u64)>,
 }
 
 impl From<RunSummary> for PySummary {
@@ -747,12 +771,26 @@ impl From<RunSummary> for PySummary {
             resent: s.resent,
             predicted: s.predicted,
             prediction_error: s.prediction_error(),
+            kinds: s.by_kind.iter().map(|(k, n)| (k.name(), *n)).collect(),
         }
     }
 }
 
 #[pymethods]
 impl PySummary {
+    /// The tasks that did not succeed (failed, skipped or cancelled), by
+    /// kind: a dict from ``strata.FailureKind`` to a count, with only the
+    /// kinds that happened.
+    #[getter]
+    fn by_kind<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, pyo3::types::PyDict>> {
+        let cls = py.import("strata.errors")?.getattr("FailureKind")?;
+        let d = pyo3::types::PyDict::new(py);
+        for (name, n) in &self.kinds {
+            d.set_item(cls.call1((*name,))?, n)?;
+        }
+        Ok(d)
+    }
+
     fn __repr__(&self) -> String {
         format!(
             "strata.Summary(submitted={}, succeeded={}, failed={}, skipped={}, cancelled={}, edges={}, fd_bytes={}, sent_bytes={}, returned_bytes={}, staged_bytes={}, to_device_bytes={}, from_device_bytes={}, prefetched_bytes={}, on_chip_bytes={}, cache_hits={}, cache_misses={}, write_backs={}, evictions={}, held_bytes={}, resent={}, predicted={}, prediction_error={})",

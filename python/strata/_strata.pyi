@@ -7,6 +7,8 @@ from typing import Any, Callable, Iterable, List, Optional, Sequence, Tuple, Uni
 
 import numpy as np
 
+from .errors import FailureKind
+
 DTypeLike = Union[str, np.dtype, type]
 ShapeLike = Union[int, Sequence[int]]
 Number = Union[int, float]
@@ -104,6 +106,8 @@ class Summary:
     resent: int
     predicted: int
     prediction_error: Optional[float]
+    # Tasks that did not succeed, by kind (only kinds that happened).
+    by_kind: dict[FailureKind, int]
 
 class Worker:
     """One worker of a cluster."""
@@ -239,3 +243,4 @@ class Cluster:
 
 def run_worker(argv: Sequence[str], kernels: Sequence[Kernel]) -> int: ...
 def builtin_kernels() -> list[str]: ...
+def _failure_kinds() -> list[str]: ...

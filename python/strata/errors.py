@@ -8,7 +8,10 @@ structured attributes.
 
 from __future__ import annotations
 
+import enum
+
 __all__ = [
+    "FailureKind",
     "Error",
     "ClusterError",
     "AuthenticationError",
@@ -31,6 +34,45 @@ __all__ = [
     "GraphError",
     "TraceError",
 ]
+
+
+class FailureKind(enum.Enum):
+    """What kind of failure ended a task (``TaskFailed.kind``): what a
+    program matches on, where ``TaskFailed.cause`` is for a person.
+
+    The members are the engine's kinds, one for one; each member's value is
+    its name in text (``FailureKind("import_refused")``). A kind added to
+    the engine that this package does not know yet arrives as ``OTHER``.
+    """
+
+    #: The kernel ran and reported an error (for a Python kernel, it
+    #: raised; ``cause`` is the traceback).
+    KERNEL = "kernel"
+    #: The worker refused the task's arguments before running it: a buffer
+    #: it could not import or find, a view its grant does not allow.
+    IMPORT_REFUSED = "import_refused"
+    #: The task itself was refused before it ran: a request that fails the
+    #: worker's checks, a callable it does not have, an ended session, a
+    #: task too big for a message.
+    REFUSED = "refused"
+    #: The chip could not run it: device memory or staging failed.
+    DEVICE = "device"
+    #: It ran past its ``timeout=``.
+    TIMED_OUT = "timed_out"
+    #: It writes bytes quarantined by a task lost without a fence.
+    QUARANTINED = "quarantined"
+    #: Its worker died, hung or was cut off.
+    WORKER_LOST = "worker_lost"
+    #: Cancelled before it started.
+    CANCELLED = "cancelled"
+    #: Not run, because a task it depends on failed (``because``).
+    SKIPPED = "skipped"
+    #: A failure that fits no other kind.
+    OTHER = "other"
+
+    @classmethod
+    def _missing_(cls, value: object) -> "FailureKind":
+        return cls.OTHER
 
 
 class Error(Exception):
@@ -105,8 +147,10 @@ class TaskFailed(Error):
 
     Attributes: ``task`` (its id), ``callable`` (``name@version``),
     ``worker`` (where it ran, or ``None``), ``outcome`` (``"TASK_FAILURE"``,
-    ``"ENDPOINT_FAILURE"``, ``"SKIPPED"`` or ``"CANCELLED"``) and
-    ``cause`` (the kernel's message: for a Python kernel, its traceback).
+    ``"ENDPOINT_FAILURE"``, ``"SKIPPED"`` or ``"CANCELLED"``), ``kind``
+    (a :class:`FailureKind`: what to match on) and ``cause`` (what happened
+    in words: the kernel's message, for a Python kernel its traceback;
+    ``None`` when skipped or cancelled).
     """
 
 

@@ -32,6 +32,7 @@ def test_kernel_exception_fails_only_its_task(local2):
     err = e.value
     assert err.callable == "test.fail@1"
     assert err.outcome == "TASK_FAILURE"
+    assert err.kind is strata.FailureKind.KERNEL
     assert "Traceback" in err.cause and "ValueError: kernel says no to (2, 4)" in err.cause
     assert err.worker is not None and err.task == t.id
     with pytest.raises(strata.TaskFailed):
@@ -72,6 +73,7 @@ def test_killed_worker_is_worker_lost_and_retry_reruns(tmp_path, monkeypatch):
         with pytest.raises(strata.WorkerLost) as e:
             c.submit("test.die_once", out).wait()
         assert e.value.outcome == "ENDPOINT_FAILURE"
+        assert e.value.kind is strata.FailureKind.WORKER_LOST
         # How the process ended, not only that the link broke.
         assert "was killed by signal 9 (SIGKILL)" in str(e.value), str(e.value)
         with pytest.raises(strata.WorkerLost):
@@ -154,6 +156,7 @@ def test_a_task_past_its_timeout_fails_and_its_spawned_worker_is_restarted():
         assert time.monotonic() - t0 < 4
         assert not isinstance(e.value, strata.WorkerLost)
         assert e.value.outcome == "TASK_FAILURE"
+        assert e.value.kind is strata.FailureKind.TIMED_OUT
         assert "timed out after 300 ms" in e.value.cause, e.value.cause
         # Its kernel cannot be trusted to stop: the worker was killed...
         assert not alive(first)
@@ -220,3 +223,47 @@ def test_dtypes_and_ranks_are_checked_against_the_signature_at_submit(inproc):
     inproc.submit("matmul", a32, a32, inproc.zeros((4, 4), np.float32))
     s = inproc.wait_all()
     assert (s.submitted, s.failed) == (2, 0)
+
+
+def test_python_names_every_failure_kind_of_the_engine():
+    assert [k.value for k in strata.FailureKind] == strata._strata._failure_kinds()
+    assert strata.FailureKind("no such kind") is strata.FailureKind.OTHER
+
+
+def test_each_failure_kind_reaches_python_typed_from_a_worker_process():
+    import pykernels
+
+    with strata.Cluster(local=1, device="sim:mem=256KiB", kernels=[pykernels.fail, pykernels.sleep]) as c:
+        x = c.zeros((3, 5))
+        bad = c.submit("test.fail", x)
+        skipped = c.submit("fill", x, 1.0, after=[bad])
+        with pytest.raises(strata.TaskFailed) as e:
+            bad.wait()
+        assert e.value.kind is strata.FailureKind.KERNEL
+        with pytest.raises(strata.TaskSkipped) as e:
+            skipped.wait()
+        assert e.value.kind is strata.FailureKind.SKIPPED and e.value.because == bad.id
+        assert e.value.cause is None
+        # Held behind a sleeper on the only worker, then cancelled.
+        y = c.zeros(4)
+        sleeper = c.submit("test.sleep", y, 0.3)
+        later = c.submit("fill", y, 2.0)
+        later.cancel()
+        with pytest.raises(strata.TaskCancelled) as e:
+            later.wait()
+        assert e.value.kind is strata.FailureKind.CANCELLED
+        sleeper.wait()
+        # A MiB staged onto a chip of 256 KiB.
+        big = c.zeros(1 << 18)
+        with pytest.raises(strata.TaskFailed) as e:
+            c.submit("fill", big, 1.0).wait()
+        assert e.value.kind is strata.FailureKind.DEVICE
+        assert "out of device memory" in e.value.cause
+        with pytest.raises(strata.TaskFailed):
+            c.wait_all()
+        assert c.totals().by_kind == {
+            strata.FailureKind.KERNEL: 1,
+            strata.FailureKind.SKIPPED: 1,
+            strata.FailureKind.CANCELLED: 1,
+            strata.FailureKind.DEVICE: 1,
+        }

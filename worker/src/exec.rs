@@ -27,7 +27,9 @@ use strata_chip::{
     ArgBacking, CacheUse, HostBuffer, HostBytes, HostMemory, Launch, LaunchArg, LaunchReport,
 };
 use strata_proto::TaskId;
-use strata_proto::convert::{CacheArg, TaskCompletion, TaskOutcome, TaskRequest};
+use strata_proto::convert::{
+    CacheArg, FailureCause, FailureKind, TaskCompletion, TaskOutcome, TaskRequest,
+};
 use strata_proto::offload::off_runtime;
 use strata_wire::{AddressSpace, BufferDescriptor, Footprint, Tensor};
 use strata_worker_core::ImportError;
@@ -38,7 +40,7 @@ use crate::node::{Node, Session};
 pub(crate) type Done = Box<dyn FnOnce(TaskCompletion) + Send>;
 
 /// A completion for a task that failed before or during its run.
-pub(crate) fn failure(id: TaskId, cause: String) -> TaskCompletion {
+pub(crate) fn failure(id: TaskId, cause: FailureCause) -> TaskCompletion {
     TaskCompletion::bare(id, TaskOutcome::Failure(cause))
 }
 
@@ -72,7 +74,10 @@ fn run(node: &Arc<Node>, session: &Session, req: TaskRequest, done: Done, here: 
     // misleading cause), and again by the device when a lane would start
     // it, through the session's gate in the launch.
     if let Err(e) = session.gate.check() {
-        return counting(failure(id, e.to_string()));
+        return counting(failure(
+            id,
+            FailureCause::new(e.failure_kind(), e.to_string()),
+        ));
     }
     match prepare(node, session, req) {
         Err(cause) => counting(failure(id, cause)),
@@ -135,7 +140,7 @@ fn prepare(
     node: &Node,
     session: &Session,
     req: TaskRequest,
-) -> Result<(Launch, Held, Vec<InlineArg>), String> {
+) -> Result<(Launch, Held, Vec<InlineArg>), FailureCause> {
     let kernel = node.kernels.get(req.callable).map_err(|_| {
         let mut names: Vec<String> = node
             .kernels
@@ -143,10 +148,13 @@ fn prepare(
             .map(|d| d.qualified_name())
             .collect();
         names.sort();
-        format!(
-            "unknown callable {}; this worker has {}",
-            req.callable,
-            names.join(", ")
+        FailureCause::new(
+            FailureKind::Refused,
+            format!(
+                "unknown callable {}; this worker has {}",
+                req.callable,
+                names.join(", ")
+            ),
         )
     })?;
     let writes: Vec<bool> = kernel
@@ -174,7 +182,8 @@ fn prepare(
     let inline_bytes: usize = inline.iter().flatten().map(Bytes::len).sum();
     let mut staged = off_runtime(inline_bytes as u64, || {
         unpack_inline(req.args.tensors(), &inline, &writes, &on_chip)
-    })?;
+    })
+    .map_err(|why| FailureCause::new(FailureKind::ImportRefused, why))?;
     for (i, ((tensor, tag), inline)) in req
         .args
         .tensors()
@@ -183,7 +192,9 @@ fn prepare(
         .zip(inline)
         .enumerate()
     {
-        let bad = |why: String| format!("argument {i}: {why}");
+        let bad = |why: String| {
+            FailureCause::new(FailureKind::ImportRefused, format!("argument {i}: {why}"))
+        };
         let mut cache = None;
         let (tensor, backing) = match (tensor.buffer().address_space(), inline) {
             (AddressSpace::Device, Some(_)) => {
@@ -443,7 +454,7 @@ fn complete(
         Err(e @ strata_chip::Error::NotHeld { .. }) => {
             TaskCompletion::bare(id, TaskOutcome::Resend(e.to_string()))
         }
-        Err(e) => failure(id, e.to_string()),
+        Err(e) => failure(id, FailureCause::new(e.failure_kind(), e.to_string())),
         Ok(r) => {
             let packed: Option<Vec<(u32, Bytes)>> = inline
                 .into_iter()
@@ -475,7 +486,10 @@ fn complete(
             let Some(outputs) = packed else {
                 return failure(
                     id,
-                    "an output's inline copy is shorter than its view".into(),
+                    FailureCause::new(
+                        FailureKind::Other,
+                        "an output's inline copy is shorter than its view",
+                    ),
                 );
             };
             TaskCompletion {

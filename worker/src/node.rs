@@ -672,7 +672,8 @@ mod tests {
 
     fn cause(c: &TaskCompletion) -> &str {
         match &c.outcome {
-            TaskOutcome::Failure(cause) | TaskOutcome::Resend(cause) => cause,
+            TaskOutcome::Failure(cause) => &cause.message,
+            TaskOutcome::Resend(cause) => cause,
             TaskOutcome::Success => "",
         }
     }

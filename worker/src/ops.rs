@@ -10,7 +10,9 @@ use std::sync::atomic::Ordering;
 
 use strata_chip::Region;
 use strata_proto::TaskId;
-use strata_proto::convert::{RunEnd, TaskCompletion, TaskRequest, WorkerStats};
+use strata_proto::convert::{
+    FailureCause, FailureKind, RunEnd, TaskCompletion, TaskRequest, WorkerStats,
+};
 use strata_wire::{BufferDescriptor, CanonicalIdentity};
 use strata_worker_core::SessionId;
 use tokio::sync::{Semaphore, mpsc};
@@ -451,7 +453,10 @@ impl Intake {
                 c.in_flight.fetch_add(1, Ordering::Relaxed);
                 c.failed.fetch_add(1, Ordering::Relaxed);
                 c.in_flight.fetch_sub(1, Ordering::Relaxed);
-                done(exec::failure(id, format!("refused: {e}")));
+                done(exec::failure(
+                    id,
+                    FailureCause::new(FailureKind::Refused, format!("refused: {e}")),
+                ));
             }
         }
     }

@@ -27,7 +27,7 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::Duration;
 
 use prost::Message;
-use strata_proto::convert::{TaskCompletion, TaskRequest};
+use strata_proto::convert::{FailureCause, FailureKind, TaskCompletion, TaskRequest};
 use strata_proto::{TaskId, pb};
 use strata_ring::shm::{Capacities, SharedRing};
 use strata_ring::{Consumer, Memory, Producer, RingError, Spin, Waited, Which};
@@ -185,6 +185,7 @@ impl Outbox {
                 "its completion takes {} bytes, more than the ring carries ({max})",
                 rec.len()
             );
+            let cause = FailureCause::new(FailureKind::Other, cause);
             rec = pb::Completion::from(crate::exec::failure(id, cause)).encode_to_vec();
         }
         if g.overflow.is_empty() {

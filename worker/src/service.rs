@@ -7,7 +7,7 @@ use std::sync::atomic::Ordering;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use strata_proto::convert::{self, TaskCompletion, TaskRequest};
+use strata_proto::convert::{self, FailureCause, FailureKind, TaskCompletion, TaskRequest};
 use strata_proto::{PROTOCOL_VERSION, SESSION_HEADER, TaskId, pb};
 use strata_worker_core::SessionId;
 use tokio::sync::{mpsc, watch};
@@ -124,8 +124,8 @@ const MAX_BATCH: usize = 4096;
 fn completion_size(c: &TaskCompletion) -> usize {
     let cause = match &c.outcome {
         strata_proto::convert::TaskOutcome::Success => 0,
-        strata_proto::convert::TaskOutcome::Failure(s)
-        | strata_proto::convert::TaskOutcome::Resend(s) => s.len(),
+        strata_proto::convert::TaskOutcome::Failure(f) => f.message.len(),
+        strata_proto::convert::TaskOutcome::Resend(s) => s.len(),
     };
     64 + cause + c.outputs.iter().map(|(_, d)| d.len() + 16).sum::<usize>()
 }
@@ -234,8 +234,11 @@ fn hold_outputs(
                 }
                 return crate::exec::failure(
                     c.id,
-                    format!(
-                        "argument {arg}: its written view ({len} bytes) is too large for a message and cannot be held for fetching: {e}"
+                    FailureCause::new(
+                        FailureKind::Other,
+                        format!(
+                            "argument {arg}: its written view ({len} bytes) is too large for a message and cannot be held for fetching: {e}"
+                        ),
                     ),
                 );
             }

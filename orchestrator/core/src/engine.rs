@@ -29,6 +29,7 @@
 
 use rustc_hash::FxHashMap as HashMap;
 
+use strata_boundary::{FailureCause, FailureKind};
 use strata_wire::CanonicalIdentity;
 
 pub use crate::action::{Action, Edges, Loss, Refusal};
@@ -75,7 +76,7 @@ pub enum Event {
         /// Which member.
         member: usize,
         /// Its result; the error is the cause.
-        result: Result<(), String>,
+        result: Result<(), FailureCause>,
     },
     /// Member `member` of `task` ran past its timeout on its worker. Its
     /// task fails with TASK_FAILURE and `cause` (never retried) once the
@@ -380,13 +381,13 @@ impl Engine {
     }
 
     /// Why a task that writes bytes quarantined by `lost` fails.
-    fn quarantine_cause(&self, lost: TaskId) -> String {
+    fn quarantine_cause(&self, lost: TaskId) -> FailureCause {
         let loss = self.unfenced.get(&lost).and_then(|ls| {
             ls.iter()
                 .find(|l| self.abandoned.contains_key(l))
                 .or(ls.first())
         });
-        match loss {
+        let message = match loss {
             Some(l) => format!(
                 "writes bytes quarantined by {lost}, which was lost on {} without a fence \
                  and may still write them; gave up waiting: {}",
@@ -394,7 +395,8 @@ impl Engine {
                 self.abandoned.get(l).map_or("no fence", String::as_str)
             ),
             None => format!("writes bytes quarantined by {lost}, lost without a fence"),
-        }
+        };
+        FailureCause::new(FailureKind::Quarantined, message)
     }
 
     /// [`Event::Submit`]: the placement against the workers up, then the

@@ -54,3 +54,4 @@ pub use holders::Holders;
 pub use ids::{KernelHandle, ScopeId, SeqHasher, SeqMap, TaskId, WorkerId};
 pub use residency::Directory;
 pub use sched::{CancelError, Outcome, Placement, PlacementError, Scheduler};
+pub use strata_boundary::{FailureCause, FailureKind};

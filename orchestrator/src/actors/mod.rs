@@ -24,7 +24,7 @@ pub(crate) mod endpoint;
 pub(crate) mod fence;
 
 use strata_chip::KernelHandle;
-use strata_core::{Event, Placement, ScopeId, Submission, TaskId};
+use strata_core::{Event, FailureCause, FailureKind, Placement, ScopeId, Submission, TaskId};
 use strata_proto::convert::WorkerStats;
 use strata_wire::{ArgTag, CanonicalIdentity, Tensor};
 use tokio::sync::oneshot;
@@ -146,9 +146,10 @@ pub(crate) struct Report {
 /// TASK_FAILURE.
 #[derive(Debug, thiserror::Error)]
 pub(crate) enum MemberFailure {
-    /// The worker ran it and reported a failure (in its words).
+    /// The worker ran it (or refused it) and reported a failure, or the
+    /// driver failed it without sending it.
     #[error("{0}")]
-    Reported(String),
+    Reported(FailureCause),
     /// The worker refused to import the buffer of an argument.
     #[error("argument {arg}: the worker refused buffer {buffer}: {why}")]
     BufferRefused {
@@ -193,6 +194,33 @@ pub(crate) enum MemberFailure {
     NothingBack { arg: u32 },
 }
 
+impl MemberFailure {
+    /// What kind of failure it is: the worker's own, a refused import,
+    /// a task the driver could not send ([`FailureKind::Refused`]), or
+    /// outputs that did not land ([`FailureKind::Other`]).
+    pub(crate) fn kind(&self) -> FailureKind {
+        match self {
+            MemberFailure::Reported(c) => c.kind,
+            MemberFailure::BufferRefused { .. } => FailureKind::ImportRefused,
+            MemberFailure::Staging { .. }
+            | MemberFailure::Args(_)
+            | MemberFailure::StagedAhead { .. }
+            | MemberFailure::TooLarge { .. } => FailureKind::Refused,
+            MemberFailure::Fetch { .. }
+            | MemberFailure::WriteBack { .. }
+            | MemberFailure::NothingBack { .. } => FailureKind::Other,
+        }
+    }
+
+    /// As the engine's typed cause.
+    pub(crate) fn into_cause(self) -> FailureCause {
+        match self {
+            MemberFailure::Reported(c) => c,
+            other => FailureCause::new(other.kind(), other.to_string()),
+        }
+    }
+}
+
 /// Endpoints (and the cluster's start) → DAG actor: the engine's own
 /// events, as they happened.
 #[derive(Debug)]
@@ -228,7 +256,7 @@ pub(crate) struct DispatchItem {
     pub(crate) cache: Vec<strata_proto::convert::CacheArg>,
     /// Fail it without sending it, with this cause (bytes it uses were
     /// lost with a worker before they were written back).
-    pub(crate) fail: Option<String>,
+    pub(crate) fail: Option<FailureCause>,
 }
 
 /// DAG actor, buffer manager and driver → one endpoint.

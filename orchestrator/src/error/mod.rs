@@ -82,8 +82,8 @@ pub struct RunError {
 fn describe(o: &Outcome) -> String {
     match o {
         Outcome::Success => "SUCCESS".into(),
-        Outcome::TaskFailure(c) => format!("TASK_FAILURE: {c}"),
-        Outcome::EndpointFailure(c) => format!("ENDPOINT_FAILURE: {c}"),
+        Outcome::TaskFailure(c) => format!("TASK_FAILURE ({}): {}", c.kind, c.message),
+        Outcome::EndpointFailure(c) => format!("ENDPOINT_FAILURE ({}): {}", c.kind, c.message),
         Outcome::Cancelled => "CANCELLED".into(),
         Outcome::Skipped { because } => format!("SKIPPED: {because} failed"),
     }

@@ -5,7 +5,7 @@
 use std::path::Path;
 
 use strata_orchestrator::{Cluster, Task};
-use strata_proto::convert::TaskOutcome;
+use strata_proto::convert::{FailureKind, TaskOutcome};
 use strata_tests::{SharedBuffer, WorkerProcess, strata_bin};
 use strata_wire::{Access, ArgTag, DType, Tensor};
 
@@ -76,7 +76,7 @@ async fn a_task_may_narrow_an_import_and_is_refused_a_wider_one() {
         )],
     )
     .await;
-    assert_failed(&done[&2], "grants READ");
+    assert_failed(&done[&2], FailureKind::ImportRefused, "grants READ");
     assert_eq!(a.read(0, 16 * 4), values[..16 * 4]);
 
     // `b` was imported READ: a READWRITE descriptor of it is wider.
@@ -93,6 +93,7 @@ async fn a_task_may_narrow_an_import_and_is_refused_a_wider_one() {
     .await;
     assert_failed(
         &done[&3],
+        FailureKind::ImportRefused,
         "the task's descriptor grants READWRITE but the buffer was imported with READ",
     );
     assert_eq!(b_rw.read(0, 16 * 4), vec![0u8; 16 * 4]);

@@ -376,7 +376,13 @@ fn views_round_trip_byte_for_byte_on_the_data_connection() {
                 .output(&to.tensor(&[huge], DType::U32).unwrap()),
         )
         .unwrap();
-    let e = cluster.wait(task).unwrap_err().to_string();
+    let e = cluster.wait(task).unwrap_err();
+    assert!(
+        matches!(&e, strata_orchestrator::Error::Run(r)
+            if r.outcome.kind() == Some(strata_orchestrator::FailureKind::Refused)),
+        "{e}"
+    );
+    let e = e.to_string();
     assert!(
         e.contains("TASK_FAILURE") && e.contains("the largest inline view"),
         "{e}"

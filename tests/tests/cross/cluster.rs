@@ -7,7 +7,8 @@ use std::time::{Duration, Instant};
 
 use strata_core::sim::{self, Program};
 use strata_orchestrator::{
-    Buffer, Cluster, ClusterError, Error, Outcome, Task, Transport, WorkerId, WriteBack,
+    Buffer, Cluster, ClusterError, Error, FailureKind, Outcome, Task, TaskHandle, Transport,
+    WorkerId, WriteBack,
 };
 use strata_tests::kernels::hash_callable;
 use strata_tests::{WorkerProcess, strata_bin};
@@ -751,6 +752,80 @@ fn failures_name_task_callable_worker_and_cause_and_skip_consumers() {
         .unwrap();
     cluster.wait(t).unwrap();
     assert!(v.read::<f32>().unwrap().iter().all(|&x| x == 2.5));
+}
+
+/// Each kind of failure a task can meet on a worker process reaches the
+/// driver typed, beside its words: the kernel's error, a consumer skipped
+/// after it, a task cancelled before it started, a task its chip has no
+/// memory for; and the run's summary counts them by kind.
+#[test]
+fn each_failure_kind_reaches_the_driver_typed() {
+    let cluster = Cluster::builder()
+        .local(1)
+        .worker_binary(test_worker_bin())
+        .device("sim:mem=256KiB")
+        .start()
+        .expect("cluster");
+    let failed = |t: TaskHandle| match cluster.wait(t) {
+        Err(Error::Run(r)) => r,
+        other => panic!("{other:?}"),
+    };
+    let v = cluster
+        .buffer(1024)
+        .unwrap()
+        .tensor(&[256], DType::F32)
+        .unwrap();
+    let bad = cluster.submit(Task::new("test.panic")).unwrap();
+    let skipped = cluster
+        .submit(Task::new("fill").output(&v).scalar_f64(1.0).after(bad))
+        .unwrap();
+    let r = failed(bad);
+    let Outcome::TaskFailure(cause) = &r.outcome else {
+        panic!("{r}")
+    };
+    assert_eq!(cause.kind, FailureKind::Kernel, "{r}");
+    assert!(
+        cause.message.contains("test.panic was asked to panic"),
+        "{r}"
+    );
+    assert!(r.to_string().contains("TASK_FAILURE (kernel)"), "{r}");
+    let r = failed(skipped);
+    assert_eq!(r.outcome.kind(), Some(FailureKind::Skipped), "{r}");
+    assert_eq!(r.outcome, Outcome::Skipped { because: bad.id() });
+
+    // Held behind a sleeper on the only worker, then cancelled.
+    let sleeper = cluster
+        .submit(Task::new("test.sleep").scalar_u64(300))
+        .unwrap();
+    let later = cluster
+        .submit(Task::new("fill").output(&v).scalar_f64(2.0).after(sleeper))
+        .unwrap();
+    cluster.cancel(later).unwrap();
+    assert_eq!(failed(later).outcome.kind(), Some(FailureKind::Cancelled));
+    cluster.wait(sleeper).unwrap();
+
+    // A MiB staged onto a chip of 256 KiB.
+    let big = cluster
+        .buffer(1 << 20)
+        .unwrap()
+        .tensor(&[1 << 18], DType::F32)
+        .unwrap();
+    let r = failed(
+        cluster
+            .submit(Task::new("fill").output(&big).scalar_f64(1.0))
+            .unwrap(),
+    );
+    assert_eq!(r.outcome.kind(), Some(FailureKind::Device), "{r}");
+    assert!(r.to_string().contains("out of device memory"), "{r}");
+
+    let by_kind = cluster.totals().unwrap().by_kind;
+    let want = [
+        (FailureKind::Kernel, 1),
+        (FailureKind::Device, 1),
+        (FailureKind::Cancelled, 1),
+        (FailureKind::Skipped, 1),
+    ];
+    assert_eq!(by_kind, want.into_iter().collect(), "{by_kind:?}");
 }
 
 #[test]

@@ -9,7 +9,9 @@ use std::time::{Duration, Instant};
 
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
-use strata_orchestrator::{Cluster, Error, Outcome, Quarantine, Task, TaskHandle, View, WorkerId};
+use strata_orchestrator::{
+    Cluster, Error, FailureKind, Outcome, Quarantine, Task, TaskHandle, View, WorkerId,
+};
 use strata_tests::{TcpProxy, WorkerProcess};
 use strata_wire::DType;
 
@@ -130,7 +132,8 @@ fn a_hung_unix_worker_s_late_write_never_lands_on_a_reported_result() {
     let Outcome::EndpointFailure(cause) = &run.outcome else {
         panic!("{e}")
     };
-    assert!(cause.contains("quarantined"), "{cause}");
+    assert_eq!(cause.kind, FailureKind::WorkerLost, "{cause}");
+    assert!(cause.message.contains("quarantined"), "{cause}");
     // The driver's reads and writes of the quarantined bytes are refused.
     let e = s.x.read::<f32>().unwrap_err();
     assert!(
@@ -187,10 +190,13 @@ fn failing_at_once_names_the_quarantine_and_the_fence_lifts_it() {
     let Outcome::EndpointFailure(cause) = &run.outcome else {
         panic!("{e}")
     };
+    assert_eq!(cause.kind, FailureKind::Quarantined, "{cause}");
     assert!(
-        cause.contains(&format!("quarantined by {}", s.late.id()))
-            && cause.contains("worker 0")
-            && cause.contains("FailAtOnce"),
+        cause
+            .message
+            .contains(&format!("quarantined by {}", s.late.id()))
+            && cause.message.contains("worker 0")
+            && cause.message.contains("FailAtOnce"),
         "{cause}"
     );
     // A later writer of those bytes is refused too, at once.

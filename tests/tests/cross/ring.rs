@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use prost::Message;
 use strata_client::{FdChannel, TaskStream, WorkerClient};
-use strata_proto::convert::{TaskCompletion, TaskOutcome, TaskRequest};
+use strata_proto::convert::{FailureKind, TaskCompletion, TaskOutcome, TaskRequest};
 use strata_proto::pb;
 use strata_ring::shm::{Capacities, SharedRing};
 use strata_ring::{Consumer, Memory, Producer, Spin, Waited, Which};
@@ -189,7 +189,7 @@ async fn hostile_records_fail_their_task_or_end_their_session_never_the_worker()
     let mut unknown = task(1, fill, vec![], vec![], vec![]);
     unknown.callable = strata_chip::KernelHandle([7; 16]);
     let done = run_on_ring(&mem, vec![unknown], 1).await;
-    assert_failed(&done[&1], "callable");
+    assert_failed(&done[&1], FailureKind::Refused, "callable");
     {
         let mut lane = Producer::new(std::sync::Arc::clone(&mem), Which::Submit);
         let bad = pb::Task {
@@ -204,7 +204,7 @@ async fn hostile_records_fail_their_task_or_end_their_session_never_the_worker()
         lane.publish();
     }
     let done = run_on_ring(&mem, vec![], 1).await;
-    assert_failed(&done[&2], "args");
+    assert_failed(&done[&2], FailureKind::Refused, "args");
 
     // Bytes that are not a task: the session ends (its lifeline closes),
     // the worker says why.

@@ -19,7 +19,7 @@ use nix::unistd::{Pid, ftruncate};
 use strata_chip::KernelHandle;
 use strata_client::{FdChannel, TaskStream, WorkerClient};
 use strata_proto::TaskId;
-use strata_proto::convert::{TaskCompletion, TaskOutcome, TaskRequest};
+use strata_proto::convert::{FailureKind, TaskCompletion, TaskOutcome, TaskRequest};
 use strata_tests::{SharedBuffer, WorkerProcess, strata_bin};
 use strata_wire::{
     Access, AddressSpace, ArgTag, Backing, BufferDescriptor, DType, IdentityMint, ShmName,
@@ -138,6 +138,8 @@ fn assert_running(w: &WorkerProcess) {
 fn assert_refused(c: &TaskCompletion, desc: &BufferDescriptor, what: &str) {
     match &c.outcome {
         TaskOutcome::Failure(cause) => {
+            assert_eq!(cause.kind, FailureKind::ImportRefused, "{cause}");
+            let cause = &cause.message;
             let kind = desc.backing().kind().name();
             let id = desc.identity();
             assert!(

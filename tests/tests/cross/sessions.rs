@@ -15,7 +15,7 @@
 use std::collections::HashMap;
 
 use strata_client::{TaskStream, WorkerClient};
-use strata_proto::convert::{TaskCompletion, TaskOutcome, TaskRequest};
+use strata_proto::convert::{FailureKind, TaskCompletion, TaskOutcome, TaskRequest};
 use strata_tests::{SharedBuffer, WorkerProcess, strata_bin};
 use strata_wire::{Access, ArgTag, CanonicalIdentity, DType, Tensor};
 
@@ -190,11 +190,23 @@ async fn a_session_cannot_name_another_sessions_imports_or_device_buffers_over_u
     batch.extend(device_tasks(&hs, 5, dev, addr, host_view(&b_buf)));
     let done = run_all(&mut b_tasks, &batch).await;
     for id in 1..=3 {
-        assert_failed(&done[&id], &format!("argument 0: {}", not_imported(&a_id)));
+        assert_failed(
+            &done[&id],
+            FailureKind::ImportRefused,
+            &format!("argument 0: {}", not_imported(&a_id)),
+        );
     }
-    assert_failed(&done[&4], &format!("argument 1: {}", not_imported(&a_id)));
+    assert_failed(
+        &done[&4],
+        FailureKind::ImportRefused,
+        &format!("argument 1: {}", not_imported(&a_id)),
+    );
     for id in 5..=6 {
-        assert_failed(&done[&id], &format!("argument 0: {}", not_allocated(&dev)));
+        assert_failed(
+            &done[&id],
+            FailureKind::ImportRefused,
+            &format!("argument 0: {}", not_allocated(&dev)),
+        );
     }
     device_calls_refused(&mut b, &dev).await;
     assert_eq!(
@@ -214,9 +226,17 @@ async fn a_session_cannot_name_another_sessions_imports_or_device_buffers_over_u
     )];
     on_ring.extend(device_tasks(&hs, 12, dev, addr, host_view(&b_buf)));
     let done = run_on_ring(&mem, on_ring, 3).await;
-    assert_failed(&done[&11], &format!("argument 0: {}", not_imported(&a_id)));
+    assert_failed(
+        &done[&11],
+        FailureKind::ImportRefused,
+        &format!("argument 0: {}", not_imported(&a_id)),
+    );
     for id in 12..=13 {
-        assert_failed(&done[&id], &format!("argument 0: {}", not_allocated(&dev)));
+        assert_failed(
+            &done[&id],
+            FailureKind::ImportRefused,
+            &format!("argument 0: {}", not_allocated(&dev)),
+        );
     }
     assert_eq!(
         b_buf.read(0, NBYTES as usize),
@@ -354,10 +374,15 @@ async fn a_session_cannot_name_another_sessions_device_buffers_over_tcp() {
     ));
     let done = run_all(&mut b_tasks, &batch).await;
     for id in 1..=2 {
-        assert_failed(&done[&id], &format!("argument 0: {}", not_allocated(&dev)));
+        assert_failed(
+            &done[&id],
+            FailureKind::ImportRefused,
+            &format!("argument 0: {}", not_allocated(&dev)),
+        );
     }
     assert_failed(
         &done[&3],
+        FailureKind::ImportRefused,
         &format!(
             "argument 0: {}",
             not_imported(never_sent.descriptor().identity())

@@ -10,7 +10,7 @@
 
 use std::time::{Duration, Instant};
 
-use strata_orchestrator::{Cluster, Error, Outcome, Task, TaskHandle, View, WorkerId};
+use strata_orchestrator::{Cluster, Error, FailureKind, Outcome, Task, TaskHandle, View, WorkerId};
 use strata_tests::WorkerProcess;
 use strata_wire::DType;
 
@@ -74,6 +74,8 @@ fn timed_out_cause(cluster: &Cluster, task: TaskHandle) -> String {
     let Outcome::TaskFailure(cause) = &run.outcome else {
         panic!("not a TASK_FAILURE: {e}")
     };
+    assert_eq!(cause.kind, FailureKind::TimedOut, "{cause}");
+    let cause = &cause.message;
     assert!(
         cause.contains(&format!(
             "{} (test.late_fill@1) timed out after 300 ms on worker",
@@ -142,7 +144,8 @@ fn a_spawned_worker_running_a_timed_out_task_is_killed_and_restarted() {
     );
     let e = cluster.wait(beside).unwrap_err();
     assert!(
-        matches!(&e, Error::Run(r) if matches!(&r.outcome, Outcome::EndpointFailure(c) if c.contains("timed out"))),
+        matches!(&e, Error::Run(r) if matches!(&r.outcome, Outcome::EndpointFailure(c)
+            if c.kind == FailureKind::WorkerLost && c.message.contains("timed out"))),
         "{e}"
     );
     assert!(dead(first), "the worker running the late task still lives");

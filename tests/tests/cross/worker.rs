@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use strata_chip::KernelHandle;
 use strata_client::{Handshake, TaskStream, WorkerClient};
-use strata_proto::convert::{TaskCompletion, TaskOutcome, TaskRequest};
+use strata_proto::convert::{FailureKind, TaskCompletion, TaskOutcome, TaskRequest};
 use strata_proto::{TaskId, pb};
 use strata_tests::{SharedBuffer, WorkerProcess, strata_bin};
 use strata_wire::{Access, ArgTag, DType, IdentityMint, TaskArgs, Tensor};
@@ -87,10 +87,15 @@ pub(crate) fn f32s(bytes: &[u8]) -> Vec<f32> {
         .collect()
 }
 
-pub(crate) fn assert_failed(c: &TaskCompletion, needle: &str) {
+/// Fails unless `c` is a failure of `kind` whose cause contains `needle`.
+pub(crate) fn assert_failed(c: &TaskCompletion, kind: FailureKind, needle: &str) {
     match &c.outcome {
         TaskOutcome::Failure(cause) => {
-            assert!(cause.contains(needle), "cause {cause:?} lacks {needle:?}")
+            assert_eq!(cause.kind, kind, "task {}: {cause}", c.id.0);
+            assert!(
+                cause.message.contains(needle),
+                "cause {cause:?} lacks {needle:?}"
+            )
         }
         other => panic!("expected a failure containing {needle:?}, got {other:?}"),
     }
@@ -311,8 +316,8 @@ async fn bad_input_is_refused_and_the_worker_keeps_serving() {
         .await
         .unwrap();
     let done = collect(&mut stream, 2).await;
-    assert_failed(&done[&1], "tensors[0].buffer.magic");
-    assert_failed(&done[&2], "view out of bounds");
+    assert_failed(&done[&1], FailureKind::Refused, "tensors[0].buffer.magic");
+    assert_failed(&done[&2], FailureKind::Refused, "view out of bounds");
 
     let v = |d, n: u32| Tensor::new(d, 0, &[n], &[1], DType::F32).unwrap();
     let batch = vec![
@@ -348,11 +353,27 @@ async fn bad_input_is_refused_and_the_worker_keeps_serving() {
         good_task(8),
     ];
     let done = run_all(&mut stream, &batch).await;
-    assert_failed(&done[&3], "holds 64 bytes but the buffer has nbytes 256");
-    assert_failed(&done[&4], "but the MEMFD body names (1, 2)");
-    assert_failed(&done[&5], "unknown callable 07070707");
-    assert_failed(&done[&6], "was not imported by this session");
-    assert_failed(&done[&7], "tagged INPUT, but the kernel writes it");
+    assert_failed(
+        &done[&3],
+        FailureKind::ImportRefused,
+        "holds 64 bytes but the buffer has nbytes 256",
+    );
+    assert_failed(
+        &done[&4],
+        FailureKind::ImportRefused,
+        "but the MEMFD body names (1, 2)",
+    );
+    assert_failed(&done[&5], FailureKind::Refused, "unknown callable 07070707");
+    assert_failed(
+        &done[&6],
+        FailureKind::ImportRefused,
+        "was not imported by this session",
+    );
+    assert_failed(
+        &done[&7],
+        FailureKind::ImportRefused,
+        "tagged INPUT, but the kernel writes it",
+    );
     assert_eq!(done[&8].outcome, TaskOutcome::Success);
     assert_eq!(f32s(&good.read(0, 16)), vec![1.0; 4]);
 
@@ -433,6 +454,7 @@ async fn a_panicking_kernel_fails_only_its_task() {
     let done = run_all(&mut stream, &[task(1, panic, vec![], vec![], vec![])]).await;
     assert_failed(
         &done[&1],
+        FailureKind::Kernel,
         "test.panic@1 panicked: test.panic was asked to panic",
     );
     let done = run_all(&mut stream, &[task(2, noop, vec![], vec![], vec![])]).await;
@@ -856,7 +878,7 @@ async fn views_larger_than_a_message_are_staged_and_fetched() {
     assert_eq!(f32s(&done[&3].outputs[0].1), vec![1.5; 1024]);
 
     let done = run_all(&mut stream, &[again]).await;
-    assert_failed(&done[&4], "no staged bytes 41");
+    assert_failed(&done[&4], FailureKind::Refused, "no staged bytes 41");
 
     // Malformed stages, each refused with why; the session goes on.
     let bad = |stage: u64, total: u64, data: Vec<u8>| pb::StageChunk {
@@ -981,6 +1003,7 @@ async fn a_sessions_run_end_retires_only_its_run_buffers() {
     .await;
     assert_failed(
         &done[&1],
+        FailureKind::ImportRefused,
         "run-region buffer of run 0 of this session, which has ended",
     );
     // B's buffer is intact and usable, by copies and tasks.

@@ -48,6 +48,7 @@ use std::collections::BTreeMap;
 
 use rustc_hash::FxHashSet as HashSet;
 
+use strata_boundary::{FailureCause, FailureKind};
 use strata_wire::CanonicalIdentity;
 
 use crate::ids::{KernelHandle, TaskId, WorkerId};
@@ -143,10 +144,12 @@ impl std::fmt::Display for Policy {
 pub enum Outcome {
     /// Every member ran to success.
     Success,
-    /// A kernel failed; the cause.
-    TaskFailure(String),
-    /// The worker died, hung, or its link broke; the cause.
-    EndpointFailure(String),
+    /// The task failed where it was sent (its kernel, its arguments, its
+    /// chip, its timeout); the cause.
+    TaskFailure(FailureCause),
+    /// Its worker died, hung, or its link broke, or its bytes are
+    /// quarantined by such a loss; the cause.
+    EndpointFailure(FailureCause),
     /// Cancelled before it started.
     Cancelled,
     /// Not run, because a task it depends on failed.
@@ -160,6 +163,25 @@ impl Outcome {
     /// Whether the task produced its outputs.
     pub fn is_success(&self) -> bool {
         matches!(self, Outcome::Success)
+    }
+
+    /// What kind of failure it was (`None` for success).
+    pub fn kind(&self) -> Option<FailureKind> {
+        match self {
+            Outcome::Success => None,
+            Outcome::TaskFailure(c) | Outcome::EndpointFailure(c) => Some(c.kind),
+            Outcome::Cancelled => Some(FailureKind::Cancelled),
+            Outcome::Skipped { .. } => Some(FailureKind::Skipped),
+        }
+    }
+
+    /// The cause of a failure, where one was given (not for success,
+    /// cancelled or skipped).
+    pub fn cause(&self) -> Option<&FailureCause> {
+        match self {
+            Outcome::TaskFailure(c) | Outcome::EndpointFailure(c) => Some(c),
+            _ => None,
+        }
     }
 }
 
@@ -557,7 +579,7 @@ impl Scheduler {
         &mut self,
         task: TaskId,
         member: usize,
-        result: Result<(), String>,
+        result: Result<(), FailureCause>,
     ) -> Vec<Action> {
         let mut out = Vec::new();
         self.finished_into(task, member, result, &mut out);
@@ -569,7 +591,7 @@ impl Scheduler {
         &mut self,
         task: TaskId,
         member: usize,
-        result: Result<(), String>,
+        result: Result<(), FailureCause>,
         out: &mut Vec<Action>,
     ) {
         let Some(t) = self.tasks.get_mut(&task) else {
@@ -662,7 +684,13 @@ impl Scheduler {
                 for (m, (w, l)) in workers.iter().zip(left.iter_mut()).enumerate() {
                     if *w == worker && *l {
                         *l = false;
-                        failure.get_or_insert((m, Outcome::EndpointFailure(why_running.clone())));
+                        failure.get_or_insert((
+                            m,
+                            Outcome::EndpointFailure(FailureCause::new(
+                                FailureKind::WorkerLost,
+                                why_running.clone(),
+                            )),
+                        ));
                     }
                 }
                 all_reported = left.iter().all(|l| !l);
@@ -693,7 +721,8 @@ impl Scheduler {
             }
             self.unqueue_backlog(id);
             if named {
-                self.done(id, 0, None, Outcome::EndpointFailure(why.clone()), &mut out);
+                let cause = FailureCause::new(FailureKind::WorkerLost, why.clone());
+                self.done(id, 0, None, Outcome::EndpointFailure(cause), &mut out);
             } else {
                 self.enqueue(id, &mut out);
             }
@@ -715,7 +744,10 @@ impl Scheduler {
         };
         if let State::Running { left, failure, .. } = &mut t.state {
             if left.get(member).copied().unwrap_or(false) {
-                failure.get_or_insert((member, Outcome::TaskFailure(cause.to_owned())));
+                failure.get_or_insert((
+                    member,
+                    Outcome::TaskFailure(FailureCause::new(FailureKind::TimedOut, cause)),
+                ));
                 t.retries = 0;
             }
         }
@@ -766,7 +798,7 @@ impl Scheduler {
                     id,
                     0,
                     Some(w),
-                    Outcome::EndpointFailure(why.into()),
+                    Outcome::EndpointFailure(FailureCause::new(FailureKind::WorkerLost, why)),
                     &mut out,
                 );
             }

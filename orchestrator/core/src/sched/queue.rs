@@ -7,6 +7,7 @@ use std::collections::BTreeSet;
 
 use super::{Action, HOLDERS_MAX, IN_FLIGHT_HORIZON_NS, Outcome, Placement, Scheduler, State};
 use crate::ids::{TaskId, WorkerId};
+use strata_boundary::{FailureCause, FailureKind};
 
 /// A task's place in its workers' queues: higher priority first, then
 /// ready order. Every queue orders by the same keys, so two groups meet in
@@ -97,7 +98,10 @@ impl Scheduler {
             let pick = match info.placement {
                 Placement::On(w) => match self.workers.get(&w) {
                     Some(worker) if worker.up => Ok(w),
-                    _ => Err(Outcome::EndpointFailure(format!("{w} is down"))),
+                    _ => Err(Outcome::EndpointFailure(FailureCause::new(
+                        FailureKind::WorkerLost,
+                        format!("{w} is down"),
+                    ))),
                 },
                 Placement::Any => self
                     .workers
@@ -141,9 +145,9 @@ impl Scheduler {
                     })
                     .map(|(id, _)| *id)
                     .ok_or_else(|| {
-                        Outcome::EndpointFailure(format!(
-                            "no worker that offers callable {} is up",
-                            info.callable
+                        Outcome::EndpointFailure(FailureCause::new(
+                            FailureKind::WorkerLost,
+                            format!("no worker that offers callable {} is up", info.callable),
                         ))
                     }),
             };

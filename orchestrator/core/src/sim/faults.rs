@@ -4,6 +4,7 @@
 
 use std::collections::HashMap;
 
+use strata_boundary::{FailureCause, FailureKind};
 use strata_wire::check::Rng;
 use strata_wire::{ArgTag, CanonicalIdentity};
 
@@ -246,7 +247,7 @@ pub fn run_engine_with_faults(p: &Program, workers: u32, rng: &mut Rng) -> Fault
             let i = (rng.next_u64() % in_flight.len() as u64) as usize;
             let (task, member, _, writes) = in_flight.swap_remove(i);
             let result = if rng.range(0, fail_rate) == 0 {
-                Err("kernel failed".to_string())
+                Err(FailureCause::new(FailureKind::Kernel, "kernel failed"))
             } else {
                 apply(&writes, &mut mem);
                 super::observe(&mut engine, task, member, rng);
@@ -277,7 +278,8 @@ pub fn run_engine_with_faults(p: &Program, workers: u32, rng: &mut Rng) -> Fault
     if let Some((task, plain)) = timed_out {
         let outcome = &outcomes[&task];
         assert!(
-            matches!(outcome, Outcome::TaskFailure(c) if !plain || c == "timed out"),
+            matches!(outcome, Outcome::TaskFailure(c)
+                if !plain || (c.kind == FailureKind::TimedOut && c.message == "timed out")),
             "timed-out {task} ended {outcome:?}"
         );
     }

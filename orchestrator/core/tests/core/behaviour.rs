@@ -3,7 +3,9 @@
 use strata_core::dag::{Arg, Born, NewTask, Transition, edge};
 use strata_core::engine::{Action, Event, Submission};
 use strata_core::sched::{MemberInfo, Outcome, Placement};
-use strata_core::{Dag, Engine, KernelHandle, Loss, Refusal, TaskId, WorkerId};
+use strata_core::{
+    Dag, Engine, FailureCause, FailureKind, KernelHandle, Loss, Refusal, TaskId, WorkerId,
+};
 use strata_wire::{
     Access, AddressSpace, ArgTag, Backing, BufferDescriptor, CanonicalIdentity, DType, Tensor,
 };
@@ -422,11 +424,12 @@ impl Drive for Engine {
             fenced,
         })
     }
+    /// A member's report; an error is the kernel's.
     fn finished(&mut self, task: TaskId, member: usize, result: Result<(), String>) -> Vec<Action> {
         self.on_event(Event::Finished {
             task,
             member,
-            result,
+            result: result.map_err(|m| FailureCause::new(FailureKind::Kernel, m)),
         })
     }
     fn fence(&mut self, worker: WorkerId, epoch: u64) -> Vec<Action> {
@@ -659,17 +662,14 @@ fn endpoint_loss_fails_in_flight_and_replaces_queued() {
             _ => None,
         })
         .collect();
-    assert!(done.contains(&(
-        1,
-        Outcome::EndpointFailure("worker 0 lost: connection reset".into())
-    )));
-    assert!(
-        done.contains(&(
-            2,
-            Outcome::EndpointFailure("worker 0 lost: connection reset".into())
-        )),
-        "named worker 0"
-    );
+    let lost = || {
+        Outcome::EndpointFailure(FailureCause::new(
+            FailureKind::WorkerLost,
+            "worker 0 lost: connection reset",
+        ))
+    };
+    assert!(done.contains(&(1, lost())));
+    assert!(done.contains(&(2, lost())), "named worker 0");
     assert!(
         done.contains(&(5, Outcome::Skipped { because: TaskId(1) })),
         "read task 1's output"
@@ -721,7 +721,10 @@ fn kernel_failure_is_the_first_error_and_cancel_works_through_the_engine() {
     let out = e.finished(TaskId(1), 0, Err("kernel add@1 failed: boom".into()));
     assert!(out.contains(&Action::Done {
         task: TaskId(1),
-        outcome: Outcome::TaskFailure("kernel add@1 failed: boom".into())
+        outcome: Outcome::TaskFailure(FailureCause::new(
+            FailureKind::Kernel,
+            "kernel add@1 failed: boom"
+        ))
     }));
     assert!(out.contains(&Action::Done {
         task: TaskId(2),
@@ -803,7 +806,9 @@ fn a_task_allowed_to_retry_runs_again_elsewhere_only_when_fenced() {
         out.iter().any(|a| matches!(
             a,
             Action::Done { task: TaskId(3), outcome: Outcome::EndpointFailure(c) }
-                if c.contains("never proved it ended") && c.contains("deadline passed")
+                if c.kind == FailureKind::WorkerLost
+                    && c.message.contains("never proved it ended")
+                    && c.message.contains("deadline passed")
         )),
         "{out:?}"
     );
@@ -881,7 +886,8 @@ fn a_loss_without_a_fence_quarantines_the_written_bytes_until_fenced() {
         })
     );
     assert!(
-        matches!(done_with(&out, 1), Some(Outcome::EndpointFailure(c)) if c.contains("quarantined"))
+        matches!(done_with(&out, 1), Some(Outcome::EndpointFailure(c))
+            if c.kind == FailureKind::WorkerLost && c.message.contains("quarantined"))
     );
     assert_eq!(
         done_with(&out, 3),
@@ -969,10 +975,11 @@ fn an_abandoned_quarantine_fails_waiting_and_later_writers_until_a_late_fence() 
         Some(Outcome::EndpointFailure(c)) => c,
         other => panic!("{other:?}"),
     };
+    assert_eq!(cause.kind, FailureKind::Quarantined);
     assert!(
-        cause.contains("quarantined by task 1")
-            && cause.contains("worker 0")
-            && cause.contains("no fence within 30 s"),
+        cause.message.contains("quarantined by task 1")
+            && cause.message.contains("worker 0")
+            && cause.message.contains("no fence within 30 s"),
         "{cause}"
     );
     // Later writers are refused at once, naming the same.
@@ -980,7 +987,8 @@ fn an_abandoned_quarantine_fails_waiting_and_later_writers_until_a_late_fence() 
         .submit(submission(5, &[(rows(b, 0, 4), ArgTag::Output)], on(1)))
         .unwrap();
     assert!(
-        matches!(done_with(&out, 5), Some(Outcome::EndpointFailure(c)) if c.contains("quarantined by task 1"))
+        matches!(done_with(&out, 5), Some(Outcome::EndpointFailure(c))
+            if c.kind == FailureKind::Quarantined && c.message.contains("quarantined by task 1"))
     );
     // A late fence lifts it: writers run again.
     let out = e.fence(WorkerId(0), 1);
@@ -1158,18 +1166,25 @@ fn a_timed_out_member_fails_naming_the_timeout_and_its_bytes_follow_the_loss() {
     }));
     assert_eq!(
         done_with(&out, 1),
-        Some(Outcome::TaskFailure(cause.into())),
+        Some(Outcome::TaskFailure(FailureCause::new(
+            FailureKind::TimedOut,
+            cause
+        ))),
         "{out:?}"
     );
     assert!(
-        matches!(done_with(&out, 2), Some(Outcome::EndpointFailure(c)) if c.contains("task 1 timed out")),
+        matches!(done_with(&out, 2), Some(Outcome::EndpointFailure(c))
+            if c.kind == FailureKind::WorkerLost && c.message.contains("task 1 timed out")),
         "{out:?}"
     );
     assert_eq!(done_with(&out, 3), None, "WAW: waits for the fence");
     assert!(e.dag().is_lost(TaskId(1)));
     assert_eq!(
         e.first_error().map(|f| (f.task, f.outcome.clone())),
-        Some((TaskId(1), Outcome::TaskFailure(cause.into())))
+        Some((
+            TaskId(1),
+            Outcome::TaskFailure(FailureCause::new(FailureKind::TimedOut, cause))
+        ))
     );
     let out = e.fence(WorkerId(0), 1);
     assert_eq!(dispatched(&out), vec![(3, 1)], "the fence lets 3 run");

@@ -4,7 +4,7 @@
 
 use std::time::Instant;
 
-use strata_core::{Outcome, TaskId};
+use strata_core::{FailureCause, FailureKind, Outcome, TaskId};
 
 use super::{DagActor, Record};
 use crate::RunSummary;
@@ -28,7 +28,10 @@ impl DagActor {
                 .map(|m| m.name.to_string())
                 .unwrap_or_default(),
             worker: None,
-            outcome: Outcome::TaskFailure(format!("refused: {}", e.reason)),
+            outcome: Outcome::TaskFailure(FailureCause::new(
+                FailureKind::Refused,
+                format!("refused: {}", e.reason),
+            )),
         };
         for s in [&mut self.run, &mut self.totals] {
             s.submitted += 1;
@@ -74,6 +77,9 @@ impl DagActor {
                 Outcome::TaskFailure(_) | Outcome::EndpointFailure(_) => s.failed += 1,
                 Outcome::Cancelled => s.cancelled += 1,
                 Outcome::Skipped { .. } => s.skipped += 1,
+            }
+            if let Some(kind) = outcome.kind() {
+                *s.by_kind.entry(kind).or_default() += 1;
             }
         }
         let result = if outcome.is_success() {

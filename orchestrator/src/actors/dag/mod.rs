@@ -8,7 +8,9 @@ use rustc_hash::FxHashMap as HashMap;
 use std::time::{Duration, Instant};
 
 use smallvec::SmallVec;
-use strata_core::{Action, Directory, Engine, Event, Outcome, Refusal, TaskId, WorkerId};
+use strata_core::{
+    Action, Directory, Engine, Event, FailureCause, FailureKind, Outcome, Refusal, TaskId, WorkerId,
+};
 use strata_proto::convert::CacheArg;
 use strata_wire::{ArgTag, CanonicalIdentity, Footprint};
 use tokio::sync::{mpsc, oneshot};
@@ -538,7 +540,10 @@ impl DagActor {
                         task,
                         callable: "?".into(),
                         worker: None,
-                        outcome: Outcome::TaskFailure(format!("{task} was never submitted")),
+                        outcome: Outcome::TaskFailure(FailureCause::new(
+                            FailureKind::Refused,
+                            format!("{task} was never submitted"),
+                        )),
                     }));
                 } else {
                     let result = match self.failed.get(&task) {

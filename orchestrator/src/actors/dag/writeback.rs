@@ -26,7 +26,7 @@
 
 use smallvec::SmallVec;
 use strata_core::residency::{Dirty, ToFlush};
-use strata_core::{Outcome, TaskId, WorkerId};
+use strata_core::{FailureCause, FailureKind, Outcome, TaskId, WorkerId};
 use strata_wire::{ArgTag, Footprint, Overlap};
 use tokio::sync::oneshot;
 use tracing::{debug, warn};
@@ -104,7 +104,7 @@ impl DagActor {
             return self.enqueue(worker, item);
         }
         if let Some(cause) = self.touches_lost(&item) {
-            item.fail = Some(cause);
+            item.fail = Some(FailureCause::new(FailureKind::WorkerLost, cause));
             return self.enqueue(worker, item);
         }
         let mut need = Vec::new();
@@ -343,11 +343,14 @@ impl DagActor {
                 .cloned()
                 .unwrap_or_else(|| "?".into()),
             worker: Some(self.worker_name(worker)),
-            outcome: Outcome::EndpointFailure(format!(
-                "the bytes it wrote ({}..{} of buffer {}) were lost with the worker before they were written back to host memory",
-                r.start,
-                r.end,
-                fp.identity()
+            outcome: Outcome::EndpointFailure(FailureCause::new(
+                FailureKind::WorkerLost,
+                format!(
+                    "the bytes it wrote ({}..{} of buffer {}) were lost with the worker before they were written back to host memory",
+                    r.start,
+                    r.end,
+                    fp.identity()
+                ),
             )),
         }
     }

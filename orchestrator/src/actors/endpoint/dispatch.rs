@@ -13,7 +13,7 @@ use strata_proto::convert::{TaskCompletion, TaskOutcome, TaskRequest};
 use strata_wire::{ArgTag, BufferDescriptor, CanonicalIdentity, Footprint, TaskArgs, Tensor};
 use tracing::warn;
 
-use strata_core::Event;
+use strata_core::{Event, FailureCause, FailureKind};
 
 use super::EndpointActor;
 use crate::actors::{DispatchItem, MemberFailure, Notice, Report};
@@ -61,7 +61,7 @@ impl EndpointActor {
             event: Event::Finished {
                 task: item.task,
                 member: item.member,
-                result: result.map_err(|e| e.to_string()),
+                result: result.map_err(MemberFailure::into_cause),
             },
             report: Report::default(),
         });
@@ -496,8 +496,9 @@ impl EndpointActor {
                         }
                         continue;
                     }
-                    None => Err(MemberFailure::Reported(format!(
-                        "the worker asked for bytes it was sent: {cause}"
+                    None => Err(MemberFailure::Reported(FailureCause::new(
+                        FailureKind::Other,
+                        format!("the worker asked for bytes it was sent: {cause}"),
                     ))),
                 },
                 TaskOutcome::Failure(cause) => Err(MemberFailure::Reported(cause)),
@@ -528,7 +529,7 @@ impl EndpointActor {
                 event: Event::Finished {
                     task: f.task,
                     member: f.member,
-                    result: result.map_err(|e| e.to_string()),
+                    result: result.map_err(MemberFailure::into_cause),
                 },
                 report,
             });

@@ -12,6 +12,11 @@ Reads every tracked Markdown file and checks that
 - a link to a local file resolves, and a `#anchor` into a Markdown file
   names one of its headings (GitHub's slugs);
 
+in every tracked source file (.rs, .py, .pyi, .sh, .toml, .proto), that a
+Markdown file named with an anchor in a comment or docstring, as
+`docs/wire-format.md#1-conventions`, is tracked and has that heading
+(paths from the root, the same slugs);
+
 and, in every tracked source and documentation file, that nothing points
 outside the repository: no design documents a reader cannot open, and no
 issue numbers a reader cannot look up. Prints each finding as
@@ -38,10 +43,14 @@ OUTSIDE = [
     (re.compile(r"\bissues? #?\d+\b", re.IGNORECASE), "cites an issue number a reader cannot look up"),
 ]
 SOURCES = (".rs", ".py", ".pyi", ".md", ".sh", ".toml", ".proto", ".c", ".h")
+# Source files whose comments may point at a heading of a Markdown file.
+CODE = (".rs", ".py", ".pyi", ".sh", ".toml", ".proto")
 SKIP = ("scripts/docs_check.py",)  # it names the patterns it looks for
 
 TICKED = re.compile(r"`([^`\s]+)`")
 LINK = re.compile(r"\]\(([^)\s]+)\)")
+# `docs/NAME.md#anchor` in source text: the path from the root, then the slug.
+ANCHORED = re.compile(r"(?<![\w./-])((?:[\w.-]+/)*[\w.-]+\.md)#([\w-]+)")
 
 
 def tracked():
@@ -99,6 +108,11 @@ def main():
 
     found = []
     heads = {}
+
+    def has_heading(doc, anchor):
+        if doc not in heads:
+            heads[doc] = anchors(doc)
+        return anchor in heads[doc]
     for doc in (f for f in files if f.endswith(".md")):
         fenced = False
         with open(os.path.join(ROOT, doc), encoding="utf-8") as fh:
@@ -120,11 +134,8 @@ def main():
                     dest = os.path.normpath(os.path.join(os.path.dirname(doc), path)) if path else doc
                     if dest not in fileset and dest not in dirs:
                         found.append(f"{doc}:{n}: link to {target}: {dest} is not tracked")
-                    elif anchor and dest.endswith(".md"):
-                        if dest not in heads:
-                            heads[dest] = anchors(dest)
-                        if anchor not in heads[dest]:
-                            found.append(f"{doc}:{n}: link to {target}: {dest} has no heading #{anchor}")
+                    elif anchor and dest.endswith(".md") and not has_heading(dest, anchor):
+                        found.append(f"{doc}:{n}: link to {target}: {dest} has no heading #{anchor}")
     for f in files:
         if not f.endswith(SOURCES) or f in SKIP or f.startswith(("wire/fuzz/corpus", "proto/fuzz/corpus")):
             continue
@@ -136,6 +147,14 @@ def main():
             for pat, why in OUTSIDE:
                 if pat.search(line):
                     found.append(f"{f}:{n}: {why}: {line.strip()[:100]}")
+            if not f.endswith(CODE):
+                continue
+            for m in ANCHORED.finditer(line):
+                doc, anchor = os.path.normpath(m.group(1)), m.group(2)
+                if doc not in fileset:
+                    found.append(f"{f}:{n}: {m.group(0)}: {doc} is not tracked")
+                elif not has_heading(doc, anchor):
+                    found.append(f"{f}:{n}: {m.group(0)}: {doc} has no heading #{anchor}")
     for x in found:
         print(x)
     if found:

@@ -1,4 +1,4 @@
-//! `strata-chip`: the chip runtime a worker runs tasks on (docs/ARCHITECTURE.md, chip runtime).
+//! `strata-chip`: the chip runtime a worker runs tasks on (docs/chip-runtime.md).
 //!
 //! - [`Device`]: allocate and free device memory, copy host↔device, launch
 //!   kernels on materialized arguments, synchronize, report statistics.

@@ -26,7 +26,7 @@
 //! Inside: a DAG/scheduler actor owns the cores, one endpoint actor per
 //! worker owns its gRPC stream and fd channel, and a buffer manager
 //! releases buffers on the workers once nothing uses them
-//! (docs/ARCHITECTURE.md draws the channel graph).
+//! (docs/ARCHITECTURE.md#actors-and-channels draws the channel graph).
 
 #![deny(unsafe_code)]
 

@@ -1,6 +1,6 @@
 //! strata's wire format: the bytes that cross every process boundary, and
 //! the overlap test that dependency inference is built on
-//! (docs/wire-format.md; docs/ARCHITECTURE.md, the overlap engine).
+//! (docs/wire-format.md; docs/scheduling.md#the-overlap-engine).
 //!
 //! - [`CanonicalIdentity`] (32 B) names one incarnation of one buffer;
 //!   [`IdentityMint`] hands out fresh ones.

@@ -1,4 +1,4 @@
-//! `strata-worker`: the worker node, one process per chip (docs/ARCHITECTURE.md, worker node).
+//! `strata-worker`: the worker node, one process per chip (docs/worker.md).
 //!
 //! A worker serves the orchestrator over gRPC (`strata-proto`), receives
 //! buffer fds over a Unix side channel ([`fdchan`]), maps each imported

@@ -1,5 +1,5 @@
 //! `strata-core`: the IO-free heart of the orchestrator
-//! (docs/ARCHITECTURE.md, dependency inference).
+//! (docs/scheduling.md).
 //!
 //! - [`Dag`]: dependency inference. From tasks with tagged tensor
 //!   arguments it builds the DAG whose every schedule gives the bytes of

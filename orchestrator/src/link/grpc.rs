@@ -51,7 +51,7 @@ pub(crate) struct GrpcDialer {
 /// Views of at least this many bytes go on the data connection; smaller
 /// ones travel in their task's message and completion, where they cost
 /// no extra round trip. Measured with `strata-bench --scenario remote`
-/// at 128 KiB to 1 MiB (docs/ARCHITECTURE.md, "The data connection").
+/// at 128 KiB to 1 MiB (docs/performance-notes.md#the-data-connection).
 pub(crate) const DATA_FROM: u64 = 256 << 10;
 
 impl Dialer for GrpcDialer {

@@ -1623,7 +1623,7 @@ fn run_buffers_end_at_wait_all_and_the_next_run_reuses_the_region() {
     assert!(cluster.read_device(&again, 0, 4).is_err());
 }
 
-/// A group publishes one completion token (docs/ARCHITECTURE.md, groups): both members write
+/// A group publishes one completion token (docs/scheduling.md#submitting-check-then-insert): both members write
 /// the same bytes — accepted, since members are not compared — and a task
 /// that names only the token runs after the whole group, here after the
 /// slow member on a worker whose hash kernels take 300 ms.

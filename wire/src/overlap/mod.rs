@@ -1,4 +1,4 @@
-//! The overlap engine: do two views share a byte (docs/ARCHITECTURE.md, the overlap engine)?
+//! The overlap engine: do two views share a byte (docs/scheduling.md#the-overlap-engine)?
 //!
 //! Dependency inference trusts this test with users' data. A wrong
 //! [`Overlap::Disjoint`] drops a real dependency and corrupts bytes; a wrong

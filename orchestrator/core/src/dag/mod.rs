@@ -1,5 +1,5 @@
 //! The DAG builder: dependency inference from tagged views
-//! (docs/ARCHITECTURE.md, dependency inference).
+//! (docs/scheduling.md#edges-from-bytes).
 //!
 //! Contract: running the tasks in any order this DAG allows gives exactly
 //! the bytes of running them one by one in submission order. Per buffer

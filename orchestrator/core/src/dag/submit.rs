@@ -14,7 +14,7 @@
 //!    are refused, whatever their order;
 //! 5. `after` may only name earlier tasks.
 //!
-//! Members of a group are not compared with each other (docs/ARCHITECTURE.md, groups): a group
+//! Members of a group are not compared with each other (docs/scheduling.md#submitting-check-then-insert): a group
 //! is one node, and every member naming one buffer as its output is how a
 //! group publishes a single completion token for a downstream task.
 //!

@@ -1,15 +1,24 @@
 //! The vocabulary every layer of strata uses for what crosses between a
 //! driver and its workers, so that no layer turns it into text and back.
 //!
-//! Today that is why a task failed: [`FailureCause`], a [`FailureKind`]
-//! a program can match on beside the words a person reads. A worker
-//! sends the kind in its completion; the orchestrator's core carries it
-//! in its outcomes; the driver's errors, `RunSummary`, the graph runner
-//! and Python's `TaskFailed.kind` show it. Only the message is text.
+//! - **What a callable is**: [`Signature`], its name, version and how it
+//!   uses its arguments, which round-trips with the canonical string the
+//!   workers report and whose digest is its handle. Its parser is the only
+//!   one: the chip runtime's kernels, the graph format, the Python package
+//!   and its kernel decorator all use it.
+//! - **Why a task failed**: [`FailureCause`], a [`FailureKind`] a program
+//!   can match on beside the words a person reads. A worker sends the kind
+//!   in its completion; the orchestrator's core carries it in its
+//!   outcomes; the driver's errors, `RunSummary`, the graph runner and
+//!   Python's `TaskFailed.kind` show it. Only the message is text.
 //!
-//! The crate is pure (no IO, no dependencies), so that the IO-free cores
-//! may use it as well as the processes.
+//! The crate is pure (no IO; it depends only on `strata-wire` and a
+//! digest), so that the IO-free cores may use it as well as the processes.
 
 mod failure;
+pub mod signature;
 
 pub use failure::{FailureCause, FailureKind};
+pub use signature::{
+    ArgSpec, CallableOffer, DTypes, Rank, ScalarKind, ScalarSpec, Signature, SignatureError,
+};

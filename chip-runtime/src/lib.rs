@@ -61,7 +61,7 @@ pub use device::{
     LaunchReport, StartGate,
 };
 pub use error::Error;
-pub use kernel::{Kernel, KernelContext, KernelDescriptor, KernelHandle, Registry};
+pub use kernel::{Kernel, KernelContext, KernelHandle, Registry, Signature};
 pub use memory::{HostBuffer, HostBytes, HostMemory};
 pub use sim::SimDevice;
 pub use spec::{DeviceSpec, Mode};

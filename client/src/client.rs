@@ -28,7 +28,7 @@ use tonic::{Request, Status};
 use tracing::debug;
 
 use crate::error::error_chain;
-use crate::{CallableInfo, ClientError, Endpoint, FdChannel, Handshake, HealthWatch, TaskStream};
+use crate::{ClientError, Endpoint, FdChannel, Handshake, HealthWatch, TaskStream};
 
 /// Adds the bearer token and the session id to every call.
 #[derive(Clone, Debug)]
@@ -241,14 +241,7 @@ impl WorkerClient {
             .callables
             .into_iter()
             .enumerate()
-            .map(|(i, c)| {
-                Ok(CallableInfo {
-                    handle: convert::handle(&format!("callables[{i}].handle"), &c.handle)?,
-                    name: c.name,
-                    version: c.version,
-                    signature: c.signature,
-                })
-            })
+            .map(|(i, c)| convert::callable(i, c))
             .collect::<Result<Vec<_>, ConvertError>>()?;
         let hs = Handshake {
             session: SessionId(reply.session_id),

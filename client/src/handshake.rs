@@ -2,22 +2,9 @@
 
 use std::path::PathBuf;
 
-use strata_proto::convert::{DataOffer, InstanceId, SessionState};
+use strata_proto::convert::{CallableOffer, DataOffer, InstanceId, SessionState};
 use strata_wire::KernelHandle;
 use strata_worker_core::SessionId;
-
-/// One callable a worker offers.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct CallableInfo {
-    /// Its handle.
-    pub handle: KernelHandle,
-    /// Name.
-    pub name: String,
-    /// Version.
-    pub version: u32,
-    /// Canonical descriptor.
-    pub signature: String,
-}
 
 /// What the handshake told us.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -34,8 +21,8 @@ pub struct Handshake {
     pub device_memory: u64,
     /// Lanes.
     pub lanes: u32,
-    /// Callables.
-    pub callables: Vec<CallableInfo>,
+    /// Callables, each checked: its handle is its signature's digest.
+    pub callables: Vec<CallableOffer>,
     /// Fd side channel, for Unix workers.
     pub fd_socket: Option<PathBuf>,
     /// Whether the worker takes a shared-memory ring for the session's
@@ -61,7 +48,7 @@ impl Handshake {
     pub fn callable(&self, name: &str, version: u32) -> Option<KernelHandle> {
         self.callables
             .iter()
-            .find(|c| c.name == name && c.version == version)
+            .find(|c| c.name() == name && c.version() == version)
             .map(|c| c.handle)
     }
 }

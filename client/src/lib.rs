@@ -89,7 +89,7 @@ pub use client::{ClientMeta, ClientTls, WorkerClient};
 pub use endpoint::Endpoint;
 pub use error::ClientError;
 pub use fdchan::FdChannel;
-pub use handshake::{CallableInfo, Handshake};
+pub use handshake::Handshake;
 pub use strata_proto::convert::{DataOffer, InstanceId, SessionState};
 pub use strata_worker_core::SessionId;
 pub use stream::{Completions, HealthWatch, TaskSender, TaskStream};

@@ -59,6 +59,7 @@ pub use link::{LinkError, Refusal, Transport, WorkerInfo};
 pub use local::default_worker_binary;
 pub use policy::Quarantine;
 pub use start::ClusterBuilder;
+pub use strata_chip::kernel::Signature;
 pub use strata_client::ClientTls;
 pub use strata_core::sched::Policy as SchedulerPolicy;
 pub use strata_core::{FailureCause, FailureKind, Outcome, TaskId, WorkerId};

@@ -497,12 +497,12 @@ fn start(b: ClusterBuilder) -> Result<Cluster, Error> {
         let info = WorkerInfo::of(id, &name, link.as_ref(), t.spawned.as_ref().map(|s| s.pid));
         offers.push(link.facts().callables.iter().map(|c| c.handle).collect());
         for c in &link.facts().callables {
-            let v = callables.entry(c.name.clone()).or_default();
-            if !v.iter().any(|o| o.version == c.version) {
+            let v = callables.entry(c.name().to_owned()).or_default();
+            if !v.iter().any(|o| o.version == c.version()) {
                 v.push(Offered {
-                    version: c.version,
+                    version: c.version(),
                     handle: c.handle,
-                    qualified: format!("{}@{}", c.name, c.version).into(),
+                    qualified: c.signature.qualified_name().into(),
                     signature: c.signature.clone(),
                 });
                 v.sort_by_key(|o| o.version);

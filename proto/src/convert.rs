@@ -5,7 +5,7 @@ use std::fmt;
 
 use bytes::Bytes;
 
-pub use strata_boundary::{FailureCause, FailureKind};
+pub use strata_boundary::{CallableOffer, FailureCause, FailureKind};
 use strata_wire::{ArgTag, CanonicalIdentity, TaskArgs};
 use strata_wire::{KernelHandle, Region, TaskId};
 
@@ -405,6 +405,29 @@ impl From<&TaskRequest> for pb::Task {
                     held: c.held,
                 })
                 .collect(),
+        }
+    }
+}
+
+/// A handshake's `callables[i]`, checked: a 16-byte handle that is the
+/// digest of its signature, which parses and names the callable.
+///
+/// # Errors
+/// The field at fault and why.
+pub fn callable(i: usize, c: pb::Callable) -> Result<CallableOffer, ConvertError> {
+    let field = format!("callables[{i}]");
+    let h = handle(&format!("{field}.handle"), &c.handle)?;
+    CallableOffer::checked(h, &c.name, c.version, &c.signature)
+        .map_err(|e| ConvertError::new(field, e))
+}
+
+impl From<&CallableOffer> for pb::Callable {
+    fn from(c: &CallableOffer) -> Self {
+        pb::Callable {
+            handle: c.handle.0.to_vec(),
+            name: c.signature.name.clone(),
+            version: c.signature.version,
+            signature: c.signature.canonical(),
         }
     }
 }
@@ -1181,6 +1204,43 @@ mod tests {
             staged: 4,
         });
         assert_eq!(TaskCompletion::try_from(p).unwrap_err().field, "outputs[0]");
+    }
+
+    #[test]
+    fn a_handshake_callable_is_checked_against_its_signature() {
+        let sig: strata_boundary::Signature = "scale@1(x:R:F32:*,y:W:=0:=0;a:f64)".parse().unwrap();
+        let offer = CallableOffer::of(sig);
+        let p = pb::Callable::from(&offer);
+        assert_eq!(callable(0, p.clone()).unwrap(), offer);
+        let field = |p: pb::Callable| callable(3, p).unwrap_err().field;
+        assert_eq!(
+            field(pb::Callable {
+                handle: vec![1; 15],
+                ..p.clone()
+            }),
+            "callables[3].handle"
+        );
+        assert_eq!(
+            field(pb::Callable {
+                handle: vec![1; 16],
+                ..p.clone()
+            }),
+            "callables[3]"
+        );
+        assert_eq!(
+            field(pb::Callable {
+                version: 2,
+                ..p.clone()
+            }),
+            "callables[3]"
+        );
+        assert_eq!(
+            field(pb::Callable {
+                signature: "scale@1(x:R".into(),
+                ..p
+            }),
+            "callables[3]"
+        );
     }
 
     #[test]

@@ -49,8 +49,9 @@ impl Core {
         if let Some(s) = sigs.get(callable) {
             return Ok(Arc::clone(s));
         }
-        let canonical = self.run(|c| c.callable_signature(callable)).map_err(err)?;
-        let sig = Arc::new(Sig::parse(&canonical).map_err(|m| raise("Error", m, &[]))?);
+        let sig = Arc::new(Sig::of(
+            self.run(|c| c.callable_signature(callable)).map_err(err)?,
+        ));
         sigs.insert(callable.to_owned(), Arc::clone(&sig));
         Ok(sig)
     }
@@ -356,6 +357,7 @@ impl PyCluster {
     fn signature(&self, callable: &str) -> PyResult<String> {
         self.core
             .run(|c| c.callable_signature(callable))
+            .map(|s| s.canonical())
             .map_err(err)
     }
 

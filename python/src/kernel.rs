@@ -15,10 +15,7 @@ use clap::Parser;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyString, PyTuple};
 use strata_chip::Registry;
-use strata_chip::kernel::{
-    ArgSpec, DTypes, Kernel, KernelContext, KernelDescriptor, Rank, ScalarKind, ScalarSpec,
-};
-use strata_wire::Access;
+use strata_chip::kernel::{ArgSpec, Kernel, KernelContext, ScalarKind, ScalarSpec, Signature};
 
 use crate::dtype;
 use crate::errors::raise;
@@ -27,7 +24,7 @@ use crate::errors::raise;
 /// the :func:`strata.kernel` decorator; calling it calls the function.
 #[pyclass(name = "Kernel", module = "strata", frozen)]
 pub(crate) struct PyKernelSpec {
-    desc: KernelDescriptor,
+    desc: Signature,
     func: Py<PyAny>,
 }
 
@@ -44,15 +41,6 @@ impl PyKernelSpec {
             f.getattr("__module__")?.extract()?,
             f.getattr("__qualname__")?.extract()?,
         ))
-    }
-}
-
-fn parse_access(s: &str) -> Option<Access> {
-    match s.to_ascii_lowercase().as_str() {
-        "r" => Some(Access::Read),
-        "w" => Some(Access::Write),
-        "rw" => Some(Access::ReadWrite),
-        _ => None,
     }
 }
 
@@ -79,69 +67,31 @@ impl PyKernelSpec {
         scalars: Vec<String>,
         version: u32,
     ) -> PyResult<Self> {
-        if name.is_empty() || name.contains(['@', '(', ')', ',', ':', ';']) {
-            return Err(bad_spec(
-                &name,
-                "a name is non-empty, without @ ( ) , : ;".into(),
-            ));
-        }
+        strata_chip::kernel::check_name(&name).map_err(|e| bad_spec(&name, e))?;
         if !func.bind(py).is_callable() {
             return Err(bad_spec(&name, "the function is not callable".into()));
         }
-        let mut specs = Vec::new();
-        for (i, a) in args.iter().enumerate() {
-            let parts: Vec<&str> = a.split(':').collect();
-            let (arg_name, access, types) = match parts.as_slice() {
-                [acc] => (format!("a{i}"), *acc, None),
-                [x, y] if parse_access(x).is_some() => (format!("a{i}"), *x, Some(*y)),
-                [n, acc] => ((*n).to_owned(), *acc, None),
-                [n, acc, t] => ((*n).to_owned(), *acc, Some(*t)),
-                _ => {
-                    return Err(bad_spec(
-                        &name,
-                        format!("argument {i} {a:?}: expected [name:]r|w|rw[:dtype|dtype...]"),
-                    ));
-                }
-            };
-            let access = parse_access(access).ok_or_else(|| {
-                bad_spec(&name, format!("argument {i} {a:?}: access is r, w or rw"))
-            })?;
-            let dtypes = match types {
-                None => DTypes::Any,
-                Some(t) => DTypes::OneOf(
-                    t.split('|')
-                        .map(|d| dtype::parse(PyString::new(py, d).as_any()))
-                        .collect::<PyResult<_>>()?,
-                ),
-            };
-            specs.push(ArgSpec::new(&arg_name, access, dtypes, Rank::Any));
-        }
-        let mut scalar_specs = Vec::new();
-        for (i, s) in scalars.iter().enumerate() {
-            let (sname, kind) = match s.rsplit_once(':') {
-                Some((n, k)) => (n.to_owned(), k),
-                None => (format!("s{i}"), s.as_str()),
-            };
-            let kind = match kind {
-                "f64" => ScalarKind::F64,
-                "i64" => ScalarKind::I64,
-                "u64" => ScalarKind::U64,
-                k => match k.strip_prefix("like").and_then(|n| n.parse::<usize>().ok()) {
-                    Some(n) if n < specs.len() => ScalarKind::LikeArg(n),
-                    _ => {
-                        return Err(bad_spec(
-                            &name,
-                            format!(
-                                "scalar {i} {s:?}: kind is f64, i64, u64 or likeN (N an argument)"
-                            ),
-                        ));
-                    }
-                },
-            };
-            scalar_specs.push(ScalarSpec { name: sname, kind });
-        }
+        let dtype = |d: &str| {
+            dtype::parse(PyString::new(py, d).as_any()).map_err(|e| e.value(py).to_string())
+        };
+        let specs = args
+            .iter()
+            .enumerate()
+            .map(|(i, a)| {
+                ArgSpec::parse_short(a, i, dtype)
+                    .map_err(|e| bad_spec(&name, format!("argument {i} {a:?}: {e}")))
+            })
+            .collect::<PyResult<Vec<_>>>()?;
+        let scalar_specs = scalars
+            .iter()
+            .enumerate()
+            .map(|(i, s)| {
+                ScalarSpec::parse_short(s, i, specs.len())
+                    .map_err(|e| bad_spec(&name, format!("scalar {i} {s:?}: {e}")))
+            })
+            .collect::<PyResult<Vec<_>>>()?;
         Ok(PyKernelSpec {
-            desc: KernelDescriptor {
+            desc: Signature {
                 name,
                 version,
                 args: specs,
@@ -192,7 +142,7 @@ impl PyKernelSpec {
 
 /// A Python kernel as a worker runs it.
 struct PyKernel {
-    desc: KernelDescriptor,
+    desc: Signature,
     func: Py<PyAny>,
 }
 
@@ -273,7 +223,7 @@ fn traceback(py: Python<'_>, e: &PyErr) -> String {
 }
 
 impl Kernel for PyKernel {
-    fn descriptor(&self) -> &KernelDescriptor {
+    fn descriptor(&self) -> &Signature {
         &self.desc
     }
 
@@ -390,7 +340,7 @@ pub(crate) fn run_worker(
 pub(crate) fn builtin_kernels() -> Vec<String> {
     let mut v: Vec<String> = Registry::with_builtins()
         .descriptors()
-        .map(KernelDescriptor::qualified_name)
+        .map(Signature::qualified_name)
         .collect();
     v.sort();
     v

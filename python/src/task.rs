@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 
 use pyo3::prelude::*;
 use pyo3::types::{PyFloat, PyInt, PyTuple};
+use strata_chip::kernel::{ArgSpec, DTypes, Rank, ScalarKind, ScalarSpec, Signature};
 use strata_orchestrator::{RunSummary, Task, TaskHandle, WorkerId};
 use strata_wire::{Access, ArgTag, DType};
 
@@ -95,126 +96,29 @@ pub(crate) fn no_dep(view: Py<PyArray>) -> Tagged {
     tagged(view, ArgTag::NoDep)
 }
 
-/// How a scalar is read.
-#[derive(Debug, Clone, Copy)]
-pub(crate) enum Kind {
-    U64,
-    I64,
-    F64,
-    Like(usize),
-}
-
-/// A callable's signature, parsed from the canonical descriptor the
-/// workers report (`name@v(a:R:dtypes:rank,…;s:kind,…)`).
+/// A callable's signature, parsed from the canonical string the workers
+/// report, with its `name@version` kept for messages.
 #[derive(Debug)]
 pub(crate) struct Sig {
     pub(crate) qualified: String,
-    pub(crate) args: Vec<(String, Access)>,
-    /// Per argument, the dtypes and ranks it takes (checked at submit).
-    rules: Vec<(DtypeRule, RankRule)>,
-    pub(crate) scalars: Vec<(String, Kind)>,
-}
-
-/// The dtypes an argument takes.
-#[derive(Debug, Clone)]
-enum DtypeRule {
-    Any,
-    OneOf(Vec<DType>),
-    SameAs(usize),
-}
-
-/// The ranks an argument takes.
-#[derive(Debug, Clone, Copy)]
-enum RankRule {
-    Any,
-    Exactly(usize),
-    AtLeast(usize),
-    SameAs(usize),
-}
-
-impl DtypeRule {
-    /// `*`, `NAME|NAME|…` or `=i`. A name this build does not know (a
-    /// newer worker's dtype) leaves the argument unchecked here: the
-    /// worker checks it again at launch.
-    fn parse(text: &str) -> Option<DtypeRule> {
-        if text == "*" {
-            return Some(DtypeRule::Any);
-        }
-        if let Some(i) = text.strip_prefix('=') {
-            return i.parse().ok().map(DtypeRule::SameAs);
-        }
-        let names: Option<Vec<DType>> = text.split('|').map(DType::from_name).collect();
-        Some(names.map_or(DtypeRule::Any, DtypeRule::OneOf))
-    }
-}
-
-impl RankRule {
-    /// `*`, `n`, `>=n` or `=i`.
-    fn parse(text: &str) -> Option<RankRule> {
-        Some(match text {
-            "*" => RankRule::Any,
-            t if t.starts_with(">=") => RankRule::AtLeast(t[2..].parse().ok()?),
-            t if t.starts_with('=') => RankRule::SameAs(t[1..].parse().ok()?),
-            t => RankRule::Exactly(t.parse().ok()?),
-        })
-    }
+    pub(crate) sig: Signature,
 }
 
 impl Sig {
-    pub(crate) fn parse(canonical: &str) -> Result<Sig, String> {
-        let bad = || format!("malformed callable signature {canonical:?}");
-        let open = canonical.find('(').ok_or_else(bad)?;
-        let inner = canonical[open + 1..].strip_suffix(')').ok_or_else(bad)?;
-        let (args, scalars) = inner.split_once(';').ok_or_else(bad)?;
-        let args = args
-            .split(',')
-            .filter(|a| !a.is_empty())
-            .map(|a| {
-                let mut it = a.split(':');
-                let name = it.next().unwrap_or_default().to_owned();
-                let access = match it.next() {
-                    Some("R") => Access::Read,
-                    Some("W") => Access::Write,
-                    Some("RW") => Access::ReadWrite,
-                    _ => return Err(bad()),
-                };
-                let dtypes = it.next().and_then(DtypeRule::parse).ok_or_else(bad)?;
-                let rank = it.next().and_then(RankRule::parse).ok_or_else(bad)?;
-                Ok(((name, access), (dtypes, rank)))
-            })
-            .collect::<Result<Vec<_>, _>>()?;
-        let (args, rules): (Vec<_>, Vec<_>) = args.into_iter().unzip();
-        let scalars = scalars
-            .split(',')
-            .filter(|s| !s.is_empty())
-            .map(|s| {
-                let (name, kind) = s.rsplit_once(':').ok_or_else(bad)?;
-                let kind = match kind {
-                    "u64" => Kind::U64,
-                    "i64" => Kind::I64,
-                    "f64" => Kind::F64,
-                    k => Kind::Like(
-                        k.strip_prefix("like")
-                            .and_then(|i| i.parse().ok())
-                            .ok_or_else(bad)?,
-                    ),
-                };
-                Ok((name.to_owned(), kind))
-            })
-            .collect::<Result<_, String>>()?;
-        Ok(Sig {
-            qualified: canonical[..open].to_owned(),
-            args,
-            rules,
-            scalars,
-        })
+    pub(crate) fn of(sig: Signature) -> Sig {
+        Sig {
+            qualified: sig.qualified_name(),
+            sig,
+        }
     }
 
     /// Checks the arguments' dtypes and ranks against the signature, as
     /// the worker would at launch: a task that would fail there is refused
-    /// at submit, with nothing queued.
+    /// at submit, with nothing queued. Dtype names this build does not
+    /// know (a newer worker's) leave that argument to the worker.
     fn check_args(&self, dtypes: &[DType], ranks: &[usize]) -> PyResult<()> {
-        let name = |i: usize| self.args.get(i).map_or("?", |(n, _)| n.as_str());
+        let args = &self.sig.args;
+        let name = |i: usize| args.get(i).map_or("?", |a| a.name.as_str());
         let refuse = |i: usize, why: String| {
             raise(
                 "SubmitError",
@@ -222,9 +126,9 @@ impl Sig {
                 &[],
             )
         };
-        for (i, ((d, r), (drule, rrule))) in dtypes.iter().zip(ranks).zip(&self.rules).enumerate() {
-            match drule {
-                DtypeRule::OneOf(list) if !list.contains(d) => {
+        for (i, ((d, r), spec)) in dtypes.iter().zip(ranks).zip(args).enumerate() {
+            match &spec.dtypes {
+                DTypes::OneOf(list) if !list.contains(d) => {
                     let names: Vec<&str> = list.iter().map(|x| x.name()).collect();
                     return Err(refuse(
                         i,
@@ -235,7 +139,7 @@ impl Sig {
                         ),
                     ));
                 }
-                DtypeRule::SameAs(j) if dtypes.get(*j).is_some_and(|dj| dj != d) => {
+                DTypes::SameAs(j) if dtypes.get(*j).is_some_and(|dj| dj != d) => {
                     return Err(refuse(
                         i,
                         format!(
@@ -248,10 +152,10 @@ impl Sig {
                 }
                 _ => {}
             }
-            let want = match *rrule {
-                RankRule::Exactly(n) if *r != n => Some(format!("{n} axes")),
-                RankRule::AtLeast(n) if *r < n => Some(format!("at least {n} axes")),
-                RankRule::SameAs(j) if ranks.get(j).is_some_and(|rj| rj != r) => {
+            let want = match spec.rank {
+                Rank::Exactly(n) if *r != n => Some(format!("{n} axes")),
+                Rank::AtLeast(n) if *r < n => Some(format!("at least {n} axes")),
+                Rank::SameAs(j) if ranks.get(j).is_some_and(|rj| rj != r) => {
                     Some(format!("as many axes as argument {j} ({})", name(j)))
                 }
                 _ => None,
@@ -264,9 +168,10 @@ impl Sig {
     }
 
     fn arg_names(&self) -> String {
-        self.args
+        self.sig
+            .args
             .iter()
-            .map(|(n, a)| format!("{n}:{}", access_name(*a)))
+            .map(|a| format!("{}:{}", a.name, access_name(a.access)))
             .collect::<Vec<_>>()
             .join(", ")
     }
@@ -319,8 +224,8 @@ pub(crate) fn build(
         task = task.timeout(timeout_of(&sig.qualified, secs)?);
     }
     let mut tensors = 0usize;
-    let mut dtypes: Vec<DType> = Vec::with_capacity(sig.args.len());
-    let mut ranks: Vec<usize> = Vec::with_capacity(sig.args.len());
+    let mut dtypes: Vec<DType> = Vec::with_capacity(sig.sig.args.len());
+    let mut ranks: Vec<usize> = Vec::with_capacity(sig.sig.args.len());
     let mut numbers: Vec<Bound<'_, PyAny>> = Vec::new();
     for (pos, a) in args.iter().enumerate() {
         let (array, explicit) = if let Ok(arr) = a.cast::<PyArray>() {
@@ -338,11 +243,11 @@ pub(crate) fn build(
                 a.get_type().name()?
             )));
         };
-        let Some((name, access)) = sig.args.get(tensors) else {
+        let Some(ArgSpec { name, access, .. }) = sig.sig.args.get(tensors) else {
             return Err(wrong_tag(format!(
                 "{} takes {} tensor arguments ({}); got more",
                 sig.qualified,
-                sig.args.len(),
+                sig.sig.args.len(),
                 sig.arg_names()
             )));
         };
@@ -368,32 +273,33 @@ pub(crate) fn build(
         task = task.arg(&arr.view, tag);
         tensors += 1;
     }
-    if tensors != sig.args.len() {
+    if tensors != sig.sig.args.len() {
         return Err(wrong_tag(format!(
             "{} takes {} tensor arguments ({}); got {tensors}",
             sig.qualified,
-            sig.args.len(),
+            sig.sig.args.len(),
             sig.arg_names()
         )));
     }
     sig.check_args(&dtypes, &ranks)?;
-    if numbers.len() != sig.scalars.len() {
+    if numbers.len() != sig.sig.scalars.len() {
         return Err(wrong_tag(format!(
             "{} takes {} scalars ({}); got {}",
             sig.qualified,
-            sig.scalars.len(),
-            sig.scalars
+            sig.sig.scalars.len(),
+            sig.sig
+                .scalars
                 .iter()
-                .map(|(n, _)| n.as_str())
+                .map(|s| s.name.as_str())
                 .collect::<Vec<_>>()
                 .join(", "),
             numbers.len()
         )));
     }
-    for ((name, kind), v) in sig.scalars.iter().zip(&numbers) {
+    for (ScalarSpec { name, kind }, v) in sig.sig.scalars.iter().zip(&numbers) {
         // A value like an integer argument's must fit its dtype: 300 in a
         // u8 would otherwise arrive as 44.
-        if let Kind::Like(i) = kind
+        if let ScalarKind::LikeArg(i) = kind
             && let Some(&d) = dtypes.get(*i)
             && let Some((lo, hi)) = dtype::int_range(d)
             && let Ok(n) = v.extract::<i128>()
@@ -404,18 +310,18 @@ pub(crate) fn build(
                 format!(
                     "{}: scalar {name}={n} does not fit argument {i} ({}) of dtype {} ({lo}..={hi})",
                     sig.qualified,
-                    sig.args.get(*i).map_or("?", |(n, _)| n.as_str()),
+                    sig.sig.args.get(*i).map_or("?", |a| a.name.as_str()),
                     d.name().to_ascii_lowercase()
                 ),
                 &[],
             ));
         }
         let kind = match kind {
-            Kind::Like(i) => match dtypes.get(*i) {
-                Some(&d) if dtype::is_float(d) => Kind::F64,
-                Some(&d) if dtype::is_unsigned(d) => Kind::U64,
-                Some(_) => Kind::I64,
-                None => Kind::F64,
+            ScalarKind::LikeArg(i) => match dtypes.get(*i) {
+                Some(&d) if dtype::is_float(d) => ScalarKind::F64,
+                Some(&d) if dtype::is_unsigned(d) => ScalarKind::U64,
+                Some(_) => ScalarKind::I64,
+                None => ScalarKind::F64,
             },
             k => *k,
         };
@@ -427,14 +333,14 @@ pub(crate) fn build(
             ))
         };
         task = match kind {
-            Kind::F64 => task.scalar_f64(v.extract::<f64>().map_err(|_| bad("a float"))?),
-            Kind::I64 => {
+            ScalarKind::F64 => task.scalar_f64(v.extract::<f64>().map_err(|_| bad("a float"))?),
+            ScalarKind::I64 => {
                 if v.is_instance_of::<PyFloat>() {
                     return Err(bad("an integer (i64)"));
                 }
                 task.scalar_i64(v.extract::<i64>().map_err(|_| bad("an integer (i64)"))?)
             }
-            Kind::U64 | Kind::Like(_) => {
+            ScalarKind::U64 | ScalarKind::LikeArg(_) => {
                 if v.is_instance_of::<PyFloat>() {
                     return Err(bad("an unsigned integer (u64)"));
                 }

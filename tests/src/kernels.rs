@@ -41,14 +41,14 @@
 
 use std::sync::Arc;
 
-use strata_chip::kernel::{ArgSpec, DTypes, KernelDescriptor, Rank, ScalarKind, ScalarSpec};
+use strata_chip::kernel::{ArgSpec, DTypes, Rank, ScalarKind, ScalarSpec, Signature};
 use strata_chip::{Kernel, KernelContext, Registry};
 use strata_wire::{Access, ArgTag, DType};
 
-struct Panic(KernelDescriptor);
+struct Panic(Signature);
 
 impl Kernel for Panic {
-    fn descriptor(&self) -> &KernelDescriptor {
+    fn descriptor(&self) -> &Signature {
         &self.0
     }
     fn run(&self, _: &mut KernelContext<'_>) -> Result<(), String> {
@@ -56,10 +56,10 @@ impl Kernel for Panic {
     }
 }
 
-struct Sleep(KernelDescriptor);
+struct Sleep(Signature);
 
 impl Kernel for Sleep {
-    fn descriptor(&self) -> &KernelDescriptor {
+    fn descriptor(&self) -> &Signature {
         &self.0
     }
     fn run(&self, ctx: &mut KernelContext<'_>) -> Result<(), String> {
@@ -69,10 +69,10 @@ impl Kernel for Sleep {
     }
 }
 
-struct Spin(KernelDescriptor);
+struct Spin(Signature);
 
 impl Kernel for Spin {
-    fn descriptor(&self) -> &KernelDescriptor {
+    fn descriptor(&self) -> &Signature {
         &self.0
     }
     fn run(&self, ctx: &mut KernelContext<'_>) -> Result<(), String> {
@@ -94,10 +94,10 @@ fn mark_started(kernel: &str) {
     }
 }
 
-struct Abort(KernelDescriptor);
+struct Abort(Signature);
 
 impl Kernel for Abort {
-    fn descriptor(&self) -> &KernelDescriptor {
+    fn descriptor(&self) -> &Signature {
         &self.0
     }
     fn run(&self, _: &mut KernelContext<'_>) -> Result<(), String> {
@@ -106,10 +106,10 @@ impl Kernel for Abort {
     }
 }
 
-struct Touch(KernelDescriptor);
+struct Touch(Signature);
 
 impl Kernel for Touch {
-    fn descriptor(&self) -> &KernelDescriptor {
+    fn descriptor(&self) -> &Signature {
         &self.0
     }
     fn run(&self, _: &mut KernelContext<'_>) -> Result<(), String> {
@@ -117,10 +117,10 @@ impl Kernel for Touch {
     }
 }
 
-struct ScratchFill(KernelDescriptor);
+struct ScratchFill(Signature);
 
 impl Kernel for ScratchFill {
-    fn descriptor(&self) -> &KernelDescriptor {
+    fn descriptor(&self) -> &Signature {
         &self.0
     }
     fn run(&self, ctx: &mut KernelContext<'_>) -> Result<(), String> {
@@ -142,10 +142,10 @@ impl Kernel for ScratchFill {
     }
 }
 
-struct Mark(KernelDescriptor);
+struct Mark(Signature);
 
 impl Kernel for Mark {
-    fn descriptor(&self) -> &KernelDescriptor {
+    fn descriptor(&self) -> &Signature {
         &self.0
     }
     fn run(&self, ctx: &mut KernelContext<'_>) -> Result<(), String> {
@@ -159,7 +159,7 @@ impl Kernel for Mark {
 }
 
 struct Hash {
-    desc: KernelDescriptor,
+    desc: Signature,
     access: Vec<Access>,
     /// Slept after reading and before writing, so that a worker stopped
     /// mid-task writes late (the quarantine tests).
@@ -233,7 +233,7 @@ impl Hash {
 }
 
 impl Kernel for Hash {
-    fn descriptor(&self) -> &KernelDescriptor {
+    fn descriptor(&self) -> &Signature {
         &self.desc
     }
     fn run(&self, ctx: &mut KernelContext<'_>) -> Result<(), String> {
@@ -289,10 +289,10 @@ pub fn tile_update(own: &mut [f64], neighbours: &[&[f64]]) {
 /// ones before it (INPUT), all rank-1 U64 views of one length holding
 /// f64 bits (strata has no F64 dtype; the StarPU peer's tiles are 64
 /// doubles, 512 bytes, and so are these).
-struct Tile(KernelDescriptor);
+struct Tile(Signature);
 
 impl Kernel for Tile {
-    fn descriptor(&self) -> &KernelDescriptor {
+    fn descriptor(&self) -> &Signature {
         &self.0
     }
     fn run(&self, ctx: &mut KernelContext<'_>) -> Result<(), String> {
@@ -329,10 +329,10 @@ impl Kernel for Tile {
 /// `test.late_fill(x; ms, value)`: sleeps `ms`, then writes `value` into
 /// every element of the F32 view `x` — a task whose write lands late
 /// when its worker was stopped and woken (the quarantine tests).
-struct LateFill(KernelDescriptor);
+struct LateFill(Signature);
 
 impl Kernel for LateFill {
-    fn descriptor(&self) -> &KernelDescriptor {
+    fn descriptor(&self) -> &Signature {
         &self.0
     }
     fn run(&self, ctx: &mut KernelContext<'_>) -> Result<(), String> {
@@ -387,8 +387,8 @@ fn pattern(tags: &[ArgTag]) -> String {
         .collect()
 }
 
-fn descriptor(name: &str, args: Vec<ArgSpec>, scalars: Vec<ScalarSpec>) -> KernelDescriptor {
-    KernelDescriptor {
+fn descriptor(name: &str, args: Vec<ArgSpec>, scalars: Vec<ScalarSpec>) -> Signature {
+    Signature {
         name: name.into(),
         version: 1,
         args,

@@ -17,9 +17,9 @@
 use std::os::fd::OwnedFd;
 use std::sync::Arc;
 
-use strata_chip::{Device, KernelHandle, Region, Registry, SimDevice};
+use strata_chip::{Device, Region, Registry, SimDevice};
 use strata_proto::convert::{
-    InstanceId, RunEnd, SessionState, TaskCompletion, TaskRequest, WorkerStats,
+    CallableOffer, InstanceId, RunEnd, SessionState, TaskCompletion, TaskRequest, WorkerStats,
 };
 use strata_wire::{BufferDescriptor, CanonicalIdentity};
 use strata_worker_core::SessionId;
@@ -28,19 +28,6 @@ use tokio::sync::{mpsc, watch};
 use crate::WorkerError;
 use crate::node::{Node, Session};
 use crate::ops::{Intake, NodeError};
-
-/// One callable an in-process worker offers.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct InProcessCallable {
-    /// Its handle.
-    pub handle: KernelHandle,
-    /// Name.
-    pub name: String,
-    /// Version.
-    pub version: u32,
-    /// Canonical descriptor.
-    pub signature: String,
-}
 
 /// What an in-process worker is: the facts a handshake reports.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -56,7 +43,7 @@ pub struct InProcessFacts {
     /// Lanes.
     pub lanes: u32,
     /// Callables, sorted by name and version.
-    pub callables: Vec<InProcessCallable>,
+    pub callables: Vec<CallableOffer>,
     /// This node: equal across two sessions exactly when the same node
     /// served both.
     pub instance: InstanceId,
@@ -100,18 +87,7 @@ impl InProcessWorker {
     /// What it is and offers.
     pub fn facts(&self) -> InProcessFacts {
         let info = self.node.device.info();
-        let mut callables: Vec<InProcessCallable> = self
-            .node
-            .kernels
-            .descriptors()
-            .map(|d| InProcessCallable {
-                handle: d.handle(),
-                name: d.name.clone(),
-                version: d.version,
-                signature: d.canonical(),
-            })
-            .collect();
-        callables.sort_by(|a, b| (&a.name, a.version).cmp(&(&b.name, b.version)));
+        let callables = self.node.offers();
         InProcessFacts {
             chip_id: self.node.chip_id,
             device_kind: info.kind,

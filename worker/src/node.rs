@@ -29,7 +29,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
 
 use strata_chip::{Device, DeviceBlock, Region, Registry, StartGate};
-use strata_proto::convert::{InstanceId, SessionState};
+use strata_proto::convert::{CallableOffer, InstanceId, SessionState};
 use strata_wire::CanonicalIdentity;
 use strata_worker_core::SessionId;
 use tracing::{info, warn};
@@ -397,6 +397,18 @@ impl std::fmt::Debug for Node {
 }
 
 impl Node {
+    /// The callables this node offers, sorted by name and version: what
+    /// its handshakes report.
+    pub(crate) fn offers(&self) -> Vec<CallableOffer> {
+        let mut offers: Vec<CallableOffer> = self
+            .kernels
+            .descriptors()
+            .map(|d| CallableOffer::of(d.clone()))
+            .collect();
+        offers.sort_by(|a, b| (a.name(), a.version()).cmp(&(b.name(), b.version())));
+        offers
+    }
+
     pub(crate) fn new(
         chip_id: u32,
         device: Arc<dyn Device>,
@@ -539,7 +551,7 @@ mod tests {
     use std::sync::mpsc;
     use std::time::Duration;
 
-    use strata_chip::kernel::KernelDescriptor;
+    use strata_chip::kernel::Signature;
     use strata_chip::{Kernel, KernelContext, SimDevice};
     use strata_proto::TaskId;
     use strata_proto::convert::{TaskCompletion, TaskOutcome, TaskRequest};
@@ -550,13 +562,13 @@ mod tests {
 
     /// Holds its lane until the test lets it go.
     struct Hold {
-        desc: KernelDescriptor,
+        desc: Signature,
         started: Mutex<mpsc::Sender<()>>,
         release: Mutex<mpsc::Receiver<()>>,
     }
 
     impl Kernel for Hold {
-        fn descriptor(&self) -> &KernelDescriptor {
+        fn descriptor(&self) -> &Signature {
             &self.desc
         }
         fn run(&self, _: &mut KernelContext<'_>) -> Result<(), String> {
@@ -568,12 +580,12 @@ mod tests {
 
     /// Counts its runs: the proof that a task ran.
     struct Count {
-        desc: KernelDescriptor,
+        desc: Signature,
         runs: Arc<AtomicUsize>,
     }
 
     impl Kernel for Count {
-        fn descriptor(&self) -> &KernelDescriptor {
+        fn descriptor(&self) -> &Signature {
             &self.desc
         }
         fn run(&self, _: &mut KernelContext<'_>) -> Result<(), String> {
@@ -582,8 +594,8 @@ mod tests {
         }
     }
 
-    fn descriptor(name: &str) -> KernelDescriptor {
-        KernelDescriptor {
+    fn descriptor(name: &str) -> Signature {
+        Signature {
             name: name.into(),
             version: 1,
             args: vec![],

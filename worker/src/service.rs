@@ -285,18 +285,8 @@ impl pb::worker_server::Worker for WorkerService {
             }
         });
         let info = self.node.device.info();
-        let mut callables: Vec<pb::Callable> = self
-            .node
-            .kernels
-            .descriptors()
-            .map(|d| pb::Callable {
-                handle: d.handle().0.to_vec(),
-                name: d.name.clone(),
-                version: d.version,
-                signature: d.canonical(),
-            })
-            .collect();
-        callables.sort_by(|a, b| (&a.name, a.version).cmp(&(&b.name, b.version)));
+        let callables: Vec<pb::Callable> =
+            self.node.offers().iter().map(pb::Callable::from).collect();
         debug!(%session, client = req.client_name, ?previous, "handshake");
         Ok(Response::new(pb::HandshakeReply {
             protocol_version: PROTOCOL_VERSION,

@@ -3,7 +3,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use super::{Kernel, KernelDescriptor, KernelHandle, builtin};
+use super::{Kernel, KernelHandle, Signature, builtin};
 use crate::Error;
 
 /// Kernels by handle; also findable by `name@version`.
@@ -15,10 +15,7 @@ pub struct Registry {
 
 impl std::fmt::Debug for Registry {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let mut names: Vec<String> = self
-            .descriptors()
-            .map(KernelDescriptor::qualified_name)
-            .collect();
+        let mut names: Vec<String> = self.descriptors().map(Signature::qualified_name).collect();
         names.sort();
         f.debug_tuple("Registry").field(&names).finish()
     }
@@ -79,7 +76,7 @@ impl Registry {
     }
 
     /// Every registered descriptor.
-    pub fn descriptors(&self) -> impl Iterator<Item = &KernelDescriptor> {
+    pub fn descriptors(&self) -> impl Iterator<Item = &Signature> {
         self.by_handle.values().map(|k| k.descriptor())
     }
 

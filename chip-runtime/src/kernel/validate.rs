@@ -1,6 +1,6 @@
 //! Checks a launch against the kernel's signature before anything runs.
 
-use strata_wire::{Access, ArgTag, Footprint, Overlap, Tensor};
+use strata_wire::{Access, ArgTag, DType, Footprint, Overlap, Tensor};
 
 use super::{ArgSpec, DTypes, Kernel, Rank};
 use crate::Error;
@@ -113,6 +113,12 @@ fn check_dtype(
                 "signature of argument {i} refers to missing argument {j}"
             )),
         },
+        // Names this build does not know, beside ones it may: a tensor's
+        // dtype is accepted when it is among them.
+        DTypes::Unknown(names) if names.split('|').any(|n| DType::from_name(n) == Some(d)) => {
+            Ok(())
+        }
+        DTypes::Unknown(names) => Err(format!("dtype {d} is not accepted (accepted: {names})")),
     }
 }
 

@@ -17,7 +17,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use strata_chip::kernel::{ArgSpec, DTypes, KernelDescriptor, Rank};
+use strata_chip::kernel::{ArgSpec, DTypes, Rank, Signature};
 use strata_chip::{
     ArgBacking, CacheUse, Device, HostBuffer, Kernel, KernelContext, Launch, LaunchArg, Region,
     Registry, SimDevice, device,
@@ -34,10 +34,10 @@ const ELEMS: u32 = 64;
 const OWNER: u64 = 7;
 
 /// Writes its argument's first half (×3 + 1) and fails.
-struct HalfThenFail(KernelDescriptor);
+struct HalfThenFail(Signature);
 
 impl Kernel for HalfThenFail {
-    fn descriptor(&self) -> &KernelDescriptor {
+    fn descriptor(&self) -> &Signature {
         &self.0
     }
     fn run(&self, ctx: &mut KernelContext<'_>) -> Result<(), String> {
@@ -53,7 +53,7 @@ impl Kernel for HalfThenFail {
 
 fn registry() -> Registry {
     let mut reg = Registry::with_builtins();
-    reg.register(Arc::new(HalfThenFail(KernelDescriptor {
+    reg.register(Arc::new(HalfThenFail(Signature {
         name: "test.half_then_fail".into(),
         version: 1,
         args: vec![ArgSpec::new(
@@ -777,10 +777,10 @@ fn held_bytes_come_from_the_copy_or_the_launch_fails() {
 }
 
 /// Runs until its gate opens (a test's way to keep a lane busy).
-struct Gate(KernelDescriptor, Arc<std::sync::atomic::AtomicBool>);
+struct Gate(Signature, Arc<std::sync::atomic::AtomicBool>);
 
 impl Kernel for Gate {
-    fn descriptor(&self) -> &KernelDescriptor {
+    fn descriptor(&self) -> &Signature {
         &self.0
     }
     fn run(&self, _: &mut KernelContext<'_>) -> Result<(), String> {
@@ -805,7 +805,7 @@ fn a_waiting_launch_has_its_bytes_copied_ahead() {
         let open = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let mut reg = registry();
         reg.register(Arc::new(Gate(
-            KernelDescriptor {
+            Signature {
                 name: "test.gate".into(),
                 version: 1,
                 args: vec![],
@@ -876,10 +876,10 @@ fn a_waiting_launch_has_its_bytes_copied_ahead() {
 }
 
 /// Fills its output with 7 once its gate opens.
-struct GatedFill(KernelDescriptor, Arc<std::sync::atomic::AtomicBool>);
+struct GatedFill(Signature, Arc<std::sync::atomic::AtomicBool>);
 
 impl Kernel for GatedFill {
-    fn descriptor(&self) -> &KernelDescriptor {
+    fn descriptor(&self) -> &Signature {
         &self.0
     }
     fn run(&self, ctx: &mut KernelContext<'_>) -> Result<(), String> {
@@ -906,7 +906,7 @@ fn dropping_one_buffer_keeps_a_write_to_another() {
     let open = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let mut reg = registry();
     reg.register(Arc::new(GatedFill(
-        KernelDescriptor {
+        Signature {
             name: "test.gated_fill".into(),
             version: 1,
             args: vec![ArgSpec::new(

@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use strata_chip::kernel::{ArgSpec, DTypes, KernelDescriptor, Rank};
+use strata_chip::kernel::{ArgSpec, DTypes, Rank, Signature};
 use strata_chip::{
     ArgBacking, Device, Error, HostBuffer, Kernel, KernelContext, LaunchArg, Region, Registry,
     SimDevice,
@@ -251,10 +251,10 @@ fn bad_arguments_are_refused_before_anything_runs_naming_the_argument() {
 }
 
 /// Panics on purpose.
-struct Panicky(KernelDescriptor);
+struct Panicky(Signature);
 
 impl Kernel for Panicky {
-    fn descriptor(&self) -> &KernelDescriptor {
+    fn descriptor(&self) -> &Signature {
         &self.0
     }
     fn run(&self, ctx: &mut KernelContext<'_>) -> Result<(), String> {
@@ -269,7 +269,7 @@ impl Kernel for Panicky {
 fn a_panicking_kernel_is_a_task_failure_and_the_device_keeps_working() {
     let d = dev();
     let mut reg = Registry::with_builtins();
-    let panicky = Arc::new(Panicky(KernelDescriptor {
+    let panicky = Arc::new(Panicky(Signature {
         name: "test.panicky".into(),
         version: 1,
         args: vec![ArgSpec::new(
@@ -495,7 +495,7 @@ fn registry_handles() {
     }
     // Same name and version, different signature: refused.
     let mut reg2 = reg.clone();
-    let clash = Arc::new(Panicky(KernelDescriptor {
+    let clash = Arc::new(Panicky(Signature {
         name: "add".into(),
         version: 1,
         args: vec![ArgSpec::new("x", Access::Read, DTypes::Any, Rank::Any)],
@@ -513,13 +513,13 @@ fn registry_handles() {
 
 /// Runs until the test lets it go: a kernel that holds its lane.
 struct Gatekeeper {
-    desc: KernelDescriptor,
+    desc: Signature,
     release: std::sync::Mutex<std::sync::mpsc::Receiver<()>>,
     started: std::sync::mpsc::SyncSender<()>,
 }
 
 impl Kernel for Gatekeeper {
-    fn descriptor(&self) -> &KernelDescriptor {
+    fn descriptor(&self) -> &Signature {
         &self.desc
     }
     fn run(&self, _: &mut KernelContext<'_>) -> Result<(), String> {
@@ -540,7 +540,7 @@ fn a_closed_gate_keeps_a_queued_launch_from_starting() {
     let (release_tx, release_rx) = std::sync::mpsc::channel();
     let (started_tx, started_rx) = std::sync::mpsc::sync_channel(1);
     let holder: Arc<dyn Kernel> = Arc::new(Gatekeeper {
-        desc: KernelDescriptor {
+        desc: Signature {
             name: "test.hold".into(),
             version: 1,
             args: vec![],

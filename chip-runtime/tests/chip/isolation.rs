@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use strata_chip::kernel::{ArgSpec, DTypes, KernelDescriptor, Rank};
+use strata_chip::kernel::{ArgSpec, DTypes, Rank, Signature};
 use strata_chip::{Device, Kernel, KernelContext, Launch, Region, SimDevice, device};
 use strata_wire::check::Rng;
 use strata_wire::{Access, ArgTag, DType};
@@ -14,8 +14,8 @@ use crate::common::{LAYOUTS, Layout, MODES, host_tensor};
 /// What the poison kernel writes everywhere it can.
 const POISON: u8 = 0xA5;
 
-fn descriptor(name: &str, access: Access, scalars: usize) -> KernelDescriptor {
-    KernelDescriptor {
+fn descriptor(name: &str, access: Access, scalars: usize) -> Signature {
+    Signature {
         name: name.into(),
         version: 1,
         args: vec![ArgSpec::new("x", access, DTypes::Any, Rank::Any)],
@@ -31,10 +31,10 @@ fn descriptor(name: &str, access: Access, scalars: usize) -> KernelDescriptor {
 /// Writes `POISON` into every byte of its (32-bit) output and into a scratch
 /// block of `scalar 0` bytes: leaves device memory dirty for whoever comes
 /// next.
-struct Poison(KernelDescriptor);
+struct Poison(Signature);
 
 impl Kernel for Poison {
-    fn descriptor(&self) -> &KernelDescriptor {
+    fn descriptor(&self) -> &Signature {
         &self.0
     }
     fn run(&self, ctx: &mut KernelContext<'_>) -> Result<(), String> {
@@ -50,10 +50,10 @@ impl Kernel for Poison {
 /// Writes 1 into element 0 of its (F32) argument and nothing else; reports
 /// in its error whether a scratch block of `scalar 0` bytes held anything
 /// but zeros.
-struct WriteFirst(KernelDescriptor);
+struct WriteFirst(Signature);
 
 impl Kernel for WriteFirst {
-    fn descriptor(&self) -> &KernelDescriptor {
+    fn descriptor(&self) -> &Signature {
         &self.0
     }
     fn run(&self, ctx: &mut KernelContext<'_>) -> Result<(), String> {

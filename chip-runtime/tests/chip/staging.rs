@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use strata_chip::kernel::{ArgSpec, DTypes, KernelDescriptor, Rank};
+use strata_chip::kernel::{ArgSpec, DTypes, Rank, Signature};
 use strata_chip::{Device, Kernel, KernelContext, Launch, Registry, SimDevice, device};
 use strata_wire::check::{Rng, byte_set};
 use strata_wire::{Access, ArgTag, DType};
@@ -95,10 +95,10 @@ fn staged_byte_counts() {
 }
 
 /// Writes its output, then fails.
-struct WriteThenFail(KernelDescriptor);
+struct WriteThenFail(Signature);
 
 impl Kernel for WriteThenFail {
-    fn descriptor(&self) -> &KernelDescriptor {
+    fn descriptor(&self) -> &Signature {
         &self.0
     }
     fn run(&self, ctx: &mut KernelContext<'_>) -> Result<(), String> {
@@ -113,7 +113,7 @@ impl Kernel for WriteThenFail {
 #[test]
 fn failed_kernel_leaves_host_bytes_alone_in_staged_mode() {
     let dev = SimDevice::from_spec("sim:mem=8MiB,mode=staged").unwrap();
-    let kernel = Arc::new(WriteThenFail(KernelDescriptor {
+    let kernel = Arc::new(WriteThenFail(Signature {
         name: "test.write_then_fail".into(),
         version: 1,
         args: vec![ArgSpec::new(

@@ -6,7 +6,7 @@ use std::process::ExitCode;
 
 use clap::Args;
 
-use crate::graph::{Graph, Signature};
+use crate::graph::{Callable, Graph};
 use strata_orchestrator::{Cluster, Error, RunSummary};
 
 /// Options of `strata run`.
@@ -89,7 +89,7 @@ pub struct RunArgs {
 }
 
 /// The local workers' callables: this binary's built-in kernels.
-fn builtin_signature(name: &str) -> Result<Signature, String> {
+fn builtin_signature(name: &str) -> Result<Callable, String> {
     let registry = strata_chip::Registry::with_builtins();
     let (base, version) = match name.split_once('@') {
         Some((n, v)) => (
@@ -108,8 +108,8 @@ fn builtin_signature(name: &str) -> Result<Signature, String> {
     found.sort_by_key(|d| d.version);
     match found.last() {
         Some(d) => Ok(match registry.get(d.handle()) {
-            Ok(k) => Signature::of_kernel(k),
-            Err(_) => Signature::of(d),
+            Ok(k) => Callable::of_kernel(k),
+            Err(_) => Callable::of(d),
         }),
         None => {
             let mut names: Vec<String> =
@@ -177,12 +177,12 @@ pub fn run(args: &RunArgs) -> ExitCode {
         }
     };
     if args.workers.is_some() {
-        let lookup = |name: &str| -> Result<Signature, String> {
+        let lookup = |name: &str| -> Result<Callable, String> {
             let sig = cluster.callable_signature(name).map_err(|e| match e {
                 Error::Submit(m) => m.to_string(),
                 other => other.to_string(),
             })?;
-            Signature::parse(&sig)
+            Ok(Callable::of(&sig))
         };
         if let Err(e) = graph.check_callables(cluster.workers().len(), &lookup) {
             eprintln!("strata run: {shown}: {e}");

@@ -2,7 +2,7 @@
 //! checks of the DAG on the graph alone, then (given the callables'
 //! signatures) argument counts, tags, scalars and every launch.
 
-use strata_chip::kernel::{KernelDescriptor, ScalarKind};
+use strata_chip::kernel::{ScalarKind, Signature};
 use strata_core::dag::{Arg, NewTask};
 use strata_core::{Dag, TaskId};
 use strata_wire::{
@@ -80,7 +80,7 @@ impl Graph {
     pub fn check_callables(
         &self,
         workers: usize,
-        lookup: &dyn Fn(&str) -> Result<Signature, String>,
+        lookup: &dyn Fn(&str) -> Result<Callable, String>,
     ) -> Result<(), GraphError> {
         let probe = Probe::new(self);
         for b in &self.buffers {
@@ -106,6 +106,7 @@ impl Graph {
                 path: join(&t.path, "callable"),
                 what,
             })?;
+            let (kernel, sig) = (&sig.kernel, &sig.signature);
             if sig.args.len() != t.args.len() {
                 return err(
                     join(&t.path, "args"),
@@ -117,7 +118,8 @@ impl Graph {
                     ),
                 );
             }
-            for (ai, (&(_, tag), access)) in t.args.iter().zip(&sig.args).enumerate() {
+            for (ai, (&(_, tag), spec)) in t.args.iter().zip(&sig.args).enumerate() {
+                let access = &spec.access;
                 let fits = match access {
                     Access::Read => matches!(tag, ArgTag::Input | ArgTag::NoDep),
                     Access::Write => {
@@ -159,12 +161,15 @@ impl Graph {
             }
             let mut bits = Vec::with_capacity(t.scalars.len());
             for (si, (s, k)) in t.scalars.iter().zip(&sig.scalars).enumerate() {
-                bits.push(self.encode_scalar(t, s, *k).map_err(|what| GraphError {
-                    path: format!("{}.scalars[{si}]", t.path),
-                    what,
-                })?);
+                bits.push(
+                    self.encode_scalar(t, s, k.kind)
+                        .map_err(|what| GraphError {
+                            path: format!("{}.scalars[{si}]", t.path),
+                            what,
+                        })?,
+                );
             }
-            if let Some(kernel) = &sig.kernel {
+            if let Some(kernel) = kernel {
                 let args = t
                     .args
                     .iter()
@@ -231,93 +236,41 @@ impl Graph {
     }
 }
 
-/// What a task must match of its callable.
+/// What a task must match of its callable: its signature, and the kernel
+/// itself when it is known here (the built-ins of local workers), so that
+/// every launch is checked before anything starts, shapes included.
 #[derive(Clone)]
-pub struct Signature {
-    /// Per tensor argument, how the kernel uses it.
-    pub args: Vec<Access>,
-    /// Per scalar, its kind.
-    pub scalars: Vec<ScalarKind>,
-    /// The kernel itself, when it is known here (the built-ins of local
-    /// workers): then every launch is checked before anything starts,
-    /// shapes included.
+pub struct Callable {
+    /// The callable's signature.
+    pub signature: Signature,
+    /// The kernel, when this process has it.
     pub kernel: Option<std::sync::Arc<dyn strata_chip::Kernel>>,
 }
 
-impl std::fmt::Debug for Signature {
+impl std::fmt::Debug for Callable {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Signature")
-            .field("args", &self.args)
-            .field("scalars", &self.scalars)
-            .field(
-                "kernel",
-                &self
-                    .kernel
-                    .as_ref()
-                    .map(|k| k.descriptor().qualified_name()),
-            )
+        f.debug_struct("Callable")
+            .field("signature", &self.signature.canonical())
+            .field("kernel", &self.kernel.is_some())
             .finish()
     }
 }
 
-impl Signature {
-    /// From a kernel descriptor.
-    pub fn of(d: &KernelDescriptor) -> Self {
-        Signature {
-            args: d.args.iter().map(|a| a.access).collect(),
-            scalars: d.scalars.iter().map(|s| s.kind).collect(),
+impl Callable {
+    /// From a signature alone.
+    pub fn of(signature: &Signature) -> Self {
+        Callable {
+            signature: signature.clone(),
             kernel: None,
         }
     }
 
     /// From a kernel, whose launches can then be checked here.
     pub fn of_kernel(k: std::sync::Arc<dyn strata_chip::Kernel>) -> Self {
-        Signature {
-            kernel: Some(std::sync::Arc::clone(&k)),
-            ..Signature::of(k.descriptor())
+        Callable {
+            signature: k.descriptor().clone(),
+            kernel: Some(k),
         }
-    }
-
-    /// From a canonical descriptor string
-    /// (`name@v(a:R:dtypes:rank,…;s:kind,…)`), as workers report it.
-    ///
-    /// # Errors
-    /// A string not of that form.
-    pub fn parse(canonical: &str) -> Result<Self, String> {
-        let bad = || format!("malformed callable signature {canonical:?}");
-        let open = canonical.find('(').ok_or_else(bad)?;
-        let inner = canonical[open + 1..].strip_suffix(')').ok_or_else(bad)?;
-        let (args, scalars) = inner.split_once(';').ok_or_else(bad)?;
-        let args = args
-            .split(',')
-            .filter(|a| !a.is_empty())
-            .map(|a| match a.split(':').nth(1) {
-                Some("R") => Ok(Access::Read),
-                Some("W") => Ok(Access::Write),
-                Some("RW") => Ok(Access::ReadWrite),
-                _ => Err(bad()),
-            })
-            .collect::<Result<_, _>>()?;
-        let scalars = scalars
-            .split(',')
-            .filter(|s| !s.is_empty())
-            .map(|s| match s.rsplit(':').next() {
-                Some("u64") => Ok(ScalarKind::U64),
-                Some("i64") => Ok(ScalarKind::I64),
-                Some("f64") => Ok(ScalarKind::F64),
-                Some(k) => k
-                    .strip_prefix("like")
-                    .and_then(|i| i.parse().ok())
-                    .map(ScalarKind::LikeArg)
-                    .ok_or_else(bad),
-                None => Err(bad()),
-            })
-            .collect::<Result<_, _>>()?;
-        Ok(Signature {
-            args,
-            scalars,
-            kernel: None,
-        })
     }
 }
 

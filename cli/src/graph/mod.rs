@@ -24,7 +24,7 @@ mod init;
 pub mod parse;
 pub mod run;
 
-pub use check::Signature;
+pub use check::Callable;
 pub use run::{Around, GraphRun};
 
 /// A graph file's problem: where (a JSON path) and what.

@@ -9,7 +9,7 @@ use strata_orchestrator::{
     Buffer, Cluster, Error, NpyError, RunSummary, SubmitError, Task, TaskHandle, View, WorkerId,
 };
 
-use super::check::Signature;
+use super::check::Callable;
 use super::init::{decode, encode, uniform};
 use super::{Expect, Graph, Init};
 
@@ -80,13 +80,11 @@ impl Graph {
             .iter()
             .map(|v| buffers[v.buffer].view(v.byte_offset, &v.shape, &v.strides, v.dtype))
             .collect::<Result<_, _>>()?;
-        let sigs: HashMap<&str, Signature> = self
+        let sigs: HashMap<&str, Callable> = self
             .tasks
             .iter()
             .map(|t| {
-                let sig = cluster.callable_signature(&t.callable).and_then(|s| {
-                    Signature::parse(&s).map_err(|m| Error::Submit(SubmitError::Job(m)))
-                })?;
+                let sig = Callable::of(&cluster.callable_signature(&t.callable)?);
                 Ok((t.callable.as_str(), sig))
             })
             .collect::<Result<_, Error>>()?;
@@ -100,9 +98,9 @@ impl Graph {
                     task = task.arg(&views[v], tag);
                 }
                 let sig = &sigs[t.callable.as_str()];
-                for (s, k) in t.scalars.iter().zip(&sig.scalars) {
+                for (s, k) in t.scalars.iter().zip(&sig.signature.scalars) {
                     let bits = self
-                        .encode_scalar(t, s, *k)
+                        .encode_scalar(t, s, k.kind)
                         .map_err(|e| Error::Submit(SubmitError::Job(format!("{}: {e}", t.path))))?;
                     task = task.scalar_u64(bits);
                 }

@@ -9,6 +9,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use strata_chip::KernelHandle;
+use strata_chip::kernel::Signature;
 use strata_core::{ScopeId, WorkerId};
 use strata_proto::convert::WorkerStats;
 use strata_wire::{Access, IdentityMint};
@@ -88,8 +89,8 @@ pub(crate) struct Offered {
     /// `name@version`, shared by every task that names it (no string is
     /// built per submit).
     pub(crate) qualified: Arc<str>,
-    /// The canonical descriptor.
-    pub(crate) signature: String,
+    /// Its signature.
+    pub(crate) signature: Signature,
 }
 
 impl Cluster {

@@ -2,6 +2,7 @@
 //! resolved, arguments and placement derived, the DAG's view built and
 //! checked once, numbered and handed to the DAG actor.
 
+use strata_chip::kernel::Signature;
 use strata_core::{Placement, TaskId, WorkerId};
 use strata_wire::ArgTag;
 
@@ -14,12 +15,13 @@ use crate::error::{Error, SubmitError};
 use crate::task::{Task, TaskHandle};
 
 impl Cluster {
-    /// The canonical descriptor of `name` or `name@version` as the workers
-    /// reported it (`name@version(arg:ACCESS:dtypes:rank,…;scalar:kind,…)`).
+    /// The signature of `name` or `name@version` as the workers reported
+    /// it; [`Signature::canonical`] writes it as
+    /// `name@version(arg:ACCESS:dtypes:rank,…;scalar:kind,…)`.
     ///
     /// # Errors
     /// [`Error::Submit`] for an unknown callable or version.
-    pub fn callable_signature(&self, callable: &str) -> Result<String, Error> {
+    pub fn callable_signature(&self, callable: &str) -> Result<Signature, Error> {
         self.resolve(callable).map(|o| o.signature.clone())
     }
 

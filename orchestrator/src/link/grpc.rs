@@ -20,7 +20,7 @@ use tonic::Code;
 
 use super::ring::RingPlane;
 use super::{
-    BoxFuture, Dialer, Facts, FileRange, LinkError, LinkEvent, Memory, Offer, Refusal, StageBody,
+    BoxFuture, Dialer, Facts, FileRange, LinkError, LinkEvent, Memory, Refusal, StageBody,
     Transport, WorkerLink,
 };
 
@@ -196,16 +196,7 @@ impl GrpcDialer {
             device_spec: hs.device_spec.clone(),
             device_memory: hs.device_memory,
             lanes: hs.lanes,
-            callables: hs
-                .callables
-                .iter()
-                .map(|c| Offer {
-                    handle: c.handle,
-                    name: c.name.clone(),
-                    version: c.version,
-                    signature: c.signature.clone(),
-                })
-                .collect(),
+            callables: hs.callables.clone(),
             max_message,
             memory: if fd.is_some() {
                 Memory::Shared

@@ -14,7 +14,7 @@ use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
 use super::{
-    BoxFuture, Dialer, Facts, LinkError, LinkEvent, Memory, Offer, Refusal, Transport, WorkerLink,
+    BoxFuture, Dialer, Facts, LinkError, LinkEvent, Memory, Refusal, Transport, WorkerLink,
 };
 
 /// Opens sessions on an in-process worker.
@@ -68,16 +68,7 @@ impl Dialer for InProcessDialer {
                 device_spec: f.device_spec,
                 device_memory: f.device_memory,
                 lanes: f.lanes,
-                callables: f
-                    .callables
-                    .into_iter()
-                    .map(|c| Offer {
-                        handle: c.handle,
-                        name: c.name,
-                        version: c.version,
-                        signature: c.signature,
-                    })
-                    .collect(),
+                callables: f.callables,
                 max_message: usize::MAX,
                 memory: Memory::Shared,
                 pid: None,

@@ -27,9 +27,10 @@ use std::os::fd::BorrowedFd;
 use std::pin::Pin;
 use std::sync::Arc;
 
-use strata_chip::{KernelHandle, Region};
+use strata_chip::Region;
 use strata_client::SessionId;
 use strata_core::WorkerId;
+use strata_proto::convert::CallableOffer;
 use strata_proto::convert::{
     InstanceId, RunEnd, SessionState, TaskCompletion, TaskRequest, WorkerStats,
 };
@@ -49,15 +50,6 @@ pub(crate) enum Memory {
     Staged,
 }
 
-/// One callable a worker offers.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Offer {
-    pub(crate) handle: KernelHandle,
-    pub(crate) name: String,
-    pub(crate) version: u32,
-    pub(crate) signature: String,
-}
-
 /// What a worker told when the link opened.
 #[derive(Debug, Clone)]
 pub(crate) struct Facts {
@@ -70,7 +62,7 @@ pub(crate) struct Facts {
     pub(crate) device_spec: String,
     pub(crate) device_memory: u64,
     pub(crate) lanes: u32,
-    pub(crate) callables: Vec<Offer>,
+    pub(crate) callables: Vec<CallableOffer>,
     /// The largest message both sides accept (bytes staged with a batch
     /// of tasks stay under it).
     pub(crate) max_message: usize,
@@ -371,7 +363,7 @@ impl WorkerInfo {
             callables: f
                 .callables
                 .iter()
-                .map(|c| format!("{}@{}", c.name, c.version))
+                .map(|c| c.signature.qualified_name())
                 .collect(),
         }
     }

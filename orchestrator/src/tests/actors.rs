@@ -5,7 +5,7 @@
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
-use strata_chip::kernel::{ArgSpec, DTypes, KernelDescriptor, Rank};
+use strata_chip::kernel::{ArgSpec, DTypes, Rank, Signature};
 use strata_chip::{Kernel, KernelContext, Registry};
 use strata_core::{Outcome, WorkerId};
 use strata_wire::{Access, DType};
@@ -29,12 +29,12 @@ impl Gate {
 /// `t.gate(x: INOUT any)`: waits until the test opens the gate (at most
 /// 20 s, then fails: a test that forgets never hangs).
 struct GateKernel {
-    desc: KernelDescriptor,
+    desc: Signature,
     gate: Arc<Gate>,
 }
 
 impl Kernel for GateKernel {
-    fn descriptor(&self) -> &KernelDescriptor {
+    fn descriptor(&self) -> &Signature {
         &self.desc
     }
     fn run(&self, _: &mut KernelContext<'_>) -> Result<(), String> {
@@ -58,7 +58,7 @@ fn gated(n: usize, window: usize) -> (Cluster, Arc<Gate>) {
     let mut kernels = Registry::with_builtins();
     kernels
         .register(Arc::new(GateKernel {
-            desc: KernelDescriptor {
+            desc: Signature {
                 name: "t.gate".into(),
                 version: 1,
                 args: vec![ArgSpec {

@@ -34,9 +34,7 @@ use std::sync::Arc;
 use strata_wire::{Access, DType, Tensor};
 
 use super::element::{FLOAT_DTYPES, NUMERIC_DTYPES, byte_dtypes};
-use super::{
-    ArgSpec, DTypes, Kernel, KernelContext, KernelDescriptor, Rank, ScalarKind, ScalarSpec,
-};
+use super::{ArgSpec, DTypes, Kernel, KernelContext, Rank, ScalarKind, ScalarSpec, Signature};
 
 type CheckFn = fn(&[Tensor], &[u64]) -> Result<(), (usize, String)>;
 type RunFn = fn(&mut KernelContext<'_>) -> Result<(), String>;
@@ -45,14 +43,14 @@ type CostFn = fn(&[Tensor]) -> u64;
 /// A built-in kernel: a descriptor, two functions, and for the matrix
 /// kernels a flop count.
 struct Builtin {
-    desc: KernelDescriptor,
+    desc: Signature,
     check: CheckFn,
     run: RunFn,
     cost: Option<CostFn>,
 }
 
 impl Kernel for Builtin {
-    fn descriptor(&self) -> &KernelDescriptor {
+    fn descriptor(&self) -> &Signature {
         &self.desc
     }
     fn check(&self, args: &[Tensor], scalars: &[u64]) -> Result<(), (usize, String)> {
@@ -112,7 +110,7 @@ fn costed(
     cost: Option<CostFn>,
 ) -> Arc<dyn Kernel> {
     Arc::new(Builtin {
-        desc: KernelDescriptor {
+        desc: Signature {
             name: name.to_owned(),
             version: 1,
             args,

@@ -184,7 +184,7 @@ impl EndpointActor {
             .find(|c| c.handle == handle)
             .map_or_else(
                 || format!("callable {handle:?}"),
-                |c| format!("{}@{}", c.name, c.version),
+                |c| c.signature.qualified_name(),
             )
     }
 }

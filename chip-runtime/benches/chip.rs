@@ -19,8 +19,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
-use strata_chip::arena::{Arena, Region};
-use strata_chip::{ArgBacking, Device, HostBuffer, Launch, LaunchArg, Registry, SimDevice, device};
+use strata_chip_runtime::arena::{Arena, Region};
+use strata_chip_runtime::{
+    ArgBacking, Device, HostBuffer, Launch, LaunchArg, Registry, SimDevice, device,
+};
 use strata_wire::{
     Access, AddressSpace, ArgTag, Backing, BufferDescriptor, CanonicalIdentity, DType, Tensor,
 };

@@ -23,7 +23,7 @@
 //!
 //! ```
 //! use std::sync::Arc;
-//! use strata_chip::{device, ArgBacking, Device, HostBuffer, Launch, LaunchArg, Registry, SimDevice};
+//! use strata_chip_runtime::{device, ArgBacking, Device, HostBuffer, Launch, LaunchArg, Registry, SimDevice};
 //! use strata_wire::{ArgTag, DType, Tensor};
 //!
 //! let dev = SimDevice::from_spec("sim:mem=16MiB")?;

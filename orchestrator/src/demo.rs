@@ -304,7 +304,7 @@ pub fn cholesky_matrix_element(n: u32, i: usize, j: usize) -> f64 {
 /// # Errors
 /// A refused submit or a failed task; `n` not a multiple of `tile`; `T`
 /// not F32 or F64.
-pub fn cholesky<T: strata_chip::kernel::Element>(
+pub fn cholesky<T: strata_chip_runtime::kernel::Element>(
     cluster: &Cluster,
     n: u32,
     tile: u32,
@@ -321,7 +321,7 @@ pub fn cholesky<T: strata_chip::kernel::Element>(
 ///
 /// # Errors
 /// As [`cholesky`].
-pub fn cholesky_runs<T: strata_chip::kernel::Element>(
+pub fn cholesky_runs<T: strata_chip_runtime::kernel::Element>(
     cluster: &Cluster,
     n: u32,
     tile: u32,
@@ -406,7 +406,7 @@ pub fn cholesky_runs<T: strata_chip::kernel::Element>(
 
 /// `‖L·Lᵀ·x − A·x‖∞ / ‖A·x‖∞` for a fixed random `x`, with `L` the lower
 /// triangle of the row-major `factor`.
-fn cholesky_residual<T: strata_chip::kernel::Element>(n: u32, factor: &[T]) -> f64 {
+fn cholesky_residual<T: strata_chip_runtime::kernel::Element>(n: u32, factor: &[T]) -> f64 {
     let size = n as usize;
     let x: Vec<f64> = random_values(7, size).into_iter().map(f64::from).collect();
     let l = |i: usize, j: usize| factor[i * size + j].to_f64();

@@ -59,10 +59,10 @@ pub use link::{LinkError, Refusal, Transport, WorkerInfo};
 pub use local::default_worker_binary;
 pub use policy::Quarantine;
 pub use start::ClusterBuilder;
-pub use strata_chip::kernel::Signature;
+pub use strata_chip_runtime::kernel::Signature;
 pub use strata_client::ClientTls;
-pub use strata_core::sched::Policy as SchedulerPolicy;
-pub use strata_core::{FailureCause, FailureKind, Outcome, TaskId, WorkerId};
+pub use strata_orchestrator_core::sched::Policy as SchedulerPolicy;
+pub use strata_orchestrator_core::{FailureCause, FailureKind, Outcome, TaskId, WorkerId};
 pub use task::{Task, TaskHandle};
 pub use trace::Trace;
 

@@ -15,7 +15,7 @@ use std::fs::File;
 use std::io;
 
 use memmap2::MmapRaw;
-use strata_chip::kernel::Pod;
+use strata_chip_runtime::kernel::Pod;
 
 /// Bytes `offset..end` asked of a mapping that ends before `end`: the only
 /// way a copy in or out of it fails.

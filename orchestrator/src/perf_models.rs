@@ -5,7 +5,7 @@
 
 use std::path::Path;
 
-use strata_core::sched::perf::Entry;
+use strata_orchestrator_core::sched::perf::Entry;
 
 use crate::error::ClusterError;
 

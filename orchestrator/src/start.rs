@@ -7,9 +7,9 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use strata_chip::Registry;
+use strata_chip_runtime::Registry;
 use strata_client::{ClientTls, Endpoint};
-use strata_core::{Event, WorkerId};
+use strata_orchestrator_core::{Event, WorkerId};
 use strata_wire::IdentityMint;
 use strata_worker::InProcessWorker;
 use tokio::sync::mpsc;
@@ -419,7 +419,7 @@ fn start(b: ClusterBuilder) -> Result<Cluster, Error> {
     // are, not as workers that exit before they are ready.
     if b.local > 0 || b.in_process > 0 {
         b.device
-            .parse::<strata_chip::DeviceSpec>()
+            .parse::<strata_chip_runtime::DeviceSpec>()
             .map_err(|source| ClusterError::Device { source })?;
     }
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -515,8 +515,8 @@ fn start(b: ClusterBuilder) -> Result<Cluster, Error> {
         let caches = (info.fd_passing || link.facts().memory == crate::link::Memory::Staged)
             && info
                 .device
-                .parse::<strata_chip::DeviceSpec>()
-                .is_ok_and(|d| d.mode == strata_chip::Mode::Staged);
+                .parse::<strata_chip_runtime::DeviceSpec>()
+                .is_ok_and(|d| d.mode == strata_chip_runtime::Mode::Staged);
         ep_refs.push(EndpointRef {
             tx,
             name: name.clone(),
@@ -575,7 +575,7 @@ fn start(b: ClusterBuilder) -> Result<Cluster, Error> {
     }
     drop(up_tx);
     let (cmd_tx, cmd_rx) = mpsc::channel(1024);
-    let gate = Arc::new(strata_core::Gate::new(b.max_unfinished));
+    let gate = Arc::new(strata_orchestrator_core::Gate::new(b.max_unfinished));
     tokio::spawn(
         DagActor::new(
             ep_refs,

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use strata_core::{TaskId, WorkerId};
+use strata_orchestrator_core::{TaskId, WorkerId};
 use strata_wire::ArgTag;
 
 use crate::buffer::View;

@@ -12,7 +12,7 @@ use std::path::Path;
 use std::time::Instant;
 
 use serde_json::{Value, json};
-use strata_core::{Outcome, TaskId, WorkerId};
+use strata_orchestrator_core::{Outcome, TaskId, WorkerId};
 
 use crate::error::{Error, TraceError};
 use crate::link::WorkerInfo;
@@ -64,7 +64,7 @@ pub struct TaskTrace {
     /// When it finished (µs).
     pub finished_us: f64,
     /// Its predecessors still unfinished when it was submitted, with the
-    /// edge kinds (bits of `strata_core::dag::edge`).
+    /// edge kinds (bits of `strata_orchestrator_core::dag::edge`).
     pub edges: Vec<(TaskId, u8)>,
     /// Members that ran (one for a plain task; none when it never ran).
     pub members: Vec<MemberTrace>,

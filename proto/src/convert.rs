@@ -652,7 +652,7 @@ pub struct WorkerStats {
     pub cache: CacheCounters,
 }
 
-/// A worker's device cache counters (`strata_chip::CacheStats`, by value).
+/// A worker's device cache counters (`strata_chip_runtime::CacheStats`, by value).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct CacheCounters {
     /// Arguments whose bytes were on the chip at the version asked.

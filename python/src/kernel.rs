@@ -14,8 +14,10 @@ use std::sync::Arc;
 use clap::Parser;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyString, PyTuple};
-use strata_chip::Registry;
-use strata_chip::kernel::{ArgSpec, Kernel, KernelContext, ScalarKind, ScalarSpec, Signature};
+use strata_chip_runtime::Registry;
+use strata_chip_runtime::kernel::{
+    ArgSpec, Kernel, KernelContext, ScalarKind, ScalarSpec, Signature,
+};
 
 use crate::dtype;
 use crate::errors::raise;
@@ -67,7 +69,7 @@ impl PyKernelSpec {
         scalars: Vec<String>,
         version: u32,
     ) -> PyResult<Self> {
-        strata_chip::kernel::check_name(&name).map_err(|e| bad_spec(&name, e))?;
+        strata_chip_runtime::kernel::check_name(&name).map_err(|e| bad_spec(&name, e))?;
         if !func.bind(py).is_callable() {
             return Err(bad_spec(&name, "the function is not callable".into()));
         }

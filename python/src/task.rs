@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use pyo3::prelude::*;
 use pyo3::types::{PyFloat, PyInt, PyTuple};
-use strata_chip::kernel::{ArgSpec, DTypes, Rank, ScalarKind, ScalarSpec, Signature};
+use strata_chip_runtime::kernel::{ArgSpec, DTypes, Rank, ScalarKind, ScalarSpec, Signature};
 use strata_orchestrator::{RunSummary, Task, TaskHandle, WorkerId};
 use strata_wire::{Access, ArgTag, DType};
 

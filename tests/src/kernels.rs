@@ -24,7 +24,7 @@
 //!   bytes coming back, whatever its size).
 //! - `test.hash.<p>` for every access pattern `p` of 1 to 4 arguments
 //!   (`r` read, `w` write, `x` read-write): the differential test's
-//!   callable, computing exactly what `strata_core::sim::compute` computes
+//!   callable, computing exactly what `strata_orchestrator_core::sim::compute` computes
 //!   (a hash of the task id in scalar 0 and of every element read, in
 //!   argument then row-major order, written to every element of every
 //!   written view), on real workers.
@@ -41,8 +41,8 @@
 
 use std::sync::Arc;
 
-use strata_chip::kernel::{ArgSpec, DTypes, Rank, ScalarKind, ScalarSpec, Signature};
-use strata_chip::{Kernel, KernelContext, Registry};
+use strata_chip_runtime::kernel::{ArgSpec, DTypes, Rank, ScalarKind, ScalarSpec, Signature};
+use strata_chip_runtime::{Kernel, KernelContext, Registry};
 use strata_wire::{Access, ArgTag, DType};
 
 struct Panic(Signature);
@@ -168,7 +168,7 @@ struct Hash {
     partial: bool,
 }
 
-/// FNV-1a step, as `strata_core::sim` hashes (shared with `strata-bench`'s
+/// FNV-1a step, as `strata_orchestrator_core::sim` hashes (shared with `strata-bench`'s
 /// oracle).
 pub fn fnv(h: &mut u64, bytes: &[u8]) {
     for &b in bytes {
@@ -308,7 +308,8 @@ impl Kernel for Tile {
                 neighbours[i].geometry().len()
             ));
         }
-        let get = |v: &strata_chip::kernel::View<'_, u64>, j: usize| f64::from_bits(v.get(&[j]));
+        let get =
+            |v: &strata_chip_runtime::kernel::View<'_, u64>, j: usize| f64::from_bits(v.get(&[j]));
         let mut m = f64::from_bits(own.get(&[0]));
         for v in &neighbours {
             let x = get(v, 0);

@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::Args;
-use strata_chip::Registry;
+use strata_chip_runtime::Registry;
 use tracing::{error, info};
 
 use crate::config::{Auth, Endpoint, TlsFiles, WorkerConfig};

@@ -23,7 +23,7 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
-use strata_chip::{
+use strata_chip_runtime::{
     ArgBacking, CacheUse, HostBuffer, HostBytes, HostMemory, Launch, LaunchArg, LaunchReport,
 };
 use strata_proto::TaskId;
@@ -59,7 +59,7 @@ pub(crate) fn execute(node: &Arc<Node>, session: &Session, req: TaskRequest, don
 
 /// As [`execute`], from a thread that only feeds the device (the ring's
 /// reader): the device may run the kernel on this thread when it would
-/// start at once anyway ([`strata_chip::Device::launch_here`]), which saves
+/// start at once anyway ([`strata_chip_runtime::Device::launch_here`]), which saves
 /// waking a lane thread.
 pub(crate) fn execute_here(node: &Arc<Node>, session: &Session, req: TaskRequest, done: Done) {
     run(node, session, req, done, true);
@@ -82,7 +82,7 @@ fn run(node: &Arc<Node>, session: &Session, req: TaskRequest, done: Done, here: 
     match prepare(node, session, req) {
         Err(cause) => counting(failure(id, cause)),
         Ok((launch, held, inline)) => {
-            let finish: strata_chip::device::Completion = Box::new(move |outcome| {
+            let finish: strata_chip_runtime::device::Completion = Box::new(move |outcome| {
                 drop(held);
                 let completion = complete(id, outcome, inline);
                 counting(completion);
@@ -92,7 +92,7 @@ fn run(node: &Arc<Node>, session: &Session, req: TaskRequest, done: Done, here: 
             // exactly one of the two paths runs `finish`.
             let slot = Arc::new(Mutex::new(Some(finish)));
             let from_device = Arc::clone(&slot);
-            let relay: strata_chip::device::Completion = Box::new(move |outcome| {
+            let relay: strata_chip_runtime::device::Completion = Box::new(move |outcome| {
                 if let Some(f) = take(&from_device) {
                     f(outcome);
                 }
@@ -447,11 +447,11 @@ fn in_place(
 
 fn complete(
     id: TaskId,
-    outcome: Result<LaunchReport, strata_chip::Error>,
+    outcome: Result<LaunchReport, strata_chip_runtime::Error>,
     inline: Vec<InlineArg>,
 ) -> TaskCompletion {
     match outcome {
-        Err(e @ strata_chip::Error::NotHeld { .. }) => {
+        Err(e @ strata_chip_runtime::Error::NotHeld { .. }) => {
             TaskCompletion::bare(id, TaskOutcome::Resend(e.to_string()))
         }
         Err(e) => failure(id, FailureCause::new(e.failure_kind(), e.to_string())),
@@ -466,7 +466,7 @@ fn complete(
                     let whole = a.view.byte_offset() == 0
                         && a.view.is_contiguous()
                         && a.view.extent_bytes() == a.host.len() as u64
-                        && strata_chip::staging::packed_len(&a.view) == a.host.len() as u64;
+                        && strata_chip_runtime::staging::packed_len(&a.view) == a.host.len() as u64;
                     let host = if whole {
                         match Arc::try_unwrap(a.host) {
                             Ok(buffer) => return Some((a.index, buffer.into_bytes())),
@@ -547,7 +547,7 @@ mod tests {
         // Elements at 0,1,1,2 and 5,6,6,7: 8 packed bytes, an extent of 8.
         let tricky = view(&[2, 2, 2], &[5, 1, 1]);
         assert_eq!(tricky.extent_bytes(), 8);
-        assert_eq!(strata_chip::staging::packed_len(&tricky), 8);
+        assert_eq!(strata_chip_runtime::staging::packed_len(&tricky), 8);
         assert!(in_place(&tricky, Some(&bytes), Some(&false)).is_none());
     }
 }

@@ -29,7 +29,7 @@ use memmap2::{MmapOptions, MmapRaw};
 use nix::fcntl::{FcntlArg, SealFlag, fcntl};
 use nix::sys::stat::fstat;
 use nix::sys::statfs::{TMPFS_MAGIC, fstatfs};
-use strata_chip::HostMemory;
+use strata_chip_runtime::HostMemory;
 use strata_wire::{Access, AddressSpace, Backing, BufferDescriptor};
 use strata_worker_core::{ImportRegistry, Mapper};
 

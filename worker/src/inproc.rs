@@ -17,7 +17,7 @@
 use std::os::fd::OwnedFd;
 use std::sync::Arc;
 
-use strata_chip::{Device, Region, Registry, SimDevice};
+use strata_chip_runtime::{Device, Region, Registry, SimDevice};
 use strata_proto::convert::{
     CallableOffer, InstanceId, RunEnd, SessionState, TaskCompletion, TaskRequest, WorkerStats,
 };

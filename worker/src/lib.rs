@@ -11,8 +11,8 @@
 //!
 //! ```no_run
 //! use std::sync::Arc;
-//! use strata_chip::Registry;
-//! # fn my_kernel() -> Arc<dyn strata_chip::Kernel> { unimplemented!() }
+//! use strata_chip_runtime::Registry;
+//! # fn my_kernel() -> Arc<dyn strata_chip_runtime::Kernel> { unimplemented!() }
 //! let mut kernels = Registry::with_builtins();
 //! kernels.register(my_kernel()).unwrap();
 //! // In main: parse `strata_worker::cli::WorkerArgs` with clap, then

@@ -28,7 +28,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
 
-use strata_chip::{Device, DeviceBlock, Region, Registry, StartGate};
+use strata_chip_runtime::{Device, DeviceBlock, Region, Registry, StartGate};
 use strata_proto::convert::{CallableOffer, InstanceId, SessionState};
 use strata_wire::CanonicalIdentity;
 use strata_worker_core::SessionId;
@@ -99,7 +99,10 @@ impl RunRegion {
     ///
     /// # Errors
     /// The device's refusal (out of memory in the run region).
-    pub(crate) fn alloc(self: &Arc<Self>, nbytes: u64) -> Result<DeviceBuffer, strata_chip::Error> {
+    pub(crate) fn alloc(
+        self: &Arc<Self>,
+        nbytes: u64,
+    ) -> Result<DeviceBuffer, strata_chip_runtime::Error> {
         let mut live = self.live();
         let block = self.device.alloc(Region::Run, nbytes)?;
         *live += 1;
@@ -551,8 +554,8 @@ mod tests {
     use std::sync::mpsc;
     use std::time::Duration;
 
-    use strata_chip::kernel::Signature;
-    use strata_chip::{Kernel, KernelContext, SimDevice};
+    use strata_chip_runtime::kernel::Signature;
+    use strata_chip_runtime::{Kernel, KernelContext, SimDevice};
     use strata_proto::TaskId;
     use strata_proto::convert::{TaskCompletion, TaskOutcome, TaskRequest};
     use strata_wire::TaskArgs;
@@ -605,8 +608,8 @@ mod tests {
 
     struct Fixture {
         node: Arc<Node>,
-        hold: strata_chip::KernelHandle,
-        count: strata_chip::KernelHandle,
+        hold: strata_chip_runtime::KernelHandle,
+        count: strata_chip_runtime::KernelHandle,
         runs: Arc<AtomicUsize>,
         started: mpsc::Receiver<()>,
         release: mpsc::Sender<()>,
@@ -657,7 +660,7 @@ mod tests {
         f: &Fixture,
         session: &Arc<Session>,
         id: u64,
-        callable: strata_chip::KernelHandle,
+        callable: strata_chip_runtime::KernelHandle,
         out: &mpsc::Sender<TaskCompletion>,
     ) {
         let running = session.task_received();

@@ -8,7 +8,7 @@ use std::os::fd::OwnedFd;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
-use strata_chip::Region;
+use strata_chip_runtime::Region;
 use strata_proto::TaskId;
 use strata_proto::convert::{
     FailureCause, FailureKind, RunEnd, TaskCompletion, TaskRequest, WorkerStats,
@@ -60,7 +60,7 @@ pub enum NodeError {
     Halted,
     /// The device refused.
     #[error("{0}")]
-    Device(strata_chip::Error),
+    Device(strata_chip_runtime::Error),
 }
 
 impl NodeError {
@@ -76,8 +76,8 @@ impl NodeError {
     }
 }
 
-impl From<strata_chip::Error> for NodeError {
-    fn from(e: strata_chip::Error) -> Self {
+impl From<strata_chip_runtime::Error> for NodeError {
+    fn from(e: strata_chip_runtime::Error) -> Self {
         NodeError::Device(e)
     }
 }
@@ -463,7 +463,9 @@ impl Intake {
 }
 
 /// The chip's cache counters as the protocol carries them.
-pub(crate) fn cache_counters(c: strata_chip::CacheStats) -> strata_proto::convert::CacheCounters {
+pub(crate) fn cache_counters(
+    c: strata_chip_runtime::CacheStats,
+) -> strata_proto::convert::CacheCounters {
     strata_proto::convert::CacheCounters {
         hits: c.hits,
         hit_bytes: c.hit_bytes,

@@ -12,7 +12,7 @@ use std::future::Future;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use strata_chip::{Device, Kernel, Registry, SimDevice};
+use strata_chip_runtime::{Device, Kernel, Registry, SimDevice};
 use strata_proto::pb::worker_server::WorkerServer;
 use strata_proto::{CONNECTION_WINDOW, STREAM_WINDOW};
 use tokio::net::TcpListener;

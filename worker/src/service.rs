@@ -54,8 +54,8 @@ impl WorkerService {
 }
 
 /// The one mapping from chip errors to gRPC statuses.
-fn status(e: &strata_chip::Error) -> Status {
-    use strata_chip::Error as E;
+fn status(e: &strata_chip_runtime::Error) -> Status {
+    use strata_chip_runtime::Error as E;
     let msg = e.to_string();
     match e {
         E::OutOfMemory { .. } | E::TooManyBlocks { .. } => Status::resource_exhausted(msg),

@@ -1,8 +1,8 @@
 //! The arena under random allocation sequences, and the run region's reset.
 
 use proptest::prelude::*;
-use strata_chip::Error;
-use strata_chip::arena::{Arena, Region, UNIT};
+use strata_chip_runtime::Error;
+use strata_chip_runtime::arena::{Arena, Region, UNIT};
 
 #[derive(Debug, Clone)]
 enum Op {

@@ -17,8 +17,8 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use strata_chip::kernel::{ArgSpec, DTypes, Rank, Signature};
-use strata_chip::{
+use strata_chip_runtime::kernel::{ArgSpec, DTypes, Rank, Signature};
+use strata_chip_runtime::{
     ArgBacking, CacheUse, Device, HostBuffer, Kernel, KernelContext, Launch, LaunchArg, Region,
     Registry, SimDevice, device,
 };
@@ -110,7 +110,7 @@ struct World {
     reg: Registry,
     caller: Caller,
     deferred: bool,
-    user_blocks: Vec<(usize, strata_chip::device::DeviceAddr)>,
+    user_blocks: Vec<(usize, strata_chip_runtime::device::DeviceAddr)>,
     /// A view of every byte set used, to enumerate a copy's bytes.
     views: HashMap<Footprint, Tensor>,
 }
@@ -218,7 +218,7 @@ impl World {
         name: &str,
         args: &[(Tensor, ArgTag)],
         scalars: Vec<u64>,
-    ) -> Result<(), strata_chip::Error> {
+    ) -> Result<(), strata_chip_runtime::Error> {
         let prints: Vec<Footprint> = args.iter().map(|(t, _)| Footprint::of(t)).collect();
         for ((t, _), f) in args.iter().zip(&prints) {
             self.views.insert(*f, *t);
@@ -505,7 +505,7 @@ fn run(seed: u64, caller: Caller, deferred: bool) -> Result<(), String> {
 
 #[test]
 fn cached_programs_match_host_memory_alone() {
-    let mut totals = strata_chip::CacheStats::default();
+    let mut totals = strata_chip_runtime::CacheStats::default();
     // More with STRATA_CACHE_SEEDS (a release run takes thousands).
     let seeds = std::env::var("STRATA_CACHE_SEEDS")
         .ok()
@@ -563,7 +563,7 @@ fn one(
     dev: &SimDevice,
     args: Vec<LaunchArg>,
     scalars: Vec<u64>,
-) -> Result<(), strata_chip::Error> {
+) -> Result<(), strata_chip_runtime::Error> {
     crate::common::run(dev, reg, kernel, args, scalars).map(drop)
 }
 
@@ -729,7 +729,10 @@ fn held_bytes_come_from_the_copy_or_the_launch_fails() {
     let output = || cached_arg(v(dst), ArgTag::Output, &out, 1, 0, 9);
     // Nothing on the chip yet.
     let e = one("copy", &reg, &dev, vec![held(&empty, 1), output()], vec![]).unwrap_err();
-    assert!(matches!(e, strata_chip::Error::NotHeld { .. }), "{e}");
+    assert!(
+        matches!(e, strata_chip_runtime::Error::NotHeld { .. }),
+        "{e}"
+    );
     assert!(e.to_string().contains("holds no copy"), "{e}");
     // Sent once (version 1), then held.
     one(

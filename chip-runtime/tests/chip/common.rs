@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use half::{bf16, f16};
-use strata_chip::{
+use strata_chip_runtime::{
     ArgBacking, HostBuffer, Launch, LaunchArg, LaunchReport, Registry, SimDevice, device,
 };
 use strata_wire::check::Rng;
@@ -204,7 +204,7 @@ pub(crate) fn run(
     name: &str,
     args: Vec<LaunchArg>,
     scalars: Vec<u64>,
-) -> Result<LaunchReport, strata_chip::Error> {
+) -> Result<LaunchReport, strata_chip_runtime::Error> {
     let kernel = reg.get(reg.find(name, 1).unwrap()).unwrap();
     device::launch(
         dev,

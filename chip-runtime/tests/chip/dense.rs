@@ -6,7 +6,7 @@
 //! Tolerances are normwise backward-error bounds: c·n·ε(dtype)·‖·‖ with
 //! c = 8 (the recursions reorder sums; they do not change their length).
 
-use strata_chip::{Device, Registry, SimDevice};
+use strata_chip_runtime::{Device, Registry, SimDevice};
 use strata_wire::check::Rng;
 use strata_wire::{ArgTag, DType};
 

@@ -2,8 +2,8 @@
 
 use std::sync::Arc;
 
-use strata_chip::kernel::{ArgSpec, DTypes, Rank, Signature};
-use strata_chip::{
+use strata_chip_runtime::kernel::{ArgSpec, DTypes, Rank, Signature};
+use strata_chip_runtime::{
     ArgBacking, Device, Error, HostBuffer, Kernel, KernelContext, LaunchArg, Region, Registry,
     SimDevice,
 };
@@ -506,7 +506,7 @@ fn registry_handles() {
         Err(Error::ConflictingKernel(_))
     ));
     assert!(matches!(
-        reg.get(strata_chip::KernelHandle([0; 16])),
+        reg.get(strata_chip_runtime::KernelHandle([0; 16])),
         Err(Error::UnknownKernel(_))
     ));
 }
@@ -550,15 +550,15 @@ fn a_closed_gate_keeps_a_queued_launch_from_starting() {
         started: started_tx,
     });
     let fill = reg.get(reg.find("fill", 1).unwrap()).unwrap();
-    let gate = strata_chip::StartGate::new();
+    let gate = strata_chip_runtime::StartGate::new();
     let mut rng = Rng(5);
     let gated = host_tensor(&mut rng, &[16], DType::F32, Layout::RowMajor);
     let free = host_tensor(&mut rng, &[16], DType::F32, Layout::RowMajor);
     let before = gated.bytes();
     let launch = |kernel: &Arc<dyn Kernel>, args: Vec<LaunchArg>, scalars, gate| {
-        strata_chip::device::launch(
+        strata_chip_runtime::device::launch(
             &d,
-            strata_chip::Launch {
+            strata_chip_runtime::Launch {
                 kernel: Arc::clone(kernel),
                 args,
                 scalars,

@@ -4,8 +4,8 @@
 
 use std::sync::Arc;
 
-use strata_chip::kernel::{ArgSpec, DTypes, Rank, Signature};
-use strata_chip::{Device, Kernel, KernelContext, Launch, Region, SimDevice, device};
+use strata_chip_runtime::kernel::{ArgSpec, DTypes, Rank, Signature};
+use strata_chip_runtime::{Device, Kernel, KernelContext, Launch, Region, SimDevice, device};
 use strata_wire::check::Rng;
 use strata_wire::{Access, ArgTag, DType};
 
@@ -20,9 +20,9 @@ fn descriptor(name: &str, access: Access, scalars: usize) -> Signature {
         version: 1,
         args: vec![ArgSpec::new("x", access, DTypes::Any, Rank::Any)],
         scalars: (0..scalars)
-            .map(|i| strata_chip::kernel::ScalarSpec {
+            .map(|i| strata_chip_runtime::kernel::ScalarSpec {
                 name: format!("s{i}"),
-                kind: strata_chip::kernel::ScalarKind::U64,
+                kind: strata_chip_runtime::kernel::ScalarKind::U64,
             })
             .collect(),
     }
@@ -71,7 +71,7 @@ impl Kernel for WriteFirst {
 fn launch(
     dev: &SimDevice,
     k: Arc<dyn Kernel>,
-    args: Vec<strata_chip::LaunchArg>,
+    args: Vec<strata_chip_runtime::LaunchArg>,
     scalars: Vec<u64>,
 ) {
     device::launch(

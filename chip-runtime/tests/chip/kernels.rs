@@ -7,7 +7,7 @@
 //!   for the final rounding;
 //! - reduce_sum, softmax: ε(dtype)·(Σ|x| or 1) plus 1e-12.
 
-use strata_chip::{Device, Registry, SimDevice};
+use strata_chip_runtime::{Device, Registry, SimDevice};
 use strata_wire::check::Rng;
 use strata_wire::{ArgTag, DType};
 

@@ -2,8 +2,8 @@
 
 use std::sync::Arc;
 
-use strata_chip::kernel::{ArgSpec, DTypes, Rank, Signature};
-use strata_chip::{Device, Kernel, KernelContext, Launch, Registry, SimDevice, device};
+use strata_chip_runtime::kernel::{ArgSpec, DTypes, Rank, Signature};
+use strata_chip_runtime::{Device, Kernel, KernelContext, Launch, Registry, SimDevice, device};
 use strata_wire::check::{Rng, byte_set};
 use strata_wire::{Access, ArgTag, DType};
 

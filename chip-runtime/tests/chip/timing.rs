@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use strata_chip::{Registry, SimDevice};
+use strata_chip_runtime::{Registry, SimDevice};
 use strata_wire::check::Rng;
 use strata_wire::{ArgTag, DType};
 

@@ -160,7 +160,7 @@ pub fn run(cli: Cli) -> ExitCode {
             run::run(&args)
         }
         Command::Worker(args) => {
-            strata_worker::cli::run(args, strata_chip::Registry::with_builtins())
+            strata_worker::cli::run(args, strata_chip_runtime::Registry::with_builtins())
         }
     }
 }

@@ -90,7 +90,7 @@ pub struct RunArgs {
 
 /// The local workers' callables: this binary's built-in kernels.
 fn builtin_signature(name: &str) -> Result<Callable, String> {
-    let registry = strata_chip::Registry::with_builtins();
+    let registry = strata_chip_runtime::Registry::with_builtins();
     let (base, version) = match name.split_once('@') {
         Some((n, v)) => (
             n,

@@ -2,9 +2,9 @@
 //! checks of the DAG on the graph alone, then (given the callables'
 //! signatures) argument counts, tags, scalars and every launch.
 
-use strata_chip::kernel::{ScalarKind, Signature};
-use strata_core::dag::{Arg, NewTask};
-use strata_core::{Dag, TaskId};
+use strata_chip_runtime::kernel::{ScalarKind, Signature};
+use strata_orchestrator_core::dag::{Arg, NewTask};
+use strata_orchestrator_core::{Dag, TaskId};
 use strata_wire::{
     Access, AddressSpace, ArgTag, Backing, BufferDescriptor, DType, IdentityMint, Tensor,
 };
@@ -179,12 +179,12 @@ impl Graph {
                         path: join(&t.path, "args"),
                         what,
                     })?;
-                strata_chip::kernel::check_launch(kernel.as_ref(), &args, &bits).map_err(|e| {
-                    GraphError {
+                strata_chip_runtime::kernel::check_launch(kernel.as_ref(), &args, &bits).map_err(
+                    |e| GraphError {
                         path: t.path.clone(),
                         what: e.to_string(),
-                    }
-                })?;
+                    },
+                )?;
             }
         }
         Ok(())
@@ -244,7 +244,7 @@ pub struct Callable {
     /// The callable's signature.
     pub signature: Signature,
     /// The kernel, when this process has it.
-    pub kernel: Option<std::sync::Arc<dyn strata_chip::Kernel>>,
+    pub kernel: Option<std::sync::Arc<dyn strata_chip_runtime::Kernel>>,
 }
 
 impl std::fmt::Debug for Callable {
@@ -266,7 +266,7 @@ impl Callable {
     }
 
     /// From a kernel, whose launches can then be checked here.
-    pub fn of_kernel(k: std::sync::Arc<dyn strata_chip::Kernel>) -> Self {
+    pub fn of_kernel(k: std::sync::Arc<dyn strata_chip_runtime::Kernel>) -> Self {
         Callable {
             signature: k.descriptor().clone(),
             kernel: Some(k),

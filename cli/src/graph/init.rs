@@ -19,7 +19,7 @@ pub(super) fn uniform(seed: u64, n: usize, low: f64, high: f64) -> impl Iterator
 /// `values` encoded as little-endian elements of `dtype` (whole-byte,
 /// numeric dtypes).
 pub(super) fn encode(dtype: DType, values: impl Iterator<Item = f64>, integral: bool) -> Vec<u8> {
-    use strata_chip::half::{bf16, f16};
+    use strata_chip_runtime::half::{bf16, f16};
     let mut out = Vec::new();
     for v in values {
         let v = if integral && !matches!(dtype, DType::F32 | DType::F64 | DType::F16 | DType::BF16)
@@ -50,7 +50,7 @@ pub(super) fn encode(dtype: DType, values: impl Iterator<Item = f64>, integral: 
 
 /// Little-endian elements of `dtype` as f64.
 pub(super) fn decode(dtype: DType, bytes: &[u8]) -> Vec<f64> {
-    use strata_chip::half::{bf16, f16};
+    use strata_chip_runtime::half::{bf16, f16};
     let w = ((dtype.bits() / 8) as usize).max(1);
     bytes
         .chunks_exact(w)

@@ -35,8 +35,8 @@ use std::time::{Duration, Instant};
 static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
-use strata_core::dag::{Arg, NewTask};
-use strata_core::{Dag, TaskId};
+use strata_orchestrator_core::dag::{Arg, NewTask};
+use strata_orchestrator_core::{Dag, TaskId};
 use strata_wire::check::Rng;
 use strata_wire::{
     Access, AddressSpace, ArgTag, Backing, BufferDescriptor, CanonicalIdentity, DType, Tensor,

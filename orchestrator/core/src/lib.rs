@@ -17,8 +17,8 @@
 //! checked after every transition in debug builds.
 //!
 //! ```
-//! use strata_core::dag::{Arg, NewTask};
-//! use strata_core::{Dag, TaskId};
+//! use strata_orchestrator_core::dag::{Arg, NewTask};
+//! use strata_orchestrator_core::{Dag, TaskId};
 //! use strata_wire::{check::test_buffer, ArgTag, DType, Tensor};
 //!
 //! let buf = test_buffer(256);

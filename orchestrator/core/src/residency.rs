@@ -1,7 +1,7 @@
 //! The versions of bytes that workers' device caches hold.
 //!
 //! A staged chip keeps the copies it made of host bytes between tasks,
-//! keyed by the exact byte set (`strata_chip::cache`), but it cannot see
+//! keyed by the exact byte set (`strata_chip_runtime::cache`), but it cannot see
 //! writes made elsewhere. The orchestrator, which sees every task end, names
 //! for each argument the *version* of its bytes the task must see, and the
 //! directory is where those versions come from:

@@ -7,7 +7,7 @@
 
 use std::collections::BTreeMap;
 
-use strata_core::WorkerId;
+use strata_orchestrator_core::WorkerId;
 use strata_wire::CanonicalIdentity;
 use tokio::sync::mpsc;
 

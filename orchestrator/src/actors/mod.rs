@@ -23,8 +23,10 @@ pub(crate) mod dag;
 pub(crate) mod endpoint;
 pub(crate) mod fence;
 
-use strata_chip::KernelHandle;
-use strata_core::{Event, FailureCause, FailureKind, Placement, ScopeId, Submission, TaskId};
+use strata_chip_runtime::KernelHandle;
+use strata_orchestrator_core::{
+    Event, FailureCause, FailureKind, Placement, ScopeId, Submission, TaskId,
+};
 use strata_proto::convert::WorkerStats;
 use strata_wire::{ArgTag, CanonicalIdentity, Tensor};
 use tokio::sync::oneshot;
@@ -49,7 +51,7 @@ pub(crate) struct MemberSpec {
     /// `name@version`, shared with the cluster's table.
     pub(crate) name: std::sync::Arc<str>,
     /// What the performance models know of it.
-    pub(crate) work: strata_core::sched::Work,
+    pub(crate) work: strata_orchestrator_core::sched::Work,
     /// Shared with the dispatches of this member (no copy per dispatch).
     pub(crate) args: std::sync::Arc<[ArgRef]>,
     pub(crate) scalars: std::sync::Arc<[u64]>,
@@ -280,7 +282,7 @@ pub(crate) enum EpCmd {
     DeviceAlloc {
         identity: CanonicalIdentity,
         nbytes: u64,
-        region: strata_chip::Region,
+        region: strata_chip_runtime::Region,
         reply: oneshot::Sender<Result<u64, LinkError>>,
     },
     /// Ends the session's run on the worker (its run buffers retire).

@@ -10,8 +10,8 @@ use std::sync::atomic::Ordering;
 
 use bytes::Bytes;
 
-use strata_chip::staging;
-use strata_core::{Holders, WorkerId};
+use strata_chip_runtime::staging;
+use strata_orchestrator_core::{Holders, WorkerId};
 use strata_proto::offload::off_runtime;
 use strata_wire::{BufferDescriptor, CanonicalIdentity, Tensor};
 use tokio::sync::mpsc;
@@ -59,7 +59,7 @@ struct Mark {
 /// A task lost without a fence, as the quarantine of its views names it.
 #[derive(Debug, Clone)]
 pub(crate) struct Loss {
-    pub(crate) task: strata_core::TaskId,
+    pub(crate) task: strata_orchestrator_core::TaskId,
     /// Its callable, `name@version`.
     pub(crate) callable: String,
     pub(crate) worker: WorkerId,
@@ -256,7 +256,7 @@ impl HostShared {
     }
 
     /// Lifts what `task` quarantined: it can no longer write.
-    pub(crate) fn lift(&self, task: strata_core::TaskId) {
+    pub(crate) fn lift(&self, task: strata_orchestrator_core::TaskId) {
         let mut marks = self.marks();
         marks.retain(|m| m.loss.task != task);
         self.any_marked.store(!marks.is_empty(), Ordering::Release);

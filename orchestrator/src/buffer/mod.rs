@@ -17,8 +17,8 @@
 
 use std::sync::Arc;
 
-use strata_chip::kernel::Pod;
-use strata_core::WorkerId;
+use strata_chip_runtime::kernel::Pod;
+use strata_orchestrator_core::WorkerId;
 use strata_wire::{BufferDescriptor, CanonicalIdentity, DType, Tensor};
 use tokio::sync::mpsc;
 

@@ -1,7 +1,7 @@
 //! Views: a validated wire `Tensor` and the buffer that keeps its memory
 //! alive; narrowed grants, reshapes, and element reads and writes.
 
-use strata_chip::kernel::Element;
+use strata_chip_runtime::kernel::Element;
 use strata_wire::{Access, DType, Tensor};
 
 use super::Buffer;

@@ -2,7 +2,7 @@
 //! run), written and read by control calls, checked alive before a task
 //! or a call uses them.
 
-use strata_core::WorkerId;
+use strata_orchestrator_core::WorkerId;
 use strata_wire::{Access, AddressSpace, Backing as WireBacking, BufferDescriptor};
 
 use super::Cluster;
@@ -60,8 +60,8 @@ impl Cluster {
             .incarnation();
         let identity = self.mint.mint().map_err(BufferError::Identity)?;
         let region = match run {
-            Some(_) => strata_chip::Region::Run,
-            None => strata_chip::Region::Persistent,
+            Some(_) => strata_chip_runtime::Region::Run,
+            None => strata_chip_runtime::Region::Persistent,
         };
         let addr = self.ask_endpoint(worker, |reply| EpCmd::DeviceAlloc {
             identity,

@@ -8,9 +8,9 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use strata_chip::KernelHandle;
-use strata_chip::kernel::Signature;
-use strata_core::{ScopeId, WorkerId};
+use strata_chip_runtime::KernelHandle;
+use strata_chip_runtime::kernel::Signature;
+use strata_orchestrator_core::{ScopeId, WorkerId};
 use strata_proto::convert::WorkerStats;
 use strata_wire::{Access, IdentityMint};
 use tokio::runtime::Runtime;
@@ -53,7 +53,7 @@ pub struct Cluster {
     /// The retry policy ([`crate::ClusterBuilder::retry`]).
     pub(crate) retries: u32,
     /// Bounds the tasks submitted and not finished.
-    pub(crate) gate: std::sync::Arc<strata_core::Gate>,
+    pub(crate) gate: std::sync::Arc<strata_orchestrator_core::Gate>,
     /// The next task id; held while a submit is handed to the DAG actor,
     /// so that ids reach it in increasing order.
     pub(crate) next_id: std::sync::Mutex<u64>,
@@ -203,7 +203,7 @@ impl Cluster {
     ///
     /// # Errors
     /// As [`Cluster::buffer`].
-    pub fn buffer_from_slice<T: strata_chip::kernel::Pod>(
+    pub fn buffer_from_slice<T: strata_chip_runtime::kernel::Pod>(
         &self,
         values: &[T],
     ) -> Result<Buffer, Error> {

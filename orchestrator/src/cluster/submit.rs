@@ -2,8 +2,8 @@
 //! resolved, arguments and placement derived, the DAG's view built and
 //! checked once, numbered and handed to the DAG actor.
 
-use strata_chip::kernel::Signature;
-use strata_core::{Placement, TaskId, WorkerId};
+use strata_chip_runtime::kernel::Signature;
+use strata_orchestrator_core::{Placement, TaskId, WorkerId};
 use strata_wire::ArgTag;
 
 use std::sync::Arc;
@@ -149,7 +149,7 @@ impl Cluster {
 
     /// [`Cluster::submit_spec`] once the task holds its place in the gate:
     /// the one place a task becomes what the engine takes. Its DAG view is
-    /// built and checked here, once ([`strata_core::Dag::check`]); the DAG
+    /// built and checked here, once ([`strata_orchestrator_core::Dag::check`]); the DAG
     /// actor inserts the checked task as it is.
     fn submit_entered(
         &self,
@@ -159,7 +159,7 @@ impl Cluster {
     ) -> Result<TaskHandle, Error> {
         let mut next = self.next_id.lock().unwrap_or_else(|e| e.into_inner());
         let id = TaskId(*next);
-        let task = strata_core::dag::NewTask {
+        let task = strata_orchestrator_core::dag::NewTask {
             id,
             members: spec
                 .members
@@ -167,7 +167,7 @@ impl Cluster {
                 .map(|m| {
                     m.args
                         .iter()
-                        .map(|a| strata_core::dag::Arg {
+                        .map(|a| strata_orchestrator_core::dag::Arg {
                             tensor: a.tensor,
                             tag: a.tag,
                         })
@@ -177,13 +177,13 @@ impl Cluster {
             scalars: spec.members.iter().map(|m| m.scalars.len()).collect(),
             after,
         };
-        let task = strata_core::Dag::check(task).map_err(SubmitError::Rejected)?;
-        let submission = strata_core::Submission {
+        let task = strata_orchestrator_core::Dag::check(task).map_err(SubmitError::Rejected)?;
+        let submission = strata_orchestrator_core::Submission {
             task,
             members: spec
                 .members
                 .iter()
-                .map(|m| strata_core::sched::MemberInfo {
+                .map(|m| strata_orchestrator_core::sched::MemberInfo {
                     callable: m.callable,
                     placement: m.placement,
                     device_buffers: m.device_buffers.clone(),
@@ -316,7 +316,7 @@ impl Cluster {
 /// What the performance models know of a member before it runs: its
 /// arguments' shapes, dtypes and tags (the size class), the bytes they
 /// span, its declared flops, and the exact views it touches.
-fn work_of(args: &[ArgRef], flops: Option<u64>) -> strata_core::sched::Work {
+fn work_of(args: &[ArgRef], flops: Option<u64>) -> strata_orchestrator_core::sched::Work {
     use std::hash::{Hash, Hasher};
     let mut class = rustc_hash::FxHasher::default();
     let mut size = 0u64;
@@ -337,7 +337,7 @@ fn work_of(args: &[ArgRef], flops: Option<u64>) -> strata_core::sched::Work {
             .hash(&mut key);
         data.push((key.finish(), bytes, a.tag.writes()));
     }
-    strata_core::sched::Work {
+    strata_orchestrator_core::sched::Work {
         class: class.finish(),
         size,
         flops,

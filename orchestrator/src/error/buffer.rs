@@ -4,7 +4,7 @@ use std::fmt;
 use std::io;
 use std::ops::Range;
 
-use strata_core::{TaskId, WorkerId};
+use strata_orchestrator_core::{TaskId, WorkerId};
 use strata_wire::{Access, CanonicalIdentity, DType};
 
 /// Why a buffer could not be made, read or written.

@@ -27,7 +27,7 @@ pub enum ClusterError {
     #[error("local workers' device: {source}")]
     Device {
         /// Why (it names the spec and the device kinds there are).
-        source: strata_chip::Error,
+        source: strata_chip_runtime::Error,
     },
     /// A worker address is malformed.
     #[error("{reason}")]

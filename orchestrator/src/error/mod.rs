@@ -2,7 +2,7 @@
 //! typed reason a program can match on ([`ClusterError`], [`BufferError`],
 //! [`ViewError`], [`QuarantinedBytes`], [`SubmitError`], [`NpyError`],
 //! [`TraceError`], the worker's [`LinkError`], a task's [`RunError`]).
-//! Lower layers' errors (`strata_wire::Error`, `strata_core::SubmitError`,
+//! Lower layers' errors (`strata_wire::Error`, `strata_orchestrator_core::SubmitError`,
 //! `std::io::Error`) are kept as they came, not turned into text.
 
 mod buffer;
@@ -13,7 +13,7 @@ mod submit;
 pub use buffer::{BufferError, QuarantinedBytes, ViewError};
 pub use cluster::ClusterError;
 pub use files::{NpyError, TraceError};
-use strata_core::{Outcome, TaskId, WorkerId};
+use strata_orchestrator_core::{Outcome, TaskId, WorkerId};
 pub use submit::SubmitError;
 
 use crate::link::LinkError;

@@ -1,6 +1,6 @@
 //! Why a task, or a call about tasks, was refused.
 
-use strata_core::{CancelError, ScopeError, TaskId, WorkerId};
+use strata_orchestrator_core::{CancelError, ScopeError, TaskId, WorkerId};
 
 use super::BufferError;
 
@@ -129,7 +129,7 @@ pub enum SubmitError {
     /// The DAG's submit-time rules refused it (the rule names the member
     /// and argument).
     #[error("{}", .0.reason)]
-    Rejected(#[from] strata_core::SubmitError),
+    Rejected(#[from] strata_orchestrator_core::SubmitError),
     /// A task that cannot be cancelled.
     #[error("cannot cancel {task}: {reason}")]
     Cancel {
@@ -161,15 +161,15 @@ pub enum SubmitError {
     },
 }
 
-impl From<strata_core::Refusal> for SubmitError {
-    fn from(r: strata_core::Refusal) -> Self {
+impl From<strata_orchestrator_core::Refusal> for SubmitError {
+    fn from(r: strata_orchestrator_core::Refusal) -> Self {
         match r {
-            strata_core::Refusal::Submit(e) => SubmitError::Rejected(e),
-            strata_core::Refusal::Cancel(reason) => SubmitError::Cancel {
+            strata_orchestrator_core::Refusal::Submit(e) => SubmitError::Rejected(e),
+            strata_orchestrator_core::Refusal::Cancel(reason) => SubmitError::Cancel {
                 task: reason.task(),
                 reason,
             },
-            strata_core::Refusal::Scope(e) => SubmitError::Scope(e),
+            strata_orchestrator_core::Refusal::Scope(e) => SubmitError::Scope(e),
             // Refusal is non-exhaustive; every kind the engine has today
             // is above.
             other => SubmitError::Job(other.to_string()),
@@ -177,8 +177,8 @@ impl From<strata_core::Refusal> for SubmitError {
     }
 }
 
-impl From<strata_core::Refusal> for super::Error {
-    fn from(r: strata_core::Refusal) -> Self {
+impl From<strata_orchestrator_core::Refusal> for super::Error {
+    fn from(r: strata_orchestrator_core::Refusal) -> Self {
         super::Error::Submit(r.into())
     }
 }

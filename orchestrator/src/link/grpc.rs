@@ -7,7 +7,7 @@ use std::os::fd::BorrowedFd;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use strata_chip::Region;
+use strata_chip_runtime::Region;
 use strata_client::{
     Body, ClientError, ClientTls, DataConnection, Endpoint, FdChannel, SessionId, TaskSender,
     WorkerClient,

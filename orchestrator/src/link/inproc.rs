@@ -6,7 +6,7 @@
 use std::os::fd::BorrowedFd;
 use std::sync::{Arc, Mutex};
 
-use strata_chip::Region;
+use strata_chip_runtime::Region;
 use strata_proto::convert::{RunEnd, SessionState, TaskRequest, WorkerStats};
 use strata_wire::{BufferDescriptor, CanonicalIdentity};
 use strata_worker::{InProcessSession, InProcessWorker, NodeError, SessionId};
@@ -253,11 +253,14 @@ fn node_error(e: NodeError) -> LinkError {
         NodeError::SessionEnded(_) => LinkError::Lost(msg),
         NodeError::Halted => LinkError::Unreachable(msg),
         NodeError::Device(d) => match d {
-            strata_chip::Error::OutOfMemory { .. } | strata_chip::Error::TooManyBlocks { .. } => {
+            strata_chip_runtime::Error::OutOfMemory { .. }
+            | strata_chip_runtime::Error::TooManyBlocks { .. } => {
                 LinkError::Refused(Refusal::Exhausted(msg))
             }
-            strata_chip::Error::RunEnded { .. } => LinkError::Refused(Refusal::Precondition(msg)),
-            strata_chip::Error::ShutDown => LinkError::Unreachable(msg),
+            strata_chip_runtime::Error::RunEnded { .. } => {
+                LinkError::Refused(Refusal::Precondition(msg))
+            }
+            strata_chip_runtime::Error::ShutDown => LinkError::Unreachable(msg),
             _ => LinkError::Refused(Refusal::Invalid(msg)),
         },
         _ => LinkError::Internal(msg),

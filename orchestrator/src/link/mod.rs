@@ -27,9 +27,9 @@ use std::os::fd::BorrowedFd;
 use std::pin::Pin;
 use std::sync::Arc;
 
-use strata_chip::Region;
+use strata_chip_runtime::Region;
 use strata_client::SessionId;
-use strata_core::WorkerId;
+use strata_orchestrator_core::WorkerId;
 use strata_proto::convert::CallableOffer;
 use strata_proto::convert::{
     InstanceId, RunEnd, SessionState, TaskCompletion, TaskRequest, WorkerStats,

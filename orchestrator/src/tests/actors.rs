@@ -5,9 +5,9 @@
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
-use strata_chip::kernel::{ArgSpec, DTypes, Rank, Signature};
-use strata_chip::{Kernel, KernelContext, Registry};
-use strata_core::{Outcome, WorkerId};
+use strata_chip_runtime::kernel::{ArgSpec, DTypes, Rank, Signature};
+use strata_chip_runtime::{Kernel, KernelContext, Registry};
+use strata_orchestrator_core::{Outcome, WorkerId};
 use strata_wire::{Access, DType};
 
 use crate::{Cluster, Error, Task, View};

@@ -2,7 +2,7 @@
 //! below is provoked through an in-process cluster and checked by variant
 //! and fields, not by text.
 
-use strata_core::{CancelError, ScopeError, SubmitReason, TaskId, WorkerId};
+use strata_orchestrator_core::{CancelError, ScopeError, SubmitReason, TaskId, WorkerId};
 use strata_wire::{Access, ArgTag, DType};
 
 use crate::error::{BufferError, ClusterError, SubmitError, ViewError};
@@ -91,15 +91,17 @@ fn a_tag_the_grant_does_not_allow_is_the_dag_rule() {
     assert!(
         matches!(
             &e,
-            Error::Submit(SubmitError::Rejected(strata_core::SubmitError {
-                reason: SubmitReason::NotGranted {
-                    member: 0,
-                    arg: 1,
-                    tag: ArgTag::Output,
-                    granted: Access::Read,
-                },
-                ..
-            }))
+            Error::Submit(SubmitError::Rejected(
+                strata_orchestrator_core::SubmitError {
+                    reason: SubmitReason::NotGranted {
+                        member: 0,
+                        arg: 1,
+                        tag: ArgTag::Output,
+                        granted: Access::Read,
+                    },
+                    ..
+                }
+            ))
         ),
         "{e:?}"
     );
@@ -112,7 +114,7 @@ fn a_tag_the_grant_does_not_allow_is_the_dag_rule() {
     assert!(matches!(
         c.submit(Task::new("copy").input(&x).output(&x)),
         Err(Error::Submit(SubmitError::Rejected(
-            strata_core::SubmitError {
+            strata_orchestrator_core::SubmitError {
                 reason: SubmitReason::Aliased {
                     first: 0,
                     second: 1,

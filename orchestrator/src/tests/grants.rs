@@ -3,7 +3,7 @@
 //! with [`ViewError::ReadOnly`] naming the buffer and the grant, and
 //! nothing lands; reads and the owner's handle are not limited by it.
 
-use strata_core::WorkerId;
+use strata_orchestrator_core::WorkerId;
 use strata_wire::{Access, DType};
 
 use crate::error::ViewError;

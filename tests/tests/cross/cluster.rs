@@ -5,11 +5,11 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use strata_core::sim::{self, Program};
 use strata_orchestrator::{
     Buffer, Cluster, ClusterError, Error, FailureKind, Outcome, Task, TaskHandle, Transport,
     WorkerId, WriteBack,
 };
+use strata_orchestrator_core::sim::{self, Program};
 use strata_tests::kernels::hash_callable;
 use strata_tests::{WorkerProcess, strata_bin};
 use strata_wire::check::Rng;

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
-use strata_chip::KernelHandle;
+use strata_chip_runtime::KernelHandle;
 use strata_client::{Handshake, SessionId, SessionState, TaskStream, WorkerClient};
 use strata_proto::TaskId;
 use strata_proto::convert::{TaskCompletion, TaskOutcome, TaskRequest};

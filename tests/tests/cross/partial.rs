@@ -7,8 +7,8 @@
 
 use std::path::Path;
 
-use strata_core::sim::{self, Program};
 use strata_orchestrator::{Cluster, Task};
+use strata_orchestrator_core::sim::{self, Program};
 use strata_tests::WorkerProcess;
 use strata_tests::kernels::{partial_callable, partially_writes};
 use strata_wire::check::Rng;

@@ -393,7 +393,7 @@ fn differential_with_a_stopped_worker_holding_dirty_bytes_never_reports_success_
 }
 
 fn stopped_worker_differential(write_back: strata_orchestrator::WriteBack) {
-    use strata_core::sim;
+    use strata_orchestrator_core::sim;
     use strata_wire::check::Rng;
     let seeds: u64 = std::env::var("STRATA_QUARANTINE_DIFF_SEEDS")
         .ok()

@@ -187,7 +187,7 @@ async fn hostile_records_fail_their_task_or_end_their_session_never_the_worker()
     let mut fds = client.fd_channel().await.unwrap();
     let mem = attach(&mut fds, SMALL).await;
     let mut unknown = task(1, fill, vec![], vec![], vec![]);
-    unknown.callable = strata_chip::KernelHandle([7; 16]);
+    unknown.callable = strata_chip_runtime::KernelHandle([7; 16]);
     let done = run_on_ring(&mem, vec![unknown], 1).await;
     assert_failed(&done[&1], FailureKind::Refused, "callable");
     {

@@ -16,7 +16,7 @@ use std::time::Duration;
 use nix::errno::Errno;
 use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
 use nix::unistd::{Pid, ftruncate};
-use strata_chip::KernelHandle;
+use strata_chip_runtime::KernelHandle;
 use strata_client::{FdChannel, TaskStream, WorkerClient};
 use strata_proto::TaskId;
 use strata_proto::convert::{FailureKind, TaskCompletion, TaskOutcome, TaskRequest};

@@ -101,7 +101,7 @@ async fn a_session_cannot_name_another_sessions_imports_or_device_buffers_over_u
         &["--device", "sim:mem=64MiB,lanes=2"],
     );
     let mint = mint();
-    let region = strata_chip::Region::Persistent;
+    let region = strata_chip_runtime::Region::Persistent;
 
     // Session A: a memfd and a device buffer, both holding the secret, and
     // a task that uses both (so the import is mapped when B tries).
@@ -330,7 +330,7 @@ async fn a_session_cannot_name_another_sessions_device_buffers_over_tcp() {
         (c, hs, tasks)
     };
     let mint = mint();
-    let region = strata_chip::Region::Persistent;
+    let region = strata_chip_runtime::Region::Persistent;
 
     // A: the secret in a device buffer, copied by a task into a second.
     let (mut a, hs, mut a_tasks) = connect().await;

@@ -6,7 +6,7 @@ use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::time::Duration;
 
-use strata_chip::KernelHandle;
+use strata_chip_runtime::KernelHandle;
 use strata_client::{Handshake, TaskStream, WorkerClient};
 use strata_proto::convert::{FailureKind, TaskCompletion, TaskOutcome, TaskRequest};
 use strata_proto::{TaskId, pb};
@@ -547,7 +547,7 @@ async fn a_dropped_session_is_cleaned_up() {
         );
         let dev = mint.mint().unwrap();
         client
-            .device_alloc(&dev, 1 << 20, strata_chip::Region::Persistent)
+            .device_alloc(&dev, 1 << 20, strata_chip_runtime::Region::Persistent)
             .await
             .unwrap();
         client.copy_to_device(&dev, 0, vec![5; 100]).await.unwrap();
@@ -590,7 +590,7 @@ async fn a_session_without_a_task_stream_is_ended_after_the_grace_period() {
     let mint = mint();
     let (mut idle, _) = session(&w).await;
     let dev = mint.mint().unwrap();
-    idle.device_alloc(&dev, 1 << 20, strata_chip::Region::Persistent)
+    idle.device_alloc(&dev, 1 << 20, strata_chip_runtime::Region::Persistent)
         .await
         .unwrap();
     // A session with a task stream stays.
@@ -962,7 +962,7 @@ async fn a_sessions_run_end_retires_only_its_run_buffers() {
     let mut b_tasks = b.open_tasks().await.unwrap();
     let fill = hs.callable("fill", 1).unwrap();
     let matmul = hs.callable("matmul", 1).unwrap();
-    let region = strata_chip::Region::Run;
+    let region = strata_chip_runtime::Region::Run;
     let (ra, rb) = (mint.mint().unwrap(), mint.mint().unwrap());
     let ra_addr = a.device_alloc(&ra, 4096, region).await.unwrap();
     let rb_addr = b.device_alloc(&rb, 4096, region).await.unwrap();
@@ -1036,7 +1036,11 @@ async fn a_sessions_run_end_retires_only_its_run_buffers() {
     let mut views = Vec::new();
     for id in &mats {
         let addr = b
-            .device_alloc(id, u64::from(M * M) * 4, strata_chip::Region::Persistent)
+            .device_alloc(
+                id,
+                u64::from(M * M) * 4,
+                strata_chip_runtime::Region::Persistent,
+            )
             .await
             .unwrap();
         let desc = device_view(*id, addr, M * M);

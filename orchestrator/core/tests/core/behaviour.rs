@@ -1,9 +1,9 @@
 //! The cores' behaviour, one rule at a time.
 
-use strata_core::dag::{Arg, Born, NewTask, Transition, edge};
-use strata_core::engine::{Action, Event, Submission};
-use strata_core::sched::{MemberInfo, Outcome, Placement};
-use strata_core::{
+use strata_orchestrator_core::dag::{Arg, Born, NewTask, Transition, edge};
+use strata_orchestrator_core::engine::{Action, Event, Submission};
+use strata_orchestrator_core::sched::{MemberInfo, Outcome, Placement};
+use strata_orchestrator_core::{
     Dag, Engine, FailureCause, FailureKind, KernelHandle, Loss, Refusal, TaskId, WorkerId,
 };
 use strata_wire::{
@@ -234,7 +234,7 @@ fn cancel_only_before_running() {
         .unwrap();
     dag.start(TaskId(1)).unwrap();
     let e = dag.cancel(TaskId(1)).unwrap_err();
-    assert_eq!(e, strata_core::CancelError::Running(TaskId(1)));
+    assert_eq!(e, strata_orchestrator_core::CancelError::Running(TaskId(1)));
     assert!(e.to_string().contains("already running"));
     let t = dag.cancel(TaskId(2)).unwrap();
     assert!(t.is_empty());

@@ -2,9 +2,11 @@
 
 use std::collections::HashMap;
 
-use strata_core::dag::{Arg, NewTask};
-use strata_core::sim::{Program, random_program, read_mostly_program, run_engine, run_sequential};
-use strata_core::{Dag, TaskId};
+use strata_orchestrator_core::dag::{Arg, NewTask};
+use strata_orchestrator_core::sim::{
+    Program, random_program, read_mostly_program, run_engine, run_sequential,
+};
+use strata_orchestrator_core::{Dag, TaskId};
 use strata_wire::check::{Rng, byte_set};
 
 fn seeds() -> u64 {
@@ -160,8 +162,8 @@ fn no_missed_edges() {
 /// and succeeded, would show here.
 #[test]
 fn engine_with_faults_never_reports_success_with_different_bytes() {
-    use strata_core::sched::Outcome;
-    use strata_core::sim::{check_after_faults, run_engine_with_faults};
+    use strata_orchestrator_core::sched::Outcome;
+    use strata_orchestrator_core::sim::{check_after_faults, run_engine_with_faults};
     let n = seeds();
     let (mut tasks, mut quarantined, mut abandoned, mut checked) = (0, 0, 0, 0);
     for seed in 0..n {

@@ -2,8 +2,8 @@
 //! joins two tasks that really share a byte one of them writes (checked
 //! against byte sets).
 
-use strata_core::dag::{Arg, NewTask};
-use strata_core::{Dag, TaskId};
+use strata_orchestrator_core::dag::{Arg, NewTask};
+use strata_orchestrator_core::{Dag, TaskId};
 use strata_wire::check::byte_set;
 use strata_wire::{
     Access, AddressSpace, ArgTag, Backing, BufferDescriptor, CanonicalIdentity, DType, Tensor,

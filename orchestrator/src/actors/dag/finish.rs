@@ -4,7 +4,7 @@
 
 use std::time::Instant;
 
-use strata_core::{FailureCause, FailureKind, Outcome, TaskId};
+use strata_orchestrator_core::{FailureCause, FailureKind, Outcome, TaskId};
 
 use super::{DagActor, Record};
 use crate::RunSummary;
@@ -15,7 +15,7 @@ impl DagActor {
     /// The engine refused a submission (what is left to refuse after the
     /// driver's checks depends on the run, such as no worker up offering
     /// the callable): the task fails.
-    pub(super) fn refused(&mut self, e: strata_core::SubmitError) {
+    pub(super) fn refused(&mut self, e: strata_orchestrator_core::SubmitError) {
         let Some(record) = self.records.remove(&e.task) else {
             return;
         };

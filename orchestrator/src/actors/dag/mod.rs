@@ -8,7 +8,7 @@ use rustc_hash::FxHashMap as HashMap;
 use std::time::{Duration, Instant};
 
 use smallvec::SmallVec;
-use strata_core::{
+use strata_orchestrator_core::{
     Action, Directory, Engine, Event, FailureCause, FailureKind, Outcome, Refusal, TaskId, WorkerId,
 };
 use strata_proto::convert::CacheArg;
@@ -77,7 +77,7 @@ pub(crate) struct DagActor {
     models_path: Option<std::path::PathBuf>,
     endpoints: Vec<EndpointRef>,
     next_id: u64,
-    records: strata_core::SeqMap<TaskId, Box<Record>>,
+    records: strata_orchestrator_core::SeqMap<TaskId, Box<Record>>,
     /// Outcomes of finished tasks that did not succeed (for late waits).
     failed: HashMap<TaskId, RunError>,
     all_waiters: Vec<oneshot::Sender<Result<RunSummary, RunError>>>,
@@ -92,7 +92,7 @@ pub(crate) struct DagActor {
     trace: Option<Vec<TaskTrace>>,
     origin: Instant,
     /// Bounds the tasks submitted and not finished; left once per task.
-    gate: std::sync::Arc<strata_core::Gate>,
+    gate: std::sync::Arc<strata_orchestrator_core::Gate>,
     /// The arguments (and so the buffers) of tasks lost without a fence,
     /// held until the quarantine lifts: a task's bytes stay reserved until
     /// it has definitively ended on its worker.
@@ -140,11 +140,11 @@ const STEP_HOLD: Duration = Duration::from_micros(20);
 
 /// The scheduler's policy and its performance models' history.
 pub(crate) struct Models {
-    pub(crate) policy: strata_core::sched::Policy,
+    pub(crate) policy: strata_orchestrator_core::sched::Policy,
     /// Where the models are kept across runs.
     pub(crate) path: Option<std::path::PathBuf>,
     /// What that file held at the start.
-    pub(crate) loaded: Vec<strata_core::sched::perf::Entry>,
+    pub(crate) loaded: Vec<strata_orchestrator_core::sched::perf::Entry>,
 }
 
 impl DagActor {
@@ -152,7 +152,7 @@ impl DagActor {
         endpoints: Vec<EndpointRef>,
         tracing: bool,
         origin: Instant,
-        gate: std::sync::Arc<strata_core::Gate>,
+        gate: std::sync::Arc<strata_orchestrator_core::Gate>,
         policy: crate::policy::Quarantine,
         device_cache: bool,
         models: Models,
@@ -172,7 +172,7 @@ impl DagActor {
             pending_n: 0,
             endpoints,
             next_id: 1,
-            records: strata_core::SeqMap::default(),
+            records: strata_orchestrator_core::SeqMap::default(),
             failed: HashMap::default(),
             all_waiters: Vec::new(),
             run: RunSummary::default(),
@@ -801,7 +801,7 @@ impl DagActor {
     /// A task was running on a worker lost without a fence: its written
     /// host views are refused to the driver, and its buffers held, until
     /// the quarantine lifts.
-    fn quarantine(&mut self, task: TaskId, loss: strata_core::Loss) {
+    fn quarantine(&mut self, task: TaskId, loss: strata_orchestrator_core::Loss) {
         let Some(r) = self.records.get(&task) else {
             return;
         };

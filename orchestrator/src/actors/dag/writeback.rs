@@ -25,8 +25,8 @@
 //! [`Notice::Flushed`].
 
 use smallvec::SmallVec;
-use strata_core::residency::{Dirty, ToFlush};
-use strata_core::{FailureCause, FailureKind, Outcome, TaskId, WorkerId};
+use strata_orchestrator_core::residency::{Dirty, ToFlush};
+use strata_orchestrator_core::{FailureCause, FailureKind, Outcome, TaskId, WorkerId};
 use strata_wire::{ArgTag, Footprint, Overlap};
 use tokio::sync::oneshot;
 use tracing::{debug, warn};

@@ -13,7 +13,7 @@ use strata_proto::convert::{TaskCompletion, TaskOutcome, TaskRequest};
 use strata_wire::{ArgTag, BufferDescriptor, CanonicalIdentity, Footprint, TaskArgs, Tensor};
 use tracing::warn;
 
-use strata_core::{Event, FailureCause, FailureKind};
+use strata_orchestrator_core::{Event, FailureCause, FailureKind};
 
 use super::EndpointActor;
 use crate::actors::{DispatchItem, MemberFailure, Notice, Report};
@@ -26,7 +26,7 @@ type Ahead = Vec<(u32, StageBody)>;
 
 /// A member on the worker.
 pub(super) struct InFlight {
-    pub(super) task: strata_core::TaskId,
+    pub(super) task: strata_orchestrator_core::TaskId,
     pub(super) member: usize,
     /// Host views whose bytes travel (staged links): argument index,
     /// view, buffer, how the task uses it.
@@ -49,7 +49,7 @@ pub(super) struct InFlight {
     /// leave them out (the worker starts a session's tasks in order; one
     /// that starts before the copy is made comes back to be resent).
     sends: Vec<(Footprint, u64)>,
-    pub(super) callable: strata_chip::KernelHandle,
+    pub(super) callable: strata_chip_runtime::KernelHandle,
     /// Its timeout, and its deadline once sent.
     pub(super) timeout: Option<std::time::Duration>,
     pub(super) deadline: Option<tokio::time::Instant>,
@@ -246,7 +246,7 @@ impl EndpointActor {
                         .into(),
                 }));
             };
-            let expect = strata_chip::staging::packed_len(view);
+            let expect = strata_chip_runtime::staging::packed_len(view);
             // A contiguous view the task only writes, on a data
             // connection, lands straight in the memfd as it arrives: a
             // fetch cut short leaves part of it written, which is what a
@@ -352,7 +352,7 @@ impl EndpointActor {
             tags.push(a.tag);
             match &a.backing {
                 Backing::Host(h) if staged_link => {
-                    let len = strata_chip::staging::packed_len(&a.tensor);
+                    let len = strata_chip_runtime::staging::packed_len(&a.tensor);
                     staged.push((i as u32, a.tensor, Arc::clone(h), a.tag));
                     // A view whose bytes the chip holds at the version the
                     // task must see travels without them.
@@ -544,7 +544,7 @@ impl EndpointActor {
         if holds.is_empty() {
             return;
         }
-        if self.resident.len() + holds.len() > strata_core::residency::MAX_REMEMBERED {
+        if self.resident.len() + holds.len() > strata_orchestrator_core::residency::MAX_REMEMBERED {
             // Forgetting costs a resend of bytes the chip may still hold,
             // never a stale byte.
             self.resident.clear();

@@ -13,7 +13,7 @@
 //! and late completions are dropped) or a spawned process the endpoint
 //! killed and saw gone. Otherwise the engine quarantines what was in
 //! flight, and the endpoint looks for a fence in two ways, reporting
-//! an [`Event::Fenced`](strata_core::Event::Fenced) with the loss's number as soon as either succeeds:
+//! an [`Event::Fenced`](strata_orchestrator_core::Event::Fenced) with the loss's number as soon as either succeeds:
 //! 1. the worker process is seen dead: its pid (from `SO_PEERCRED` on the
 //!    fd channel, or the one the cluster spawned) is gone, a zombie, or a
 //!    different process (another start time) — checked every 20 ms on a
@@ -42,7 +42,7 @@ use crate::actors::Notice;
 use crate::actors::fence::{Process, Unfenced};
 use crate::error::ClusterError;
 use crate::link::{Dialer, LinkError, LinkEvent, Memory, WorkerLink};
-use strata_core::Event;
+use strata_orchestrator_core::Event;
 
 /// Something looking for a fence: a task on the runtime (a session poll)
 /// or a thread of its own (a process watch).

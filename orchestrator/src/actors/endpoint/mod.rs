@@ -26,8 +26,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use strata_chip::KernelHandle;
-use strata_core::WorkerId;
+use strata_chip_runtime::KernelHandle;
+use strata_orchestrator_core::WorkerId;
 use strata_wire::CanonicalIdentity;
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::JoinHandle;
@@ -160,7 +160,7 @@ pub(crate) struct EndpointActor {
     /// as this endpoint saw (staged links whose worker caches): a task
     /// reading one at that version leaves its bytes out ([`dispatch`]).
     /// Emptied with the session, and when it passes
-    /// [`strata_core::residency::MAX_REMEMBERED`].
+    /// [`strata_orchestrator_core::residency::MAX_REMEMBERED`].
     resident: HashMap<strata_wire::Footprint, u64>,
     in_flight: HashMap<u64, InFlight>,
     /// Strings for packed view bytes (staged links), reused across tasks.

@@ -5,7 +5,7 @@
 //! A timeout counts from when the endpoint sends the member to its worker
 //! (time queued on the worker counts; time waiting for inputs or for room
 //! in the driver does not). When it passes:
-//! 1. the member is reported [`Event::TimedOut`](strata_core::Event::TimedOut):
+//! 1. the member is reported [`Event::TimedOut`](strata_orchestrator_core::Event::TimedOut):
 //!    its task fails with TASK_FAILURE and a cause saying it timed out,
 //!    never retried;
 //! 2. the worker is lost with that cause ([`EndpointActor::lost`]): a
@@ -29,7 +29,7 @@ use std::collections::BinaryHeap;
 use std::pin::Pin;
 use std::time::Duration;
 
-use strata_core::{Event, TaskId};
+use strata_orchestrator_core::{Event, TaskId};
 use tokio::time::{Instant, Sleep};
 use tracing::warn;
 
@@ -176,7 +176,7 @@ impl EndpointActor {
     }
 
     /// `name@version` of a callable this worker offers.
-    fn callable_name(&self, handle: strata_chip::KernelHandle) -> String {
+    fn callable_name(&self, handle: strata_chip_runtime::KernelHandle) -> String {
         self.link
             .facts()
             .callables

@@ -6,6 +6,9 @@
 //!   workers report and whose digest is its handle. Its parser is the only
 //!   one: the chip runtime's kernels, the graph format, the Python package
 //!   and its kernel decorator all use it.
+//! - **Who is talking**: [`SessionId`] (one driver's connection to a
+//!   worker) and [`InstanceId`] (one worker process), which both sides
+//!   name.
 //! - **Why a task failed**: [`FailureCause`], a [`FailureKind`] a program
 //!   can match on beside the words a person reads. A worker sends the kind
 //!   in its completion; the orchestrator's core carries it in its
@@ -16,9 +19,11 @@
 //! digest), so that the IO-free cores may use it as well as the processes.
 
 mod failure;
+mod ids;
 pub mod signature;
 
 pub use failure::{FailureCause, FailureKind};
+pub use ids::{InstanceId, SessionId};
 pub use signature::{
     ArgSpec, CallableOffer, DTypes, Rank, ScalarKind, ScalarSpec, Signature, SignatureError,
 };

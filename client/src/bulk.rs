@@ -14,9 +14,9 @@ use std::os::fd::{BorrowedFd, OwnedFd};
 
 use nix::fcntl::{FcntlArg, OFlag, SpliceFFlags};
 
+use strata_boundary::SessionId;
 use strata_proto::bulk::{HEADER_BYTES, Hello, RefusalCode, Reply, Request};
 use strata_proto::convert::DataOffer;
-use strata_worker_core::SessionId;
 use tokio::io::{AsyncReadExt, AsyncWriteExt, Interest};
 use tokio::net::TcpStream;
 use tonic::{Code, Status};

@@ -12,13 +12,13 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use hyper_util::rt::TokioIo;
+use strata_boundary::SessionId;
 use strata_proto::convert::{self, ConvertError, RunEnd, SessionState, WorkerStats};
 use strata_proto::{
     CONNECTION_WINDOW, DEFAULT_MAX_MESSAGE_BYTES, PROTOCOL_VERSION, SESSION_HEADER, STREAM_WINDOW,
     pb,
 };
 use strata_wire::{CanonicalIdentity, Region};
-use strata_worker_core::SessionId;
 use tokio::net::UnixStream;
 use tokio::sync::mpsc;
 use tonic::metadata::MetadataValue;

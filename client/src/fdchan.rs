@@ -22,10 +22,10 @@ use std::path::Path;
 
 use nix::sys::socket::{ControlMessage, MsgFlags, sendmsg};
 use prost::Message;
+use strata_boundary::SessionId;
 use strata_proto::fdframe::{self, HEADER_BYTES};
 use strata_proto::{MAX_FDS_PER_MESSAGE, PROTOCOL_VERSION, pb};
 use strata_wire::{BufferDescriptor, CanonicalIdentity};
-use strata_worker_core::SessionId;
 use tokio::io::{AsyncReadExt, AsyncWriteExt, Interest};
 use tokio::net::UnixStream;
 use tracing::debug;

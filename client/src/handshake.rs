@@ -2,9 +2,9 @@
 
 use std::path::PathBuf;
 
+use strata_boundary::SessionId;
 use strata_proto::convert::{CallableOffer, DataOffer, InstanceId, SessionState};
 use strata_wire::KernelHandle;
-use strata_worker_core::SessionId;
 
 /// What the handshake told us.
 #[derive(Debug, Clone, PartialEq, Eq)]

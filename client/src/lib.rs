@@ -90,6 +90,6 @@ pub use endpoint::Endpoint;
 pub use error::ClientError;
 pub use fdchan::FdChannel;
 pub use handshake::Handshake;
+pub use strata_boundary::SessionId;
 pub use strata_proto::convert::{DataOffer, InstanceId, SessionState};
-pub use strata_worker_core::SessionId;
 pub use stream::{Completions, HealthWatch, TaskSender, TaskStream};

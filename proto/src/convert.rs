@@ -1,11 +1,9 @@
 //! Conversions between prost messages and domain types, each checking every
 //! field; and the one mapping from conversion errors to gRPC statuses.
 
-use std::fmt;
-
 use bytes::Bytes;
 
-pub use strata_boundary::{CallableOffer, FailureCause, FailureKind};
+pub use strata_boundary::{CallableOffer, FailureCause, FailureKind, InstanceId, SessionId};
 use strata_wire::{ArgTag, CanonicalIdentity, TaskArgs};
 use strata_wire::{KernelHandle, Region, TaskId};
 
@@ -819,19 +817,6 @@ impl From<pb::HealthBeat> for HealthBeat {
             tasks_in_flight: b.tasks_in_flight,
             uptime_ms: b.uptime_ms,
         }
-    }
-}
-
-/// A worker process, as its handshake names it: random and nonzero, drawn
-/// once when the process starts. Equal instances across two handshakes
-/// mean the same process answered both; a restarted worker on the same
-/// address has another.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct InstanceId(pub u64);
-
-impl fmt::Display for InstanceId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "instance {:016x}", self.0)
     }
 }
 

@@ -62,16 +62,8 @@ use strata_wire::{Access, BufferDescriptor, CanonicalIdentity};
 
 use crate::sync::{Arc, Mutex, lock};
 
-/// The session (orchestrator connection) that imported a backing. The
-/// default, 0, is no live session's id (the worker draws odd ones).
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct SessionId(pub u64);
-
-impl fmt::Display for SessionId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{:016x}", self.0)
-    }
-}
+/// The session (orchestrator connection) that imported a backing.
+pub use strata_boundary::SessionId;
 
 /// Turns a received source (an fd) into a usable mapping, after checking it
 /// against the buffer's descriptor.

@@ -6,6 +6,9 @@
 //!   workers report and whose digest is its handle. Its parser is the only
 //!   one: the chip runtime's kernels, the graph format, the Python package
 //!   and its kernel decorator all use it.
+//! - **What a worker is**: [`WorkerFacts`], its chip, device, callables
+//!   and process, one record whether a handshake or an in-process worker
+//!   reports it.
 //! - **Who is talking**: [`SessionId`] (one driver's connection to a
 //!   worker) and [`InstanceId`] (one worker process), which both sides
 //!   name.
@@ -18,10 +21,12 @@
 //! The crate is pure (no IO; it depends only on `strata-wire` and a
 //! digest), so that the IO-free cores may use it as well as the processes.
 
+mod facts;
 mod failure;
 mod ids;
 pub mod signature;
 
+pub use facts::WorkerFacts;
 pub use failure::{FailureCause, FailureKind};
 pub use ids::{InstanceId, SessionId};
 pub use signature::{

@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use hyper_util::rt::TokioIo;
 use strata_boundary::SessionId;
-use strata_proto::convert::{self, ConvertError, RunEnd, SessionState, WorkerStats};
+use strata_proto::convert::{self, RunEnd, SessionState, WorkerStats};
 use strata_proto::{
     CONNECTION_WINDOW, DEFAULT_MAX_MESSAGE_BYTES, PROTOCOL_VERSION, SESSION_HEADER, STREAM_WINDOW,
     pb,
@@ -205,8 +205,9 @@ impl WorkerClient {
     /// Only a report that is known, ended and has nothing running
     /// ([`SessionState::is_fenced`]) proves that the old session can no
     /// longer write; while tasks still run, poll
-    /// [`WorkerClient::session_state`]. Compare [`Handshake::instance`]
-    /// with the old one to learn whether the same process answered.
+    /// [`WorkerClient::session_state`]. Compare the handshake's
+    /// `worker.instance` with the old one to learn whether the same
+    /// process answered.
     ///
     /// # Errors
     /// As [`WorkerClient::handshake`]; a worker that does not report the
@@ -228,7 +229,7 @@ impl WorkerClient {
         version: u32,
         previous: Option<SessionId>,
     ) -> Result<Handshake, ClientError> {
-        let reply = self
+        let mut reply = self
             .stub
             .handshake(pb::HandshakeRequest {
                 protocol_version: version,
@@ -237,34 +238,22 @@ impl WorkerClient {
             })
             .await?
             .into_inner();
-        let callables = reply
-            .callables
-            .into_iter()
-            .enumerate()
-            .map(|(i, c)| convert::callable(i, c))
-            .collect::<Result<Vec<_>, ConvertError>>()?;
         let hs = Handshake {
             session: SessionId(reply.session_id),
-            chip_id: reply.chip_id,
-            device_kind: reply.device_kind,
-            device_spec: reply.device_spec,
-            device_memory: reply.device_memory,
-            lanes: reply.lanes,
-            callables,
+            worker: convert::worker_facts(&mut reply)?,
             fd_socket: (!reply.fd_socket.is_empty())
                 .then(|| std::path::PathBuf::from(reply.fd_socket)),
             ring: reply.ring,
             max_message_bytes: reply.max_message_bytes,
             data: convert::data_offer(reply.data_port, &reply.data_secret)?,
-            instance: convert::instance("instance", reply.instance)?,
             previous: convert::previous_session(previous.is_some(), reply.previous)?,
         };
         self.session.store(hs.session.0, Ordering::Relaxed);
         debug!(
             endpoint = %self.endpoint,
             session = %hs.session,
-            instance = %hs.instance,
-            callables = hs.callables.len(),
+            instance = %hs.worker.instance,
+            callables = hs.worker.callables.len(),
             fd_channel = hs.fd_socket.is_some(),
             "session open"
         );

@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 
 use strata_boundary::SessionId;
-use strata_proto::convert::{CallableOffer, DataOffer, InstanceId, SessionState};
+use strata_proto::convert::{DataOffer, SessionState, WorkerFacts};
 use strata_wire::KernelHandle;
 
 /// What the handshake told us.
@@ -11,18 +11,8 @@ use strata_wire::KernelHandle;
 pub struct Handshake {
     /// Our session.
     pub session: SessionId,
-    /// The worker's chip.
-    pub chip_id: u32,
-    /// Device kind.
-    pub device_kind: String,
-    /// Canonical device spec.
-    pub device_spec: String,
-    /// Device memory in bytes.
-    pub device_memory: u64,
-    /// Lanes.
-    pub lanes: u32,
-    /// Callables, each checked: its handle is its signature's digest.
-    pub callables: Vec<CallableOffer>,
+    /// What the worker is: chip, device, callables, process.
+    pub worker: WorkerFacts,
     /// Fd side channel, for Unix workers.
     pub fd_socket: Option<PathBuf>,
     /// Whether the worker takes a shared-memory ring for the session's
@@ -33,9 +23,6 @@ pub struct Handshake {
     /// The worker's data connection for this session, when it offers one
     /// ([`crate::DataConnection`]).
     pub data: Option<DataOffer>,
-    /// The worker process: equal across two handshakes exactly when the
-    /// same process answered both.
-    pub instance: InstanceId,
     /// What the worker knew of the previous session named to
     /// [`WorkerClient::handshake_after`](crate::WorkerClient::handshake_after)
     /// (which that handshake ended if it was live); `None` when none was
@@ -46,9 +33,6 @@ pub struct Handshake {
 impl Handshake {
     /// The handle of `name@version`, if the worker offers it.
     pub fn callable(&self, name: &str, version: u32) -> Option<KernelHandle> {
-        self.callables
-            .iter()
-            .find(|c| c.name() == name && c.version() == version)
-            .map(|c| c.handle)
+        self.worker.callable(name, version)
     }
 }

@@ -495,8 +495,15 @@ fn start(b: ClusterBuilder) -> Result<Cluster, Error> {
         let name = t.dialer.address();
         in_process.push(t.node.clone());
         let info = WorkerInfo::of(id, &name, link.as_ref(), t.spawned.as_ref().map(|s| s.pid));
-        offers.push(link.facts().callables.iter().map(|c| c.handle).collect());
-        for c in &link.facts().callables {
+        offers.push(
+            link.facts()
+                .worker
+                .callables
+                .iter()
+                .map(|c| c.handle)
+                .collect(),
+        );
+        for c in &link.facts().worker.callables {
             let v = callables.entry(c.name().to_owned()).or_default();
             if !v.iter().any(|o| o.version == c.version()) {
                 v.push(Offered {
@@ -530,7 +537,13 @@ fn start(b: ClusterBuilder) -> Result<Cluster, Error> {
         });
         let _ = up_tx.send(Notice::Event(Event::WorkerUp {
             worker: id,
-            callables: link.facts().callables.iter().map(|c| c.handle).collect(),
+            callables: link
+                .facts()
+                .worker
+                .callables
+                .iter()
+                .map(|c| c.handle)
+                .collect(),
             window: b.window,
         }));
         // A worker spawned here is killed when lost, and restarted on its

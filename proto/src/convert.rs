@@ -3,7 +3,9 @@
 
 use bytes::Bytes;
 
-pub use strata_boundary::{CallableOffer, FailureCause, FailureKind, InstanceId, SessionId};
+pub use strata_boundary::{
+    CallableOffer, FailureCause, FailureKind, InstanceId, SessionId, WorkerFacts,
+};
 use strata_wire::{ArgTag, CanonicalIdentity, TaskArgs};
 use strata_wire::{KernelHandle, Region, TaskId};
 
@@ -428,6 +430,28 @@ impl From<&CallableOffer> for pb::Callable {
             signature: c.signature.canonical(),
         }
     }
+}
+
+/// The worker's facts in a handshake reply, checked (its callables, its
+/// instance); the fields only the transport has are left in `reply`.
+///
+/// # Errors
+/// The field at fault and why.
+pub fn worker_facts(reply: &mut pb::HandshakeReply) -> Result<WorkerFacts, ConvertError> {
+    let callables = std::mem::take(&mut reply.callables)
+        .into_iter()
+        .enumerate()
+        .map(|(i, c)| callable(i, c))
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(WorkerFacts {
+        chip_id: reply.chip_id,
+        device_kind: std::mem::take(&mut reply.device_kind),
+        device_spec: std::mem::take(&mut reply.device_spec),
+        device_memory: reply.device_memory,
+        lanes: reply.lanes,
+        callables,
+        instance: instance("instance", reply.instance)?,
+    })
 }
 
 /// How a task ended on the worker.

@@ -19,7 +19,7 @@ use std::sync::Arc;
 
 use strata_chip_runtime::{Device, Region, Registry, SimDevice};
 use strata_proto::convert::{
-    CallableOffer, InstanceId, RunEnd, SessionState, TaskCompletion, TaskRequest, WorkerStats,
+    RunEnd, SessionState, TaskCompletion, TaskRequest, WorkerFacts, WorkerStats,
 };
 use strata_wire::{BufferDescriptor, CanonicalIdentity};
 use strata_worker_core::SessionId;
@@ -28,26 +28,6 @@ use tokio::sync::{mpsc, watch};
 use crate::WorkerError;
 use crate::node::{Node, Session};
 use crate::ops::{Intake, NodeError};
-
-/// What an in-process worker is: the facts a handshake reports.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct InProcessFacts {
-    /// Its chip.
-    pub chip_id: u32,
-    /// Device kind.
-    pub device_kind: String,
-    /// Canonical device spec.
-    pub device_spec: String,
-    /// Device memory in bytes.
-    pub device_memory: u64,
-    /// Lanes.
-    pub lanes: u32,
-    /// Callables, sorted by name and version.
-    pub callables: Vec<CallableOffer>,
-    /// This node: equal across two sessions exactly when the same node
-    /// served both.
-    pub instance: InstanceId,
-}
 
 /// A worker node in this process.
 #[derive(Debug, Clone)]
@@ -84,19 +64,9 @@ impl InProcessWorker {
         })
     }
 
-    /// What it is and offers.
-    pub fn facts(&self) -> InProcessFacts {
-        let info = self.node.device.info();
-        let callables = self.node.offers();
-        InProcessFacts {
-            chip_id: self.node.chip_id,
-            device_kind: info.kind,
-            device_spec: info.spec,
-            device_memory: info.memory,
-            lanes: u32::try_from(info.lanes).unwrap_or(u32::MAX),
-            callables,
-            instance: self.node.instance,
-        }
+    /// What it is and offers: what a handshake with it would report.
+    pub fn facts(&self) -> WorkerFacts {
+        self.node.facts()
     }
 
     /// Opens a session. `previous` names a session this client lost: it

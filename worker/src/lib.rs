@@ -67,7 +67,7 @@ mod tombstones;
 
 pub use config::{Auth, DRIVER_MARKER, Endpoint, TlsFiles, WorkerConfig};
 pub use imports::HostMapping;
-pub use inproc::{InProcessFacts, InProcessSession, InProcessWorker};
+pub use inproc::{InProcessSession, InProcessWorker};
 pub use ops::NodeError;
 #[cfg(feature = "server")]
 pub use server::{BoundWorker, Worker};

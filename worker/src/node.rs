@@ -29,7 +29,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
 
 use strata_chip_runtime::{Device, DeviceBlock, Region, Registry, StartGate};
-use strata_proto::convert::{CallableOffer, InstanceId, SessionState};
+use strata_proto::convert::{CallableOffer, InstanceId, SessionState, WorkerFacts};
 use strata_wire::CanonicalIdentity;
 use strata_worker_core::SessionId;
 use tracing::{info, warn};
@@ -400,9 +400,22 @@ impl std::fmt::Debug for Node {
 }
 
 impl Node {
-    /// The callables this node offers, sorted by name and version: what
-    /// its handshakes report.
-    pub(crate) fn offers(&self) -> Vec<CallableOffer> {
+    /// What this node is, as its handshakes report it.
+    pub(crate) fn facts(&self) -> WorkerFacts {
+        let info = self.device.info();
+        WorkerFacts {
+            chip_id: self.chip_id,
+            device_kind: info.kind,
+            device_spec: info.spec,
+            device_memory: info.memory,
+            lanes: u32::try_from(info.lanes).unwrap_or(u32::MAX),
+            callables: self.offers(),
+            instance: self.instance,
+        }
+    }
+
+    /// The callables this node offers, sorted by name and version.
+    fn offers(&self) -> Vec<CallableOffer> {
         let mut offers: Vec<CallableOffer> = self
             .kernels
             .descriptors()

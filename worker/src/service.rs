@@ -284,19 +284,17 @@ impl pb::worker_server::Worker for WorkerService {
                 node.end_session(session, "no task stream opened within the grace period");
             }
         });
-        let info = self.node.device.info();
-        let callables: Vec<pb::Callable> =
-            self.node.offers().iter().map(pb::Callable::from).collect();
+        let facts = self.node.facts();
         debug!(%session, client = req.client_name, ?previous, "handshake");
         Ok(Response::new(pb::HandshakeReply {
             protocol_version: PROTOCOL_VERSION,
             session_id: session.0,
-            chip_id: self.node.chip_id,
-            device_kind: info.kind,
-            device_spec: info.spec,
-            device_memory: info.memory,
-            lanes: u32::try_from(info.lanes).unwrap_or(u32::MAX),
-            callables,
+            chip_id: facts.chip_id,
+            device_kind: facts.device_kind,
+            device_spec: facts.device_spec,
+            device_memory: facts.device_memory,
+            lanes: facts.lanes,
+            callables: facts.callables.iter().map(pb::Callable::from).collect(),
             fd_socket: self
                 .node
                 .fd_socket
@@ -304,7 +302,7 @@ impl pb::worker_server::Worker for WorkerService {
                 .map(|p| p.display().to_string())
                 .unwrap_or_default(),
             max_message_bytes: self.node.max_message_bytes as u64,
-            instance: self.node.instance.0,
+            instance: facts.instance.0,
             previous: previous.map(pb::PreviousSession::from),
             ring: self.node.fd_socket.is_some() && self.node.ring,
             data_port: self.node.data_port.map_or(0, u32::from),

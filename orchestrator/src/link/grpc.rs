@@ -191,12 +191,7 @@ impl GrpcDialer {
         }
         let facts = Facts {
             session: hs.session,
-            instance: hs.instance,
-            chip_id: hs.chip_id,
-            device_spec: hs.device_spec.clone(),
-            device_memory: hs.device_memory,
-            lanes: hs.lanes,
-            callables: hs.callables.clone(),
+            worker: hs.worker.clone(),
             max_message,
             memory: if fd.is_some() {
                 Memory::Shared

@@ -60,15 +60,9 @@ impl Dialer for InProcessDialer {
                         events.send(LinkEvent::Unhealthy("the in-process worker halted".into()));
                 }
             });
-            let f = self.worker.facts();
             let facts = Facts {
                 session: session.id(),
-                instance: f.instance,
-                chip_id: f.chip_id,
-                device_spec: f.device_spec,
-                device_memory: f.device_memory,
-                lanes: f.lanes,
-                callables: f.callables,
+                worker: self.worker.facts(),
                 max_message: usize::MAX,
                 memory: Memory::Shared,
                 pid: None,

@@ -30,10 +30,8 @@ use std::sync::Arc;
 use strata_chip_runtime::Region;
 use strata_client::SessionId;
 use strata_orchestrator_core::WorkerId;
-use strata_proto::convert::CallableOffer;
-use strata_proto::convert::{
-    InstanceId, RunEnd, SessionState, TaskCompletion, TaskRequest, WorkerStats,
-};
+use strata_proto::convert::WorkerFacts;
+use strata_proto::convert::{RunEnd, SessionState, TaskCompletion, TaskRequest, WorkerStats};
 use strata_wire::{BufferDescriptor, CanonicalIdentity};
 use tokio::sync::mpsc;
 
@@ -55,14 +53,9 @@ pub(crate) enum Memory {
 pub(crate) struct Facts {
     /// The session the link holds.
     pub(crate) session: SessionId,
-    /// The worker process (or in-process node): equal across two links
-    /// exactly when the same one served both.
-    pub(crate) instance: InstanceId,
-    pub(crate) chip_id: u32,
-    pub(crate) device_spec: String,
-    pub(crate) device_memory: u64,
-    pub(crate) lanes: u32,
-    pub(crate) callables: Vec<CallableOffer>,
+    /// What the worker is (chip, device, callables, process), as its
+    /// handshake said.
+    pub(crate) worker: WorkerFacts,
     /// The largest message both sides accept (bytes staged with a batch
     /// of tasks stay under it).
     pub(crate) max_message: usize,
@@ -352,15 +345,16 @@ impl WorkerInfo {
         WorkerInfo {
             id,
             endpoint: endpoint.to_owned(),
-            chip: f.chip_id,
-            device: f.device_spec.clone(),
-            memory: f.device_memory,
-            lanes: f.lanes,
+            chip: f.worker.chip_id,
+            device: f.worker.device_spec.clone(),
+            memory: f.worker.device_memory,
+            lanes: f.worker.lanes,
             fd_passing: f.memory == Memory::Shared,
             data_connection: f.data_from.is_some(),
             transport: f.transport,
             pid,
             callables: f
+                .worker
                 .callables
                 .iter()
                 .map(|c| c.signature.qualified_name())

@@ -159,7 +159,10 @@ async fn a_lost_session_is_ended_on_reconnect_and_its_queued_tasks_never_start()
 
     let mut b = WorkerClient::connect(&w.endpoint, None).await.unwrap();
     let bhs = b.handshake_after(Some(ahs.session)).await.unwrap();
-    assert_eq!(bhs.instance, ahs.instance, "the same process answered");
+    assert_eq!(
+        bhs.worker.instance, ahs.worker.instance,
+        "the same process answered"
+    );
     assert_ne!(bhs.session, ahs.session);
     let prev = bhs.previous.expect("the previous session is reported");
     assert!(prev.known && prev.ended, "{prev:?}");
@@ -220,7 +223,7 @@ async fn the_instance_tells_a_restarted_worker_from_the_same_one() {
     // The same process: a's session (idle, no tasks) ends and is fenced.
     let mut b = WorkerClient::connect(&w.endpoint, None).await.unwrap();
     let bhs = b.handshake_after(Some(ahs.session)).await.unwrap();
-    assert_eq!(bhs.instance, ahs.instance);
+    assert_eq!(bhs.worker.instance, ahs.worker.instance);
     let prev = bhs.previous.unwrap();
     assert!(prev.is_fenced(), "{prev:?}");
     let refused = a.stats().await.unwrap_err();
@@ -241,7 +244,10 @@ async fn the_instance_tells_a_restarted_worker_from_the_same_one() {
     let w2 = WorkerProcess::spawn_listening(test_worker_bin(), &[], &listen, &[]);
     let mut e = WorkerClient::connect(&w2.endpoint, None).await.unwrap();
     let ehs = e.handshake_after(Some(ahs.session)).await.unwrap();
-    assert_ne!(ehs.instance, ahs.instance, "a restarted worker");
+    assert_ne!(
+        ehs.worker.instance, ahs.worker.instance,
+        "a restarted worker"
+    );
     assert_eq!(ehs.previous, Some(SessionState::UNKNOWN));
     assert_eq!(
         e.session_state(bhs.session).await.unwrap(),

@@ -112,8 +112,8 @@ async fn add_over_memfd_views() {
         &["--device", "sim:mem=64MiB,lanes=2"],
     );
     let (mut client, hs) = session(&w).await;
-    assert_eq!(hs.chip_id, 0);
-    assert!(hs.device_spec.starts_with("sim:mem=64MiB"));
+    assert_eq!(hs.worker.chip_id, 0);
+    assert!(hs.worker.device_spec.starts_with("sim:mem=64MiB"));
     let add = hs.callable("add", 1).expect("add offered");
     let mint = mint();
     let mut buf = SharedBuffer::new(&mint, 64 * 64 * 4, Access::ReadWrite);
@@ -712,7 +712,7 @@ async fn tls_client_certificates() {
     let mut good = WorkerClient::connect_with(&w.endpoint, None, Some(&tls(ca.leaf("driver"))))
         .await
         .unwrap();
-    assert_eq!(good.handshake().await.unwrap().chip_id, 0);
+    assert_eq!(good.handshake().await.unwrap().worker.chip_id, 0);
     let outsider = tls(rogue.leaf("driver"));
     let refused = match WorkerClient::connect_with(&w.endpoint, None, Some(&outsider)).await {
         Err(_) => true,

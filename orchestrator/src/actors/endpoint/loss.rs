@@ -132,7 +132,7 @@ impl EndpointActor {
             self.unfenced.push(Unfenced {
                 epoch: self.losses,
                 session: f.session,
-                instance: f.instance,
+                instance: f.worker.instance,
             });
             if let Some(p) = self.process {
                 self.watch_process(p, self.losses);
@@ -287,7 +287,13 @@ impl EndpointActor {
             self.life.set_pid(s.pid);
             self.spawned = Some(s);
         }
-        let offered: HashSet<_> = link.facts().callables.iter().map(|c| c.handle).collect();
+        let offered: HashSet<_> = link
+            .facts()
+            .worker
+            .callables
+            .iter()
+            .map(|c| c.handle)
+            .collect();
         let missing = self.offers.difference(&offered).count();
         if missing > 0 {
             warn!(
@@ -315,7 +321,7 @@ impl EndpointActor {
         self.life.back();
         // The same worker is back: ask it about every session lost without
         // a fence (the redial already ended the last one).
-        let instance = self.link.facts().instance;
+        let instance = self.link.facts().worker.instance;
         let same: Vec<Unfenced> = self
             .unfenced
             .iter()

@@ -179,6 +179,7 @@ impl EndpointActor {
     fn callable_name(&self, handle: strata_chip_runtime::KernelHandle) -> String {
         self.link
             .facts()
+            .worker
             .callables
             .iter()
             .find(|c| c.handle == handle)

@@ -29,6 +29,11 @@ pub struct WorkerFacts {
 }
 
 impl WorkerFacts {
+    /// The handles of the callables it offers.
+    pub fn handles(&self) -> impl Iterator<Item = KernelHandle> + '_ {
+        self.callables.iter().map(|c| c.handle)
+    }
+
     /// The handle of `name@version`, if the worker offers it.
     pub fn callable(&self, name: &str, version: u32) -> Option<KernelHandle> {
         self.callables

@@ -287,13 +287,7 @@ impl EndpointActor {
             self.life.set_pid(s.pid);
             self.spawned = Some(s);
         }
-        let offered: HashSet<_> = link
-            .facts()
-            .worker
-            .callables
-            .iter()
-            .map(|c| c.handle)
-            .collect();
+        let offered: HashSet<_> = link.facts().worker.handles().collect();
         let missing = self.offers.difference(&offered).count();
         if missing > 0 {
             warn!(

@@ -193,14 +193,7 @@ impl EndpointActor {
     pub(crate) fn new(s: Setup) -> Self {
         let (internal_tx, internal) = mpsc::unbounded_channel();
         let (lost_tx, lost_rx) = watch::channel(false);
-        let offers = s
-            .link
-            .facts()
-            .worker
-            .callables
-            .iter()
-            .map(|c| c.handle)
-            .collect();
+        let offers = s.link.facts().worker.handles().collect();
         let process = s
             .link
             .facts()

@@ -12,4 +12,6 @@
 #![forbid(unsafe_code)]
 
 pub mod cmd;
-pub mod graph;
+/// The graph-file format, from its own crate (the Python package runs
+/// graph files too).
+pub use strata_graph as graph;

@@ -759,7 +759,7 @@ impl PyCluster {
         graph: Bound<'py, PyAny>,
         out_dir: Option<std::path::PathBuf>,
     ) -> PyResult<Bound<'py, PyDict>> {
-        use strata_cli::graph::Graph;
+        use strata_graph::Graph;
         let loaded = if graph.is_instance_of::<PyDict>() {
             let text: String = py
                 .import("json")?

@@ -1,4 +1,4 @@
-//! Graph files: a job as JSON (buffers with initial contents, views, tasks,
+//! `strata-graph`: graph files, a job as JSON (buffers with initial contents, views, tasks,
 //! outputs written as `.npy`, optional expectations), checked whole before
 //! anything starts, then run on a [`Cluster`](strata_orchestrator::Cluster). The format is documented in
 //! `docs/graph-format.md`.
@@ -14,6 +14,8 @@
 //! fills the buffers, and [`run`] submits the tasks through the same
 //! `Cluster::submit` a Rust driver uses, then writes and checks the
 //! outputs.
+
+#![forbid(unsafe_code)]
 
 use std::path::{Path, PathBuf};
 

@@ -82,6 +82,7 @@ mod endpoint;
 mod error;
 mod fdchan;
 mod handshake;
+pub mod offload;
 mod stream;
 
 pub use bulk::{Body, DataConnection};

@@ -35,7 +35,6 @@ pub mod check;
 mod codec;
 pub mod convert;
 pub mod fdframe;
-pub mod offload;
 pub mod recycle;
 
 /// The generated messages and service stubs.

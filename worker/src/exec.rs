@@ -26,11 +26,11 @@ use bytes::Bytes;
 use strata_chip_runtime::{
     ArgBacking, CacheUse, HostBuffer, HostBytes, HostMemory, Launch, LaunchArg, LaunchReport,
 };
+use strata_client::offload::off_runtime;
 use strata_proto::TaskId;
 use strata_proto::convert::{
     CacheArg, FailureCause, FailureKind, TaskCompletion, TaskOutcome, TaskRequest,
 };
-use strata_proto::offload::off_runtime;
 use strata_wire::{AddressSpace, BufferDescriptor, Footprint, Tensor};
 use strata_worker_core::ImportError;
 

@@ -224,7 +224,7 @@ impl Node {
         let sets: std::collections::HashSet<strata_wire::Footprint> =
             views.iter().map(strata_wire::Footprint::of).collect();
         let all = buffers.is_empty() && sets.is_empty();
-        let moved = strata_proto::offload::off_runtime(u64::MAX, || {
+        let moved = strata_client::offload::off_runtime(u64::MAX, || {
             self.device.flush(session.0, &|fp| {
                 all || buffers.contains(fp.identity()) || sets.contains(fp)
             })

@@ -11,8 +11,8 @@ use std::sync::atomic::Ordering;
 use bytes::Bytes;
 
 use strata_chip_runtime::staging;
+use strata_client::offload::off_runtime;
 use strata_orchestrator_core::{Holders, WorkerId};
-use strata_proto::offload::off_runtime;
 use strata_wire::{BufferDescriptor, CanonicalIdentity, Tensor};
 use tokio::sync::mpsc;
 

@@ -1,4 +1,7 @@
-//! Long copies kept from holding up an async runtime.
+//! Long copies kept from holding up an async runtime: a tokio helper both
+//! sides of the worker link use (the driver's endpoint actors and the
+//! worker's task handlers), kept here with the rest of the link's async
+//! plumbing so that `strata-proto` stays free of tokio.
 //!
 //! The driver's endpoint actors and the worker's gRPC task handlers run on
 //! multi-thread tokio runtimes beside the tasks that keep a session alive

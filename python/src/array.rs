@@ -19,7 +19,7 @@ use pyo3::types::{PyDict, PyTuple};
 use strata_orchestrator::View;
 use strata_wire::{Access, DType};
 
-use crate::cluster::Core;
+use crate::core::Core;
 use crate::dtype;
 use crate::errors::{err, invalid_view, obj, raise};
 

@@ -33,9 +33,11 @@ static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 mod array;
 mod cluster;
+mod core;
 mod dtype;
 mod errors;
 mod kernel;
+mod sig;
 mod task;
 
 /// The extension module.

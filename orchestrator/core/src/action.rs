@@ -6,7 +6,7 @@ use strata_wire::CanonicalIdentity;
 
 use crate::dag::{ScopeError, SubmitError};
 use crate::ids::{ScopeId, TaskId, WorkerId};
-use crate::sched::{CancelError, Outcome};
+use crate::outcome::{CancelError, Outcome};
 
 /// A task's predecessors with the kinds of each edge (bits of
 /// [`crate::dag::edge`]).

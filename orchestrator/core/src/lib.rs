@@ -41,6 +41,7 @@ pub mod engine;
 pub mod gate;
 pub mod holders;
 mod ids;
+mod outcome;
 pub mod residency;
 pub mod sched;
 pub mod sim;

@@ -81,7 +81,7 @@ use rustc_hash::FxHashMap as HashMap;
 use strata_wire::{ArgTag, CanonicalIdentity, Footprint, Overlap, Tensor};
 
 use crate::ids::{ScopeId, TaskId};
-use crate::sched::CancelError;
+use crate::outcome::CancelError;
 use index::{BufferIndex, Kind};
 pub use submit::{CheckedTask, SubmitError, SubmitReason};
 

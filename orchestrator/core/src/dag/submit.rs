@@ -24,7 +24,7 @@ use strata_wire::{Access, ArgTag, Footprint, MAX_SCALARS, MAX_TENSORS, Overlap};
 
 use super::NewTask;
 use crate::ids::TaskId;
-use crate::sched::PlacementError;
+use crate::outcome::PlacementError;
 
 /// Why a task was refused: the task and the rule it breaks.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

@@ -36,12 +36,11 @@
 //! - SCHED-4: a down worker has nothing queued or in flight;
 //! - SCHED-5: a task waiting for a fence has retries left and one member.
 
-mod errors;
 mod invariants;
 pub mod perf;
 mod queue;
 
-pub use errors::{CancelError, PlacementError};
+pub use crate::outcome::{CancelError, FirstError, Outcome, PlacementError};
 pub use perf::{PerfModel, Work};
 
 use std::collections::BTreeMap;
@@ -137,65 +136,6 @@ impl std::fmt::Display for Policy {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(self.name())
     }
-}
-
-/// How a task ended.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Outcome {
-    /// Every member ran to success.
-    Success,
-    /// The task failed where it was sent (its kernel, its arguments, its
-    /// chip, its timeout); the cause.
-    TaskFailure(FailureCause),
-    /// Its worker died, hung, or its link broke, or its bytes are
-    /// quarantined by such a loss; the cause.
-    EndpointFailure(FailureCause),
-    /// Cancelled before it started.
-    Cancelled,
-    /// Not run, because a task it depends on failed.
-    Skipped {
-        /// The failed task at the root.
-        because: TaskId,
-    },
-}
-
-impl Outcome {
-    /// Whether the task produced its outputs.
-    pub fn is_success(&self) -> bool {
-        matches!(self, Outcome::Success)
-    }
-
-    /// What kind of failure it was (`None` for success).
-    pub fn kind(&self) -> Option<FailureKind> {
-        match self {
-            Outcome::Success => None,
-            Outcome::TaskFailure(c) | Outcome::EndpointFailure(c) => Some(c.kind),
-            Outcome::Cancelled => Some(FailureKind::Cancelled),
-            Outcome::Skipped { .. } => Some(FailureKind::Skipped),
-        }
-    }
-
-    /// The cause of a failure, where one was given (not for success,
-    /// cancelled or skipped).
-    pub fn cause(&self) -> Option<&FailureCause> {
-        match self {
-            Outcome::TaskFailure(c) | Outcome::EndpointFailure(c) => Some(c),
-            _ => None,
-        }
-    }
-}
-
-/// The first failure of a run.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct FirstError {
-    /// The task.
-    pub task: TaskId,
-    /// Its callable (of the member that failed).
-    pub callable: KernelHandle,
-    /// The worker it failed on, if it got one.
-    pub worker: Option<WorkerId>,
-    /// The outcome.
-    pub outcome: Outcome,
 }
 
 pub use crate::action::Action;

@@ -1,7 +1,72 @@
-//! Why the scheduler refuses: a placement that cannot work, a cancel of a
-//! task that is not waiting.
+//! The words the cores' parts share about a task's end and their
+//! refusals: how a task ended ([`Outcome`], the run's [`FirstError`]), a
+//! placement that cannot work ([`PlacementError`]) and a cancel of a task
+//! that is not waiting ([`CancelError`]). A leaf module, so that the DAG,
+//! the scheduler and their [`Action`](crate::Action)s all use it and none
+//! imports another for it.
+
+use strata_boundary::{FailureCause, FailureKind};
 
 use crate::ids::{KernelHandle, TaskId, WorkerId};
+
+/// How a task ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    /// Every member ran to success.
+    Success,
+    /// The task failed where it was sent (its kernel, its arguments, its
+    /// chip, its timeout); the cause.
+    TaskFailure(FailureCause),
+    /// Its worker died, hung, or its link broke, or its bytes are
+    /// quarantined by such a loss; the cause.
+    EndpointFailure(FailureCause),
+    /// Cancelled before it started.
+    Cancelled,
+    /// Not run, because a task it depends on failed.
+    Skipped {
+        /// The failed task at the root.
+        because: TaskId,
+    },
+}
+
+impl Outcome {
+    /// Whether the task produced its outputs.
+    pub fn is_success(&self) -> bool {
+        matches!(self, Outcome::Success)
+    }
+
+    /// What kind of failure it was (`None` for success).
+    pub fn kind(&self) -> Option<FailureKind> {
+        match self {
+            Outcome::Success => None,
+            Outcome::TaskFailure(c) | Outcome::EndpointFailure(c) => Some(c.kind),
+            Outcome::Cancelled => Some(FailureKind::Cancelled),
+            Outcome::Skipped { .. } => Some(FailureKind::Skipped),
+        }
+    }
+
+    /// The cause of a failure, where one was given (not for success,
+    /// cancelled or skipped).
+    pub fn cause(&self) -> Option<&FailureCause> {
+        match self {
+            Outcome::TaskFailure(c) | Outcome::EndpointFailure(c) => Some(c),
+            _ => None,
+        }
+    }
+}
+
+/// The first failure of a run.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FirstError {
+    /// The task.
+    pub task: TaskId,
+    /// Its callable (of the member that failed).
+    pub callable: KernelHandle,
+    /// The worker it failed on, if it got one.
+    pub worker: Option<WorkerId>,
+    /// The outcome.
+    pub outcome: Outcome,
+}
 
 /// Why the scheduler cannot place a task.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

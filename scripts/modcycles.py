@@ -4,7 +4,7 @@
 
     python3 scripts/modcycles.py orchestrator/src
 
-CI runs it on every crate but the worker (none has an import circle). `tests`
+CI runs it on every crate (none has an import circle). `tests`
 modules are left out: a test may reach anything."""
 import os, re, sys
 root = sys.argv[1]

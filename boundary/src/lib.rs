@@ -12,6 +12,8 @@
 //! - **Who is talking**: [`SessionId`] (one driver's connection to a
 //!   worker) and [`InstanceId`] (one worker process), which both sides
 //!   name.
+//! - **Whose workers these are**: [`DRIVER_MARKER`], the file a driver
+//!   leaves in the folder of the workers it starts.
 //! - **Why a task failed**: [`FailureCause`], a [`FailureKind`] a program
 //!   can match on beside the words a person reads. A worker sends the kind
 //!   in its completion; the orchestrator's core carries it in its
@@ -32,3 +34,10 @@ pub use ids::{InstanceId, SessionId};
 pub use signature::{
     ArgSpec, CallableOffer, DTypes, Rank, ScalarKind, ScalarSpec, Signature, SignatureError,
 };
+
+/// The file a driver puts in the private folder of the workers it spawns
+/// (their sockets and logs), naming itself as `pid=<pid> start=<start
+/// time>`: the last worker out removes it with the folder (see `strata
+/// worker --driver-dir`), and a later driver recognises by it a folder that
+/// a dead one left behind.
+pub const DRIVER_MARKER: &str = "strata-driver";

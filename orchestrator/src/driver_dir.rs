@@ -22,7 +22,7 @@ use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 
 use nix::unistd::geteuid;
-use strata_worker::DRIVER_MARKER;
+use strata_boundary::DRIVER_MARKER;
 use tempfile::TempDir;
 use tracing::{debug, info};
 

@@ -11,7 +11,7 @@ use strata_chip_runtime::Registry;
 use strata_client::{ClientTls, Endpoint};
 use strata_orchestrator_core::{Event, WorkerId};
 use strata_wire::IdentityMint;
-use strata_worker::InProcessWorker;
+use strata_worker_node::InProcessWorker;
 use tokio::sync::mpsc;
 
 use crate::actors::dag::{DagActor, EndpointRef};

@@ -4,7 +4,7 @@
 //! the socket straight into the buffer that becomes the staged `Bytes`; a
 //! fetch's held bytes are written from where the task left them straight
 //! to the socket. Both go through the session's table
-//! ([`crate::staging::Held`]) exactly as the gRPC calls do: same ids, same
+//! ([`strata_worker_node::staging::Held`]) exactly as the gRPC calls do: same ids, same
 //! budget (counted from the moment a stage announces its length), same end
 //! with the session.
 //!
@@ -28,15 +28,13 @@ use std::time::Duration;
 
 use strata_proto::bulk::{HEADER_BYTES, HELLO_BYTES, Hello, RefusalCode, Reply, Request, refusal};
 use strata_proto::recycle::Recycler;
-use strata_worker_core::SessionId;
+use strata_worker_node::staging::HeldError;
+use strata_worker_node::{Node, Session, SessionId};
 use subtle::ConstantTimeEq;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{Semaphore, watch};
 use tracing::{debug, info, warn};
-
-use crate::node::{Node, Session};
-use crate::staging::HeldError;
 
 /// How long a new connection has to present its hello.
 pub(crate) const HELLO_TIMEOUT: Duration = Duration::from_secs(5);

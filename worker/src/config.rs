@@ -8,12 +8,7 @@ use strata_proto::DEFAULT_MAX_MESSAGE_BYTES;
 /// so that the address a worker prints is the one a client parses.
 pub use strata_client::Endpoint;
 
-/// The file a driver puts in the private folder of the workers it spawns
-/// (their sockets and logs), naming itself as `pid=<pid> start=<start
-/// time>`: the last worker out removes it with the folder (see
-/// `--driver-dir`), and a later driver recognises by it a folder that a
-/// dead one left behind.
-pub const DRIVER_MARKER: &str = "strata-driver";
+pub use strata_boundary::DRIVER_MARKER;
 
 /// Server-side TLS with client certificates.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -86,7 +81,7 @@ impl WorkerConfig {
             fd_socket: None,
             auth: Auth::default(),
             max_message_bytes: DEFAULT_MAX_MESSAGE_BYTES,
-            max_in_flight: 65_536,
+            max_in_flight: strata_worker_node::DEFAULT_MAX_IN_FLIGHT,
             session_grace: std::time::Duration::from_secs(30),
             peer_timeout: std::time::Duration::from_secs(10),
             ring: true,
@@ -124,4 +119,19 @@ mod tests {
         named.fd_socket = Some("/run/other.fd".into());
         assert_eq!(named.fd_socket_path(), Some(PathBuf::from("/run/other.fd")));
     }
+}
+
+/// What this worker process offers its sessions beyond the node's calls,
+/// fixed once it is bound: the service reports it in every handshake, the
+/// fd channel consults it when a ring arrives.
+#[derive(Debug, Clone)]
+pub(crate) struct Offers {
+    /// The fd side channel's socket (Unix listeners only).
+    pub(crate) fd_socket: Option<PathBuf>,
+    /// Whether sessions may move their tasks onto a shared-memory ring.
+    pub(crate) ring: bool,
+    /// The data connections' TCP port, when this worker offers them.
+    pub(crate) data_port: Option<u16>,
+    /// How long a session may go without opening its task stream.
+    pub(crate) session_grace: std::time::Duration,
 }

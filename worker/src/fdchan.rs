@@ -29,7 +29,7 @@ use prost::Message;
 use strata_proto::fdframe::{self, HEADER_BYTES};
 use strata_proto::{MAX_FD_FRAME_BYTES, MAX_FDS_PER_MESSAGE, PROTOCOL_VERSION, pb};
 use strata_wire::{BufferDescriptor, CanonicalIdentity};
-use strata_worker_core::SessionId;
+use strata_worker_node::{Node, SessionId};
 use tokio::io::{AsyncWriteExt, Interest};
 use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::watch;
@@ -38,7 +38,6 @@ use tracing::{debug, info, warn};
 pub use strata_client::FdChannel;
 
 use crate::listen::peer_is_us;
-use crate::node::Node;
 
 /// One received frame and the fds that came with it.
 struct Frame {
@@ -111,10 +110,12 @@ async fn write_frame(stream: &mut UnixStream, payload: &[u8]) -> io::Result<()> 
     stream.write_all(&fdframe::encode(payload)?).await
 }
 
-/// Accepts fd-channel connections until shutdown.
+/// Accepts fd-channel connections until shutdown. `ring`: whether a
+/// session may move its tasks onto a shared-memory ring.
 pub(crate) async fn serve(
     listener: UnixListener,
     node: Arc<Node>,
+    ring: bool,
     mut shutdown: watch::Receiver<bool>,
 ) {
     loop {
@@ -134,14 +135,14 @@ pub(crate) async fn serve(
         }
         let node = Arc::clone(&node);
         tokio::spawn(async move {
-            if let Err(e) = handle(stream, &node).await {
+            if let Err(e) = handle(stream, &node, ring).await {
                 warn!(error = %e, "fd channel connection failed");
             }
         });
     }
 }
 
-async fn handle(mut stream: UnixStream, node: &Arc<Node>) -> io::Result<()> {
+async fn handle(mut stream: UnixStream, node: &Arc<Node>, ring: bool) -> io::Result<()> {
     let Some(first) = read_frame(&stream).await? else {
         return Ok(());
     };
@@ -165,7 +166,7 @@ async fn handle(mut stream: UnixStream, node: &Arc<Node>) -> io::Result<()> {
         ));
     }
     info!(%session, "fd channel open");
-    let result = import_loop(&mut stream, node, session).await;
+    let result = import_loop(&mut stream, node, ring, session).await;
     // The orchestrator's side channel is gone: so is its session.
     node.end_session(session, "fd channel closed");
     result
@@ -174,6 +175,7 @@ async fn handle(mut stream: UnixStream, node: &Arc<Node>) -> io::Result<()> {
 async fn import_loop(
     stream: &mut UnixStream,
     node: &Arc<Node>,
+    ring_offered: bool,
     session: SessionId,
 ) -> io::Result<()> {
     while let Some(frame) = read_frame(stream).await? {
@@ -184,7 +186,7 @@ async fn import_loop(
                 ..
             }) => {
                 let outcome = if identities.is_empty() {
-                    crate::ring::attach(node, session, &ring, frame.fds)
+                    crate::ring::attach(node, ring_offered, session, &ring, frame.fds)
                 } else {
                     Err("a ring frame carries no buffer identities".into())
                 };

@@ -27,15 +27,12 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::Duration;
 
 use prost::Message;
-use strata_proto::convert::{FailureCause, FailureKind, TaskCompletion, TaskRequest};
+use strata_proto::convert::{FailureCause, FailureKind, TaskCompletion, TaskOutcome, TaskRequest};
 use strata_proto::{TaskId, pb};
 use strata_ring::shm::{Capacities, SharedRing};
 use strata_ring::{Consumer, Memory, Producer, RingError, Spin, Waited, Which};
-use strata_worker_core::SessionId;
+use strata_worker_node::{CompletionSink, Intake, Node, SessionId};
 use tracing::{debug, warn};
-
-use crate::node::Node;
-use crate::ops::{Intake, Sink};
 
 /// How long the reader waits on an empty lane before it parks: a few
 /// spins, then yields of the CPU (a few hundred microseconds in all), so
@@ -52,11 +49,12 @@ pub(crate) const READER_SPIN: Spin = Spin {
 /// and starts its threads.
 pub(crate) fn attach(
     node: &Arc<Node>,
+    offered: bool,
     id: SessionId,
     ring: &pb::FdRing,
     mut fds: Vec<OwnedFd>,
 ) -> Result<(), String> {
-    if !node.ring || node.fd_socket.is_none() {
+    if !offered {
         return Err("this worker offers no ring (it was started with --no-ring)".into());
     }
     if fds.len() != 1 {
@@ -69,8 +67,7 @@ pub(crate) fn attach(
     let session = node
         .session(id)
         .ok_or_else(|| format!("session {id} is unknown or has ended"))?;
-    crate::imports::check_filesystem(&fd).map_err(|e| format!("ring memfd: {e}"))?;
-    crate::imports::check_sealed_against_shrinking(&fd).map_err(|e| format!("ring memfd: {e}"))?;
+    strata_worker_node::check_arrival(&fd).map_err(|e| format!("ring memfd: {e}"))?;
     let caps = Capacities {
         submit: ring.submit_capacity as usize,
         complete: ring.complete_capacity as usize,
@@ -88,11 +85,8 @@ pub(crate) fn attach(
         wake: Condvar::new(),
         mem: Arc::clone(&mem),
     });
-    let intake = Intake::with_sink(
-        Arc::clone(node),
-        Arc::clone(&session),
-        Sink::Ring(Arc::clone(&outbox)),
-    );
+    let sink: Arc<dyn CompletionSink> = Arc::clone(&outbox) as _;
+    let intake = Intake::new(Arc::clone(node), Arc::clone(&session), sink);
     let rt = tokio::runtime::Handle::current();
     let consumer = Consumer::new(Arc::clone(&mem), Which::Submit);
     let reader_node = Arc::clone(node);
@@ -168,14 +162,10 @@ struct Inner {
     overflow: VecDeque<Vec<u8>>,
 }
 
-impl Outbox {
-    fn lock(&self) -> MutexGuard<'_, Inner> {
-        self.inner.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
+impl CompletionSink for Outbox {
     /// Writes `c` to the completion lane, or leaves it to the flusher
     /// when the lane is full (a lane thread never waits for the driver).
-    pub(crate) fn send(&self, c: TaskCompletion) {
+    fn complete(&self, c: TaskCompletion) {
         let id = c.id;
         let mut rec = pb::Completion::from(c).encode_to_vec();
         let mut g = self.lock();
@@ -186,7 +176,8 @@ impl Outbox {
                 rec.len()
             );
             let cause = FailureCause::new(FailureKind::Other, cause);
-            rec = pb::Completion::from(crate::exec::failure(id, cause)).encode_to_vec();
+            let failed = TaskCompletion::bare(id, TaskOutcome::Failure(cause));
+            rec = pb::Completion::from(failed).encode_to_vec();
         }
         if g.overflow.is_empty() {
             match g.producer.try_push(&rec) {
@@ -200,6 +191,12 @@ impl Outbox {
         g.overflow.push_back(rec);
         drop(g);
         self.wake.notify_one();
+    }
+}
+
+impl Outbox {
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// The flusher: writes what overflowed, waiting for room, until the

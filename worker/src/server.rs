@@ -15,6 +15,7 @@ use std::sync::Arc;
 use strata_chip_runtime::{Device, Kernel, Registry, SimDevice};
 use strata_proto::pb::worker_server::WorkerServer;
 use strata_proto::{CONNECTION_WINDOW, STREAM_WINDOW};
+use strata_worker_node::{Limits, Node};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio_stream::StreamExt;
@@ -24,9 +25,8 @@ use tonic::transport::{Certificate, Identity, Server, ServerTlsConfig};
 use tracing::{info, warn};
 
 use crate::auth::TokenCheck;
-use crate::config::{Endpoint, WorkerConfig};
+use crate::config::{Endpoint, Offers, WorkerConfig};
 use crate::listen::{bind_unix, peer_is_us};
-use crate::node::Node;
 use crate::service::WorkerService;
 use crate::{WorkerError, fdchan};
 
@@ -53,6 +53,7 @@ enum Listener {
 /// A worker whose sockets are bound and whose device is up: ready to serve.
 pub struct BoundWorker {
     node: Arc<Node>,
+    offers: Arc<Offers>,
     listener: Listener,
     fd_listener: Option<(tokio::net::UnixListener, PathBuf)>,
     /// The data connections' listener (TCP without TLS).
@@ -161,27 +162,27 @@ impl Worker {
             }
             None => None,
         };
-        let mut node = Node::new(
-            config.chip_id,
-            device,
-            self.kernels,
-            fd_listener.as_ref().map(|(_, p)| p.clone()),
-            config.max_message_bytes,
-            config.max_in_flight,
-            config.session_grace,
-        );
-        node.ring = config.ring;
-        node.data_port = match &data_listener {
-            Some(l) => Some(
-                l.local_addr()
-                    .map_err(|e| WorkerError::Bind(e.to_string()))?
-                    .port(),
-            ),
-            None => None,
+        let limits = Limits {
+            max_message_bytes: config.max_message_bytes,
+            max_in_flight: config.max_in_flight,
         };
-        let node = Arc::new(node);
+        let node = Arc::new(Node::new(config.chip_id, device, self.kernels, limits));
+        let offers = Arc::new(Offers {
+            fd_socket: fd_listener.as_ref().map(|(_, p)| p.clone()),
+            ring: config.ring,
+            data_port: match &data_listener {
+                Some(l) => Some(
+                    l.local_addr()
+                        .map_err(|e| WorkerError::Bind(e.to_string()))?
+                        .port(),
+                ),
+                None => None,
+            },
+            session_grace: config.session_grace,
+        });
         Ok(BoundWorker {
             node,
+            offers,
             listener,
             fd_listener,
             data_listener,
@@ -204,7 +205,7 @@ impl BoundWorker {
 
     /// The data connections' port, when this worker offers them.
     pub fn data_port(&self) -> Option<u16> {
-        self.node.data_port
+        self.offers.data_port
     }
 
     /// The device's canonical spec.
@@ -229,9 +230,13 @@ impl BoundWorker {
     ) -> Result<(), WorkerError> {
         let (stop_tx, stop_rx) = watch::channel(false);
         let max = self.config.max_message_bytes;
-        let svc = WorkerServer::new(WorkerService::new(Arc::clone(&self.node), stop_rx.clone()))
-            .max_decoding_message_size(max)
-            .max_encoding_message_size(max);
+        let svc = WorkerServer::new(WorkerService::new(
+            Arc::clone(&self.node),
+            Arc::clone(&self.offers),
+            stop_rx.clone(),
+        ))
+        .max_decoding_message_size(max)
+        .max_encoding_message_size(max);
         let token = self
             .config
             .auth
@@ -269,10 +274,13 @@ impl BoundWorker {
 
         let fd_task = self.fd_listener.map(|(l, path)| {
             let node = Arc::clone(&self.node);
-            (tokio::spawn(fdchan::serve(l, node, stop_rx.clone())), path)
+            (
+                tokio::spawn(fdchan::serve(l, node, self.offers.ring, stop_rx.clone())),
+                path,
+            )
         });
         let data_task = self.data_listener.map(|l| {
-            info!(port = ?self.node.data_port, "data connections offered");
+            info!(port = ?self.offers.data_port, "data connections offered");
             tokio::spawn(crate::bulk::serve(
                 l,
                 Arc::clone(&self.node),

@@ -7,28 +7,38 @@ use std::sync::atomic::Ordering;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use strata_proto::convert::{self, FailureCause, FailureKind, TaskCompletion, TaskRequest};
+use strata_proto::convert::{
+    self, FailureCause, FailureKind, TaskCompletion, TaskOutcome, TaskRequest,
+};
 use strata_proto::{PROTOCOL_VERSION, SESSION_HEADER, TaskId, pb};
-use strata_worker_core::SessionId;
+use strata_worker_node::{Intake, Node, NodeError, Session, SessionId};
 use tokio::sync::{mpsc, watch};
 use tokio_stream::Stream;
 use tonic::metadata::MetadataMap;
 use tonic::{Request, Response, Status, Streaming};
 use tracing::{debug, warn};
 
-use crate::node::{Node, Session};
-use crate::ops::{Intake, NodeError};
+use crate::config::Offers;
 
 /// The service implementation.
 #[derive(Debug, Clone)]
 pub(crate) struct WorkerService {
     node: Arc<Node>,
+    offers: Arc<Offers>,
     shutdown: watch::Receiver<bool>,
 }
 
 impl WorkerService {
-    pub(crate) fn new(node: Arc<Node>, shutdown: watch::Receiver<bool>) -> Self {
-        WorkerService { node, shutdown }
+    pub(crate) fn new(
+        node: Arc<Node>,
+        offers: Arc<Offers>,
+        shutdown: watch::Receiver<bool>,
+    ) -> Self {
+        WorkerService {
+            node,
+            offers,
+            shutdown,
+        }
     }
 
     fn session(&self, meta: &MetadataMap) -> Result<(SessionId, Arc<Session>), Status> {
@@ -87,6 +97,8 @@ fn refused(e: &NodeError) -> Status {
         NodeError::SessionEnded(_) => Status::not_found(msg),
         NodeError::Halted => Status::unavailable(msg),
         NodeError::Device(e) => status(e),
+        // A refusal this service does not know yet: still the caller's.
+        _ => Status::failed_precondition(msg),
     }
 }
 
@@ -109,7 +121,7 @@ impl Drop for SessionGuard {
 pub(crate) struct Completions {
     rx: mpsc::UnboundedReceiver<TaskCompletion>,
     /// Where written views too large for a message wait to be fetched.
-    held: Arc<crate::staging::Held>,
+    held: Arc<strata_worker_node::staging::Held>,
     /// Received and not yet sent (a batch stops at the message limit).
     pending: std::collections::VecDeque<TaskCompletion>,
     /// Largest batch, in bytes: the message limit less headroom.
@@ -123,9 +135,9 @@ const MAX_BATCH: usize = 4096;
 /// About how many bytes a completion takes in a message.
 fn completion_size(c: &TaskCompletion) -> usize {
     let cause = match &c.outcome {
-        strata_proto::convert::TaskOutcome::Success => 0,
-        strata_proto::convert::TaskOutcome::Failure(f) => f.message.len(),
-        strata_proto::convert::TaskOutcome::Resend(s) => s.len(),
+        TaskOutcome::Success => 0,
+        TaskOutcome::Failure(f) => f.message.len(),
+        TaskOutcome::Resend(s) => s.len(),
     };
     64 + cause + c.outputs.iter().map(|(_, d)| d.len() + 16).sum::<usize>()
 }
@@ -180,7 +192,7 @@ impl Stream for Completions {
 /// (the client asked for them that way: it fetches them on its data
 /// connection). A view the table has no room for stays in the completion,
 /// where [`hold_outputs`] deals with it if it is too large for a message.
-fn hold_from_size(held: &crate::staging::Held, c: &mut TaskCompletion, from: u64) {
+fn hold_from_size(held: &strata_worker_node::staging::Held, c: &mut TaskCompletion, from: u64) {
     if !c.outputs.iter().any(|(_, d)| d.len() as u64 >= from) {
         return;
     }
@@ -204,7 +216,7 @@ fn hold_from_size(held: &crate::staging::Held, c: &mut TaskCompletion, from: u64
 /// the session cannot hold fails the task (its bytes would be lost), with
 /// why.
 fn hold_outputs(
-    held: &crate::staging::Held,
+    held: &strata_worker_node::staging::Held,
     mut c: TaskCompletion,
     limit: usize,
 ) -> TaskCompletion {
@@ -232,14 +244,14 @@ fn hold_outputs(
                 for id in moved {
                     held.take_held(id);
                 }
-                return crate::exec::failure(
+                return TaskCompletion::bare(
                     c.id,
-                    FailureCause::new(
+                    TaskOutcome::Failure(FailureCause::new(
                         FailureKind::Other,
                         format!(
                             "argument {arg}: its written view ({len} bytes) is too large for a message and cannot be held for fetching: {e}"
                         ),
-                    ),
+                    )),
                 );
             }
         }
@@ -275,8 +287,9 @@ impl pb::worker_server::Worker for WorkerService {
         // A client that handshakes and never opens its task stream must
         // not hold the session (and what it may allocate) for ever.
         let node = Arc::clone(&self.node);
+        let grace = self.offers.session_grace;
         tokio::spawn(async move {
-            tokio::time::sleep(node.session_grace).await;
+            tokio::time::sleep(grace).await;
             let idle = node
                 .session(session)
                 .is_some_and(|s| !s.streaming.load(Ordering::SeqCst));
@@ -296,17 +309,17 @@ impl pb::worker_server::Worker for WorkerService {
             lanes: facts.lanes,
             callables: facts.callables.iter().map(pb::Callable::from).collect(),
             fd_socket: self
-                .node
+                .offers
                 .fd_socket
                 .as_ref()
                 .map(|p| p.display().to_string())
                 .unwrap_or_default(),
-            max_message_bytes: self.node.max_message_bytes as u64,
+            max_message_bytes: self.node.limits.max_message_bytes as u64,
             instance: facts.instance.0,
             previous: previous.map(pb::PreviousSession::from),
-            ring: self.node.fd_socket.is_some() && self.node.ring,
-            data_port: self.node.data_port.map_or(0, u32::from),
-            data_secret: match (self.node.data_port, self.node.session(session)) {
+            ring: self.offers.fd_socket.is_some() && self.offers.ring,
+            data_port: self.offers.data_port.map_or(0, u32::from),
+            data_secret: match (self.offers.data_port, self.node.session(session)) {
                 (Some(_), Some(s)) => s.data_secret.to_vec(),
                 _ => Vec::new(),
             },
@@ -338,7 +351,7 @@ impl pb::worker_server::Worker for WorkerService {
         let (tx, rx) = mpsc::unbounded_channel::<TaskCompletion>();
         let mut ended = session.ended();
         let held = Arc::clone(&session.held);
-        let intake = Intake::new(Arc::clone(&self.node), Arc::clone(&session), tx);
+        let intake = Intake::new(Arc::clone(&self.node), Arc::clone(&session), Arc::new(tx));
         let mut shutdown = self.shutdown.clone();
         tokio::spawn(async move {
             loop {
@@ -376,7 +389,7 @@ impl pb::worker_server::Worker for WorkerService {
             rx,
             held: Arc::clone(&session.held),
             pending: std::collections::VecDeque::new(),
-            limit: self.node.max_message_bytes.saturating_sub(64 * 1024),
+            limit: self.node.limits.max_message_bytes.saturating_sub(64 * 1024),
             _guard: SessionGuard {
                 node: Arc::clone(&self.node),
                 id,
@@ -439,7 +452,7 @@ impl pb::worker_server::Worker for WorkerService {
         let (_, session) = self.session(request.metadata())?;
         let req = request.into_inner();
         let identity = convert::identity("identity", &req.identity)?;
-        let limit = (self.node.max_message_bytes as u64).saturating_sub(64);
+        let limit = (self.node.limits.max_message_bytes as u64).saturating_sub(64);
         let data = self
             .node
             .copy_from_device(&session, &identity, req.offset, req.len, limit)
@@ -557,9 +570,13 @@ impl pb::worker_server::Worker for WorkerService {
             )));
         }
         let staging = session.held.begin_stage(id, total).map_err(|e| match e {
-            crate::staging::HeldError::Full { .. } => Status::resource_exhausted(e.to_string()),
-            crate::staging::HeldError::Closed => Status::not_found(e.to_string()),
-            crate::staging::HeldError::BadId(_) => Status::invalid_argument(e.to_string()),
+            strata_worker_node::staging::HeldError::Full { .. } => {
+                Status::resource_exhausted(e.to_string())
+            }
+            strata_worker_node::staging::HeldError::Closed => Status::not_found(e.to_string()),
+            strata_worker_node::staging::HeldError::BadId(_) => {
+                Status::invalid_argument(e.to_string())
+            }
         })?;
         let total = usize::try_from(total).map_err(|_| Status::invalid_argument("total"))?;
         let mut buf = bytes::BytesMut::with_capacity(total);
@@ -606,7 +623,7 @@ impl pb::worker_server::Worker for WorkerService {
         })?;
         // Slices of the held bytes, not copies, each well under a message.
         let step = strata_proto::STAGE_CHUNK_BYTES
-            .min(self.node.max_message_bytes.saturating_sub(64 * 1024))
+            .min(self.node.limits.max_message_bytes.saturating_sub(64 * 1024))
             .max(1);
         let chunks: Vec<Result<pb::FetchChunk, Status>> = (0..bytes.len())
             .step_by(step)

@@ -63,7 +63,7 @@ pub struct Cluster {
     /// those workers are told when the run ends).
     pub(crate) run_used: Vec<std::sync::atomic::AtomicBool>,
     /// Per worker, the node itself when it runs in this process.
-    pub(crate) in_process: Vec<Option<strata_worker::InProcessWorker>>,
+    pub(crate) in_process: Vec<Option<strata_worker_node::InProcessWorker>>,
     /// The request of a `wait_all_while` that was given up, for the next
     /// wait of the run to take over: a second request would split the
     /// run's answer between them (the first, unheard, would take it).
@@ -97,7 +97,10 @@ impl Cluster {
     /// The worker node of `worker`, when it runs in this process
     /// ([`crate::ClusterBuilder::in_process`]): its figures, and `halt`/`resume`
     /// to see how a job rides out a lost worker.
-    pub fn in_process_worker(&self, worker: WorkerId) -> Option<&strata_worker::InProcessWorker> {
+    pub fn in_process_worker(
+        &self,
+        worker: WorkerId,
+    ) -> Option<&strata_worker_node::InProcessWorker> {
         self.in_process.get(worker.0 as usize)?.as_ref()
     }
 

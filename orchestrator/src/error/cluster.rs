@@ -117,7 +117,7 @@ pub enum ClusterError {
         /// Its index among the in-process workers.
         index: usize,
         /// Why.
-        source: strata_worker::WorkerError,
+        source: strata_worker_node::NodeError,
     },
     /// A worker could not be reached at the start.
     #[error(

@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 use strata_chip_runtime::Region;
 use strata_proto::convert::{RunEnd, SessionState, TaskRequest, WorkerStats};
 use strata_wire::{BufferDescriptor, CanonicalIdentity};
-use strata_worker::{InProcessSession, InProcessWorker, NodeError, SessionId};
+use strata_worker_node::{InProcessSession, InProcessWorker, NodeError, SessionId};
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 

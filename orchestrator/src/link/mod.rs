@@ -12,7 +12,7 @@
 //!   the worker offers one) or the bytes of every view staged with the
 //!   task over TCP;
 //! - [`inproc`]: a worker node inside this process
-//!   ([`strata_worker::InProcessWorker`]), reached by calls.
+//!   ([`strata_worker_node::InProcessWorker`]), reached by calls.
 //!
 //! The endpoint actor (`actors::endpoint`) knows no transport; tests run it
 //! over in-process links without spawning a process.

@@ -103,6 +103,20 @@ impl Mapper for FdMapper {
     }
 }
 
+/// The checks an fd from another process must pass when it arrives (a
+/// buffer's, or a ring's): what it is (tmpfs/shmem), and that it can never
+/// shrink under a mapping (see the module docs). Refusing on arrival,
+/// rather than at first use, puts the reason in the import's own answer
+/// and means the worker never holds an fd that could be pulled out from
+/// under it.
+///
+/// # Errors
+/// What is wrong with the fd and what the sender must do instead.
+pub fn check_arrival(fd: &OwnedFd) -> Result<(), String> {
+    check_filesystem(fd)?;
+    check_sealed_against_shrinking(fd)
+}
+
 /// Refuses an fd that is not on tmpfs/shmem (memfds and POSIX shared
 /// memory are); run when the fd arrives, and again before mapping.
 pub(crate) fn check_filesystem(fd: &OwnedFd) -> Result<(), String> {

@@ -1,24 +1,19 @@
-//! What a session may ask of its node, in one place: the gRPC service
-//! ([`crate::service`]) and the in-process worker ([`crate::inproc`]) both
-//! call these, so a worker behaves the same whichever way it is reached.
-//! Refusals are a [`NodeError`], which the service maps to gRPC statuses in
-//! one place and in-process callers match on.
+//! What a session may ask of its node, in one place: the worker process's
+//! gRPC service and the in-process worker both call these, so a worker
+//! behaves the same whichever way it is reached. Refusals are a
+//! [`NodeError`], which the service maps to gRPC statuses in one place and
+//! in-process callers match on.
 
 use std::os::fd::OwnedFd;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use strata_chip_runtime::Region;
-use strata_proto::TaskId;
-use strata_proto::convert::{
-    FailureCause, FailureKind, RunEnd, TaskCompletion, TaskRequest, WorkerStats,
-};
+use strata_proto::convert::{RunEnd, WorkerStats};
 use strata_wire::{BufferDescriptor, CanonicalIdentity};
 use strata_worker_core::SessionId;
-use tokio::sync::{Semaphore, mpsc};
 use tracing::{debug, warn};
 
-use crate::exec;
 use crate::node::{DeviceBuffer, Missing, Node, Session};
 
 /// Why a node refused a call.
@@ -85,7 +80,7 @@ impl From<strata_chip_runtime::Error> for NodeError {
 impl Node {
     /// Allocates a device buffer of `nbytes` in `region` for `session`;
     /// returns its device address.
-    pub(crate) fn device_alloc(
+    pub fn device_alloc(
         &self,
         session: &Session,
         identity: CanonicalIdentity,
@@ -114,7 +109,7 @@ impl Node {
     }
 
     /// Frees a device buffer of `session` (once no running task holds it).
-    pub(crate) fn device_free(
+    pub fn device_free(
         &self,
         session: &Session,
         identity: &CanonicalIdentity,
@@ -134,7 +129,7 @@ impl Node {
     }
 
     /// Ends the session's run: its run buffers retire.
-    pub(crate) fn end_run(&self, id: SessionId, session: &Session) -> RunEnd {
+    pub fn end_run(&self, id: SessionId, session: &Session) -> RunEnd {
         let (retired, run) = session.end_run();
         let count = u32::try_from(retired.len()).unwrap_or(u32::MAX);
         // The last holder of a run buffer resets the region as it lets go.
@@ -149,7 +144,7 @@ impl Node {
     }
 
     /// Writes `data` at `offset` of a device buffer of `session`.
-    pub(crate) fn copy_to_device(
+    pub fn copy_to_device(
         &self,
         session: &Session,
         identity: &CanonicalIdentity,
@@ -166,7 +161,7 @@ impl Node {
 
     /// Reads `len` bytes at `offset` of a device buffer of `session`, at
     /// most `limit` of them.
-    pub(crate) fn copy_from_device(
+    pub fn copy_from_device(
         &self,
         session: &Session,
         identity: &CanonicalIdentity,
@@ -177,7 +172,7 @@ impl Node {
         if len > limit {
             return Err(NodeError::Invalid(format!(
                 "len {len} exceeds what one reply may carry ({} bytes)",
-                self.max_message_bytes
+                self.limits.max_message_bytes
             )));
         }
         let buf = session
@@ -194,11 +189,7 @@ impl Node {
 
     /// Releases `session`'s imports by identity; returns how many it
     /// held (another session's imports of the same identities stay).
-    pub(crate) fn release_imports(
-        &self,
-        session: SessionId,
-        identities: &[CanonicalIdentity],
-    ) -> u32 {
+    pub fn release_imports(&self, session: SessionId, identities: &[CanonicalIdentity]) -> u32 {
         identities
             .iter()
             .map(|i| {
@@ -214,7 +205,7 @@ impl Node {
     /// byte sets of `views` (of everything when both are empty) back to
     /// host memory; returns the bytes written. The copies stay, clean.
     /// Off the async runtime: it copies.
-    pub(crate) fn flush(
+    pub fn flush(
         &self,
         session: SessionId,
         identities: &[CanonicalIdentity],
@@ -234,7 +225,7 @@ impl Node {
     }
 
     /// The worker's figures.
-    pub(crate) fn stats(&self) -> WorkerStats {
+    pub fn stats(&self) -> WorkerStats {
         let s = self.device.stats();
         let c = &self.counters;
         WorkerStats {
@@ -252,13 +243,12 @@ impl Node {
             sessions: self.session_count() as u64,
             tasks_in_flight: self.tasks_in_flight(),
             zeroed: s.zeroed,
-            cache: cache_counters(s.cache),
+            cache: crate::exec::cache_counters(s.cache),
         }
     }
 
     /// The `seq`-th health beat of a stream.
-    #[cfg(feature = "server")]
-    pub(crate) fn beat(&self, seq: u64) -> strata_proto::convert::HealthBeat {
+    pub fn beat(&self, seq: u64) -> strata_proto::convert::HealthBeat {
         strata_proto::convert::HealthBeat {
             seq,
             tasks_in_flight: self.tasks_in_flight(),
@@ -271,7 +261,7 @@ impl Node {
     /// the arrival checks: tmpfs/shmem, sealed against shrinking. A
     /// refusal is remembered by the session, so a task naming the identity
     /// later fails with its reason.
-    pub(crate) fn import_one(
+    pub fn import_one(
         &self,
         session: SessionId,
         identity: CanonicalIdentity,
@@ -279,7 +269,7 @@ impl Node {
         fd: OwnedFd,
     ) -> Result<(), String> {
         let state = self.session(session);
-        match arrival_checks(&fd) {
+        match crate::imports::check_arrival(&fd) {
             Ok(()) => {
                 if let Some(s) = &state {
                     s.forget_refusal(&identity);
@@ -312,16 +302,6 @@ impl Node {
     }
 }
 
-/// The checks an fd must pass when it arrives, before it is offered to the
-/// registry: what it is (tmpfs/shmem), and that it can never shrink under
-/// a mapping (see [`crate::imports`]). Refusing here, rather than at first
-/// use, puts the reason in the import's own answer and means the worker
-/// never holds an fd that could be pulled out from under it.
-fn arrival_checks(fd: &OwnedFd) -> Result<(), String> {
-    crate::imports::check_filesystem(fd)?;
-    crate::imports::check_sealed_against_shrinking(fd)
-}
-
 /// Checks that `[offset, offset + len)` lies inside `buf`.
 fn in_block(buf: &DeviceBuffer, offset: u64, len: u64) -> Result<(), NodeError> {
     match offset.checked_add(len) {
@@ -331,154 +311,5 @@ fn in_block(buf: &DeviceBuffer, offset: u64, len: u64) -> Result<(), NodeError> 
             len,
             size: buf.block.len,
         }),
-    }
-}
-
-/// Where a session's tasks come in, however they travel: each is counted
-/// as running from receipt to completion (what a client fencing the
-/// session waits for), waits for one of the session's `max_in_flight`
-/// permits (backpressure: the caller stops taking tasks while it waits),
-/// and runs; its completion goes to the session's completion channel.
-#[derive(Debug, Clone)]
-pub(crate) struct Intake {
-    node: Arc<Node>,
-    session: Arc<Session>,
-    permits: Arc<Semaphore>,
-    done: Sink,
-}
-
-/// Where an intake's completions go.
-#[derive(Debug, Clone)]
-pub(crate) enum Sink {
-    /// To the session's completion stream (or an in-process caller).
-    Channel(mpsc::UnboundedSender<TaskCompletion>),
-    /// Onto the session's completion lane.
-    #[cfg(feature = "server")]
-    Ring(Arc<crate::ring::Outbox>),
-}
-
-impl Sink {
-    fn send(&self, c: TaskCompletion) {
-        match self {
-            Sink::Channel(tx) => drop(tx.send(c)),
-            #[cfg(feature = "server")]
-            Sink::Ring(out) => out.send(c),
-        }
-    }
-}
-
-impl Intake {
-    /// The intake of `session`, completing into `done`.
-    pub(crate) fn new(
-        node: Arc<Node>,
-        session: Arc<Session>,
-        done: mpsc::UnboundedSender<TaskCompletion>,
-    ) -> Self {
-        Self::with_sink(node, session, Sink::Channel(done))
-    }
-
-    /// The intake of `session`, completing into `done`.
-    pub(crate) fn with_sink(node: Arc<Node>, session: Arc<Session>, done: Sink) -> Self {
-        let permits = Arc::new(Semaphore::new(node.max_in_flight));
-        Intake {
-            node,
-            session,
-            permits,
-            done,
-        }
-    }
-
-    /// Takes one task: `req` is the decoded request, or why it could not
-    /// be decoded (the task then fails with that cause). Returns once the
-    /// task holds a permit and is on its way.
-    ///
-    /// # Cancel safety
-    /// Cancelling while it waits for a permit drops the task uncounted
-    /// and unrun (it never started).
-    pub(crate) async fn take(&self, id: TaskId, req: Result<TaskRequest, String>) {
-        let running = self.session.task_received();
-        let Ok(permit) = Arc::clone(&self.permits).acquire_owned().await else {
-            return;
-        };
-        self.start(running, permit, id, req, false);
-    }
-
-    /// [`Intake::take`] from a thread outside the runtime (the ring's
-    /// reader): a free permit is taken without entering `rt`; only a
-    /// session at its in-flight limit blocks on it.
-    #[cfg(feature = "server")]
-    pub(crate) fn take_blocking(
-        &self,
-        rt: &tokio::runtime::Handle,
-        id: TaskId,
-        req: Result<TaskRequest, String>,
-    ) {
-        let running = self.session.task_received();
-        let permit = match Arc::clone(&self.permits).try_acquire_owned() {
-            Ok(p) => p,
-            Err(tokio::sync::TryAcquireError::Closed) => return,
-            Err(tokio::sync::TryAcquireError::NoPermits) => {
-                match rt.block_on(Arc::clone(&self.permits).acquire_owned()) {
-                    Ok(p) => p,
-                    Err(_) => return,
-                }
-            }
-        };
-        self.start(running, permit, id, req, true);
-    }
-
-    /// `here`: the caller's thread may run the kernel (it is the ring's
-    /// reader, not a runtime thread).
-    fn start(
-        &self,
-        running: crate::node::RunningTask,
-        permit: tokio::sync::OwnedSemaphorePermit,
-        id: TaskId,
-        req: Result<TaskRequest, String>,
-        here: bool,
-    ) {
-        let tx = self.done.clone();
-        let done: exec::Done = Box::new(move |c| {
-            drop(permit);
-            // Its effects are done: no longer running, even for a client
-            // that reads the completion first.
-            drop(running);
-            tx.send(c);
-        });
-        match req {
-            Ok(req) if here => exec::execute_here(&self.node, &self.session, req, done),
-            Ok(req) => exec::execute(&self.node, &self.session, req, done),
-            Err(e) => {
-                let c = &self.node.counters;
-                c.in_flight.fetch_add(1, Ordering::Relaxed);
-                c.failed.fetch_add(1, Ordering::Relaxed);
-                c.in_flight.fetch_sub(1, Ordering::Relaxed);
-                done(exec::failure(
-                    id,
-                    FailureCause::new(FailureKind::Refused, format!("refused: {e}")),
-                ));
-            }
-        }
-    }
-}
-
-/// The chip's cache counters as the protocol carries them.
-pub(crate) fn cache_counters(
-    c: strata_chip_runtime::CacheStats,
-) -> strata_proto::convert::CacheCounters {
-    strata_proto::convert::CacheCounters {
-        hits: c.hits,
-        hit_bytes: c.hit_bytes,
-        misses: c.misses,
-        loaded: c.loaded,
-        written_back: c.written_back,
-        write_backs: c.write_backs,
-        evictions: c.evictions,
-        device_to_device: c.device_to_device,
-        bypassed: c.bypassed,
-        entries: c.entries,
-        held: c.held,
-        dirty: c.dirty,
-        prefetched: c.prefetched,
     }
 }

@@ -25,9 +25,9 @@ use strata_wire::{BufferDescriptor, CanonicalIdentity};
 use strata_worker_core::SessionId;
 use tokio::sync::{mpsc, watch};
 
-use crate::WorkerError;
-use crate::node::{Node, Session};
-use crate::ops::{Intake, NodeError};
+use crate::intake::Intake;
+use crate::node::{Limits, Node, Session};
+use crate::ops::NodeError;
 
 /// A worker node in this process.
 #[derive(Debug, Clone)]
@@ -41,23 +41,10 @@ impl InProcessWorker {
     /// `sim:mem=2GiB,lanes=2`) and `kernels`.
     ///
     /// # Errors
-    /// A bad device spec.
-    pub fn start(chip_id: u32, device_spec: &str, kernels: Registry) -> Result<Self, WorkerError> {
-        let device: Arc<dyn Device> = Arc::new(
-            SimDevice::from_spec(device_spec).map_err(|e| WorkerError::Config(e.to_string()))?,
-        );
-        let defaults = crate::config::WorkerConfig::new(crate::config::Endpoint::Tcp(
-            std::net::SocketAddr::from(([127, 0, 0, 1], 0)),
-        ));
-        let node = Node::new(
-            chip_id,
-            device,
-            kernels,
-            None,
-            usize::MAX,
-            defaults.max_in_flight,
-            defaults.session_grace,
-        );
+    /// [`NodeError::Device`]: a bad device spec.
+    pub fn start(chip_id: u32, device_spec: &str, kernels: Registry) -> Result<Self, NodeError> {
+        let device: Arc<dyn Device> = Arc::new(SimDevice::from_spec(device_spec)?);
+        let node = Node::new(chip_id, device, kernels, Limits::default());
         Ok(InProcessWorker {
             node: Arc::new(node),
             halted: Arc::new(watch::channel(false).0),
@@ -92,7 +79,7 @@ impl InProcessWorker {
             .streaming
             .store(true, std::sync::atomic::Ordering::SeqCst);
         let (tx, rx) = mpsc::unbounded_channel();
-        let intake = Intake::new(Arc::clone(&self.node), Arc::clone(&session), tx);
+        let intake = Intake::new(Arc::clone(&self.node), Arc::clone(&session), Arc::new(tx));
         Ok(InProcessSession {
             node: Arc::clone(&self.node),
             id,

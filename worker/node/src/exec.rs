@@ -503,7 +503,7 @@ fn complete(
                 staged_out: r.staged_out,
                 copy_in_ns: nanos(r.copy_in),
                 copy_out_ns: nanos(r.copy_out),
-                cache: crate::ops::cache_counters(r.cache),
+                cache: cache_counters(r.cache),
                 outputs,
                 held: Vec::new(),
             }
@@ -513,6 +513,27 @@ fn complete(
 
 fn nanos(d: std::time::Duration) -> u64 {
     u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
+}
+
+/// The chip's cache counters as the protocol carries them.
+pub(crate) fn cache_counters(
+    c: strata_chip_runtime::CacheStats,
+) -> strata_proto::convert::CacheCounters {
+    strata_proto::convert::CacheCounters {
+        hits: c.hits,
+        hit_bytes: c.hit_bytes,
+        misses: c.misses,
+        loaded: c.loaded,
+        written_back: c.written_back,
+        write_backs: c.write_backs,
+        evictions: c.evictions,
+        device_to_device: c.device_to_device,
+        bypassed: c.bypassed,
+        entries: c.entries,
+        held: c.held,
+        dirty: c.dirty,
+        prefetched: c.prefetched,
+    }
 }
 
 #[cfg(test)]

@@ -19,7 +19,7 @@
 //!
 //! An ended session's tasks never start: its gate is closed at once, and
 //! the device checks it when a lane would start the task. What remains of
-//! it is a tombstone ([`crate::tombstones`]) counting the tasks still
+//! it is a tombstone (`tombstones.rs`) counting the tasks still
 //! running, so that its client, back on a new connection, can learn when
 //! none can write any more ([`Node::session_state`]).
 
@@ -35,7 +35,7 @@ use strata_worker_core::SessionId;
 use tracing::{info, warn};
 
 use crate::imports::{FdMapper, Imports};
-use crate::tombstones::Tombstones;
+use crate::tombstones::{Running, Tombstones};
 
 /// A device buffer allocated for a session. Tasks that use it hold an
 /// `Arc` while they run; the block is freed when the last holder lets go,
@@ -174,16 +174,16 @@ struct Runs {
 
 /// One orchestrator connection.
 #[derive(Debug, Default)]
-pub(crate) struct Session {
+pub struct Session {
     /// The session's id: what it names in the import registry, where it
     /// finds only its own imports.
-    pub(crate) id: SessionId,
+    pub id: SessionId,
     /// Device buffers by identity (DEVICE_MALLOC): the session's own, the
     /// only ones its tasks and calls can name.
     device_buffers: Mutex<HashMap<CanonicalIdentity, Arc<DeviceBuffer>>>,
     runs: Mutex<Runs>,
     /// Whether a task stream is open.
-    pub(crate) streaming: std::sync::atomic::AtomicBool,
+    pub streaming: std::sync::atomic::AtomicBool,
     /// Why fds this session sent were refused on arrival, by identity, so
     /// that a task naming one fails with that reason instead of a bare
     /// "not imported". At most [`MAX_REMEMBERED_REFUSALS`]: past that a
@@ -203,23 +203,22 @@ pub(crate) struct Session {
     ring: Mutex<Option<Arc<dyn strata_ring::Memory>>>,
     /// Bytes staged ahead of tasks and held for the driver to fetch
     /// (remote workers: views larger than one message).
-    pub(crate) held: Arc<crate::staging::Held>,
+    pub held: Arc<crate::staging::Held>,
     /// What a data connection presents to prove it belongs to this
-    /// session (random, drawn at the handshake, sent only in its reply).
-    #[cfg_attr(not(feature = "server"), allow(dead_code))]
-    pub(crate) data_secret: [u8; strata_proto::bulk::SECRET_BYTES],
+    /// session (random, drawn when it opens, sent only in its handshake's
+    /// reply).
+    pub data_secret: [u8; strata_proto::bulk::SECRET_BYTES],
     /// Data connections open on this session.
-    #[cfg_attr(not(feature = "server"), allow(dead_code))]
-    pub(crate) data_connections: std::sync::atomic::AtomicUsize,
+    pub data_connections: std::sync::atomic::AtomicUsize,
 }
 
 /// How many refusal reasons one session keeps.
 const MAX_REMEMBERED_REFUSALS: usize = 1024;
 
 impl Session {
-    /// Takes `ring` as the session's; false if it has one already.
-    #[cfg_attr(not(feature = "server"), allow(dead_code))]
-    pub(crate) fn set_ring(&self, ring: Arc<dyn strata_ring::Memory>) -> bool {
+    /// Takes `ring` as the session's, to be closed when the session ends
+    /// (which ends the threads that serve it); false if it has one already.
+    pub fn set_ring(&self, ring: Arc<dyn strata_ring::Memory>) -> bool {
         let mut slot = self.ring.lock().unwrap_or_else(|e| e.into_inner());
         if slot.is_some() {
             return false;
@@ -229,8 +228,7 @@ impl Session {
     }
 
     /// Fires once the session has ended.
-    #[cfg_attr(not(feature = "server"), allow(dead_code))]
-    pub(crate) fn ended(&self) -> tokio::sync::watch::Receiver<bool> {
+    pub fn ended(&self) -> tokio::sync::watch::Receiver<bool> {
         self.ended.subscribe()
     }
 
@@ -336,6 +334,12 @@ impl Session {
     }
 }
 
+impl Running for Arc<Session> {
+    fn running(&self) -> u64 {
+        Session::running(self)
+    }
+}
+
 /// One task of a session counted as running; see [`Session::task_received`].
 #[derive(Debug)]
 pub(crate) struct RunningTask {
@@ -356,38 +360,55 @@ pub(crate) struct Counters {
     pub(crate) in_flight: AtomicU64,
 }
 
-/// Everything the service, the fd channel and task execution share.
-pub(crate) struct Node {
-    pub(crate) chip_id: u32,
-    pub(crate) device: Arc<dyn Device>,
+/// Default for [`Limits::max_in_flight`].
+pub const DEFAULT_MAX_IN_FLIGHT: usize = 65_536;
+
+/// What a node allows each session.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// The largest message a call may carry or answer with (a device read
+    /// larger than this is refused); `usize::MAX` where nothing is encoded.
+    pub max_message_bytes: usize,
+    /// Tasks of one session received and not yet completed, past which the
+    /// session's intake waits (backpressure on whoever sends them).
+    pub max_in_flight: usize,
+}
+
+impl Default for Limits {
+    /// No message limit (an in-process caller's), and
+    /// [`DEFAULT_MAX_IN_FLIGHT`].
+    fn default() -> Self {
+        Limits {
+            max_message_bytes: usize::MAX,
+            max_in_flight: DEFAULT_MAX_IN_FLIGHT,
+        }
+    }
+}
+
+/// One chip's worker node: everything its sessions, its imports and task
+/// execution share. Whatever serves it (the worker process's gRPC service,
+/// fd channel, ring and data connections, or an [`crate::InProcessWorker`])
+/// holds it in an `Arc` and calls it.
+pub struct Node {
+    /// The chip's number, as handshakes report it.
+    pub chip_id: u32,
+    /// The chip.
+    pub device: Arc<dyn Device>,
     /// The run region's ledger, shared by every session.
     pub(crate) run_region: Arc<RunRegion>,
-    pub(crate) kernels: Registry,
+    /// The callables the chip runs.
+    pub kernels: Registry,
     imports: Imports,
     sessions: Mutex<HashMap<SessionId, Arc<Session>>>,
     /// Ended sessions; locked only while `sessions` is held, after it.
-    tombstones: Mutex<Tombstones>,
+    tombstones: Mutex<Tombstones<Arc<Session>>>,
     /// This process, for clients to tell it from a restarted one.
-    pub(crate) instance: InstanceId,
+    pub instance: InstanceId,
     pub(crate) counters: Counters,
-    // `started`, `fd_socket` and `session_grace` are read by the gRPC
-    // service only (uptime in health beats, the handshake's fd socket, the
-    // grace timer); an in-process worker has none of those.
-    #[cfg_attr(not(feature = "server"), allow(dead_code))]
-    pub(crate) started: Instant,
-    #[cfg_attr(not(feature = "server"), allow(dead_code))]
-    pub(crate) fd_socket: Option<std::path::PathBuf>,
-    pub(crate) max_message_bytes: usize,
-    pub(crate) max_in_flight: usize,
-    /// Whether sessions may move their tasks onto a shared-memory ring.
-    #[cfg_attr(not(feature = "server"), allow(dead_code))]
-    pub(crate) ring: bool,
-    /// The data connections' TCP port, when this worker offers them.
-    #[cfg_attr(not(feature = "server"), allow(dead_code))]
-    pub(crate) data_port: Option<u16>,
-    /// How long a session may go without opening its task stream.
-    #[cfg_attr(not(feature = "server"), allow(dead_code))]
-    pub(crate) session_grace: std::time::Duration,
+    /// When the node started (health beats report the uptime).
+    pub started: Instant,
+    /// What each session may do.
+    pub limits: Limits,
 }
 
 impl std::fmt::Debug for Node {
@@ -401,7 +422,7 @@ impl std::fmt::Debug for Node {
 
 impl Node {
     /// What this node is, as its handshakes report it.
-    pub(crate) fn facts(&self) -> WorkerFacts {
+    pub fn facts(&self) -> WorkerFacts {
         let info = self.device.info();
         WorkerFacts {
             chip_id: self.chip_id,
@@ -425,15 +446,8 @@ impl Node {
         offers
     }
 
-    pub(crate) fn new(
-        chip_id: u32,
-        device: Arc<dyn Device>,
-        kernels: Registry,
-        fd_socket: Option<std::path::PathBuf>,
-        max_message_bytes: usize,
-        max_in_flight: usize,
-        session_grace: std::time::Duration,
-    ) -> Self {
+    /// A node for chip `chip_id` on `device`, running `kernels`.
+    pub fn new(chip_id: u32, device: Arc<dyn Device>, kernels: Registry, limits: Limits) -> Self {
         Node {
             chip_id,
             run_region: Arc::new(RunRegion::new(Arc::clone(&device))),
@@ -445,12 +459,7 @@ impl Node {
             instance: InstanceId(rand::random::<u64>() | 1),
             counters: Counters::default(),
             started: Instant::now(),
-            fd_socket,
-            max_message_bytes,
-            max_in_flight,
-            ring: true,
-            data_port: None,
-            session_grace,
+            limits,
         }
     }
 
@@ -462,13 +471,13 @@ impl Node {
         self.sessions.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    fn tombstones(&self) -> MutexGuard<'_, Tombstones> {
+    fn tombstones(&self) -> MutexGuard<'_, Tombstones<Arc<Session>>> {
         self.tombstones.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Opens a session with a fresh random id (never one a tombstone still
     /// holds, whose state its client may yet ask for).
-    pub(crate) fn open_session(&self) -> SessionId {
+    pub fn open_session(&self) -> SessionId {
         let mut sessions = self.sessions();
         loop {
             let id = SessionId(rand::random::<u64>() | 1);
@@ -488,7 +497,7 @@ impl Node {
     }
 
     /// What this worker knows of session `id`.
-    pub(crate) fn session_state(&self, id: SessionId) -> SessionState {
+    pub fn session_state(&self, id: SessionId) -> SessionState {
         let sessions = self.sessions();
         let (session, ended) = match sessions.get(&id) {
             Some(s) => (Arc::clone(s), false),
@@ -504,11 +513,13 @@ impl Node {
         }
     }
 
-    pub(crate) fn session(&self, id: SessionId) -> Option<Arc<Session>> {
+    /// Live session `id`.
+    pub fn session(&self, id: SessionId) -> Option<Arc<Session>> {
         self.sessions().get(&id).cloned()
     }
 
-    pub(crate) fn has_session(&self, id: SessionId) -> bool {
+    /// Whether session `id` is live.
+    pub fn has_session(&self, id: SessionId) -> bool {
         self.sessions().contains_key(&id)
     }
 
@@ -519,7 +530,7 @@ impl Node {
     /// Ends a session: releases its imports (mappings go when their running
     /// tasks finish), frees its device buffers and retires its run buffers
     /// (the run region resets once no one else holds any). Idempotent.
-    pub(crate) fn end_session(&self, id: SessionId, why: &str) {
+    pub fn end_session(&self, id: SessionId, why: &str) {
         let session = {
             // The tombstone goes in under the sessions lock, so that no
             // `session_state` sees the session neither live nor ended.
@@ -549,265 +560,15 @@ impl Node {
     }
 
     /// Ends every session (shutdown).
-    pub(crate) fn end_all_sessions(&self) {
+    pub fn end_all_sessions(&self) {
         let ids: Vec<SessionId> = self.sessions().keys().copied().collect();
         for id in ids {
             self.end_session(id, "worker shutting down");
         }
     }
 
-    pub(crate) fn tasks_in_flight(&self) -> u64 {
+    /// Tasks running on the chip or waiting for a lane, over every session.
+    pub fn tasks_in_flight(&self) -> u64 {
         self.counters.in_flight.load(Ordering::Relaxed)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use std::sync::atomic::AtomicUsize;
-    use std::sync::mpsc;
-    use std::time::Duration;
-
-    use strata_chip_runtime::kernel::Signature;
-    use strata_chip_runtime::{Kernel, KernelContext, SimDevice};
-    use strata_proto::TaskId;
-    use strata_proto::convert::{TaskCompletion, TaskOutcome, TaskRequest};
-    use strata_wire::TaskArgs;
-
-    use super::*;
-    use crate::exec;
-
-    /// Holds its lane until the test lets it go.
-    struct Hold {
-        desc: Signature,
-        started: Mutex<mpsc::Sender<()>>,
-        release: Mutex<mpsc::Receiver<()>>,
-    }
-
-    impl Kernel for Hold {
-        fn descriptor(&self) -> &Signature {
-            &self.desc
-        }
-        fn run(&self, _: &mut KernelContext<'_>) -> Result<(), String> {
-            let _ = self.started.lock().map_err(|e| e.to_string())?.send(());
-            let rx = self.release.lock().map_err(|e| e.to_string())?;
-            rx.recv().map_err(|e| e.to_string())
-        }
-    }
-
-    /// Counts its runs: the proof that a task ran.
-    struct Count {
-        desc: Signature,
-        runs: Arc<AtomicUsize>,
-    }
-
-    impl Kernel for Count {
-        fn descriptor(&self) -> &Signature {
-            &self.desc
-        }
-        fn run(&self, _: &mut KernelContext<'_>) -> Result<(), String> {
-            self.runs.fetch_add(1, Ordering::SeqCst);
-            Ok(())
-        }
-    }
-
-    fn descriptor(name: &str) -> Signature {
-        Signature {
-            name: name.into(),
-            version: 1,
-            args: vec![],
-            scalars: vec![],
-        }
-    }
-
-    struct Fixture {
-        node: Arc<Node>,
-        hold: strata_chip_runtime::KernelHandle,
-        count: strata_chip_runtime::KernelHandle,
-        runs: Arc<AtomicUsize>,
-        started: mpsc::Receiver<()>,
-        release: mpsc::Sender<()>,
-    }
-
-    /// A node on a one-lane device with the two kernels above.
-    fn fixture() -> Fixture {
-        let (started_tx, started) = mpsc::channel();
-        let (release, release_rx) = mpsc::channel();
-        let runs = Arc::new(AtomicUsize::new(0));
-        let mut kernels = Registry::with_builtins();
-        let hold = kernels
-            .register(Arc::new(Hold {
-                desc: descriptor("test.hold"),
-                started: Mutex::new(started_tx),
-                release: Mutex::new(release_rx),
-            }))
-            .unwrap();
-        let count = kernels
-            .register(Arc::new(Count {
-                desc: descriptor("test.count"),
-                runs: Arc::clone(&runs),
-            }))
-            .unwrap();
-        let device = Arc::new(SimDevice::from_spec("sim:mem=1MiB,lanes=1").unwrap());
-        let node = Node::new(
-            0,
-            device,
-            kernels,
-            None,
-            1 << 20,
-            1024,
-            Duration::from_secs(30),
-        );
-        Fixture {
-            node: Arc::new(node),
-            hold,
-            count,
-            runs,
-            started,
-            release,
-        }
-    }
-
-    /// Runs task `id` of `session` as the service does: counted from
-    /// receipt until its completion is sent.
-    fn submit(
-        f: &Fixture,
-        session: &Arc<Session>,
-        id: u64,
-        callable: strata_chip_runtime::KernelHandle,
-        out: &mpsc::Sender<TaskCompletion>,
-    ) {
-        let running = session.task_received();
-        let out = out.clone();
-        let req = TaskRequest {
-            id: TaskId(id),
-            callable,
-            args: TaskArgs::new(vec![], vec![]).unwrap(),
-            tags: vec![],
-            inline: vec![],
-            staged: Vec::new(),
-            cache: Vec::new(),
-        };
-        exec::execute(
-            &f.node,
-            session,
-            req,
-            Box::new(move |c| {
-                drop(running);
-                let _ = out.send(c);
-            }),
-        );
-    }
-
-    fn cause(c: &TaskCompletion) -> &str {
-        match &c.outcome {
-            TaskOutcome::Failure(cause) => &cause.message,
-            TaskOutcome::Resend(cause) => cause,
-            TaskOutcome::Success => "",
-        }
-    }
-
-    /// Ending a session while one task runs and three wait behind it on the
-    /// only lane: the running one finishes, the three never start (they
-    /// fail naming the session), a task arriving later fails without
-    /// reaching the device, and the tombstone counts them all down to 0.
-    #[test]
-    fn queued_tasks_of_an_ended_session_never_start() {
-        let f = fixture();
-        let id = f.node.open_session();
-        let session = f.node.session(id).unwrap();
-        let (tx, rx) = mpsc::channel();
-        submit(&f, &session, 1, f.hold, &tx);
-        f.started.recv().unwrap();
-        for t in 2..=4 {
-            submit(&f, &session, t, f.count, &tx);
-        }
-        let live = f.node.session_state(id);
-        assert_eq!((live.known, live.ended, live.running), (true, false, 4));
-
-        f.node
-            .end_session(id, "superseded by a new session of the same client");
-        assert!(f.node.session(id).is_none());
-        let ended = f.node.session_state(id);
-        assert_eq!((ended.known, ended.ended, ended.running), (true, true, 4));
-        let launched = f.node.device.stats().launched;
-        submit(&f, &session, 5, f.count, &tx);
-        let late = rx.recv_timeout(Duration::from_secs(5)).unwrap();
-        assert_eq!(late.id, TaskId(5));
-        assert_eq!(f.node.device.stats().launched, launched, "never launched");
-
-        f.release.send(()).unwrap();
-        let mut done: Vec<TaskCompletion> = (0..4)
-            .map(|_| rx.recv_timeout(Duration::from_secs(5)).unwrap())
-            .collect();
-        done.sort_by_key(|c| c.id);
-        assert_eq!(done[0].outcome, TaskOutcome::Success);
-        let want = format!(
-            "not started: session {id} ended (superseded by a new session of the same client) before the task started"
-        );
-        for c in done[1..].iter().chain([&late]) {
-            assert_eq!(cause(c), want, "task {}", c.id);
-        }
-        assert_eq!(f.runs.load(Ordering::SeqCst), 0, "a queued task ran");
-        assert!(f.node.session_state(id).is_fenced());
-        assert_eq!(f.node.tasks_in_flight(), 0);
-    }
-
-    /// A session that never existed is unknown; ending one twice is one
-    /// end; another session is not touched by it.
-    #[test]
-    fn unknown_sessions_and_other_sessions() {
-        let f = fixture();
-        assert_eq!(
-            f.node.session_state(SessionId(12345)),
-            SessionState::UNKNOWN
-        );
-        f.node.end_session(SessionId(12345), "never opened");
-        assert_eq!(
-            f.node.session_state(SessionId(12345)),
-            SessionState::UNKNOWN
-        );
-        let a = f.node.open_session();
-        let b = f.node.open_session();
-        f.node.end_session(a, "first");
-        f.node.end_session(a, "second");
-        let sb = f.node.session(b).unwrap();
-        assert!(!sb.gate.is_closed());
-        let (tx, rx) = mpsc::channel();
-        submit(&f, &sb, 1, f.count, &tx);
-        let c = rx.recv_timeout(Duration::from_secs(5)).unwrap();
-        assert_eq!(c.outcome, TaskOutcome::Success);
-        assert_eq!(f.runs.load(Ordering::SeqCst), 1);
-        let state = f.node.session_state(b);
-        assert_eq!((state.known, state.ended, state.running), (true, false, 0));
-        assert!(f.node.session_state(a).is_fenced());
-        assert!(f.node.instance.0 != 0);
-    }
-
-    /// An fd that arrives for a session already ended (its fd channel
-    /// outlived its task stream) is refused and not kept: nothing could
-    /// name or release it again. A live session's import of the same
-    /// identity is its own.
-    #[test]
-    fn an_import_for_an_ended_session_is_not_kept() {
-        let f = fixture();
-        let sealed = || {
-            let mfd = memfd::MemfdOptions::default()
-                .allow_sealing(true)
-                .create("late-import")
-                .unwrap();
-            mfd.as_file().set_len(64).unwrap();
-            mfd.add_seals(&[memfd::FileSeal::SealShrink]).unwrap();
-            std::os::fd::OwnedFd::from(mfd.into_file())
-        };
-        let identity = CanonicalIdentity::new([9; 8], 1, 1).unwrap();
-        let (a, b) = (f.node.open_session(), f.node.open_session());
-        f.node.end_session(a, "task stream closed");
-        let err = f.node.import_one(a, identity, None, sealed()).unwrap_err();
-        assert_eq!(err, format!("buffer {identity}: session {a} has ended"));
-        assert_eq!(f.node.imports().len(), 0, "nothing kept for it");
-        f.node.import_one(b, identity, None, sealed()).unwrap();
-        assert_eq!(f.node.imports().session_len(b), 1);
-        assert_eq!(f.node.release_imports(a, &[identity]), 0);
-        assert_eq!(f.node.release_imports(b, &[identity]), 1);
     }
 }

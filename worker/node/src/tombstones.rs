@@ -4,20 +4,24 @@
 //!
 //! A tombstone holds the ended session itself (its device buffers and
 //! imports are gone by then; what is left is its gate and its count of
-//! tasks not yet completed), so the count keeps falling as those tasks
-//! complete. Memory is bounded two ways: at most [`MAX_TOMBSTONES`]
+//! tasks not yet completed, [`Running`]), so the count keeps falling as
+//! those tasks complete. Memory is bounded two ways: at most [`MAX_TOMBSTONES`]
 //! entries (the oldest goes first, even with tasks still counted: a client
 //! then hears "unknown", which proves nothing, never a false "done"), and
 //! an entry older than [`TOMBSTONE_TTL`] whose tasks have all completed is
 //! dropped. Time is passed in, so the rules are tested without clocks.
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use strata_worker_core::SessionId;
 
-use crate::node::Session;
+/// What a tombstone needs of an ended session: how many of its tasks
+/// are still running.
+pub(crate) trait Running: Clone {
+    /// Tasks received and not yet completed.
+    fn running(&self) -> u64;
+}
 
 /// Most ended sessions remembered.
 pub(crate) const MAX_TOMBSTONES: usize = 4096;
@@ -27,20 +31,20 @@ pub(crate) const TOMBSTONE_TTL: Duration = Duration::from_secs(600);
 
 /// Ended sessions, oldest first.
 #[derive(Debug)]
-pub(crate) struct Tombstones {
-    by_id: HashMap<SessionId, Arc<Session>>,
+pub(crate) struct Tombstones<S> {
+    by_id: HashMap<SessionId, S>,
     order: VecDeque<(SessionId, Instant)>,
     max: usize,
     ttl: Duration,
 }
 
-impl Default for Tombstones {
+impl<S: Running> Default for Tombstones<S> {
     fn default() -> Self {
         Tombstones::new(MAX_TOMBSTONES, TOMBSTONE_TTL)
     }
 }
 
-impl Tombstones {
+impl<S: Running> Tombstones<S> {
     pub(crate) fn new(max: usize, ttl: Duration) -> Self {
         Tombstones {
             by_id: HashMap::new(),
@@ -51,7 +55,7 @@ impl Tombstones {
     }
 
     /// Remembers `session`, which ended at `now`.
-    pub(crate) fn insert(&mut self, id: SessionId, session: Arc<Session>, now: Instant) {
+    pub(crate) fn insert(&mut self, id: SessionId, session: S, now: Instant) {
         if self.by_id.insert(id, session).is_none() {
             self.order.push_back((id, now));
         }
@@ -59,7 +63,7 @@ impl Tombstones {
     }
 
     /// The ended session `id`, if still remembered at `now`.
-    pub(crate) fn get(&mut self, id: SessionId, now: Instant) -> Option<Arc<Session>> {
+    pub(crate) fn get(&mut self, id: SessionId, now: Instant) -> Option<S> {
         self.prune(now);
         self.by_id.get(&id).cloned()
     }
@@ -89,10 +93,39 @@ impl Tombstones {
 
 #[cfg(test)]
 mod tests {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicU64, Ordering};
+
     use super::*;
 
-    fn ended() -> Arc<Session> {
-        Arc::new(Session::default())
+    /// An ended session's count of running tasks, which a test moves.
+    #[derive(Debug, Clone, Default)]
+    struct Ended(Arc<AtomicU64>);
+
+    impl Running for Ended {
+        fn running(&self) -> u64 {
+            self.0.load(Ordering::SeqCst)
+        }
+    }
+
+    impl Ended {
+        /// One more task running until the guard drops.
+        fn task_received(&self) -> Task {
+            self.0.fetch_add(1, Ordering::SeqCst);
+            Task(Arc::clone(&self.0))
+        }
+    }
+
+    struct Task(Arc<AtomicU64>);
+
+    impl Drop for Task {
+        fn drop(&mut self) {
+            self.0.fetch_sub(1, Ordering::SeqCst);
+        }
+    }
+
+    fn ended() -> Ended {
+        Ended::default()
     }
 
     /// The cap drops the oldest first, tasks or not.
@@ -120,7 +153,7 @@ mod tests {
         let mut t = Tombstones::new(8, ttl);
         let busy = ended();
         let task = busy.task_received();
-        t.insert(SessionId(1), Arc::clone(&busy), t0);
+        t.insert(SessionId(1), busy.clone(), t0);
         assert!(t.get(SessionId(1), t0 + ttl / 2).is_some());
         assert!(t.get(SessionId(1), t0 + ttl * 2).is_some(), "a task runs");
         drop(task);

@@ -10,9 +10,9 @@
 //! when the session ends is dropped with it.
 //!
 //! The same table serves both carriers of those bytes: the gRPC `Stage`
-//! and `Fetch` calls, and the session's data connections
-//! (`crate::bulk`), so a task names staged bytes and a completion held
-//! ones by id whichever way they travel.
+//! and `Fetch` calls, and the session's data connections (both served by
+//! the worker process, `strata-worker`), so a task names staged bytes and
+//! a completion held ones by id whichever way they travel.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -21,11 +21,11 @@ use bytes::Bytes;
 
 /// Most bytes one session may have staged and held at once: four views of
 /// the largest extent that travels inline.
-pub(crate) const MAX_HELD_BYTES: u64 = 4 * strata_proto::MAX_INLINE_EXTENT;
+pub const MAX_HELD_BYTES: u64 = 4 * strata_proto::MAX_INLINE_EXTENT;
 
 /// Why the table refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub(crate) enum HeldError {
+pub enum HeldError {
     /// The id is 0, or in use.
     #[error("{0}")]
     BadId(String),
@@ -36,7 +36,12 @@ pub(crate) enum HeldError {
     #[error(
         "{want} more bytes would put the session's staged and held bytes past {MAX_HELD_BYTES} ({held} now): run the tasks that use them first"
     )]
-    Full { want: u64, held: u64 },
+    Full {
+        /// Bytes asked for.
+        want: u64,
+        /// Bytes the session holds now.
+        held: u64,
+    },
 }
 
 #[derive(Debug, Default)]
@@ -57,7 +62,7 @@ struct Inner {
 
 /// One session's staged and held bytes.
 #[derive(Debug, Default)]
-pub(crate) struct Held {
+pub struct Held {
     inner: Mutex<Inner>,
     /// Written views of at least this many bytes are held for a fetch
     /// rather than sent in their completion (0: only those too large for
@@ -87,7 +92,7 @@ impl Held {
 
     /// Starts receiving `total` bytes to be staged as `id`; the returned
     /// guard gives them back if the call ends before they all arrived.
-    pub(crate) fn begin_stage(self: &Arc<Self>, id: u64, total: u64) -> Result<Staging, HeldError> {
+    pub fn begin_stage(self: &Arc<Self>, id: u64, total: u64) -> Result<Staging, HeldError> {
         let mut g = self.lock();
         if id == 0 {
             return Err(HeldError::BadId(
@@ -111,20 +116,18 @@ impl Held {
 
     /// Holds written views of at least `bytes` for a fetch from now on
     /// (0: only views too large for a message).
-    #[cfg_attr(not(feature = "server"), allow(dead_code))]
-    pub(crate) fn set_hold_from(&self, bytes: u64) {
+    pub fn set_hold_from(&self, bytes: u64) {
         self.hold_from
             .store(bytes, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// The size from which written views are held (0: none by size).
-    #[cfg_attr(not(feature = "server"), allow(dead_code))]
-    pub(crate) fn hold_from(&self) -> u64 {
+    pub fn hold_from(&self) -> u64 {
         self.hold_from.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Takes the bytes staged as `id` (a task uses them once).
-    pub(crate) fn take_staged(&self, id: u64) -> Option<Bytes> {
+    pub fn take_staged(&self, id: u64) -> Option<Bytes> {
         let mut g = self.lock();
         let b = g.staged.remove(&id)?;
         g.bytes -= b.len() as u64;
@@ -132,7 +135,7 @@ impl Held {
     }
 
     /// Holds `bytes` for a `Fetch`; returns their id.
-    pub(crate) fn hold(&self, bytes: Bytes) -> Result<u64, HeldError> {
+    pub fn hold(&self, bytes: Bytes) -> Result<u64, HeldError> {
         let mut g = self.lock();
         Self::admit(&mut g, bytes.len() as u64)?;
         g.last_held += 1;
@@ -142,7 +145,7 @@ impl Held {
     }
 
     /// Takes the bytes held as `id` (fetched once).
-    pub(crate) fn take_held(&self, id: u64) -> Option<Bytes> {
+    pub fn take_held(&self, id: u64) -> Option<Bytes> {
         let mut g = self.lock();
         let b = g.held.remove(&id)?;
         g.bytes -= b.len() as u64;
@@ -151,7 +154,7 @@ impl Held {
 
     /// Drops what is staged and held (the session ended); a call still
     /// receiving gives its bytes back when it ends.
-    pub(crate) fn clear(&self) {
+    pub fn clear(&self) {
         let mut g = self.lock();
         let staged: u64 = g.staged.drain().map(|(_, b)| b.len() as u64).sum();
         let held: u64 = g.held.drain().map(|(_, b)| b.len() as u64).sum();
@@ -161,7 +164,7 @@ impl Held {
 
     /// Bytes counted against the limit now.
     #[cfg(test)]
-    pub(crate) fn bytes(&self) -> u64 {
+    pub fn bytes(&self) -> u64 {
         self.lock().bytes
     }
 }
@@ -169,7 +172,7 @@ impl Held {
 /// A `Stage` call receiving: completed with [`Staging::finish`], or given
 /// back when dropped.
 #[derive(Debug)]
-pub(crate) struct Staging {
+pub struct Staging {
     held: Arc<Held>,
     id: u64,
     total: u64,
@@ -178,7 +181,7 @@ pub(crate) struct Staging {
 
 impl Staging {
     /// Stores the received bytes under the id.
-    pub(crate) fn finish(mut self, bytes: Bytes) {
+    pub fn finish(mut self, bytes: Bytes) {
         debug_assert_eq!(bytes.len() as u64, self.total);
         let mut g = self.held.lock();
         g.receiving.remove(&self.id);

@@ -4,7 +4,8 @@
 
 use std::time::{Duration, Instant};
 
-use crate::{Cluster, Error, RunSummary, Task, WorkerId};
+use crate::summary::RunSummary;
+use crate::{Cluster, Error, Task, WorkerId};
 use strata_wire::DType;
 
 /// Deterministic pseudo-random values in [-1, 1) (splitmix64).

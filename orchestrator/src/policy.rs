@@ -37,3 +37,20 @@ impl Default for Quarantine {
         Quarantine::Wait(Duration::from_secs(30))
     }
 }
+
+/// When bytes a task writes on a local staged chip go back to host memory
+/// ([`ClusterBuilder::write_back`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum WriteBack {
+    /// When the task ends (the default): host memory holds every
+    /// completed task's bytes, so a lost worker loses nothing but copies.
+    #[default]
+    Through,
+    /// When something needs them: a task on another chip (or this one,
+    /// through another view) that touches them, a wait, an eviction. A
+    /// chain of tasks updating the same bytes on one chip moves them once;
+    /// but a worker lost before it wrote them back loses them: the wait
+    /// reports the task that wrote them, and tasks that would read them
+    /// fail.
+    Deferred,
+}

@@ -53,7 +53,7 @@ pub struct ClusterBuilder {
     max_unfinished: usize,
     quarantine: Quarantine,
     device_cache: bool,
-    write_back: crate::WriteBack,
+    write_back: crate::policy::WriteBack,
     scheduler: crate::SchedulerPolicy,
     perf_models: Option<PathBuf>,
     in_process: usize,
@@ -95,7 +95,7 @@ impl Default for ClusterBuilder {
             max_unfinished: 65_536,
             quarantine: Quarantine::default(),
             device_cache: true,
-            write_back: crate::WriteBack::default(),
+            write_back: crate::policy::WriteBack::default(),
             scheduler: crate::SchedulerPolicy::default(),
             perf_models: None,
             in_process: 0,
@@ -309,13 +309,13 @@ impl ClusterBuilder {
 
     /// When bytes a task writes on a local staged chip go back to host
     /// memory (with the device cache on): when the task ends
-    /// ([`crate::WriteBack::Through`], the default), or when something
-    /// needs them ([`crate::WriteBack::Deferred`]): a task elsewhere that
+    /// ([`crate::policy::WriteBack::Through`], the default), or when something
+    /// needs them ([`crate::policy::WriteBack::Deferred`]): a task elsewhere that
     /// touches them, a wait, an eviction. Either way a wait that returns
     /// has them in host memory; deferred, a worker lost first loses them
-    /// (see [`crate::WriteBack`]).
+    /// (see [`crate::policy::WriteBack`]).
     #[must_use]
-    pub fn write_back(mut self, when: crate::WriteBack) -> Self {
+    pub fn write_back(mut self, when: crate::policy::WriteBack) -> Self {
         self.write_back = when;
         self
     }
@@ -532,7 +532,7 @@ fn start(b: ClusterBuilder) -> Result<Cluster, Error> {
             keeps_dirty: caches
                 && info.fd_passing
                 && b.device_cache
-                && b.write_back == crate::WriteBack::Deferred,
+                && b.write_back == crate::policy::WriteBack::Deferred,
             kind: device_kind(&info.device),
         });
         let _ = up_tx.send(Notice::Event(Event::WorkerUp {

@@ -31,10 +31,10 @@ use strata_proto::convert::WorkerStats;
 use strata_wire::{ArgTag, CanonicalIdentity, Tensor};
 use tokio::sync::oneshot;
 
-use crate::RunSummary;
 use crate::buffer::{Backing, Buffer};
 use crate::error::{Error, RunError};
 use crate::link::LinkError;
+use crate::summary::RunSummary;
 
 /// One tensor argument with what keeps its memory alive.
 #[derive(Debug, Clone)]

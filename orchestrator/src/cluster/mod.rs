@@ -16,7 +16,6 @@ use strata_wire::{Access, IdentityMint};
 use tokio::runtime::Runtime;
 use tokio::sync::{mpsc, oneshot};
 
-use crate::RunSummary;
 use crate::actors::endpoint::Life;
 use crate::actors::{Cmd, EpCmd};
 use crate::buffer::{Buffer, HostShared, Released};
@@ -24,6 +23,7 @@ use crate::error::{BufferError, ClusterError, Error, SubmitError};
 use crate::link::LinkError;
 use crate::link::WorkerInfo;
 use crate::local::LocalWorkers;
+use crate::summary::RunSummary;
 use crate::task::TaskHandle;
 use crate::trace::Trace;
 

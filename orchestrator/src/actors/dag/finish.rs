@@ -7,8 +7,8 @@ use std::time::Instant;
 use strata_orchestrator_core::{FailureCause, FailureKind, Outcome, TaskId};
 
 use super::{DagActor, Record};
-use crate::RunSummary;
 use crate::error::RunError;
+use crate::summary::RunSummary;
 use crate::trace::{MemberTrace, TaskTrace, micros};
 
 impl DagActor {

@@ -17,9 +17,9 @@ use tokio::sync::{mpsc, oneshot};
 use tracing::{debug, warn};
 
 use super::{Cmd, DispatchItem, EpCmd, Notice, Report, TaskSpec};
-use crate::RunSummary;
 use crate::buffer::Buffer;
 use crate::error::{Error, RunError};
+use crate::summary::RunSummary;
 use crate::trace::{TaskTrace, Trace};
 
 mod finish;

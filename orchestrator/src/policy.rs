@@ -39,7 +39,7 @@ impl Default for Quarantine {
 }
 
 /// When bytes a task writes on a local staged chip go back to host memory
-/// ([`ClusterBuilder::write_back`]).
+/// ([`crate::ClusterBuilder::write_back`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum WriteBack {
     /// When the task ends (the default): host memory holds every

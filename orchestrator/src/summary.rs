@@ -4,7 +4,7 @@
 use strata_orchestrator_core::FailureKind;
 
 /// Figures of a run (since the previous `wait_all`) or of the cluster's
-/// life ([`Cluster::totals`]).
+/// life ([`crate::Cluster::totals`]).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct RunSummary {
     /// Tasks submitted.

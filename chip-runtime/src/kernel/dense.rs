@@ -653,41 +653,83 @@ fn syrk_lower<T: Real>(a: MatRef<'_, T>, mut c: MatMut<'_, T>, alpha: T) {
     syrk_lower(a2, c22, alpha);
 }
 
-/// Rows of `c` per block row of [`syrk`].
-const SYRK_ROWS: usize = 64;
+/// Columns of `c` per block column of [`syrk`].
+const SYRK_COLS: usize = 64;
 
-/// `c ← c − a·aᵀ` on all of `c`, by block rows: each block row's product
-/// up to and including the diagonal block is computed once into a
-/// temporary (one GEMM), then subtracted from that block row and, mirrored,
-/// from the block column above the diagonal. About 0.63·m²·k multiply-adds
-/// for 256 rows (against m²·k/2 for one triangle and m²·k for a plain
-/// GEMM on all of c), in a few large GEMMs.
+/// `c ← c − a·aᵀ` on all of `c`, by block columns: each block column's
+/// product from the diagonal down is computed once into a temporary (one
+/// GEMM), then subtracted from that block column and, mirrored, from the
+/// block row right of the diagonal. About 0.63·m²·k multiply-adds for 256
+/// rows (against m²·k/2 for one triangle and m²·k for a plain GEMM on all
+/// of c), in a few large GEMMs. Block columns rather than rows: the
+/// GEMM's right operand (`a`'s rows read across, which its packing
+/// transposes) is then each block column's own rows, so every row of `a`
+/// is transposed once; the left operand, packed as it lies, is the one
+/// that repeats.
 pub(crate) fn syrk<T: Real>(a: MatRef<'_, T>, mut c: MatMut<'_, T>) {
     let m = c.rows;
-    let mut tmp = vec![T::ZERO; SYRK_ROWS.min(m) * m];
-    for i0 in (0..m).step_by(SYRK_ROWS) {
-        let rows = (m - i0).min(SYRK_ROWS);
-        let cols = i0 + rows;
+    let mut tmp = vec![T::ZERO; SYRK_COLS.min(m) * m];
+    for j0 in (0..m).step_by(SYRK_COLS) {
+        let cols = (m - j0).min(SYRK_COLS);
+        let rows = m - j0;
         let mut t = MatMut::from_slice(&mut tmp, rows, cols);
         gemm(
-            a.block(i0, 0, rows, a.cols),
-            a.block(0, 0, cols, a.cols).t(),
+            a.block(j0, 0, rows, a.cols),
+            a.block(j0, 0, cols, a.cols).t(),
             &mut t,
             T::ONE,
             T::ZERO,
         );
         let t = t.rb();
-        let (above, below) = c.rb_mut().split_rows(i0);
-        let (block_row, _) = below.split_rows(rows);
-        sub_assign(block_row.split_cols(cols).0, t);
-        let (_, right) = above.split_cols(i0);
-        sub_assign(right.split_cols(rows).0, t.block(0, 0, rows, i0).t());
+        let (_, below) = c.rb_mut().split_rows(j0);
+        let (band, _) = below.split_cols(j0 + cols);
+        let (_, block_col) = band.split_cols(j0);
+        sub_assign(block_col, t);
+        if rows > cols {
+            let (_, below) = c.rb_mut().split_rows(j0);
+            let (block_row, _) = below.split_rows(cols);
+            let (_, right) = block_row.split_cols(j0 + cols);
+            sub_assign(right, t.block(cols, 0, rows - cols, cols).t());
+        }
+    }
+}
+
+/// [`sub_assign`] where `c`'s rows and `t`'s columns are contiguous (`t`
+/// a transposed view): through 8×8 tiles, so that both are read and
+/// written a line at a time rather than `t` one element per line.
+fn sub_assign_transposed<T: Real>(mut c: MatMut<'_, T>, t: MatRef<'_, T>) {
+    const TILE: usize = 8;
+    let columns = t.t();
+    // tile[i][j] = t(i0 + i, j0 + j)
+    let mut tile = [[T::ZERO; TILE]; TILE];
+    for i0 in (0..c.rows).step_by(TILE) {
+        let ih = (c.rows - i0).min(TILE);
+        for j0 in (0..c.cols).step_by(TILE) {
+            let jw = (c.cols - j0).min(TILE);
+            for j in 0..jw {
+                if let Some(col) = columns.row(j0 + j) {
+                    for (line, &x) in tile.iter_mut().zip(&col[i0..i0 + ih]) {
+                        line[j] = x;
+                    }
+                }
+            }
+            for (i, line) in tile.iter().enumerate().take(ih) {
+                if let Some(row) = c.row_mut(i0 + i) {
+                    for (v, &d) in row[j0..j0 + jw].iter_mut().zip(line) {
+                        *v = *v - d;
+                    }
+                }
+            }
+        }
     }
 }
 
 /// `c ← c − t` elementwise (same shapes).
 fn sub_assign<T: Real>(mut c: MatMut<'_, T>, t: MatRef<'_, T>) {
     debug_assert_eq!((c.rows, c.cols), (t.rows, t.cols));
+    if c.cs == 1 && t.cs != 1 && t.rs == 1 {
+        return sub_assign_transposed(c, t);
+    }
     for i in 0..c.rows {
         match (c.row_mut(i), t.row(i)) {
             (Some(row), Some(trow)) => {

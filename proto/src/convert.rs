@@ -502,6 +502,12 @@ pub struct TaskCompletion {
 }
 
 impl TaskCompletion {
+    /// Task `id` failed with `cause`, before or while it ran: a
+    /// [`TaskCompletion::bare`] failure.
+    pub fn failed(id: TaskId, cause: FailureCause) -> Self {
+        TaskCompletion::bare(id, TaskOutcome::Failure(cause))
+    }
+
     /// How task `id` ended, with no timing, staging or outputs: a task
     /// that failed before it ran, or a completion built by hand.
     pub fn bare(id: TaskId, outcome: TaskOutcome) -> Self {

@@ -27,7 +27,7 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::Duration;
 
 use prost::Message;
-use strata_proto::convert::{FailureCause, FailureKind, TaskCompletion, TaskOutcome, TaskRequest};
+use strata_proto::convert::{FailureCause, FailureKind, TaskCompletion, TaskRequest};
 use strata_proto::{TaskId, pb};
 use strata_ring::shm::{Capacities, SharedRing};
 use strata_ring::{Consumer, Memory, Producer, RingError, Spin, Waited, Which};
@@ -176,8 +176,7 @@ impl CompletionSink for Outbox {
                 rec.len()
             );
             let cause = FailureCause::new(FailureKind::Other, cause);
-            let failed = TaskCompletion::bare(id, TaskOutcome::Failure(cause));
-            rec = pb::Completion::from(failed).encode_to_vec();
+            rec = pb::Completion::from(TaskCompletion::failed(id, cause)).encode_to_vec();
         }
         if g.overflow.is_empty() {
             match g.producer.try_push(&rec) {

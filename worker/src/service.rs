@@ -244,14 +244,14 @@ fn hold_outputs(
                 for id in moved {
                     held.take_held(id);
                 }
-                return TaskCompletion::bare(
+                return TaskCompletion::failed(
                     c.id,
-                    TaskOutcome::Failure(FailureCause::new(
+                    FailureCause::new(
                         FailureKind::Other,
                         format!(
                             "argument {arg}: its written view ({len} bytes) is too large for a message and cannot be held for fetching: {e}"
                         ),
-                    )),
+                    ),
                 );
             }
         }

@@ -39,11 +39,6 @@ use crate::node::{Node, Session};
 /// Called once with the task's completion.
 pub(crate) type Done = Box<dyn FnOnce(TaskCompletion) + Send>;
 
-/// A completion for a task that failed before or during its run.
-pub(crate) fn failure(id: TaskId, cause: FailureCause) -> TaskCompletion {
-    TaskCompletion::bare(id, TaskOutcome::Failure(cause))
-}
-
 /// An argument whose bytes came with the task and that the kernel
 /// writes: packed into the completion.
 struct InlineArg {
@@ -74,13 +69,13 @@ fn run(node: &Arc<Node>, session: &Session, req: TaskRequest, done: Done, here: 
     // misleading cause), and again by the device when a lane would start
     // it, through the session's gate in the launch.
     if let Err(e) = session.gate.check() {
-        return counting(failure(
+        return counting(TaskCompletion::failed(
             id,
             FailureCause::new(e.failure_kind(), e.to_string()),
         ));
     }
     match prepare(node, session, req) {
-        Err(cause) => counting(failure(id, cause)),
+        Err(cause) => counting(TaskCompletion::failed(id, cause)),
         Ok((launch, held, inline)) => {
             let finish: strata_chip_runtime::device::Completion = Box::new(move |outcome| {
                 drop(held);
@@ -454,7 +449,7 @@ fn complete(
         Err(e @ strata_chip_runtime::Error::NotHeld { .. }) => {
             TaskCompletion::bare(id, TaskOutcome::Resend(e.to_string()))
         }
-        Err(e) => failure(id, FailureCause::new(e.failure_kind(), e.to_string())),
+        Err(e) => TaskCompletion::failed(id, FailureCause::new(e.failure_kind(), e.to_string())),
         Ok(r) => {
             let packed: Option<Vec<(u32, Bytes)>> = inline
                 .into_iter()
@@ -484,7 +479,7 @@ fn complete(
             // arrived, so it always holds the view's extent; a short one
             // is a bug on this side, reported rather than sent truncated.
             let Some(outputs) = packed else {
-                return failure(
+                return TaskCompletion::failed(
                     id,
                     FailureCause::new(
                         FailureKind::Other,

@@ -123,7 +123,7 @@ impl Intake {
                 c.in_flight.fetch_add(1, Ordering::Relaxed);
                 c.failed.fetch_add(1, Ordering::Relaxed);
                 c.in_flight.fetch_sub(1, Ordering::Relaxed);
-                done(exec::failure(
+                done(TaskCompletion::failed(
                     id,
                     FailureCause::new(FailureKind::Refused, format!("refused: {e}")),
                 ));

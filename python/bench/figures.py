@@ -7,8 +7,10 @@ tiles with numpy kernels, and no-op Python kernels on one worker.
     python python/bench/figures.py
 
 Run it against two installs of the package in turn (e.g. two venvs) to
-compare them; `strata-bench --scenario latency --link ring` gives the
-Rust driver's hop for the same machine.
+compare them. When this checkout has `target/release/strata-bench`
+(`cargo build --release -p strata-tests --bins`), each round of Python
+hops is followed by the same hops from the Rust driver
+(`strata-bench --scenario hop`), and the ratios are printed.
 """
 import json, os, statistics, sys, time, timeit
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
@@ -68,9 +70,29 @@ def hops(n_first=1000, n_later=9000):
             c.wait_all()
             return (time.perf_counter() - t0) / n * 1e6
         return run(n_first), run(n_later)
-h = [hops() for _ in range(3)]
+def rust_hops():
+    """The same hops from the Rust driver (`strata-bench --scenario hop`),
+    when this checkout has built it: (first 1,000, later)."""
+    exe = os.path.join(ROOT, "target", "release", "strata-bench")
+    if not os.path.exists(exe):
+        return None
+    import subprocess
+    rows = [json.loads(l) for l in subprocess.run([exe, "--scenario", "hop", "--link", "ring"],
+                                                   capture_output=True, text=True, check=True).stdout.splitlines()]
+    got = {r["variant"]: r["value"] for r in rows if r["ok"]}
+    return got["first-1000"], got["later"]
+# Python's and Rust's rounds alternated, so that both see the same host.
+h, r = [], []
+for _ in range(3):
+    h.append(hops())
+    r.append(rust_hops())
 out["hop_first_us"] = statistics.median(a for a, _ in h)
 out["hop_warm_us"] = statistics.median(b for _, b in h)
+if all(r):
+    out["rust_hop_first_us"] = statistics.median(a for a, _ in r)
+    out["rust_hop_warm_us"] = statistics.median(b for _, b in r)
+    out["hop_first_vs_rust_first"] = statistics.median(p[0] / q[0] for p, q in zip(h, r))
+    out["hop_first_vs_rust_warm"] = statistics.median(p[0] / q[1] for p, q in zip(h, r))
 
 def timed(job, inputs, check):
     """Median seconds of three runs after a warm-up, each result checked."""

@@ -7,7 +7,7 @@
 //! `"ok": false`, and the exit status is 1.
 //!
 //! ```text
-//! strata-bench [--quick] [--scenario throughput|latency|stencil|handoff|remote|readers|cholesky|scale]...
+//! strata-bench [--quick] [--scenario throughput|latency|stencil|handoff|remote|readers|cholesky|scale|hop]...
 //!              [--link ring|grpc|in-process]... [--k TILES]...
 //!              [--n READERS]... [--pattern P]... [--repeats R]
 //!              [--cholesky-n N]... [--tile T]... [--scheduler least-loaded|dmda|dmdas]...
@@ -20,7 +20,8 @@
 //! `cholesky` (tiled Cholesky per scheduling policy, see
 //! `strata_bench/cholesky.rs`) runs on 2 worker processes over the ring;
 //! `scale` (tiled Cholesky and GEMM on 4–64 chips in timing mode, see
-//! `strata_bench/scale.rs`) on in-process workers.
+//! `strata_bench/scale.rs`) on in-process workers. `hop` (the dependent
+//! hop of the Python package's figures, from Rust) runs only when named.
 
 use std::path::PathBuf;
 
@@ -155,7 +156,7 @@ fn parse() -> Result<Opts, String> {
             }
             "-h" | "--help" => {
                 println!(
-                    "strata-bench [--quick] [--scenario throughput|latency|stencil|handoff|remote|readers|cholesky|scale]... [--link ring|grpc|in-process]... [--k TILES]... [--n READERS]... [--pattern private|shared|overlapping|writer|inference]... [--repeats R] [--cholesky-n N]... [--tile T]... [--scheduler least-loaded|dmda|dmdas]... [--chips C]... [--scale-link 16GB/s|1GB/s]... [--write-back through|deferred]..."
+                    "strata-bench [--quick] [--scenario throughput|latency|stencil|handoff|remote|readers|cholesky|scale|hop]... [--link ring|grpc|in-process]... [--k TILES]... [--n READERS]... [--pattern private|shared|overlapping|writer|inference]... [--repeats R] [--cholesky-n N]... [--tile T]... [--scheduler least-loaded|dmda|dmdas]... [--chips C]... [--scale-link 16GB/s|1GB/s]... [--write-back through|deferred]..."
                 );
                 std::process::exit(0);
             }
@@ -172,9 +173,15 @@ fn parse() -> Result<Opts, String> {
         "cholesky",
         "scale",
     ];
+    // Named only: not part of a run of everything.
+    const OPT_IN: [&str; 1] = ["hop"];
     for s in &o.scenarios {
-        if !ALL.contains(&s.as_str()) {
-            return Err(format!("unknown scenario {s:?}; one of {}", ALL.join(", ")));
+        if !ALL.contains(&s.as_str()) && !OPT_IN.contains(&s.as_str()) {
+            return Err(format!(
+                "unknown scenario {s:?}; one of {}, {}",
+                ALL.join(", "),
+                OPT_IN.join(", ")
+            ));
         }
     }
     if o.scenarios.is_empty() {
@@ -296,16 +303,17 @@ impl Mode {
 }
 
 fn local(mode: Mode, n: usize, device: &str) -> Result<Cluster, String> {
-    local_from(Cluster::builder(), mode, n, device)
+    local_from(Cluster::builder().window(256), mode, n, device)
 }
 
-/// As [`local`], from a builder with more settings.
+/// As [`local`], from a builder with more settings (the window is the
+/// builder's: [`local`] sets 256).
 ///
 /// `STRATA_SCHEDULER` (least-loaded, dmda, dmdas) sets the scheduling
 /// policy of every scenario's cluster but the Cholesky's, which sets its
 /// own: for measuring what placement by the models costs per task.
 fn local_from(b: ClusterBuilder, mode: Mode, n: usize, device: &str) -> Result<Cluster, String> {
-    let mut b = b.device(device).window(256);
+    let mut b = b.device(device);
     if let Ok(name) = std::env::var("STRATA_SCHEDULER") {
         b = b.scheduler(strata_orchestrator::SchedulerPolicy::from_name(&name)?);
     }
@@ -427,6 +435,68 @@ fn latency(mode: Mode, quick: bool) -> Result<bool, String> {
         "us/hop",
         got == want,
         "each task reads and writes one 8-byte cell (INOUT) on the other worker",
+    ))
+}
+
+/// The dependent hop as the Python package's figures measure it
+/// (`python/bench/figures.py`), from Rust: `axpy` of one f32[8] view into
+/// another on alternate workers, the first 1,000 hops of a fresh cluster
+/// (nothing run before) and then the next 9,000, each wall time to the
+/// end of `wait_all`. The same tasks from both drivers, so the ratio of
+/// the two is what the Python layer costs per hop.
+fn hop(mode: Mode, quick: bool) -> Result<bool, String> {
+    let (first, next): (u32, u32) = if quick {
+        (1_000, 1_000)
+    } else {
+        (1_000, 9_000)
+    };
+    // The Python package's default window (the builder's).
+    let cluster = local_from(Cluster::builder(), mode, 2, "sim:mode=unified")?;
+    let (xb, yb) = (
+        cluster.buffer(32).map_err(|e| e.to_string())?,
+        cluster.buffer(32).map_err(|e| e.to_string())?,
+    );
+    let x = xb.tensor(&[8], DType::F32).map_err(|e| e.to_string())?;
+    let y = yb.tensor(&[8], DType::F32).map_err(|e| e.to_string())?;
+    x.write(&[1.0f32; 8]).map_err(|e| e.to_string())?;
+    let run = |count: u32| -> Result<f64, String> {
+        let t0 = Instant::now();
+        for i in 0..count {
+            cluster
+                .submit(
+                    Task::new("axpy")
+                        .input(&x)
+                        .inout(&y)
+                        .scalar_f64(0.5)
+                        .on(WorkerId(i % 2)),
+                )
+                .map_err(|e| e.to_string())?;
+        }
+        cluster.wait_all().map_err(|e| e.to_string())?;
+        Ok(t0.elapsed().as_secs_f64() * 1e6 / f64::from(count))
+    };
+    let (a, b) = (run(first)?, run(next)?);
+    // Every hop added half of x's ones to y.
+    let got = yb.to_vec::<f32>().map_err(|e| e.to_string())?;
+    let ok = got.iter().all(|&v| v == 0.5 * (first + next) as f32);
+    let detail = "axpy of one f32[8] view into another on alternate workers, from a fresh cluster (as python/bench/figures.py)";
+    let params = |n: u32| json!({"tasks": n, "workers": 2});
+    Ok(emit(
+        &mode.name("hop"),
+        "first-1000",
+        params(first),
+        a,
+        "us/hop",
+        ok,
+        detail,
+    ) & emit(
+        &mode.name("hop"),
+        "later",
+        params(next),
+        b,
+        "us/hop",
+        ok,
+        detail,
     ))
 }
 
@@ -704,6 +774,7 @@ fn main() {
                 let r = match s.as_str() {
                     "throughput" => throughput(mode, opts.quick),
                     "latency" => latency(mode, opts.quick),
+                    "hop" => hop(mode, opts.quick),
                     "stencil" => stencil(mode, opts.quick, &opts.ks),
                     "readers" => readers::readers(mode, &opts.readers),
                     "cholesky" => cholesky::cholesky(&opts.cholesky),

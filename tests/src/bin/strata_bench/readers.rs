@@ -348,7 +348,7 @@ pub(crate) fn readers(mode: Mode, plan: &Plan) -> Result<bool, String> {
     let largest = ns.iter().copied().max().unwrap_or(0);
     let unfinished = (2 * (largest + largest / K) + 16).max(65_536);
     let cluster = local_from(
-        Cluster::builder().max_unfinished(unfinished),
+        Cluster::builder().window(256).max_unfinished(unfinished),
         mode,
         2,
         "sim:mode=unified",

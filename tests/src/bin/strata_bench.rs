@@ -439,7 +439,7 @@ fn latency(mode: Mode, quick: bool) -> Result<bool, String> {
 }
 
 /// The dependent hop as the Python package's figures measure it
-/// (`python/bench/figures.py`), from Rust: `axpy` of one f32[8] view into
+/// (`python/bench/figures.py`), from Rust: `axpy` of one `f32[8]` view into
 /// another on alternate workers, the first 1,000 hops of a fresh cluster
 /// (nothing run before) and then the next 9,000, each wall time to the
 /// end of `wait_all`. The same tasks from both drivers, so the ratio of

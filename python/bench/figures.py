@@ -77,9 +77,12 @@ def rust_hops():
     if not os.path.exists(exe):
         return None
     import subprocess
-    rows = [json.loads(l) for l in subprocess.run([exe, "--scenario", "hop", "--link", "ring"],
-                                                   capture_output=True, text=True, check=True).stdout.splitlines()]
+    p = subprocess.run([exe, "--scenario", "hop", "--link", "ring"], capture_output=True, text=True)
+    rows = [json.loads(l) for l in p.stdout.splitlines()]
     got = {r["variant"]: r["value"] for r in rows if r["ok"]}
+    if p.returncode != 0 or set(got) != {"first-1000", "later"}:
+        raise RuntimeError(f"strata-bench --scenario hop failed (exit {p.returncode}): "
+                           f"{[r for r in rows if not r['ok']] or p.stderr[-400:]}")
     return got["first-1000"], got["later"]
 # Python's and Rust's rounds alternated, so that both see the same host.
 h, r = [], []

@@ -1,6 +1,7 @@
 """The Python layer's own figures, one round, printed as one JSON line:
 a view by slicing, submit (the call alone, and sustained), a loop of tasks,
-dependent hops (the first thousand of a fresh cluster and later ones),
+dependent hops (the first thousand of a fresh cluster, the next thousand,
+then nine thousand),
 tiled matmul 1024² in 64² tiles (F32, F64), tiled Cholesky 2048² in 256²
 tiles with numpy kernels, and no-op Python kernels on one worker.
 
@@ -60,7 +61,7 @@ with strata.Cluster(local=2, device=U) as c:
         rates.append(n / (time.perf_counter() - t0))
     out["loop_per_s"] = statistics.median(rates)
 
-def hops(n_first=1000, n_later=9000):
+def hops(n_first=1000, n_second=1000, n_later=9000):
     with strata.Cluster(local=2, device=U) as c:
         x = c.zeros(8, "f32"); y = c.zeros(8, "f32")
         def run(n):
@@ -69,10 +70,10 @@ def hops(n_first=1000, n_later=9000):
                 c.submit("axpy", x, y, 0.5, on=i % 2)
             c.wait_all()
             return (time.perf_counter() - t0) / n * 1e6
-        return run(n_first), run(n_later)
+        return run(n_first), run(n_second), run(n_later)
 def rust_hops():
     """The same hops from the Rust driver (`strata-bench --scenario hop`),
-    when this checkout has built it: (first 1,000, later)."""
+    when this checkout has built it: (first 1,000, next 1,000, later)."""
     exe = os.path.join(ROOT, "target", "release", "strata-bench")
     if not os.path.exists(exe):
         return None
@@ -80,22 +81,27 @@ def rust_hops():
     p = subprocess.run([exe, "--scenario", "hop", "--link", "ring"], capture_output=True, text=True)
     rows = [json.loads(l) for l in p.stdout.splitlines()]
     got = {r["variant"]: r["value"] for r in rows if r["ok"]}
-    if p.returncode != 0 or set(got) != {"first-1000", "later"}:
+    if p.returncode != 0 or set(got) != {"first-1000", "second-1000", "later"}:
         raise RuntimeError(f"strata-bench --scenario hop failed (exit {p.returncode}): "
                            f"{[r for r in rows if not r['ok']] or p.stderr[-400:]}")
-    return got["first-1000"], got["later"]
+    return got["first-1000"], got["second-1000"], got["later"]
 # Python's and Rust's rounds alternated, so that both see the same host.
 h, r = [], []
 for _ in range(3):
     h.append(hops())
     r.append(rust_hops())
-out["hop_first_us"] = statistics.median(a for a, _ in h)
-out["hop_warm_us"] = statistics.median(b for _, b in h)
+out["hop_first_us"] = statistics.median(a for a, _, _ in h)
+out["hop_second_us"] = statistics.median(a for _, a, _ in h)
+out["hop_warm_us"] = statistics.median(b for _, _, b in h)
+# A fresh cluster's cost: its first 1,000 hops against the next 1,000.
+out["hop_first_vs_second"] = statistics.median(p[0] / p[1] for p in h)
 if all(r):
-    out["rust_hop_first_us"] = statistics.median(a for a, _ in r)
-    out["rust_hop_warm_us"] = statistics.median(b for _, b in r)
+    out["rust_hop_first_us"] = statistics.median(a for a, _, _ in r)
+    out["rust_hop_second_us"] = statistics.median(a for _, a, _ in r)
+    out["rust_hop_warm_us"] = statistics.median(b for _, _, b in r)
+    out["rust_hop_first_vs_second"] = statistics.median(q[0] / q[1] for q in r)
     out["hop_first_vs_rust_first"] = statistics.median(p[0] / q[0] for p, q in zip(h, r))
-    out["hop_first_vs_rust_warm"] = statistics.median(p[0] / q[1] for p, q in zip(h, r))
+    out["hop_first_vs_rust_warm"] = statistics.median(p[0] / q[2] for p, q in zip(h, r))
 
 def timed(job, inputs, check):
     """Median seconds of three runs after a warm-up, each result checked."""

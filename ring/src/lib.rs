@@ -627,5 +627,40 @@ impl Consumer {
     }
 }
 
+/// Heap blocks a ring thread allocated when it started, held for its
+/// life: see [`warm_heap`].
+#[derive(Debug)]
+pub struct WarmHeap {
+    _blocks: Vec<Vec<u8>>,
+}
+
+/// Allocates and writes one block in each of the small size classes a
+/// task record's decoding and its completion use, from the calling
+/// thread, and holds them while the returned value lives.
+///
+/// Why: a thread's first allocations take fresh pages from the
+/// allocator, and where those pages are backed by a transparent huge
+/// page the first touch zeroes 2 MiB (in a virtual machine whose host has
+/// not backed that memory yet, a few milliseconds, preempted or not).
+/// Without this the first task a fresh ring carries pays that, on both
+/// sides; with it the thread pays it as it starts, before any record. The
+/// blocks stay allocated so that the allocator does not hand their pages
+/// back (and later purge them) before the first record comes.
+pub fn warm_heap() -> WarmHeap {
+    const SIZES: [usize; 16] = [
+        8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 1024, 2048, 4096, 8192,
+    ];
+    WarmHeap {
+        _blocks: SIZES
+            .iter()
+            .map(|&n| {
+                let mut v = Vec::with_capacity(n);
+                v.resize(n, 1u8);
+                std::hint::black_box(v)
+            })
+            .collect(),
+    }
+}
+
 #[cfg(test)]
 mod tests;

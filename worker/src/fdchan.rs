@@ -186,7 +186,7 @@ async fn import_loop(
                 ..
             }) => {
                 let outcome = if identities.is_empty() {
-                    crate::ring::attach(node, ring_offered, session, &ring, frame.fds)
+                    crate::ring::attach(node, ring_offered, session, &ring, frame.fds).await
                 } else {
                     Err("a ring frame carries no buffer identities".into())
                 };

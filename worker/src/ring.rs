@@ -47,7 +47,7 @@ pub(crate) const READER_SPIN: Spin = Spin {
 
 /// Takes `fds` (one: the ring memfd, lanes as `ring` says) for `session`
 /// and starts its threads.
-pub(crate) fn attach(
+pub(crate) async fn attach(
     node: &Arc<Node>,
     offered: bool,
     id: SessionId,
@@ -90,9 +90,14 @@ pub(crate) fn attach(
     let rt = tokio::runtime::Handle::current();
     let consumer = Consumer::new(Arc::clone(&mem), Which::Submit);
     let reader_node = Arc::clone(node);
+    let (warmed, warm) = tokio::sync::oneshot::channel();
     let spawned = std::thread::Builder::new()
         .name(format!("strata-ring-{id}"))
-        .spawn(move || read(reader_node, id, consumer, intake, rt))
+        .spawn(move || {
+            let _warm = strata_ring::warm_heap();
+            let _ = warmed.send(());
+            read(reader_node, id, consumer, intake, rt);
+        })
         .and_then(|_| {
             std::thread::Builder::new()
                 .name(format!("strata-flush-{id}"))
@@ -102,6 +107,10 @@ pub(crate) fn attach(
         strata_ring::close(&*mem);
         return Err(format!("ring threads: {e}"));
     }
+    // The driver's first task waits for no fresh heap page (see
+    // `strata_ring::warm_heap`): the answer goes once the reader has
+    // faulted its own in.
+    let _ = warm.await;
     // A session that ended while this was set up closed no ring.
     if node.session(id).is_none() {
         strata_ring::close(&*mem);

@@ -218,13 +218,21 @@ impl RingPlane {
         let (done, drained) = oneshot::channel();
         let side = Arc::new(Side::new(Arc::clone(&mem), events));
         let reader = Arc::clone(&side);
+        let (warmed, warm) = oneshot::channel();
         let spawned = std::thread::Builder::new()
             .name("strata-ring-reader".into())
-            .spawn(move || read(&reader, done));
+            .spawn(move || {
+                let _warm = strata_ring::warm_heap();
+                let _ = warmed.send(());
+                read(&reader, done);
+            });
         if let Err(e) = spawned {
             strata_ring::close(&*mem);
             return Err(LinkError::Internal(format!("ring reader thread: {e}")));
         }
+        // The first completion waits for no fresh heap page (see
+        // `strata_ring::warm_heap`).
+        let _ = warm.await;
         if let Some(p) = &poller {
             p.register(&side);
         }

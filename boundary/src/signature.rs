@@ -526,7 +526,7 @@ mod tests {
                     proptest::sample::subsequence(DType::ALL.to_vec(), 1..4)
                         .prop_map(DTypes::OneOf),
                     (0..n).prop_map(DTypes::SameAs),
-                    Just(DTypes::Unknown("C64|F32".into())),
+                    Just(DTypes::Unknown("F128|F32".into())),
                 ],
                 prop_oneof![
                     Just(Rank::Any),
@@ -653,9 +653,9 @@ mod tests {
 
     #[test]
     fn an_unknown_dtype_name_is_kept_as_written() {
-        let text = "f@1(a:R:C64|F32:*;)";
+        let text = "f@1(a:R:F128|F32:*;)";
         let sig = Signature::parse(text).unwrap();
-        assert_eq!(sig.args[0].dtypes, DTypes::Unknown("C64|F32".into()));
+        assert_eq!(sig.args[0].dtypes, DTypes::Unknown("F128|F32".into()));
         assert_eq!(sig.canonical(), text);
     }
 

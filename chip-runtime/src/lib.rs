@@ -53,6 +53,10 @@ mod sync;
 
 #[doc(hidden)]
 pub use half;
+/// The complex element types (`Complex<f32>` for C64, `Complex<f64>`
+/// for C128), re-exported so that views of them are read and written
+/// with the crate kernels use.
+pub use num_complex;
 
 pub use arena::Region;
 pub use cache::{CacheStats, CacheUse, CopyKey};

@@ -224,7 +224,12 @@ impl Graph {
                     .ok_or_else(|| {
                         format!("typed like argument {i}, which the task does not have")
                     })?;
-                if matches!(dtype, DType::F32 | DType::F16 | DType::BF16) {
+                // Float and complex arguments take a float (complex ones
+                // a real value: a scalar is one 64-bit word).
+                if matches!(
+                    dtype,
+                    DType::F32 | DType::F64 | DType::F16 | DType::BF16 | DType::C64 | DType::C128
+                ) {
                     n.as_f64()
                         .map(f64::to_bits)
                         .ok_or_else(|| format!("{n} is not a number"))

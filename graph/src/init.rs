@@ -16,21 +16,31 @@ pub(super) fn uniform(seed: u64, n: usize, low: f64, high: f64) -> impl Iterator
     (0..n).map(move |_| low + (rng.next_u64() >> 11) as f64 / (1u64 << 53) as f64 * (high - low))
 }
 
+/// Numbers per element: 2 for complex dtypes (real, imaginary), else 1.
+pub(super) fn parts(dtype: DType) -> usize {
+    if dtype.is_complex() { 2 } else { 1 }
+}
+
 /// `values` encoded as little-endian elements of `dtype` (whole-byte,
-/// numeric dtypes).
+/// numeric dtypes; complex ones take [`parts`] values per element, the
+/// real part first).
 pub(super) fn encode(dtype: DType, values: impl Iterator<Item = f64>, integral: bool) -> Vec<u8> {
     use strata_chip_runtime::half::{bf16, f16};
     let mut out = Vec::new();
     for v in values {
-        let v = if integral && !matches!(dtype, DType::F32 | DType::F64 | DType::F16 | DType::BF16)
-        {
+        let v = if integral
+            && !matches!(
+                dtype,
+                DType::F32 | DType::F64 | DType::F16 | DType::BF16 | DType::C64 | DType::C128
+            ) {
             v.floor()
         } else {
             v
         };
         match dtype {
             DType::F32 => out.extend_from_slice(&(v as f32).to_le_bytes()),
-            DType::F64 => out.extend_from_slice(&v.to_le_bytes()),
+            DType::F64 | DType::C128 => out.extend_from_slice(&v.to_le_bytes()),
+            DType::C64 => out.extend_from_slice(&(v as f32).to_le_bytes()),
             DType::F16 => out.extend_from_slice(&f16::from_f64(v).to_le_bytes()),
             DType::BF16 => out.extend_from_slice(&bf16::from_f64(v).to_le_bytes()),
             DType::I8 => out.extend_from_slice(&(v as i8).to_le_bytes()),
@@ -48,15 +58,17 @@ pub(super) fn encode(dtype: DType, values: impl Iterator<Item = f64>, integral: 
     out
 }
 
-/// Little-endian elements of `dtype` as f64.
+/// Little-endian elements of `dtype` as f64 ([`parts`] per element: a
+/// complex element as its real then its imaginary part).
 pub(super) fn decode(dtype: DType, bytes: &[u8]) -> Vec<f64> {
     use strata_chip_runtime::half::{bf16, f16};
-    let w = ((dtype.bits() / 8) as usize).max(1);
+    let w = ((dtype.bits() / 8) as usize / parts(dtype)).max(1);
     bytes
         .chunks_exact(w)
         .map(|c| match dtype {
             DType::F32 => f64::from(f32::from_le_bytes(c.try_into().unwrap_or_default())),
-            DType::F64 => f64::from_le_bytes(c.try_into().unwrap_or_default()),
+            DType::F64 | DType::C128 => f64::from_le_bytes(c.try_into().unwrap_or_default()),
+            DType::C64 => f64::from(f32::from_le_bytes(c.try_into().unwrap_or_default())),
             DType::F16 => f16::from_le_bytes(c.try_into().unwrap_or_default()).to_f64(),
             DType::BF16 => bf16::from_le_bytes(c.try_into().unwrap_or_default()).to_f64(),
             DType::I8 => f64::from(c[0] as i8),

@@ -410,10 +410,20 @@ fn outputs(
                                 .iter()
                                 .map(|&d| u64::from(d))
                                 .product::<u64>();
-                            if vals.len() as u64 != n {
+                            // A complex element is two values, real first.
+                            let parts = super::init::parts(g.views[vi].dtype) as u64;
+                            if vals.len() as u64 != n * parts {
+                                let each = if parts == 2 {
+                                    " (two per complex element, the real part first)"
+                                } else {
+                                    ""
+                                };
                                 return err(
                                     join(&ep, "values"),
-                                    format!("{} values for a view of {n} elements", vals.len()),
+                                    format!(
+                                        "{} values for a view of {n} elements{each}",
+                                        vals.len()
+                                    ),
                                 );
                             }
                             Expect::Values(

@@ -10,7 +10,7 @@ use strata_orchestrator::{
 };
 
 use super::check::Callable;
-use super::init::{decode, encode, uniform};
+use super::init::{decode, encode, parts, uniform};
 use super::{Expect, Graph, Init};
 
 /// Wraps the submit-and-wait part of [`Graph::run`] (the CLI draws a
@@ -52,13 +52,25 @@ impl Graph {
                         None
                     }
                 }
+                // A complex constant is real (imaginary part 0); complex
+                // random values draw both parts.
                 (Init::Const(c), Some((shape, dtype))) => {
-                    let n = shape.iter().map(|&d| d as usize).product();
-                    Some(encode(*dtype, std::iter::repeat_n(*c, n), false))
+                    let n: usize = shape.iter().map(|&d| d as usize).product();
+                    let value = [*c, 0.0];
+                    let each = &value[..parts(*dtype)];
+                    Some(encode(
+                        *dtype,
+                        each.iter().copied().cycle().take(n * each.len()),
+                        false,
+                    ))
                 }
                 (Init::Random { seed, low, high }, Some((shape, dtype))) => {
-                    let n = shape.iter().map(|&d| d as usize).product();
-                    Some(encode(*dtype, uniform(*seed, n, *low, *high), true))
+                    let n: usize = shape.iter().map(|&d| d as usize).product();
+                    Some(encode(
+                        *dtype,
+                        uniform(*seed, n * parts(*dtype), *low, *high),
+                        true,
+                    ))
                 }
                 (Init::Npy(path), _) => {
                     let loaded = cluster.buffer_from_npy(path)?;
@@ -151,6 +163,11 @@ impl Graph {
             if let Some((expect, tol)) = &o.expect {
                 let got = decode(view.dtype(), &view.read_elements()?);
                 let want: Vec<f64> = match expect {
+                    // Complex outputs compare part by part: a constant is
+                    // real, its imaginary parts 0.
+                    Expect::Const(c) if view.dtype().is_complex() => (0..got.len())
+                        .map(|i| if i % 2 == 0 { *c } else { 0.0 })
+                        .collect(),
                     Expect::Const(c) => vec![*c; got.len()],
                     Expect::Values(v) => v.clone(),
                     Expect::Npy(p) => {
@@ -186,8 +203,14 @@ impl Graph {
                         want.len()
                     ));
                 } else if let Some((i, (g, w))) = worst {
+                    let at = if view.dtype().is_complex() {
+                        let part = if i % 2 == 0 { "real" } else { "imaginary" };
+                        format!("element {}'s {part} part", i / 2)
+                    } else {
+                        format!("element {i}")
+                    };
                     mismatches.push(format!(
-                        "{}: element {i} is {g}, expected {w} (tolerance {tol})",
+                        "{}: {at} is {g}, expected {w} (tolerance {tol})",
                         o.path
                     ));
                 }

@@ -28,6 +28,8 @@ pub fn type_str(dtype: DType) -> Option<&'static str> {
         DType::U16 => "<u2",
         DType::U32 => "<u4",
         DType::Bool => "|b1",
+        DType::C64 => "<c8",
+        DType::C128 => "<c16",
         _ => return None,
     })
 }
@@ -52,6 +54,8 @@ pub fn dtype_of(type_str: &str) -> Option<DType> {
         DType::U16,
         DType::U32,
         DType::Bool,
+        DType::C64,
+        DType::C128,
     ]
     .into_iter()
     .find(|&d| self::type_str(d) == Some(t.as_str()))
@@ -60,7 +64,7 @@ pub fn dtype_of(type_str: &str) -> Option<DType> {
 impl Cluster {
     /// A host buffer holding the array of a `.npy` file, and the row-major
     /// view of its shape and dtype (C order, little-endian; dtypes f8, f4, f2,
-    /// i1–i8, u1–u8, b1; 1 to 5 dimensions).
+    /// i1–i8, u1–u8, b1, c8, c16; 1 to 5 dimensions).
     ///
     /// # Errors
     /// [`Error::Npy`] naming the file and what is wrong with it.

@@ -53,7 +53,7 @@ fn parse_by_numpy(obj: &Bound<'_, PyAny>) -> PyResult<DType> {
     let ts: String = dt.getattr("str")?.extract()?;
     npy::dtype_of(&ts).ok_or_else(|| {
         invalid_view(format!(
-            "dtype {ts}: strata has f64, f32, f16, bf16, i8-i64, u8-u64, bool and the fp8/fp4 types; numpy's {ts} is none of them"
+            "dtype {ts}: strata has f64, f32, f16, bf16, c64, c128, i8-i64, u8-u64, bool and the fp8/fp4 types; numpy's {ts} is none of them"
         ))
     })
 }
@@ -87,12 +87,15 @@ pub(crate) fn to_py(py: Python<'_>, d: DType) -> PyResult<Py<PyAny>> {
     }
 }
 
-/// Whether a scalar in `d`'s kind is a float (sent as f64 bits).
+/// Whether a scalar in `d`'s kind is a float (sent as f64 bits): a
+/// complex dtype's scalars are real (one 64-bit word each).
 pub(crate) fn is_float(d: DType) -> bool {
     matches!(
         d,
         DType::F32
             | DType::F64
+            | DType::C64
+            | DType::C128
             | DType::F16
             | DType::BF16
             | DType::Fp8E4M3Fn

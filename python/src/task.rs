@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use pyo3::prelude::*;
-use pyo3::types::{PyFloat, PyInt, PyTuple};
+use pyo3::types::{PyComplex, PyFloat, PyInt, PyTuple};
 use strata_chip_runtime::kernel::{ArgSpec, ScalarKind, ScalarSpec};
 use strata_orchestrator::{RunSummary, Task, TaskHandle, WorkerId};
 use strata_wire::{Access, ArgTag, DType};
@@ -145,7 +145,10 @@ pub(crate) fn build(
         } else if let Ok(t) = a.cast::<Tagged>() {
             let t = t.get();
             (t.array.bind(a.py()).clone(), Some(t.tag))
-        } else if a.is_instance_of::<PyInt>() || a.is_instance_of::<PyFloat>() {
+        } else if a.is_instance_of::<PyInt>()
+            || a.is_instance_of::<PyFloat>()
+            || a.is_instance_of::<PyComplex>()
+        {
             numbers.push(a);
             continue;
         } else {
@@ -228,6 +231,7 @@ pub(crate) fn build(
                 &[],
             ));
         }
+        let kind_given = kind;
         let kind = match kind {
             ScalarKind::LikeArg(i) => match dtypes.get(*i) {
                 Some(&d) if dtype::is_float(d) => ScalarKind::F64,
@@ -244,15 +248,62 @@ pub(crate) fn build(
                 v.repr().map(|r| r.to_string()).unwrap_or_default()
             ))
         };
-        task = match kind {
-            ScalarKind::F64 => task.scalar_f64(v.extract::<f64>().map_err(|_| bad("a float"))?),
-            ScalarKind::I64 => {
+        // A complex value for a complex argument: its scalars are real (a
+        // scalar is one 64-bit word), so only an imaginary part of 0 goes.
+        let complex_arg = match kind_given {
+            ScalarKind::LikeArg(i) => dtypes.get(*i).copied().filter(|d| d.is_complex()),
+            _ => None,
+        };
+        // numpy's complex scalars convert to a float by dropping the
+        // imaginary part (with a warning): a complex value is never taken
+        // as a float that way.
+        let is_complex = v.is_instance_of::<PyComplex>();
+        let real = match (kind, complex_arg) {
+            (ScalarKind::F64, Some(d)) if is_complex || v.extract::<f64>().is_err() => {
+                let parts = v
+                    .getattr("real")
+                    .and_then(|r| r.extract::<f64>())
+                    .and_then(|re| {
+                        v.getattr("imag")
+                            .and_then(|i| i.extract::<f64>())
+                            .map(|im| (re, im))
+                    });
+                match parts {
+                    Ok((re, 0.0)) => Some(re),
+                    Ok(_) => {
+                        return Err(raise(
+                            "SubmitError",
+                            format!(
+                                "{}: scalar {name}={} is complex; a scalar is one 64-bit word, so scalars of {} arguments are real (fill with a real value, or write complex values with numpy)",
+                                sig.qualified,
+                                v.repr().map(|r| r.to_string()).unwrap_or_default(),
+                                d.name().to_ascii_lowercase()
+                            ),
+                            &[],
+                        ));
+                    }
+                    Err(_) => None,
+                }
+            }
+            (ScalarKind::F64, None) if is_complex => return Err(bad("a float")),
+            (ScalarKind::I64, _) if is_complex => return Err(bad("an integer (i64)")),
+            (ScalarKind::U64 | ScalarKind::LikeArg(_), _) if is_complex => {
+                return Err(bad("an unsigned integer (u64)"));
+            }
+            _ => None,
+        };
+        task = match (kind, real) {
+            (ScalarKind::F64, Some(re)) => task.scalar_f64(re),
+            (ScalarKind::F64, None) => {
+                task.scalar_f64(v.extract::<f64>().map_err(|_| bad("a float"))?)
+            }
+            (ScalarKind::I64, _) => {
                 if v.is_instance_of::<PyFloat>() {
                     return Err(bad("an integer (i64)"));
                 }
                 task.scalar_i64(v.extract::<i64>().map_err(|_| bad("an integer (i64)"))?)
             }
-            ScalarKind::U64 | ScalarKind::LikeArg(_) => {
+            (ScalarKind::U64 | ScalarKind::LikeArg(_), _) => {
                 if v.is_instance_of::<PyFloat>() {
                     return Err(bad("an unsigned integer (u64)"));
                 }

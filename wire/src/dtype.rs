@@ -37,6 +37,12 @@ pub enum DType {
     /// IEEE 754 binary64: a strata extension, outside the seed's codes
     /// (see [`DType::is_extension`]).
     F64 = 64,
+    /// Complex of two binary32 (real part first, as numpy's `complex64`):
+    /// a strata extension.
+    C64 = 65,
+    /// Complex of two binary64 (real part first, as numpy's
+    /// `complex128`): a strata extension.
+    C128 = 66,
 }
 
 impl DType {
@@ -47,7 +53,7 @@ impl DType {
     pub const FIRST_EXTENSION_CODE: u8 = 64;
 
     /// Every dtype, in code order.
-    pub const ALL: [DType; 16] = [
+    pub const ALL: [DType; 18] = [
         DType::F32,
         DType::F16,
         DType::I32,
@@ -64,6 +70,8 @@ impl DType {
         DType::Fp8E8M0,
         DType::Fp4E2M1,
         DType::F64,
+        DType::C64,
+        DType::C128,
     ];
 
     /// The dtype with wire code `code`, if there is one.
@@ -85,6 +93,8 @@ impl DType {
             13 => DType::Fp8E8M0,
             14 => DType::Fp4E2M1,
             64 => DType::F64,
+            65 => DType::C64,
+            66 => DType::C128,
             _ => return None,
         })
     }
@@ -100,15 +110,23 @@ impl DType {
         self.code() >= Self::FIRST_EXTENSION_CODE
     }
 
-    /// Bits per element: 4 for FP4E2M1, a multiple of 8 otherwise.
+    /// Bits per element: 4 for FP4E2M1, a multiple of 8 otherwise (128
+    /// for C128).
     pub const fn bits(self) -> u32 {
         match self {
             DType::F32 | DType::I32 | DType::U32 => 32,
             DType::F16 | DType::BF16 | DType::I16 | DType::U16 => 16,
             DType::I8 | DType::U8 | DType::Bool | DType::Fp8E4M3Fn | DType::Fp8E8M0 => 8,
-            DType::I64 | DType::U64 | DType::F64 => 64,
+            DType::I64 | DType::U64 | DType::F64 | DType::C64 => 64,
+            DType::C128 => 128,
             DType::Fp4E2M1 => 4,
         }
+    }
+
+    /// Whether elements are complex numbers (C64, C128): two floats, the
+    /// real part first.
+    pub const fn is_complex(self) -> bool {
+        matches!(self, DType::C64 | DType::C128)
     }
 
     /// Whether several elements share one byte (FP4E2M1).
@@ -117,13 +135,19 @@ impl DType {
     }
 
     /// The alignment unit of a byte offset: the element size in bytes, or 1
-    /// for sub-byte types, whose views start on a byte boundary.
+    /// for sub-byte types, whose views start on a byte boundary; for the
+    /// complex types the size of one part (4 for C64, 8 for C128), as
+    /// numpy aligns them.
     pub const fn align_bytes(self) -> u64 {
-        match self.bits() {
-            4 | 8 => 1,
-            16 => 2,
-            32 => 4,
-            _ => 8,
+        match self {
+            DType::C64 => 4,
+            DType::C128 => 8,
+            _ => match self.bits() {
+                4 | 8 => 1,
+                16 => 2,
+                32 => 4,
+                _ => 8,
+            },
         }
     }
 
@@ -146,6 +170,8 @@ impl DType {
             DType::Fp8E8M0 => "FP8E8M0",
             DType::Fp4E2M1 => "FP4E2M1",
             DType::F64 => "F64",
+            DType::C64 => "C64",
+            DType::C128 => "C128",
         }
     }
 
@@ -196,6 +222,15 @@ mod tests {
         );
         assert!(!DType::Fp4E2M1.is_extension());
         assert_eq!(DType::from_name("f64"), Some(DType::F64));
+        for (code, d, bits, align) in [(65, DType::C64, 64, 4), (66, DType::C128, 128, 8)] {
+            assert_eq!(DType::from_code(code), Some(d));
+            assert_eq!((d.code(), d.bits(), d.align_bytes()), (code, bits, align));
+            assert!(d.is_extension() && d.is_complex());
+            assert_eq!(DType::from_name(&d.name().to_lowercase()), Some(d));
+            assert_eq!(d.bytes_for(3), Some(u64::from(bits / 8) * 3));
+        }
+        assert!(!DType::F64.is_complex());
+        assert_eq!(DType::from_code(67), None);
         assert_eq!(DType::from_code(255), None);
         assert_eq!(DType::Fp4E2M1.bytes_for(3), Some(2));
         assert_eq!(DType::Fp4E2M1.align_bytes(), 1);

@@ -3,7 +3,7 @@
 
 use strata_wire::{Access, ChipTensor};
 
-use super::element::{Element, Pod};
+use super::element::{Pod, Typed};
 use super::view::{Geometry, Scratch, View, ViewMut};
 
 /// One argument after materialization: its ChipTensor, what the kernel may
@@ -84,7 +84,7 @@ impl<'a> KernelContext<'a> {
     /// # Errors
     /// When there is no argument `i`, its dtype is not `T`'s, or the kernel
     /// declared it write-only (its bytes were not staged in).
-    pub fn input<T: Element>(&self, i: usize) -> Result<View<'_, T>, String> {
+    pub fn input<T: Typed>(&self, i: usize) -> Result<View<'_, T>, String> {
         let m = self.typed(i, T::DTYPE.name(), self.arg(i)?.dtype() == T::DTYPE)?;
         if !m.access.allows_read() {
             return Err(format!("argument {i} is write-only for this kernel"));
@@ -99,7 +99,7 @@ impl<'a> KernelContext<'a> {
     /// # Errors
     /// When there is no argument `i`, its dtype is not `T`'s, or the kernel
     /// declared it read-only.
-    pub fn output<T: Element>(&self, i: usize) -> Result<ViewMut<'_, T>, String> {
+    pub fn output<T: Typed>(&self, i: usize) -> Result<ViewMut<'_, T>, String> {
         let m = self.typed(i, T::DTYPE.name(), self.arg(i)?.dtype() == T::DTYPE)?;
         if !m.access.allows_write() {
             return Err(format!("argument {i} is read-only for this kernel"));

@@ -15,7 +15,7 @@
 
 use std::marker::PhantomData;
 
-use super::element::Element;
+use super::element::{ComplexElement, Element};
 use super::view::{View, ViewMut};
 
 /// Below this many rows (or columns) a recursion ends in scalar loops.
@@ -543,6 +543,74 @@ fn portable_gemm<T: Real>(
             gemm::Parallelism::None,
         );
     }
+}
+
+/// `c ← a·b + c` (`accumulate`) or `c ← a·b` on complex rank-2 views, by
+/// the `gemm` crate (shapes checked by the caller; `c` not read unless
+/// `accumulate`).
+///
+/// # Errors
+/// A view that does not start on its element's alignment.
+pub(crate) fn complex_gemm<T: ComplexElement>(
+    a: &View<'_, T>,
+    b: &View<'_, T>,
+    c: &mut ViewMut<'_, T>,
+    accumulate: bool,
+) -> Result<(), String> {
+    let (pa, ga) = a.raw();
+    let (pb, gb) = b.raw();
+    let (ga, gb) = (*ga, *gb);
+    let (pc, gc) = c.raw();
+    let gc = *gc;
+    check_aligned(pa, "a")?;
+    check_aligned(pb, "b")?;
+    check_aligned(pc.cast_const(), "c")?;
+    let (m, k, n) = (ga.shape()[0], ga.shape()[1], gb.shape()[1]);
+    assert!(
+        gb.shape()[0] == k && gc.shape() == [m, n],
+        "shapes do not chain"
+    );
+    if m == 0 || n == 0 {
+        return Ok(());
+    }
+    if k == 0 {
+        if !accumulate {
+            gc.for_each_index(|idx| c.set(idx, T::ZERO));
+        }
+        return Ok(());
+    }
+    let keep = if accumulate { T::ONE } else { T::ZERO };
+    // SAFETY: each view's pointer and strides address exactly its own
+    // elements for indices inside its shape (the View contract); the
+    // shapes chain (asserted); `c`'s elements are distinct and do not
+    // alias `a` or `b` (launch validation refuses written arguments that
+    // share bytes with others); the pointers are aligned (checked); T is
+    // `Complex<f32>` or `Complex<f64>`, the crate's c32 and c64. The
+    // crate computes dst ← (its alpha)·dst + (its beta)·lhs·rhs.
+    unsafe {
+        gemm::gemm(
+            m,
+            n,
+            k,
+            pc,
+            gc.strides()[1],
+            gc.strides()[0],
+            accumulate,
+            pa,
+            ga.strides()[1],
+            ga.strides()[0],
+            pb,
+            gb.strides()[1],
+            gb.strides()[0],
+            keep,
+            T::ONE,
+            false,
+            false,
+            false,
+            gemm::Parallelism::None,
+        );
+    }
+    Ok(())
 }
 
 /// Lower Cholesky factor in place: `a ← L` with `L·Lᵀ = a`, reading and

@@ -1,6 +1,7 @@
 //! Element types kernels compute on, and dispatch from a runtime dtype.
 
 use half::{bf16, f16};
+use num_complex::Complex;
 use strata_wire::DType;
 
 /// A plain-old-data type: every bit pattern is a valid value, so any device
@@ -19,10 +20,91 @@ macro_rules! pod {
 }
 pod!(u8, u16, u32, u64, i8, i16, i32, i64, f32, f64, f16, bf16);
 
-/// A numeric element type kernels compute on.
-pub trait Element: Pod + PartialEq {
+// SAFETY: `Complex` is `repr(C)` of two floats of one type (real, then
+// imaginary): no padding, and every bit pattern of each is a float.
+unsafe impl Pod for Complex<f32> {}
+// SAFETY: as above.
+unsafe impl Pod for Complex<f64> {}
+
+/// Sixteen bytes moved whole: the raw element of the 128-bit dtypes
+/// (C128) for kernels that move elements without computing on them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[repr(C)]
+pub struct Bits128(pub [u64; 2]);
+// SAFETY: two u64s, no padding; every bit pattern is valid.
+unsafe impl Pod for Bits128 {}
+
+/// A type that is the element of one wire dtype, so a view of that dtype
+/// may be read as it: the numeric types ([`Element`]) and the complex
+/// ones (`num_complex::Complex<f32>` for C64, `Complex<f64>` for C128).
+pub trait Typed: Pod + PartialEq {
     /// The wire dtype of this type.
     const DTYPE: DType;
+}
+
+impl Typed for Complex<f32> {
+    const DTYPE: DType = DType::C64;
+}
+impl Typed for Complex<f64> {
+    const DTYPE: DType = DType::C128;
+}
+
+/// A complex element (C64, C128): the arithmetic the built-in kernels do
+/// on them, in the precision of their parts.
+pub trait ComplexElement:
+    Typed + std::ops::Add<Output = Self> + std::ops::Mul<Output = Self>
+{
+    /// Zero.
+    const ZERO: Self;
+    /// One.
+    const ONE: Self;
+    /// `re + 0i` from an f64 (rounded to the part's precision).
+    fn real(re: f64) -> Self;
+    /// `alpha·self` for a real `alpha`.
+    fn scale(self, alpha: f64) -> Self;
+    /// The value widened to two f64s, for sums.
+    fn widen(self) -> Complex<f64>;
+    /// A widened sum narrowed back.
+    fn narrow(v: Complex<f64>) -> Self;
+}
+
+impl ComplexElement for Complex<f32> {
+    const ZERO: Self = Complex::new(0.0, 0.0);
+    const ONE: Self = Complex::new(1.0, 0.0);
+    fn real(re: f64) -> Self {
+        Complex::new(re as f32, 0.0)
+    }
+    fn scale(self, alpha: f64) -> Self {
+        let a = alpha as f32;
+        Complex::new(a * self.re, a * self.im)
+    }
+    fn widen(self) -> Complex<f64> {
+        Complex::new(f64::from(self.re), f64::from(self.im))
+    }
+    fn narrow(v: Complex<f64>) -> Self {
+        Complex::new(v.re as f32, v.im as f32)
+    }
+}
+
+impl ComplexElement for Complex<f64> {
+    const ZERO: Self = Complex::new(0.0, 0.0);
+    const ONE: Self = Complex::new(1.0, 0.0);
+    fn real(re: f64) -> Self {
+        Complex::new(re, 0.0)
+    }
+    fn scale(self, alpha: f64) -> Self {
+        Complex::new(alpha * self.re, alpha * self.im)
+    }
+    fn widen(self) -> Complex<f64> {
+        self
+    }
+    fn narrow(v: Complex<f64>) -> Self {
+        v
+    }
+}
+
+/// A numeric element type kernels compute on.
+pub trait Element: Typed {
     /// The value as f64 (exact for every type but the 64-bit integers).
     fn to_f64(self) -> f64;
     /// The nearest value (floats round; integers saturate, NaN is 0).
@@ -44,8 +126,10 @@ pub trait Element: Pod + PartialEq {
 
 macro_rules! int_element {
     ($($t:ty => $d:ident),*) => {$(
-        impl Element for $t {
+        impl Typed for $t {
             const DTYPE: DType = DType::$d;
+        }
+        impl Element for $t {
             fn to_f64(self) -> f64 { self as f64 }
             fn from_f64(v: f64) -> Self { v as $t }
             fn from_scalar(bits: u64) -> Self { bits as $t }
@@ -66,8 +150,11 @@ macro_rules! int_element {
 }
 int_element!(i8 => I8, i16 => I16, i32 => I32, i64 => I64, u8 => U8, u16 => U16, u32 => U32, u64 => U64);
 
-impl Element for f32 {
+impl Typed for f32 {
     const DTYPE: DType = DType::F32;
+}
+
+impl Element for f32 {
     fn to_f64(self) -> f64 {
         f64::from(self)
     }
@@ -85,8 +172,11 @@ impl Element for f32 {
     }
 }
 
-impl Element for f64 {
+impl Typed for f64 {
     const DTYPE: DType = DType::F64;
+}
+
+impl Element for f64 {
     fn to_f64(self) -> f64 {
         self
     }
@@ -106,8 +196,10 @@ impl Element for f64 {
 
 macro_rules! half_element {
     ($($t:ty => $d:ident),*) => {$(
-        impl Element for $t {
+        impl Typed for $t {
             const DTYPE: DType = DType::$d;
+        }
+        impl Element for $t {
             fn to_f64(self) -> f64 { self.to_f64() }
             fn from_f64(v: f64) -> Self { <$t>::from_f64(v) }
             fn from_scalar(bits: u64) -> Self { <$t>::from_f64(f64::from_bits(bits)) }
@@ -192,6 +284,10 @@ macro_rules! with_bits {
                 type $T = u64;
                 $body
             }
+            128 => {
+                type $T = $crate::kernel::Bits128;
+                $body
+            }
             _ => Err(format!(
                 "dtype {} has sub-byte elements, which this kernel does not move",
                 $dtype
@@ -199,6 +295,30 @@ macro_rules! with_bits {
         }
     };
 }
+
+/// Runs `$body` with `$T` bound to the complex type of `$dtype` (C64,
+/// C128) when it is one; otherwise evaluates to nothing, so that the
+/// caller goes on to its real dtypes.
+#[macro_export]
+#[doc(hidden)]
+macro_rules! if_complex {
+    ($dtype:expr, $T:ident => $body:expr) => {
+        match $dtype {
+            ::strata_wire::DType::C64 => {
+                type $T = $crate::num_complex::Complex<f32>;
+                return $body;
+            }
+            ::strata_wire::DType::C128 => {
+                type $T = $crate::num_complex::Complex<f64>;
+                return $body;
+            }
+            _ => {}
+        }
+    };
+}
+
+/// The complex dtypes.
+pub const COMPLEX_DTYPES: &[DType] = &[DType::C64, DType::C128];
 
 /// The dtypes [`with_float!`] accepts.
 pub const FLOAT_DTYPES: &[DType] = &[DType::F32, DType::F64, DType::F16, DType::BF16];

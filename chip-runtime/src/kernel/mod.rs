@@ -24,7 +24,7 @@ pub(crate) mod dense;
 use strata_wire::Tensor;
 
 pub use context::{KernelContext, Materialized};
-pub use element::{Element, Pod};
+pub use element::{Bits128, ComplexElement, Element, Pod, Typed};
 pub use registry::Registry;
 pub(crate) use validate::validate_launch;
 

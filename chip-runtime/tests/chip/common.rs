@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use half::{bf16, f16};
 use strata_chip_runtime::{
-    ArgBacking, HostBuffer, Launch, LaunchArg, LaunchReport, Registry, SimDevice, device,
+    ArgBacking, Device, HostBuffer, Launch, LaunchArg, LaunchReport, Registry, SimDevice, device,
 };
 use strata_wire::check::Rng;
 use strata_wire::{
@@ -110,9 +110,16 @@ pub(crate) fn host_tensor(
     let view = Tensor::new(buf, offset_elems * elem, shape, &strides, dtype).unwrap();
     let host = Arc::new(HostBuffer::new(nbytes as usize).unwrap());
     let mut bytes = vec![0u8; nbytes as usize];
-    for chunk in bytes.chunks_mut(elem as usize) {
+    // A complex element is two parts of the part's float type, each drawn.
+    let (part, parts) = match dtype {
+        DType::C64 => (DType::F32, 2),
+        DType::C128 => (DType::F64, 2),
+        d => (d, 1),
+    };
+    let width = elem as usize / parts;
+    for chunk in bytes.chunks_mut(width) {
         let v = (rng.next_u64() % 2001) as f64 / 250.0 - 4.0;
-        chunk.copy_from_slice(&encode(dtype, v)[..elem as usize]);
+        chunk.copy_from_slice(&encode(part, v)[..width]);
     }
     host.write(0, &bytes).unwrap();
     HostTensor { host, view }
@@ -135,15 +142,21 @@ pub(crate) fn encode(dtype: DType, v: f64) -> [u8; 8] {
     out
 }
 
-/// Element `idx` of `t` in `bytes`, decoded independently of the runtime.
-pub(crate) fn read(bytes: &[u8], t: &Tensor, idx: &[usize]) -> f64 {
+/// The bytes of element `idx` of `t`: where they start in the buffer,
+/// and how many.
+fn element_at(t: &Tensor, idx: &[usize]) -> (usize, usize) {
     let elem = (t.dtype().bits() / 8) as usize;
     let e: usize = idx
         .iter()
         .zip(t.strides())
         .map(|(&i, &s)| i * s as usize)
         .sum();
-    let at = t.byte_offset() as usize + e * elem;
+    (t.byte_offset() as usize + e * elem, elem)
+}
+
+/// Element `idx` of `t` in `bytes`, decoded independently of the runtime.
+pub(crate) fn read(bytes: &[u8], t: &Tensor, idx: &[usize]) -> f64 {
+    let (at, elem) = element_at(t, idx);
     let b = &bytes[at..at + elem];
     match t.dtype() {
         DType::F32 => f64::from(f32::from_le_bytes(b.try_into().unwrap())),
@@ -158,20 +171,61 @@ pub(crate) fn read(bytes: &[u8], t: &Tensor, idx: &[usize]) -> f64 {
     }
 }
 
+/// Element `idx` of complex `t` (C64, C128) in `bytes` as (real,
+/// imaginary), decoded independently of the runtime.
+pub(crate) fn read_complex(bytes: &[u8], t: &Tensor, idx: &[usize]) -> (f64, f64) {
+    let (at, elem) = element_at(t, idx);
+    let (re, im) = bytes[at..at + elem].split_at(elem / 2);
+    match t.dtype() {
+        DType::C64 => (
+            f64::from(f32::from_le_bytes(re.try_into().unwrap())),
+            f64::from(f32::from_le_bytes(im.try_into().unwrap())),
+        ),
+        DType::C128 => (
+            f64::from_le_bytes(re.try_into().unwrap()),
+            f64::from_le_bytes(im.try_into().unwrap()),
+        ),
+        other => panic!("test read_complex of {other}"),
+    }
+}
+
 /// Writes `f(idx)` to every element `idx` of `t`.
 pub(crate) fn fill_with(t: &HostTensor, f: impl Fn(&[usize]) -> f64) {
     let v = &t.view;
-    let elem = (v.dtype().bits() / 8) as usize;
     for idx in indices(v.shape()) {
-        let e: usize = idx
-            .iter()
-            .zip(v.strides())
-            .map(|(&i, &s)| i * s as usize)
-            .sum();
-        let at = v.byte_offset() as usize + e * elem;
+        let (at, elem) = element_at(v, &idx);
         t.host
             .write(at, &encode(v.dtype(), f(&idx))[..elem])
             .unwrap();
+    }
+}
+
+/// A tensor of `shape` in a randomly chosen layout.
+pub(crate) fn any_layout(rng: &mut Rng, shape: &[u32], dtype: DType) -> HostTensor {
+    let layout = rng.pick(&LAYOUTS);
+    host_tensor(rng, shape, dtype, layout)
+}
+
+/// A random shape of `rank` axes, 1 to 6 long.
+pub(crate) fn shape(rng: &mut Rng, rank: u32) -> Vec<u32> {
+    (0..rank).map(|_| rng.range(1, 7)).collect()
+}
+
+/// Runs `f` for each mode with a fresh device, the built-in registry and
+/// a generator seeded from `seed`; checks the device's invariants and
+/// that every kernel released its scratch memory.
+pub(crate) fn each_mode(seed: u64, mut f: impl FnMut(&SimDevice, &Registry, &mut Rng)) {
+    let reg = Registry::with_builtins();
+    for (m, spec) in MODES.iter().enumerate() {
+        let dev = SimDevice::from_spec(spec).unwrap();
+        let mut rng = Rng(seed + m as u64);
+        f(&dev, &reg, &mut rng);
+        dev.check_invariants().unwrap();
+        assert_eq!(
+            dev.stats().arena.scratch.in_use,
+            0,
+            "scratch released after every kernel"
+        );
     }
 }
 

@@ -477,17 +477,17 @@ fn registry_handles() {
     let add = reg.get(reg.find("add", 1).unwrap()).unwrap();
     assert_eq!(
         add.descriptor().canonical(),
-        "add@1(a:R:F32|F64|F16|BF16|I8|I16|I32|I64|U8|U16|U32|U64:*,b:R:=0:=0,out:W:=0:=0;)"
+        "add@1(a:R:F32|F64|F16|BF16|I8|I16|I32|I64|U8|U16|U32|U64|C64|C128:*,b:R:=0:=0,out:W:=0:=0;)"
     );
     // The examples of docs/wire-format.md §8.2.
     for (name, canonical) in [
         (
             "matmul_acc",
-            "matmul_acc@1(a:R:F32|F64|F16|BF16:2,b:R:=0:2,c:RW:=0:2;)",
+            "matmul_acc@1(a:R:F32|F64|F16|BF16|C64|C128:2,b:R:=0:2,c:RW:=0:2;)",
         ),
         (
             "axpy",
-            "axpy@1(x:R:F32|F64|F16|BF16:*,y:RW:=0:=0;alpha:f64)",
+            "axpy@1(x:R:F32|F64|F16|BF16|C64|C128:*,y:RW:=0:=0;alpha:f64)",
         ),
     ] {
         let k = reg.get(reg.find(name, 1).unwrap()).unwrap();

@@ -7,21 +7,11 @@
 //!   for the final rounding;
 //! - reduce_sum, softmax: ε(dtype)·(Σ|x| or 1) plus 1e-12.
 
-use strata_chip_runtime::{Device, Registry, SimDevice};
+use strata_chip_runtime::{Registry, SimDevice};
 use strata_wire::check::Rng;
 use strata_wire::{ArgTag, DType};
 
-use crate::common::{LAYOUTS, MODES, eps, host_tensor, indices, read, run};
-
-/// A tensor of `shape` in a randomly chosen layout.
-fn any_layout(rng: &mut Rng, shape: &[u32], dtype: DType) -> crate::common::HostTensor {
-    let layout = rng.pick(&LAYOUTS);
-    host_tensor(rng, shape, dtype, layout)
-}
-
-fn shape(rng: &mut Rng, rank: u32) -> Vec<u32> {
-    (0..rank).map(|_| rng.range(1, 7)).collect()
-}
+use crate::common::{LAYOUTS, MODES, any_layout, eps, host_tensor, indices, read, run, shape};
 
 fn check_close(what: &str, got: f64, want: f64, tol: f64) {
     assert!(
@@ -30,20 +20,9 @@ fn check_close(what: &str, got: f64, want: f64, tol: f64) {
     );
 }
 
-/// Runs `f` for each mode with a fresh device and the built-in registry.
-fn each_mode(mut f: impl FnMut(&SimDevice, &Registry, &mut Rng)) {
-    let reg = Registry::with_builtins();
-    for (m, spec) in MODES.iter().enumerate() {
-        let dev = SimDevice::from_spec(spec).unwrap();
-        let mut rng = Rng(1000 + m as u64);
-        f(&dev, &reg, &mut rng);
-        dev.check_invariants().unwrap();
-        assert_eq!(
-            dev.stats().arena.scratch.in_use,
-            0,
-            "scratch released after every kernel"
-        );
-    }
+/// Runs `f` for each mode (seeds from 1000).
+fn each_mode(f: impl FnMut(&SimDevice, &Registry, &mut Rng)) {
+    crate::common::each_mode(1000, f);
 }
 
 #[test]

@@ -6,6 +6,7 @@
 mod arena;
 mod cache;
 mod common;
+mod complex;
 mod dense;
 mod failures;
 mod isolation;

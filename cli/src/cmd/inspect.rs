@@ -120,3 +120,40 @@ fn identity_json(id: &CanonicalIdentity) -> Value {
         "hex": id.encode().iter().map(|b| format!("{b:02x}")).collect::<String>(),
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use strata_wire::{
+        Access, AddressSpace, Backing, BufferDescriptor, CanonicalIdentity, DType, Tensor,
+    };
+
+    use super::tensor_json;
+
+    #[test]
+    fn an_extension_dtype_is_named_and_marked() {
+        let id = CanonicalIdentity::new(*b"inspect!", 1, 1).unwrap();
+        let buf = BufferDescriptor::new(
+            id,
+            4096,
+            AddressSpace::Host,
+            Access::Read,
+            Backing::Memfd {
+                st_dev: 1,
+                st_ino: 2,
+            },
+        )
+        .unwrap();
+        for (dtype, name, extension) in [
+            (DType::F32, "F32", false),
+            (DType::F64, "F64", true),
+            (DType::C64, "C64", true),
+            (DType::C128, "C128", true),
+        ] {
+            let t = Tensor::new(buf, 16, &[4, 2], &[2, 1], dtype).unwrap();
+            let v = tensor_json(&t);
+            assert_eq!(v["dtype"], name);
+            assert_eq!(v.get("dtype_extension").is_some(), extension, "{name}");
+            assert_eq!(v["extent_bytes"], 8 * u64::from(dtype.bits() / 8), "{name}");
+        }
+    }
+}

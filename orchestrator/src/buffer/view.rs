@@ -1,7 +1,7 @@
 //! Views: a validated wire `Tensor` and the buffer that keeps its memory
 //! alive; narrowed grants, reshapes, and element reads and writes.
 
-use strata_chip_runtime::kernel::Element;
+use strata_chip_runtime::kernel::Typed;
 use strata_wire::{Access, DType, Tensor};
 
 use super::Buffer;
@@ -142,7 +142,7 @@ impl View {
     /// # Errors
     /// A device buffer, a dtype mismatch, or quarantined bytes
     /// ([`Error::Quarantined`]).
-    pub fn read<T: Element>(&self) -> Result<Vec<T>, Error> {
+    pub fn read<T: Typed>(&self) -> Result<Vec<T>, Error> {
         if T::DTYPE != self.dtype() {
             return Err(ViewError::DType {
                 holds: self.dtype(),
@@ -185,7 +185,7 @@ impl View {
     /// A view that does not grant WRITE ([`ViewError::ReadOnly`]), a
     /// device buffer, a dtype mismatch, a wrong count, or quarantined
     /// bytes ([`Error::Quarantined`]).
-    pub fn write<T: Element>(&self, values: &[T]) -> Result<(), Error> {
+    pub fn write<T: Typed>(&self, values: &[T]) -> Result<(), Error> {
         self.granted_write()?;
         if T::DTYPE != self.dtype() {
             return Err(ViewError::DType {

@@ -1708,3 +1708,66 @@ fn a_device_spec_no_worker_accepts_fails_the_start_before_any_worker_runs() {
         .expect_err("a bad size is refused");
     assert!(e.to_string().contains("mem"), "{e}");
 }
+
+/// Complex views from Rust, through worker processes: written and read as
+/// `num_complex::Complex` (re-exported by the chip runtime), multiplied
+/// on a transposed view, and summed, against the same sums done here.
+#[test]
+fn complex_views_round_trip_and_multiply_through_workers() {
+    use strata_chip_runtime::num_complex::Complex;
+    let cluster = local(2, &strata_bin());
+    let (m, k, n) = (5u32, 4u32, 3u32);
+    let at = |i: u32, j: u32| Complex::new(f64::from(i) - 1.5, f64::from(j) * 0.5 + 1.0);
+    let bt = |i: u32, j: u32| Complex::new(f64::from(i * j) * 0.25, -f64::from(i + j));
+    // a is held transposed: its buffer is k×m row-major, viewed as m×k.
+    let abuf = cluster.buffer(u64::from(m * k) * 16).unwrap();
+    let stored = abuf.tensor(&[k, m], DType::C128).unwrap();
+    let mut a_t = Vec::new();
+    for p in 0..k {
+        for i in 0..m {
+            a_t.push(at(i, p));
+        }
+    }
+    stored.write(&a_t).unwrap();
+    let a = abuf.view(0, &[m, k], &[1, m], DType::C128).unwrap();
+    let bbuf = cluster.buffer(u64::from(k * n) * 16).unwrap();
+    let b = bbuf.tensor(&[k, n], DType::C128).unwrap();
+    b.write(&(0..k * n).map(|e| bt(e / n, e % n)).collect::<Vec<_>>())
+        .unwrap();
+    let c = cluster
+        .buffer(u64::from(m * n) * 16)
+        .unwrap()
+        .tensor(&[m, n], DType::C128)
+        .unwrap();
+    let r = cluster
+        .buffer(u64::from(m) * 16)
+        .unwrap()
+        .tensor(&[m], DType::C128)
+        .unwrap();
+    cluster
+        .submit(Task::new("matmul").input(&a).input(&b).output(&c))
+        .unwrap();
+    cluster
+        .submit(Task::new("reduce_sum").input(&c).output(&r))
+        .unwrap();
+    cluster.wait_all().unwrap();
+    let got: Vec<Complex<f64>> = c.read().unwrap();
+    let sums: Vec<Complex<f64>> = r.read().unwrap();
+    for i in 0..m {
+        let mut sum = Complex::new(0.0, 0.0);
+        for j in 0..n {
+            let want: Complex<f64> = (0..k).map(|p| at(i, p) * bt(p, j)).sum();
+            let g = got[(i * n + j) as usize];
+            assert!(
+                (g - want).l1_norm() < 1e-12,
+                "c[{i},{j}] = {g}, want {want}"
+            );
+            sum += want;
+        }
+        let s = sums[i as usize];
+        assert!((s - sum).l1_norm() < 1e-12, "r[{i}] = {s}, want {sum}");
+    }
+    // Reading as another element type is refused, naming both dtypes.
+    let e = c.read::<f64>().unwrap_err().to_string();
+    assert!(e.contains("C128") && e.contains("F64"), "{e}");
+}

@@ -80,7 +80,9 @@ fn reference_view_valid(bytes: &[u8]) -> bool {
     let ndims = le(96, 4);
     let dtype = le(140, 1);
     // The pad @141..144 is alignment slack: not looked at.
-    if !(1..=5).contains(&ndims) || dtype > 14 {
+    // The seed's codes 0-14, and strata's extensions 64 (F64), 65 (C64)
+    // and 66 (C128).
+    if !(1..=5).contains(&ndims) || !(dtype <= 14 || (64..=66).contains(&dtype)) {
         return false;
     }
     let ndims = ndims as usize;
@@ -103,7 +105,11 @@ fn reference_view_valid(bytes: &[u8]) -> bool {
         return false;
     }
     let bits = DType::from_code(dtype as u8).unwrap().bits() as u128;
-    let align = (bits / 8).max(1);
+    // A complex element aligns as one of its two parts.
+    let align = match dtype {
+        65 | 66 => bits / 16,
+        _ => (bits / 8).max(1),
+    };
     let extent = (span * bits).div_ceil(8);
     byte_offset % align == 0 && byte_offset + extent <= nbytes
 }

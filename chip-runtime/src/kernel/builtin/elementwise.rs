@@ -1,11 +1,20 @@
 //! Element-by-element kernels: fill, copy, add, mul, axpy, transpose.
 
 use crate::kernel::KernelContext;
-use crate::kernel::element::Element;
-use crate::{with_bits, with_float, with_numeric};
+use crate::kernel::element::{ComplexElement, Element, Typed};
+use crate::{if_complex, with_bits, with_float, with_numeric};
 
 pub(super) fn fill(ctx: &mut KernelContext<'_>) -> Result<(), String> {
     let value = ctx.scalar(0)?;
+    // A complex view is filled with a real value (f64 bits), its
+    // imaginary part 0: a scalar is one 64-bit word.
+    if_complex!(ctx.arg(0)?.dtype(), T => {
+        let mut out = ctx.output::<T>(0)?;
+        let v = T::real(f64::from_bits(value));
+        let g = *out.geometry();
+        g.for_each_index(|idx| out.set(idx, v));
+        Ok(())
+    });
     with_numeric!(ctx.arg(0)?.dtype(), T => {
         if let Some((given, range)) = T::scalar_misfit(value) {
             return Err(format!(
@@ -31,14 +40,16 @@ pub(super) fn copy(ctx: &mut KernelContext<'_>) -> Result<(), String> {
 }
 
 pub(super) fn add(ctx: &mut KernelContext<'_>) -> Result<(), String> {
+    if_complex!(ctx.arg(0)?.dtype(), T => binary::<T>(ctx, |a, b| a + b));
     with_numeric!(ctx.arg(0)?.dtype(), T => binary::<T>(ctx, T::add))
 }
 
 pub(super) fn mul(ctx: &mut KernelContext<'_>) -> Result<(), String> {
+    if_complex!(ctx.arg(0)?.dtype(), T => binary::<T>(ctx, |a, b| a * b));
     with_numeric!(ctx.arg(0)?.dtype(), T => binary::<T>(ctx, T::mul))
 }
 
-fn binary<T: Element>(ctx: &mut KernelContext<'_>, op: fn(T, T) -> T) -> Result<(), String> {
+fn binary<T: Typed>(ctx: &mut KernelContext<'_>, op: fn(T, T) -> T) -> Result<(), String> {
     let a = ctx.input::<T>(0)?;
     let b = ctx.input::<T>(1)?;
     let mut out = ctx.output::<T>(2)?;
@@ -49,6 +60,14 @@ fn binary<T: Element>(ctx: &mut KernelContext<'_>, op: fn(T, T) -> T) -> Result<
 
 pub(super) fn axpy(ctx: &mut KernelContext<'_>) -> Result<(), String> {
     let alpha = ctx.scalar_f64(0)?;
+    // α is real for complex views too.
+    if_complex!(ctx.arg(0)?.dtype(), T => {
+        let x = ctx.input::<T>(0)?;
+        let mut y = ctx.output::<T>(1)?;
+        x.geometry()
+            .for_each_index(|idx| y.set(idx, x.get(idx).scale(alpha) + y.get(idx)));
+        Ok(())
+    });
     with_float!(ctx.arg(0)?.dtype(), T => {
         let x = ctx.input::<T>(0)?;
         let mut y = ctx.output::<T>(1)?;

@@ -5,9 +5,9 @@ use strata_wire::Tensor;
 
 use crate::kernel::KernelContext;
 use crate::kernel::dense::{self, MatMut, MatRef};
-use crate::kernel::element::Element;
+use crate::kernel::element::{ComplexElement, Element, Typed};
 use crate::kernel::view::{Geometry, View, ViewMut};
-use crate::with_float;
+use crate::{if_complex, with_float};
 
 pub(super) fn check_matmul(args: &[Tensor], _: &[u64]) -> Result<(), (usize, String)> {
     let (a, b, c) = (args[0].shape(), args[1].shape(), args[2].shape());
@@ -40,9 +40,16 @@ pub(super) fn matmul_acc(ctx: &mut KernelContext<'_>) -> Result<(), String> {
     gemm(ctx, 1.0)
 }
 
-/// `c = a·b + beta·c`, through the crate's SGEMM or DGEMM; 16-bit floats
-/// are widened into f32 scratch memory first and narrowed back after.
+/// `c = a·b + beta·c`, through the crate's SGEMM or DGEMM (the `gemm`
+/// crate's complex GEMM for C64 and C128); 16-bit floats are widened
+/// into f32 scratch memory first and narrowed back after.
 fn gemm(ctx: &mut KernelContext<'_>, beta: f32) -> Result<(), String> {
+    if_complex!(ctx.arg(0)?.dtype(), T => {
+        let a = ctx.input::<T>(0)?;
+        let b = ctx.input::<T>(1)?;
+        let mut c = ctx.output::<T>(2)?;
+        dense::complex_gemm(&a, &b, &mut c, beta != 0.0)
+    });
     match ctx.arg(0)?.dtype() {
         strata_wire::DType::F32 => gemm_in_place::<f32>(ctx, beta),
         strata_wire::DType::F64 => gemm_in_place::<f64>(ctx, beta),
@@ -144,26 +151,38 @@ pub(super) fn check_reduce(args: &[Tensor], _: &[u64]) -> Result<(), (usize, Str
 }
 
 pub(super) fn reduce_sum(ctx: &mut KernelContext<'_>) -> Result<(), String> {
-    with_float!(ctx.arg(0)?.dtype(), T => {
-        let x = ctx.input::<T>(0)?;
-        let mut out = ctx.output::<T>(1)?;
-        let n = x.geometry().ndims();
-        let lane = x.shape()[n - 1];
-        let mut idx = [0usize; 5];
-        let g = *out.geometry();
-        g.for_each_index(|o| {
-            if n > 1 {
-                idx[..n - 1].copy_from_slice(o);
-            }
-            let mut sum = 0.0f64;
-            for j in 0..lane {
-                idx[n - 1] = j;
-                sum += x.get(&idx[..n]).to_f64();
-            }
-            out.set(o, T::from_f64(sum));
-        });
-        Ok(())
-    })
+    if_complex!(ctx.arg(0)?.dtype(), T => {
+        sum_last_axis::<T, _>(ctx, num_complex::Complex::new(0.0, 0.0), |s, v| s + v.widen(), T::narrow)
+    });
+    with_float!(ctx.arg(0)?.dtype(), T => sum_last_axis::<T, _>(ctx, 0.0, |s, v| s + v.to_f64(), T::from_f64))
+}
+
+/// `out[..] = done(Σ x[.., j])` over x's last axis, accumulated from
+/// `zero` by `add` in a wider type.
+fn sum_last_axis<T: Typed, A: Copy>(
+    ctx: &mut KernelContext<'_>,
+    zero: A,
+    add: impl Fn(A, T) -> A,
+    done: impl Fn(A) -> T,
+) -> Result<(), String> {
+    let x = ctx.input::<T>(0)?;
+    let mut out = ctx.output::<T>(1)?;
+    let n = x.geometry().ndims();
+    let lane = x.shape()[n - 1];
+    let mut idx = [0usize; 5];
+    let g = *out.geometry();
+    g.for_each_index(|o| {
+        if n > 1 {
+            idx[..n - 1].copy_from_slice(o);
+        }
+        let mut sum = zero;
+        for j in 0..lane {
+            idx[n - 1] = j;
+            sum = add(sum, x.get(&idx[..n]));
+        }
+        out.set(o, done(sum));
+    });
+    Ok(())
 }
 
 pub(super) fn softmax(ctx: &mut KernelContext<'_>) -> Result<(), String> {

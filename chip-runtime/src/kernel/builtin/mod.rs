@@ -4,14 +4,14 @@
 //! | name | arguments | scalars | dtypes |
 //! |---|---|---|---|
 //! | `noop` | | | (does nothing: for measuring dispatch) |
-//! | `fill` | out W | value (in out's dtype) | numeric |
+//! | `fill` | out W | value (in out's dtype; real for complex dtypes) | numeric, complex |
 //! | `copy` | src R, dst W (same shape) | | any byte-sized |
-//! | `add`, `mul` | a R, b R, out W (same shape) | | numeric |
-//! | `axpy` | x R, y RW (same shape): y = αx + y | α (f64) | F32, F16, BF16 |
-//! | `matmul` | a R `[m,k]`, b R `[k,n]`, c W `[m,n]`: c = a·b | | F32, F16, BF16 |
-//! | `matmul_acc` | a R, b R, c RW: c += a·b | | F32, F16, BF16 |
-//! | `reduce_sum` | x R `[.., n]`, out W `[..]` (or `[1]` for rank 1): sum over the last axis | | F32, F16, BF16 |
-//! | `softmax` | x R, out W (same shape): along the last axis | | F32, F16, BF16 |
+//! | `add`, `mul` | a R, b R, out W (same shape) | | numeric, complex |
+//! | `axpy` | x R, y RW (same shape): y = αx + y | α (f64, real) | F32, F64, F16, BF16, C64, C128 |
+//! | `matmul` | a R `[m,k]`, b R `[k,n]`, c W `[m,n]`: c = a·b | | F32, F64, F16, BF16, C64, C128 |
+//! | `matmul_acc` | a R, b R, c RW: c += a·b | | F32, F64, F16, BF16, C64, C128 |
+//! | `reduce_sum` | x R `[.., n]`, out W `[..]` (or `[1]` for rank 1): sum over the last axis | | F32, F64, F16, BF16, C64, C128 |
+//! | `softmax` | x R, out W (same shape): along the last axis | | F32, F64, F16, BF16 |
 //! | `transpose` | x R `[.., a, b]`, out W `[.., b, a]`: swaps the last two axes | | any byte-sized |
 //! | `potrf` | a RW `[n,n]`: a ← L, the lower Cholesky factor (strict upper triangle untouched) | | F32, F64 |
 //! | `trsm` | l R `[n,n]`, b RW `[m,n]`: b ← b·l⁻ᵀ, l lower triangular | | F32, F64 |
@@ -23,7 +23,10 @@
 //! single-threaded: a chip's worker owns one core); F16/BF16 matmuls
 //! convert to f32 in scratch memory first. `potrf`, `trsm` and `syrk`
 //! recurse in halves down to 32×32 blocks so that nearly every flop is a
-//! GEMM. Reductions and softmax accumulate in f64.
+//! GEMM. Reductions and softmax accumulate in f64 (complex sums in two
+//! f64s). Complex dtypes (C64, C128) are numpy's layout, the real part
+//! first; a scalar being one 64-bit word, `fill` takes a real value for
+//! them (imaginary part 0) and `axpy` a real α.
 
 mod blas;
 mod elementwise;
@@ -33,7 +36,7 @@ use std::sync::Arc;
 
 use strata_wire::{Access, DType, Tensor};
 
-use super::element::{FLOAT_DTYPES, NUMERIC_DTYPES, byte_dtypes};
+use super::element::{COMPLEX_DTYPES, FLOAT_DTYPES, NUMERIC_DTYPES, byte_dtypes};
 use super::{ArgSpec, DTypes, Kernel, KernelContext, Rank, ScalarKind, ScalarSpec, Signature};
 
 type CheckFn = fn(&[Tensor], &[u64]) -> Result<(), (usize, String)>;
@@ -133,6 +136,10 @@ fn list(d: &[DType]) -> DTypes {
     DTypes::OneOf(d.to_vec())
 }
 
+fn list2(d: &[DType], more: &[DType]) -> DTypes {
+    DTypes::OneOf([d, more].concat())
+}
+
 /// Every built-in kernel, version 1.
 pub fn all() -> Vec<Arc<dyn Kernel>> {
     use Access::{Read as R, ReadWrite as RW, Write as W};
@@ -141,7 +148,12 @@ pub fn all() -> Vec<Arc<dyn Kernel>> {
         kernel("noop", vec![], vec![], |_, _| Ok(()), |_| Ok(())),
         kernel(
             "fill",
-            vec![arg("out", W, list(NUMERIC_DTYPES), Rank::Any)],
+            vec![arg(
+                "out",
+                W,
+                list2(NUMERIC_DTYPES, COMPLEX_DTYPES),
+                Rank::Any,
+            )],
             vec![scalar("value", ScalarKind::LikeArg(0))],
             |_, _| Ok(()),
             elementwise::fill,
@@ -161,7 +173,7 @@ pub fn all() -> Vec<Arc<dyn Kernel>> {
         kernel(
             "axpy",
             vec![
-                arg("x", R, list(FLOAT_DTYPES), Rank::Any),
+                arg("x", R, list2(FLOAT_DTYPES, COMPLEX_DTYPES), Rank::Any),
                 arg("y", RW, same(0), Rank::SameAs(0)),
             ],
             vec![scalar("alpha", ScalarKind::F64)],
@@ -171,7 +183,12 @@ pub fn all() -> Vec<Arc<dyn Kernel>> {
         costed(
             "matmul",
             vec![
-                arg("a", R, list(FLOAT_DTYPES), Rank::Exactly(2)),
+                arg(
+                    "a",
+                    R,
+                    list2(FLOAT_DTYPES, COMPLEX_DTYPES),
+                    Rank::Exactly(2),
+                ),
                 arg("b", R, same(0), Rank::Exactly(2)),
                 arg("c", W, same(0), Rank::Exactly(2)),
             ],
@@ -183,7 +200,12 @@ pub fn all() -> Vec<Arc<dyn Kernel>> {
         costed(
             "matmul_acc",
             vec![
-                arg("a", R, list(FLOAT_DTYPES), Rank::Exactly(2)),
+                arg(
+                    "a",
+                    R,
+                    list2(FLOAT_DTYPES, COMPLEX_DTYPES),
+                    Rank::Exactly(2),
+                ),
                 arg("b", R, same(0), Rank::Exactly(2)),
                 arg("c", RW, same(0), Rank::Exactly(2)),
             ],
@@ -195,7 +217,7 @@ pub fn all() -> Vec<Arc<dyn Kernel>> {
         kernel(
             "reduce_sum",
             vec![
-                arg("x", R, list(FLOAT_DTYPES), Rank::Any),
+                arg("x", R, list2(FLOAT_DTYPES, COMPLEX_DTYPES), Rank::Any),
                 arg("out", W, same(0), Rank::Any),
             ],
             vec![],
@@ -279,7 +301,7 @@ fn binary(name: &str, run: RunFn) -> Arc<dyn Kernel> {
     kernel(
         name,
         vec![
-            arg("a", R, list(NUMERIC_DTYPES), Rank::Any),
+            arg("a", R, list2(NUMERIC_DTYPES, COMPLEX_DTYPES), Rank::Any),
             arg("b", R, DTypes::SameAs(0), Rank::SameAs(0)),
             arg("out", W, DTypes::SameAs(0), Rank::SameAs(0)),
         ],

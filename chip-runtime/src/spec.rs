@@ -42,6 +42,7 @@ pub const MIN_MEM: u64 = 64 * 1024;
 
 /// How host-backed arguments reach a kernel.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum Mode {
     /// Like a discrete accelerator: the bytes of each host view are copied
     /// into device memory before the kernel (if it reads them) and back after

@@ -21,6 +21,30 @@ pub(super) fn parts(dtype: DType) -> usize {
     if dtype.is_complex() { 2 } else { 1 }
 }
 
+/// Whether `const` and `random` can fill a buffer of `dtype` ([`encode`]
+/// writes it): every whole-byte numeric dtype, not the 8-bit and 4-bit
+/// floats.
+pub(super) fn encodable(dtype: DType) -> bool {
+    matches!(
+        dtype,
+        DType::F32
+            | DType::F64
+            | DType::F16
+            | DType::BF16
+            | DType::C64
+            | DType::C128
+            | DType::I8
+            | DType::I16
+            | DType::I32
+            | DType::I64
+            | DType::U8
+            | DType::U16
+            | DType::U32
+            | DType::U64
+            | DType::Bool
+    )
+}
+
 /// `values` encoded as little-endian elements of `dtype` (whole-byte,
 /// numeric dtypes; complex ones take [`parts`] values per element, the
 /// real part first).
@@ -52,7 +76,8 @@ pub(super) fn encode(dtype: DType, values: impl Iterator<Item = f64>, integral: 
             DType::U16 => out.extend_from_slice(&(v as u16).to_le_bytes()),
             DType::U32 => out.extend_from_slice(&(v as u32).to_le_bytes()),
             DType::U64 => out.extend_from_slice(&(v as u64).to_le_bytes()),
-            DType::Fp8E4M3Fn | DType::Fp8E8M0 | DType::Fp4E2M1 => {}
+            // Refused when the graph is read (`encodable`).
+            _ => {}
         }
     }
     out
@@ -196,7 +221,7 @@ pub(super) fn buffer_def(
                     "const and random need a shape and dtype",
                 );
             }
-            Some((_, d)) if d.bits() < 8 || matches!(d, DType::Fp8E4M3Fn | DType::Fp8E8M0) => {
+            Some((_, d)) if !encodable(*d) => {
                 return err(
                     join(path, "init"),
                     format!("const and random do not support {}", d.name()),

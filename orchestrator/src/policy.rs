@@ -22,6 +22,7 @@ use std::time::Duration;
 /// comes back from hanging the job. [`Quarantine::FailAtOnce`] is for jobs
 /// that would rather fail fast and resubmit.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Quarantine {
     /// Tasks that write quarantined bytes wait for the fence, at most this
     /// long; then they fail with ENDPOINT_FAILURE naming the quarantine,
@@ -41,6 +42,7 @@ impl Default for Quarantine {
 /// When bytes a task writes on a local staged chip go back to host memory
 /// ([`crate::ClusterBuilder::write_back`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
 pub enum WriteBack {
     /// When the task ends (the default): host memory holds every
     /// completed task's bytes, so a lost worker loses nothing but copies.

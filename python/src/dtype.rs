@@ -87,6 +87,17 @@ pub(crate) fn to_py(py: Python<'_>, d: DType) -> PyResult<Py<PyAny>> {
     }
 }
 
+/// Every dtype's strata name, lower case, in code order: what the
+/// package must map (a test creates an array of each and reads its dtype
+/// back).
+#[pyo3::pyfunction]
+pub(crate) fn _dtype_names() -> Vec<String> {
+    DType::ALL
+        .iter()
+        .map(|d| d.name().to_ascii_lowercase())
+        .collect()
+}
+
 /// Whether a scalar in `d`'s kind is a float (sent as f64 bits): a
 /// complex dtype's scalars are real (one 64-bit word each).
 pub(crate) fn is_float(d: DType) -> bool {

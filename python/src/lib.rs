@@ -63,6 +63,7 @@ fn _strata(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(task::output_existing, m)?)?;
     m.add_function(wrap_pyfunction!(task::no_dep, m)?)?;
     m.add_function(wrap_pyfunction!(errors::_failure_kinds, m)?)?;
+    m.add_function(wrap_pyfunction!(dtype::_dtype_names, m)?)?;
     m.add_function(wrap_pyfunction!(kernel::run_worker, m)?)?;
     m.add_function(wrap_pyfunction!(kernel::builtin_kernels, m)?)?;
     Ok(())

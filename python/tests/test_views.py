@@ -200,3 +200,19 @@ def test_numpys_attributes(inproc):
         assert np.array_equal(np.asarray(v), r)
         # np.asarray is the buffer's memory, not a copy.
         assert np.shares_memory(np.asarray(v), np.asarray(a))
+
+
+def test_python_maps_every_dtype_of_the_engine(inproc):
+    """Each dtype the engine has makes an array from Python, and the dtype
+    the array reports names it back (numpy's where numpy has one)."""
+    names = strata._strata._dtype_names()
+    assert {"f32", "f64", "c64", "c128", "bf16", "fp4e2m1"} <= set(names)
+    for name in names:
+        a = inproc.zeros((4,), name)
+        b = inproc.zeros((4,), a.dtype)
+        assert b.dtype == a.dtype, name
+        assert b.nbytes == a.nbytes, name
+        if isinstance(a.dtype, str):
+            assert a.dtype == name
+        else:
+            assert a.dtype.itemsize == a.itemsize, name

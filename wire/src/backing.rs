@@ -15,6 +15,7 @@ pub const MAX_BODY_LEN: usize = 32;
 /// The kind of memory object behind a buffer. The discriminant is the wire code.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[repr(u8)]
+#[non_exhaustive]
 pub enum BackendKind {
     /// Shared anonymous memory inherited across fork; body is its address.
     ForkShm = 0,
@@ -144,6 +145,7 @@ impl std::fmt::Debug for ShmName {
 /// The backend kind together with its body: what locates the memory on the
 /// process that owns it. Invalid kind/body combinations cannot be built.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum Backing {
     /// [`BackendKind::ForkShm`] at a nonzero address.
     ForkShm {

@@ -3,6 +3,7 @@
 /// The element type of a tensor. The discriminant is the wire code.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 #[repr(u8)]
+#[non_exhaustive]
 pub enum DType {
     /// IEEE 754 binary32.
     F32 = 0,

@@ -99,6 +99,9 @@ fn descriptor_json(d: &BufferDescriptor) -> Value {
         Backing::PosixShm { name } => json!({ "name": name.as_str() }),
         Backing::RemoteSidecar => json!({}),
         Backing::Memfd { st_dev, st_ino } => json!({ "st_dev": st_dev, "st_ino": st_ino }),
+        // A backing added to the wire crate after this: its kind is named
+        // below; a test lists every kind this build shows.
+        _ => json!({}),
     };
     json!({
         "magic": format!("{DESCRIPTOR_MAGIC:#06x}"),
@@ -127,7 +130,83 @@ mod tests {
         Access, AddressSpace, Backing, BufferDescriptor, CanonicalIdentity, DType, Tensor,
     };
 
-    use super::tensor_json;
+    use super::{descriptor_json, tensor_json};
+
+    /// Every backing kind this build decodes shows its fields (a sidecar
+    /// has none): the match that renders them has a catch-all arm for
+    /// kinds added to the wire crate later, so this test is what notices
+    /// one.
+    #[test]
+    fn every_backing_kind_shows_its_fields() {
+        use std::num::NonZeroU64;
+
+        use strata_wire::{BackendKind, ShmName};
+        let addr = NonZeroU64::new(0x1000).unwrap();
+        let cases = [
+            (
+                Backing::ForkShm { addr },
+                AddressSpace::Host,
+                Access::ReadWrite,
+                "address",
+            ),
+            (
+                Backing::PosixShm {
+                    name: ShmName::new("simpler.0").unwrap(),
+                },
+                AddressSpace::Host,
+                Access::ReadWrite,
+                "name",
+            ),
+            (
+                Backing::VmmWindow { addr },
+                AddressSpace::Device,
+                Access::ReadWrite,
+                "address",
+            ),
+            (
+                Backing::RemoteSidecar,
+                AddressSpace::Host,
+                Access::ReadWrite,
+                "",
+            ),
+            (
+                Backing::DeviceMalloc { addr },
+                AddressSpace::Device,
+                Access::ReadWrite,
+                "address",
+            ),
+            (
+                Backing::ForkCow { addr },
+                AddressSpace::Host,
+                Access::Read,
+                "address",
+            ),
+            (
+                Backing::Memfd {
+                    st_dev: 1,
+                    st_ino: 2,
+                },
+                AddressSpace::Host,
+                Access::ReadWrite,
+                "st_ino",
+            ),
+        ];
+        let kinds = (0..=u8::MAX).filter_map(BackendKind::from_code).count();
+        assert_eq!(cases.len(), kinds, "a backing kind this test does not show");
+        let id = CanonicalIdentity::new(*b"inspect!", 1, 1).unwrap();
+        for (backing, space, access, field) in cases {
+            let kind = backing.kind().name();
+            let d = BufferDescriptor::new(id, 4096, space, access, backing).unwrap();
+            let v = descriptor_json(&d);
+            assert_eq!(v["backend_kind"], kind);
+            let body = v["body"].as_object().unwrap();
+            if field.is_empty() {
+                assert!(body.is_empty(), "{kind}: {body:?}");
+            } else {
+                assert!(body.contains_key(field), "{kind}: {body:?}");
+            }
+        }
+    }
 
     #[test]
     fn an_extension_dtype_is_named_and_marked() {

@@ -351,11 +351,15 @@ pub(crate) fn scale(plan: &Plan) -> Result<bool, String> {
                     let ratio = makespan / bound;
                     ok &= emit(
                         "scale",
-                        &match write_back {
-                            WriteBack::Through => format!("{}-{}", w.name, policy.name()),
-                            WriteBack::Deferred => {
-                                format!("{}-{}-deferred", w.name, policy.name())
-                            }
+                        &if write_back == WriteBack::Through {
+                            format!("{}-{}", w.name, policy.name())
+                        } else {
+                            format!(
+                                "{}-{}-{}",
+                                w.name,
+                                policy.name(),
+                                format!("{write_back:?}").to_lowercase()
+                            )
                         },
                         json!({
                             "workload": w.name, "policy": policy.name(), "chips": chips, "link": link,

@@ -362,8 +362,9 @@ fn check_within(imported: &BufferDescriptor, task: &BufferDescriptor) -> Result<
     Ok(())
 }
 
-/// What differs between two descriptors of one identity, access aside
-/// (which may differ by narrowing); `None` when nothing does.
+/// What differs between two descriptors of one identity, access (which
+/// may differ by narrowing) and the diagnostic owner path id aside;
+/// `None` when nothing does.
 fn differences(a: &BufferDescriptor, b: &BufferDescriptor) -> Option<String> {
     let mut out = Vec::new();
     if a.nbytes() != b.nbytes() {
@@ -379,13 +380,8 @@ fn differences(a: &BufferDescriptor, b: &BufferDescriptor) -> Option<String> {
     if a.backing() != b.backing() {
         out.push(format!("backing {:?} vs {:?}", a.backing(), b.backing()));
     }
-    if a.owner_worker_path_id() != b.owner_worker_path_id() {
-        out.push(format!(
-            "owner worker path id {} vs {}",
-            a.owner_worker_path_id(),
-            b.owner_worker_path_id()
-        ));
-    }
+    // Not `owner_worker_path_id`: a diagnostic, which nothing routes,
+    // gates or keys on (a producer may set it, or not, per record).
     (!out.is_empty()).then(|| out.join(", "))
 }
 

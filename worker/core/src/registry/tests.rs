@@ -69,6 +69,9 @@ fn map_once_share_and_release() {
         "{err}"
     );
     assert!(err.to_string().contains("nbytes 64 vs 72"), "{err}");
+    // The owner path id is a diagnostic: another one names the same buffer.
+    let relabelled = buf.with_owner_worker_path_id(buf.owner_worker_path_id() + 7);
+    assert_eq!(*r.acquire(S1, &relabelled).unwrap(), 40);
     assert_eq!(Arc::strong_count(&leases[0]), 11);
     assert!(r.release(S1, buf.identity()));
     assert!(!r.release(S1, buf.identity()));

@@ -231,7 +231,10 @@ pub(crate) fn build(
                 &[],
             ));
         }
-        let kind_given = kind;
+        let complex_arg = match kind {
+            ScalarKind::LikeArg(i) => dtypes.get(*i).copied().filter(|d| d.is_complex()),
+            _ => None,
+        };
         let kind = match kind {
             ScalarKind::LikeArg(i) => match dtypes.get(*i) {
                 Some(&d) if dtype::is_float(d) => ScalarKind::F64,
@@ -248,49 +251,30 @@ pub(crate) fn build(
                 v.repr().map(|r| r.to_string()).unwrap_or_default()
             ))
         };
-        // A complex value for a complex argument: its scalars are real (a
-        // scalar is one 64-bit word), so only an imaginary part of 0 goes.
-        let complex_arg = match kind_given {
-            ScalarKind::LikeArg(i) => dtypes.get(*i).copied().filter(|d| d.is_complex()),
-            _ => None,
-        };
-        // numpy's complex scalars convert to a float by dropping the
-        // imaginary part (with a warning): a complex value is never taken
-        // as a float that way.
-        let is_complex = v.is_instance_of::<PyComplex>();
-        let real = match (kind, complex_arg) {
-            (ScalarKind::F64, Some(d)) if is_complex || v.extract::<f64>().is_err() => {
-                let parts = v
-                    .getattr("real")
-                    .and_then(|r| r.extract::<f64>())
-                    .and_then(|re| {
-                        v.getattr("imag")
-                            .and_then(|i| i.extract::<f64>())
-                            .map(|im| (re, im))
-                    });
-                match parts {
-                    Ok((re, 0.0)) => Some(re),
-                    Ok(_) => {
-                        return Err(raise(
-                            "SubmitError",
-                            format!(
-                                "{}: scalar {name}={} is complex; a scalar is one 64-bit word, so scalars of {} arguments are real (fill with a real value, or write complex values with numpy)",
-                                sig.qualified,
-                                v.repr().map(|r| r.to_string()).unwrap_or_default(),
-                                d.name().to_ascii_lowercase()
-                            ),
-                            &[],
-                        ));
-                    }
-                    Err(_) => None,
+        // A complex value goes only to a complex argument, and only with an
+        // imaginary part of 0 (its scalars are real: a scalar is one 64-bit
+        // word); anywhere else it is refused, never cut to its real part as
+        // numpy's own conversion would.
+        let real = match v.cast::<PyComplex>() {
+            Err(_) => None,
+            Ok(c) => match (kind, complex_arg) {
+                (ScalarKind::F64, Some(_)) if c.imag() == 0.0 => Some(c.real()),
+                (ScalarKind::F64, Some(d)) => {
+                    return Err(raise(
+                        "SubmitError",
+                        format!(
+                            "{}: scalar {name}={} is complex; a scalar is one 64-bit word, so scalars of {} arguments are real (fill with a real value, or write complex values with numpy)",
+                            sig.qualified,
+                            v.repr().map(|r| r.to_string()).unwrap_or_default(),
+                            d.name().to_ascii_lowercase()
+                        ),
+                        &[],
+                    ));
                 }
-            }
-            (ScalarKind::F64, None) if is_complex => return Err(bad("a float")),
-            (ScalarKind::I64, _) if is_complex => return Err(bad("an integer (i64)")),
-            (ScalarKind::U64 | ScalarKind::LikeArg(_), _) if is_complex => {
-                return Err(bad("an unsigned integer (u64)"));
-            }
-            _ => None,
+                (ScalarKind::F64, None) => return Err(bad("a float")),
+                (ScalarKind::I64, _) => return Err(bad("an integer (i64)")),
+                _ => return Err(bad("an unsigned integer (u64)")),
+            },
         };
         task = match (kind, real) {
             (ScalarKind::F64, Some(re)) => task.scalar_f64(re),

@@ -68,40 +68,30 @@ pub trait ComplexElement:
     fn narrow(v: Complex<f64>) -> Self;
 }
 
-impl ComplexElement for Complex<f32> {
-    const ZERO: Self = Complex::new(0.0, 0.0);
-    const ONE: Self = Complex::new(1.0, 0.0);
-    fn real(re: f64) -> Self {
-        Complex::new(re as f32, 0.0)
-    }
-    fn scale(self, alpha: f64) -> Self {
-        let a = alpha as f32;
-        Complex::new(a * self.re, a * self.im)
-    }
-    fn widen(self) -> Complex<f64> {
-        Complex::new(f64::from(self.re), f64::from(self.im))
-    }
-    fn narrow(v: Complex<f64>) -> Self {
-        Complex::new(v.re as f32, v.im as f32)
-    }
+/// `ComplexElement` for `Complex` of a float part type, through the part's
+/// own conversions ([`Element`]).
+macro_rules! complex_element {
+    ($($p:ty),*) => {$(
+        impl ComplexElement for Complex<$p> {
+            const ZERO: Self = Complex::new(0.0, 0.0);
+            const ONE: Self = Complex::new(1.0, 0.0);
+            fn real(re: f64) -> Self {
+                Complex::new(<$p>::from_f64(re), 0.0)
+            }
+            fn scale(self, alpha: f64) -> Self {
+                let a = <$p>::from_f64(alpha);
+                Complex::new(a * self.re, a * self.im)
+            }
+            fn widen(self) -> Complex<f64> {
+                Complex::new(self.re.to_f64(), self.im.to_f64())
+            }
+            fn narrow(v: Complex<f64>) -> Self {
+                Complex::new(<$p>::from_f64(v.re), <$p>::from_f64(v.im))
+            }
+        }
+    )*};
 }
-
-impl ComplexElement for Complex<f64> {
-    const ZERO: Self = Complex::new(0.0, 0.0);
-    const ONE: Self = Complex::new(1.0, 0.0);
-    fn real(re: f64) -> Self {
-        Complex::new(re, 0.0)
-    }
-    fn scale(self, alpha: f64) -> Self {
-        Complex::new(alpha * self.re, alpha * self.im)
-    }
-    fn widen(self) -> Complex<f64> {
-        self
-    }
-    fn narrow(v: Complex<f64>) -> Self {
-        v
-    }
-}
+complex_element!(f32, f64);
 
 /// A numeric element type kernels compute on.
 pub trait Element: Typed {

@@ -50,11 +50,18 @@ pub enum ViewClass {
     Fp4,
     /// Arbitrary positive strides, including interleaving levels.
     Arbitrary,
+    /// Arbitrary strides on larger views (up to 24 per axis, strides up to
+    /// 200, rank up to 4), where levels interleave many times over.
+    ArbitraryLarge,
+    /// Fields of an array of records viewed as a grid whose rows run past
+    /// the end of a grid row, so the record level interleaves with the row
+    /// level; one or more fields, every record or every other.
+    Fields,
 }
 
 impl ViewClass {
     /// Every class.
-    pub const ALL: [ViewClass; 7] = [
+    pub const ALL: [ViewClass; 9] = [
         ViewClass::SharedLayout,
         ViewClass::Permuted,
         ViewClass::Stepped,
@@ -62,12 +69,33 @@ impl ViewClass {
         ViewClass::Wrapping,
         ViewClass::Fp4,
         ViewClass::Arbitrary,
+        ViewClass::ArbitraryLarge,
+        ViewClass::Fields,
     ];
 
     /// Whether the engine promises exact answers (`Disjoint` whenever no
-    /// byte is shared, `Covers` whenever it is true) on this class.
+    /// byte is shared, `Covers` whenever it is true) on every pair of this
+    /// class. The others, whose views interleave, are exact up to a bound
+    /// on the work per pair (see [`ViewClass::min_precision`]).
     pub fn is_exact(self) -> bool {
-        !matches!(self, ViewClass::Fp4 | ViewClass::Arbitrary)
+        !matches!(
+            self,
+            ViewClass::Fp4 | ViewClass::Arbitrary | ViewClass::ArbitraryLarge | ViewClass::Fields
+        )
+    }
+
+    /// The least share, in percent, of truly disjoint pairs answered
+    /// `Disjoint` and of truly covering pairs answered `Covers` that the
+    /// engine promises on this class. [`ViewClass::ArbitraryLarge`] is a
+    /// stress class past the promise: a view there often needs more than
+    /// the engine's 16 nested pieces and is compared by a superset, so
+    /// only soundness is checked.
+    pub fn min_precision(self) -> (f64, f64) {
+        match self {
+            ViewClass::ArbitraryLarge => (0.0, 0.0),
+            _ if self.is_exact() => (100.0, 100.0),
+            _ => (99.0, 95.0),
+        }
     }
 
     /// A short name for tables.
@@ -80,6 +108,8 @@ impl ViewClass {
             ViewClass::Wrapping => "rows that wrap",
             ViewClass::Fp4 => "FP4 (two per byte)",
             ViewClass::Arbitrary => "arbitrary strides",
+            ViewClass::ArbitraryLarge => "arbitrary strides, large",
+            ViewClass::Fields => "interleaved record fields",
         }
     }
 }
@@ -217,6 +247,39 @@ fn view(rng: &mut Rng, class: ViewClass, layout: &Layout) -> Option<Tensor> {
             let off = rng.range(0, 64);
             make(buf, u64::from(off), &shape, &strides, layout.dtype)
         }
+        ViewClass::ArbitraryLarge => {
+            let rank = rng.range(1, 4) as usize;
+            let mut shape: Vec<u32> = (0..rank).map(|_| rng.range(1, 24)).collect();
+            // At most 2^12 elements, for the oracle.
+            while shape.iter().product::<u32>() > 1 << 12 {
+                let axis = rng.range(0, rank as u32 - 1) as usize;
+                shape[axis] = shape[axis].div_ceil(2);
+            }
+            let strides: Vec<u32> = (0..rank).map(|_| rng.range(1, 200)).collect();
+            let off = rng.range(0, 4096);
+            make(buf, u64::from(off), &shape, &strides, layout.dtype)
+        }
+        ViewClass::Fields => {
+            // The layout is [grid rows, grid cols, record]: fields
+            // f..f+nf of a box of records whose rows may run on into
+            // the next grid row (cols up to twice a row).
+            let (grid_cols, rec) = (layout.dims[1], layout.dims[2]);
+            let total_records = layout.dims[0] * grid_cols;
+            let f = rng.range(0, rec - 1);
+            let nf = rng.range(1, rec - f);
+            let step = rng.range(1, 2);
+            let first = rng.range(0, total_records - 1);
+            let rows = rng.range(1, layout.dims[0]);
+            let cols = rng.range(1, 2 * grid_cols);
+            let mut shape = vec![rows, cols];
+            let mut strides = vec![grid_cols * rec, step * rec];
+            if nf > 1 {
+                shape.push(nf);
+                strides.push(1);
+            }
+            let off = u64::from(first) * u64::from(rec) + u64::from(f);
+            make(buf, off, &shape, &strides, layout.dtype)
+        }
     }
 }
 
@@ -238,6 +301,8 @@ fn layout(rng: &mut Rng, class: ViewClass) -> Layout {
             vec![rng.pick(&[48u32, 64, 72, 96, 128, 144, 192, 240, 256])]
         }
         ViewClass::Arbitrary => vec![160],
+        ViewClass::ArbitraryLarge => vec![1 << 16],
+        ViewClass::Fields => vec![rng.range(2, 8), rng.range(2, 8), rng.range(2, 6)],
         _ => {
             let rank = rng.range(1, 5);
             let max = match rank {

@@ -11,13 +11,15 @@
 //!   That canonical form forgets rank, axis order, dtype and how rows are
 //!   laid out in the buffer, so transposed, permuted, reshaped and
 //!   row-wrapping views of the same bytes all look alike. A view whose levels
-//!   interleave is widened to a superset and marked inexact.
+//!   interleave keeps its own levels instead and is compared as a union of
+//!   nested pieces (see `pieces`); one that would need more than 16 pieces
+//!   is widened to a superset and marked inexact.
 //! - Two footprints are compared by an exact solver (see `solve`): bounding
 //!   ranges first, then level by level, with a number-theoretic leaf for two
 //!   strided progressions. It answers "may share" when a problem would need
 //!   a search beyond a small fixed step budget.
 //! - `Covers` is proven, never guessed: every byte of `b` must avoid every
-//!   gap of `a`.
+//!   gap of `a` (for a union: lie in some piece of it).
 //!
 //! Cost per pair is a bounded number of steps, each O(ndims), with no
 //! allocation.
@@ -36,13 +38,15 @@
 //! ```
 
 mod arith;
+mod pieces;
 mod set;
 mod solve;
 
-use std::ops::Range;
+use std::ops::{ControlFlow, Range};
 
 use crate::{CanonicalIdentity, MAX_DIMS, Tensor};
-use set::{Dim, Set, normalize};
+use pieces::{Pieces, Raw};
+use set::{Dim, Set};
 
 /// How two views relate, as seen from the first.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -64,7 +68,20 @@ pub enum Overlap {
 pub struct Footprint {
     identity: CanonicalIdentity,
     set: Compact,
-    exact: bool,
+    form: Form,
+}
+
+/// What a footprint's [`Compact`] holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum Form {
+    /// The view's byte set, nested: exact.
+    Nested,
+    /// The view's own levels, which interleave: `base` in bytes, `width`
+    /// and the levels in bytes, or in nibbles for FP4 (then the first
+    /// nibble is `2·base`). Exact, through its pieces (see `pieces`).
+    Raw { nibbles: bool },
+    /// A nested superset of the view's bytes.
+    Widened,
 }
 
 /// A nested set stored in 64-bit fields (every value of a valid view fits),
@@ -81,32 +98,73 @@ impl Compact {
     /// The compact form, or `None` if a value does not fit (never for a
     /// footprint of a valid tensor).
     fn of(s: &Set) -> Option<Compact> {
+        Compact::from_parts(s.base, s.width, s.dims())
+    }
+
+    fn from_parts(base: i128, width: i128, dims: &[Dim]) -> Option<Compact> {
         let mut c = Compact {
-            base: u64::try_from(s.base).ok()?,
-            width: u64::try_from(s.width).ok()?,
-            len: u8::try_from(s.dims().len()).ok()?,
+            base: u64::try_from(base).ok()?,
+            width: u64::try_from(width).ok()?,
+            len: u8::try_from(dims.len()).ok()?,
             dims: [(0, 0); MAX_DIMS],
         };
-        if s.dims().len() > MAX_DIMS {
+        if dims.len() > MAX_DIMS {
             return None;
         }
-        for (slot, d) in c.dims.iter_mut().zip(s.dims()) {
+        for (slot, d) in c.dims.iter_mut().zip(dims) {
             *slot = (u64::try_from(d.n).ok()?, u64::try_from(d.s).ok()?);
         }
         Some(c)
+    }
+
+    /// The bounding run of `s`, for a set too large to store (never for a
+    /// footprint of a valid tensor).
+    fn bounding(s: &Set) -> Compact {
+        let (lo, hi) = s.bounds();
+        let lo = u64::try_from(lo).unwrap_or(0);
+        let hi = u64::try_from(hi).unwrap_or(u64::MAX);
+        Compact {
+            base: lo,
+            width: hi - lo,
+            len: 0,
+            dims: [(0, 0); MAX_DIMS],
+        }
     }
 
     fn dims(&self) -> &[(u64, u64)] {
         self.dims.get(..usize::from(self.len)).unwrap_or_default()
     }
 
-    #[inline]
-    fn set(&self) -> Set {
-        let dims = self.dims().iter().map(|&(n, s)| Dim {
+    fn solver_dims(&self) -> impl Iterator<Item = Dim> + '_ {
+        self.dims().iter().map(|&(n, s)| Dim {
             n: i128::from(n),
             s: i128::from(s),
-        });
-        Set::from_parts(i128::from(self.base), i128::from(self.width), dims)
+        })
+    }
+
+    #[inline]
+    fn set(&self) -> Set {
+        Set::from_parts(
+            i128::from(self.base),
+            i128::from(self.width),
+            self.solver_dims(),
+        )
+    }
+
+    /// The view a [`Form::Raw`] footprint holds.
+    fn raw(&self, nibbles: bool) -> Raw {
+        let mut dims = [Dim::default(); MAX_DIMS];
+        for (slot, d) in dims.iter_mut().zip(self.solver_dims()) {
+            *slot = d;
+        }
+        let base = i128::from(self.base);
+        Raw {
+            base: if nibbles { 2 * base } else { base },
+            width: i128::from(self.width),
+            nibbles,
+            len: usize::from(self.len),
+            dims,
+        }
     }
 
     fn bounds(&self) -> (u64, u64) {
@@ -120,28 +178,38 @@ impl Compact {
 impl Footprint {
     /// The footprint of `view`.
     pub fn of(view: &Tensor) -> Footprint {
-        let (set, exact) = byte_set(view);
-        let (compact, exact) = match Compact::of(&set) {
-            Some(c) => (c, exact),
-            None => {
-                // Unreachable for valid tensors; stay sound with the
-                // bounding run (no longer exact).
-                let (lo, hi) = set.bounds();
-                let lo = u64::try_from(lo).unwrap_or(0);
-                let hi = u64::try_from(hi).unwrap_or(u64::MAX);
-                let run = Compact {
-                    base: lo,
-                    width: hi - lo,
-                    len: 0,
-                    dims: [(0, 0); MAX_DIMS],
-                };
-                (run, false)
+        let raw = raw_view(view);
+        let (superset, exact) = raw.superset();
+        let nested = |form| match Compact::of(&superset) {
+            Some(set) => (set, form),
+            // Unreachable for valid tensors; stay sound with the bounding
+            // run (no longer exact).
+            None => (Compact::bounding(&superset), Form::Widened),
+        };
+        let (set, form) = if exact {
+            nested(Form::Nested)
+        } else {
+            // Interleaved levels: keep the view itself when its pieces are
+            // few enough to compare exactly.
+            let mut cap = pieces::MAX_PIECES;
+            let few = raw
+                .for_each_piece(&mut cap, &mut |_| ControlFlow::Continue(()))
+                .is_some();
+            let byte_base = if raw.nibbles { raw.base / 2 } else { raw.base };
+            match Compact::from_parts(byte_base, raw.width, raw.dims()) {
+                Some(set) if few => (
+                    set,
+                    Form::Raw {
+                        nibbles: raw.nibbles,
+                    },
+                ),
+                _ => nested(Form::Widened),
             }
         };
         Footprint {
             identity: *view.identity(),
-            set: compact,
-            exact,
+            set,
+            form,
         }
     }
 
@@ -152,34 +220,77 @@ impl Footprint {
 
     /// From the first byte to one past the last byte touched.
     pub fn byte_range(&self) -> Range<u64> {
-        let (lo, hi) = self.set.bounds();
+        let (lo, hi) = self.bounds();
         lo..hi
     }
 
-    /// Whether the footprint is exactly the view's byte set (otherwise it is
-    /// a superset, which only happens for views whose levels interleave or
-    /// FP4 views with odd strides).
+    /// Whether the engine compares this footprint by the view's exact byte
+    /// set. Otherwise it compares a superset (a view whose levels interleave
+    /// so much that it would need more than 16 nested pieces), which stays
+    /// sound but may see a shared byte where there is none and never proves
+    /// that it covers another view.
     pub fn is_exact(&self) -> bool {
-        self.exact
+        self.form != Form::Widened
     }
 
     /// Byte offset of the first byte.
     pub fn base(&self) -> u64 {
-        self.set.base
+        self.bounds().0
     }
 
-    /// Bytes in each innermost contiguous run.
+    /// Bytes in each innermost contiguous run of [`Footprint::levels`].
     pub fn run_bytes(&self) -> u64 {
-        self.set.width
+        self.nested().width
     }
 
-    /// The levels of the footprint, innermost first, as `(count, byte
-    /// stride)`: the bytes are `base + Σ i_k·stride_k + [0, run_bytes)`.
-    /// Strides increase and each level's stride is at least the extent of
-    /// what is inside it; an index can use them to place the footprint in a
-    /// row/column grid.
-    pub fn levels(&self) -> impl Iterator<Item = (u64, u64)> + '_ {
-        self.set.dims().iter().copied()
+    /// The levels of a nested set that holds every byte of the view (its
+    /// exact byte set unless the view's levels interleave), innermost
+    /// first, as `(count, byte stride)`: the bytes are within
+    /// `base + Σ i_k·stride_k + [0, run_bytes)`. Strides increase and each
+    /// level's stride is at least the extent of what is inside it; an index
+    /// can use them to place the footprint in a row/column grid.
+    pub fn levels(&self) -> impl Iterator<Item = (u64, u64)> + use<> {
+        let c = self.nested();
+        c.dims.into_iter().take(usize::from(c.len))
+    }
+
+    /// `set` for nested forms; the nested superset of a raw one.
+    fn nested(&self) -> Compact {
+        match self.form {
+            Form::Nested | Form::Widened => self.set,
+            Form::Raw { nibbles } => {
+                let (s, _) = self.set.raw(nibbles).superset();
+                Compact::of(&s).unwrap_or_else(|| Compact::bounding(&s))
+            }
+        }
+    }
+
+    fn bounds(&self) -> (u64, u64) {
+        match self.form {
+            Form::Nested | Form::Widened => self.set.bounds(),
+            Form::Raw { nibbles } => {
+                let (lo, hi) = self.set.raw(nibbles).byte_bounds();
+                (
+                    u64::try_from(lo).unwrap_or(0),
+                    u64::try_from(hi).unwrap_or(u64::MAX),
+                )
+            }
+        }
+    }
+
+    /// Makes `into` the exact pieces of the view, or its nested set as one
+    /// piece.
+    fn pieces(&self, into: &mut Pieces) {
+        match self.form {
+            Form::Nested | Form::Widened => into.set_one(&self.set.set()),
+            Form::Raw { nibbles } => {
+                let raw = self.set.raw(nibbles);
+                // `of` checked that the pieces are few.
+                if !into.set_raw(&raw) {
+                    into.set_one(&raw.superset().0);
+                }
+            }
+        }
     }
 
     /// How `self` relates to `other`; [`Overlap::Covers`] means every byte of
@@ -188,31 +299,61 @@ impl Footprint {
         if self.identity != other.identity {
             return Overlap::Disjoint;
         }
-        let mut budget = solve::STEP_BUDGET;
         // Disjoint bounding ranges need no solver (and no 128-bit sets).
-        let ((alo, ahi), (blo, bhi)) = (self.set.bounds(), other.set.bounds());
+        let ((alo, ahi), (blo, bhi)) = (self.bounds(), other.bounds());
         if ahi <= blo || bhi <= alo {
             return Overlap::Disjoint;
         }
+        let raw = |f: &Footprint| matches!(f.form, Form::Raw { .. });
+        if raw(self) || raw(other) {
+            return self.refined(other);
+        }
+        let exact = self.form == Form::Nested;
         // Two single runs (contiguous views, the common case) are their
         // bounding ranges: they share a byte, and `self` covers `other`
         // exactly when its range holds `other`'s (a run that is only a
         // superset of its view's bytes proves nothing, as below).
         let run = |c: &Compact| c.len == 0 && c.width > 0;
         if run(&self.set) && run(&other.set) {
-            return if self.exact && alo <= blo && bhi <= ahi {
+            return if exact && alo <= blo && bhi <= ahi {
                 Overlap::Covers
             } else {
                 Overlap::Partial
             };
         }
+        let mut budget = solve::STEP_BUDGET;
         let (a, b) = (self.set.set(), other.set.set());
         match solve::intersects(&a, &b, &mut budget) {
             Some(false) => Overlap::Disjoint,
             None => Overlap::Partial,
             // A superset of `other` inside `self` proves `other` inside it;
             // a superset of `self` proves nothing.
-            Some(true) if self.exact && solve::contains(&a, &b, &mut budget) == Some(true) => {
+            Some(true) if exact && solve::contains(&a, &b, &mut budget) == Some(true) => {
+                Overlap::Covers
+            }
+            Some(true) => Overlap::Partial,
+        }
+    }
+
+    /// `overlap` when a side's levels interleave: the nested supersets
+    /// first (most pairs that share nothing end there), then the exact
+    /// pieces.
+    fn refined(&self, other: &Footprint) -> Overlap {
+        let mut budget = solve::STEP_BUDGET;
+        let (a, b) = (self.nested().set(), other.nested().set());
+        if solve::intersects(&a, &b, &mut budget) == Some(false) {
+            return Overlap::Disjoint;
+        }
+        let (mut a, mut b) = (Pieces::new(), Pieces::new());
+        self.pieces(&mut a);
+        other.pieces(&mut b);
+        let mut budget = pieces::UNION_BUDGET;
+        match pieces::intersects(&a, &b, &mut budget) {
+            Some(false) => Overlap::Disjoint,
+            None => Overlap::Partial,
+            // Pieces of a widened `other` are a superset, which proves
+            // containment as well.
+            Some(true) if self.is_exact() && pieces::covers(&a, &b, &mut budget) == Some(true) => {
                 Overlap::Covers
             }
             Some(true) => Overlap::Partial,
@@ -230,39 +371,34 @@ pub fn overlap(a: &Tensor, b: &Tensor) -> Overlap {
     Footprint::of(a).overlap(&Footprint::of(b))
 }
 
-/// The byte set of a view as a nested set, and whether it is exact.
-fn byte_set(view: &Tensor) -> (Set, bool) {
-    let base = i128::from(view.byte_offset());
-    let mut dims = [Dim::default(); 5];
+/// The bytes of a view as given: in bytes, or in nibbles for sub-byte
+/// elements (whose views start on a byte).
+fn raw_view(view: &Tensor) -> Raw {
     let bits = view.dtype().bits();
-    if bits >= 8 {
-        let elem = i128::from(bits / 8);
-        for (d, (&n, &s)) in dims.iter_mut().zip(view.shape().iter().zip(view.strides())) {
-            *d = Dim {
-                n: i128::from(n),
-                s: i128::from(s) * elem,
-            };
+    let (unit, nibbles) = if bits >= 8 {
+        (i128::from(bits / 8), false)
+    } else {
+        (1, true)
+    };
+    let mut dims = [Dim::default(); MAX_DIMS];
+    let mut len = 0;
+    for (&n, &s) in view.shape().iter().zip(view.strides()) {
+        if n > 1 {
+            if let Some(slot) = dims.get_mut(len) {
+                *slot = Dim {
+                    n: i128::from(n),
+                    s: i128::from(s) * unit,
+                };
+                len += 1;
+            }
         }
-        return normalize(base, elem, &dims);
     }
-    // Sub-byte elements: solve in nibbles, then map nibble p to byte ⌊p/2⌋.
-    // With every stride even (the start is always byte-aligned) that map is
-    // exact: widths round up and strides halve.
-    for (d, (&n, &s)) in dims.iter_mut().zip(view.shape().iter().zip(view.strides())) {
-        *d = Dim {
-            n: i128::from(n),
-            s: i128::from(s),
-        };
+    let base = i128::from(view.byte_offset());
+    Raw {
+        base: if nibbles { 2 * base } else { base },
+        width: unit,
+        nibbles,
+        len,
+        dims,
     }
-    let (nibbles, exact) = normalize(2 * base, 1, &dims);
-    if nibbles.dims().iter().all(|d| d.s % 2 == 0) {
-        let mut halved = [Dim::default(); 5];
-        for (h, d) in halved.iter_mut().zip(nibbles.dims()) {
-            *h = Dim { n: d.n, s: d.s / 2 };
-        }
-        let (set, exact_bytes) = normalize(nibbles.base / 2, (nibbles.width + 1) / 2, &halved);
-        return (set, exact && exact_bytes);
-    }
-    let (lo, hi) = nibbles.bounds();
-    (Set::run(lo / 2, (hi - 1) / 2 + 1 - lo / 2), false)
 }

@@ -64,13 +64,21 @@ impl Set {
     /// is full (the caller then falls back to a conservative answer).
     #[must_use]
     pub(super) fn push(mut self, d: Dim) -> Option<Set> {
+        self.add(d).then_some(self)
+    }
+
+    /// `push` in place (sets are large to move); `false` when full.
+    #[must_use]
+    pub(super) fn add(&mut self, d: Dim) -> bool {
         if d.n == 1 {
-            return Some(self);
+            return true;
         }
-        let slot = self.dims.get_mut(self.len)?;
+        let Some(slot) = self.dims.get_mut(self.len) else {
+            return false;
+        };
         *slot = d;
         self.len += 1;
-        Some(self)
+        true
     }
 
     /// The outermost dim; only called on sets with at least one dim.
@@ -143,20 +151,44 @@ impl Set {
 /// mergeable multiple), the inner levels are widened to their bounding run,
 /// a superset, and the result is marked inexact.
 pub(super) fn normalize(base: i128, width: i128, dims: &[Dim]) -> (Set, bool) {
-    let mut sorted = [Dim::default(); MAX_SET_DIMS];
+    match fold(base, width, dims, true) {
+        Ok(done) => done,
+        // Not returned when widening; stay sound anyway.
+        Err(_) => (Set::run(base, extent_of(width, dims)), false),
+    }
+}
+
+/// Where a view's levels first interleave: `dims[dim]` has a stride shorter
+/// than `inner`, the extent of the levels inside it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Interleave {
+    pub(super) dim: usize,
+    pub(super) inner: i128,
+}
+
+/// The nested set of `base + Σ i_k·s_k + [0, width)` when its levels nest
+/// (after merging runs and progressions), or where they first interleave.
+pub(super) fn nest(base: i128, width: i128, dims: &[Dim]) -> Result<Set, Interleave> {
+    fold(base, width, dims, false).map(|(set, _)| set)
+}
+
+/// `normalize` (`widen`) and `nest` (not): one pass over the dims sorted by
+/// stride, merging what continues the set so far and stacking the rest.
+fn fold(base: i128, width: i128, dims: &[Dim], widen: bool) -> Result<(Set, bool), Interleave> {
+    let mut sorted = [(Dim::default(), 0); MAX_SET_DIMS];
     let mut len = 0;
-    for d in dims.iter().filter(|d| d.n > 1) {
+    for (i, d) in dims.iter().enumerate().filter(|(_, d)| d.n > 1) {
         if let Some(slot) = sorted.get_mut(len) {
-            *slot = *d;
+            *slot = (*d, i);
             len += 1;
         }
     }
     let sorted = sorted.get_mut(..len).unwrap_or_default();
-    sorted.sort_unstable_by_key(|d| d.s);
+    sorted.sort_unstable_by_key(|(d, _)| d.s);
 
     let mut out = Set::run(base, width);
     let mut exact = true;
-    for &d in sorted.iter() {
+    for &(d, i) in sorted.iter() {
         if out.len > 0 {
             let last = out.outer();
             // {i·s1 : i < n1} + {j·c·s1 : j < n2} is the progression of
@@ -171,6 +203,12 @@ pub(super) fn normalize(base: i128, width: i128, dims: &[Dim]) -> (Set, bool) {
         }
         let inner_extent = out.extent();
         if d.s < inner_extent && out.len > 0 {
+            if !widen {
+                return Err(Interleave {
+                    dim: i,
+                    inner: inner_extent,
+                });
+            }
             // Interleaved levels: widen what is inside to its bounding run.
             out = Set::run(base, inner_extent);
             exact = false;
@@ -180,21 +218,24 @@ pub(super) fn normalize(base: i128, width: i128, dims: &[Dim]) -> (Set, bool) {
             out.width += (d.n - 1) * d.s;
             continue;
         }
-        match out.push(d) {
-            Some(next) => out = next,
-            None => {
-                // Cannot happen for tensors (≤ 5 dims); stay sound anyway.
-                let e = out.extent() + (d.n - 1) * d.s;
-                out = Set::run(base, e);
-                exact = false;
-            }
+        if !out.add(d) {
+            // Cannot happen for tensors (≤ 5 dims); stay sound anyway.
+            let e = out.extent() + (d.n - 1) * d.s;
+            out = Set::run(base, e);
+            exact = false;
         }
     }
     debug_assert!(
         out.is_nested(),
         "normalize produced a non-nested set: {out:?}"
     );
-    (out, exact)
+    Ok((out, exact))
+}
+
+/// Bytes from the first to one past the last byte of
+/// `base + Σ i_k·s_k + [0, width)`.
+pub(super) fn extent_of(width: i128, dims: &[Dim]) -> i128 {
+    width + dims.iter().map(|d| (d.n - 1) * d.s).sum::<i128>()
 }
 
 #[cfg(test)]

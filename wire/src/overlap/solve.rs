@@ -110,7 +110,9 @@ pub(super) fn contains(a: &Set, b: &Set, budget: &mut u32) -> Option<bool> {
             // levels outside k.
             let mut g = Set::run(a.base + inner, gap).push(Dim { n: d.n - 1, s: d.s })?;
             for outer in a.dims().iter().skip(k + 1) {
-                g = g.push(*outer)?;
+                if !g.add(*outer) {
+                    return None;
+                }
             }
             if intersects(&g, b, budget)? {
                 return Some(false);

@@ -139,6 +139,12 @@ fn precision_per_class() {
     let pairs = precision_pairs();
     let mut rows = Vec::new();
     for class in ViewClass::ALL {
+        // The large views take the oracle long to enumerate.
+        let pairs = if class == ViewClass::ArbitraryLarge {
+            pairs / 10
+        } else {
+            pairs
+        };
         let mut t = Tally::default();
         let mut rng = Rng(0x5eed ^ class as u64);
         for _ in 0..pairs {
@@ -181,20 +187,26 @@ fn precision_per_class() {
     }
     for (class, t) in &rows {
         assert!(
-            t.disjoint > pairs / 50,
+            t.disjoint > t.pairs / 50,
             "{class:?}: only {} disjoint pairs generated",
             t.disjoint
         );
-        if class.is_exact() {
-            assert_eq!(
-                t.disjoint_found, t.disjoint,
-                "{class:?}: Disjoint precision below 100%"
-            );
-            assert_eq!(
-                t.covers_found, t.covers,
-                "{class:?}: Covers precision below 100%"
-            );
-        }
+        let (min_disjoint, min_covers) = class.min_precision();
+        let share = |n: u64, d: u64| {
+            if d == 0 {
+                100.0
+            } else {
+                100.0 * n as f64 / d as f64
+            }
+        };
+        assert!(
+            share(t.disjoint_found, t.disjoint) >= min_disjoint,
+            "{class:?}: Disjoint precision below {min_disjoint}%"
+        );
+        assert!(
+            share(t.covers_found, t.covers) >= min_covers,
+            "{class:?}: Covers precision below {min_covers}%"
+        );
     }
 }
 

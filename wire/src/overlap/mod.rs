@@ -78,8 +78,11 @@ enum Form {
     Nested,
     /// The view's own levels, which interleave: `base` in bytes, `width`
     /// and the levels in bytes, or in nibbles for FP4 (then the first
-    /// nibble is `2·base`). Exact, through its pieces (see `pieces`).
-    Raw { nibbles: bool },
+    /// nibble is `2·base`). Exact, through its pieces (see `pieces`), when
+    /// they are few; with `many`, compared piece by piece as they are
+    /// made, which can prove that nothing is shared but not that it
+    /// covers.
+    Raw { nibbles: bool, many: bool },
     /// A nested superset of the view's bytes.
     Widened,
 }
@@ -189,21 +192,22 @@ impl Footprint {
         let (set, form) = if exact {
             nested(Form::Nested)
         } else {
-            // Interleaved levels: keep the view itself when its pieces are
-            // few enough to compare exactly.
+            // Interleaved levels: keep the view itself, noting whether
+            // its pieces are few enough to hold at once.
             let mut cap = pieces::MAX_PIECES;
             let few = raw
                 .for_each_piece(&mut cap, &mut |_| ControlFlow::Continue(()))
                 .is_some();
             let byte_base = if raw.nibbles { raw.base / 2 } else { raw.base };
             match Compact::from_parts(byte_base, raw.width, raw.dims()) {
-                Some(set) if few => (
+                Some(set) => (
                     set,
                     Form::Raw {
                         nibbles: raw.nibbles,
+                        many: !few,
                     },
                 ),
-                _ => nested(Form::Widened),
+                None => nested(Form::Widened),
             }
         };
         Footprint {
@@ -225,12 +229,13 @@ impl Footprint {
     }
 
     /// Whether the engine compares this footprint by the view's exact byte
-    /// set. Otherwise it compares a superset (a view whose levels interleave
-    /// so much that it would need more than 16 nested pieces), which stays
-    /// sound but may see a shared byte where there is none and never proves
-    /// that it covers another view.
+    /// set. Otherwise (a view whose levels interleave so much that it
+    /// would need more than 16 nested pieces) it compares its pieces one by
+    /// one as they are made, up to a bound, or a superset: sound, but it
+    /// may see a shared byte where there is none and never proves that it
+    /// covers another view.
     pub fn is_exact(&self) -> bool {
-        self.form != Form::Widened
+        matches!(self.form, Form::Nested | Form::Raw { many: false, .. })
     }
 
     /// Byte offset of the first byte.
@@ -258,7 +263,7 @@ impl Footprint {
     fn nested(&self) -> Compact {
         match self.form {
             Form::Nested | Form::Widened => self.set,
-            Form::Raw { nibbles } => {
+            Form::Raw { nibbles, .. } => {
                 let (s, _) = self.set.raw(nibbles).superset();
                 Compact::of(&s).unwrap_or_else(|| Compact::bounding(&s))
             }
@@ -268,7 +273,7 @@ impl Footprint {
     fn bounds(&self) -> (u64, u64) {
         match self.form {
             Form::Nested | Form::Widened => self.set.bounds(),
-            Form::Raw { nibbles } => {
+            Form::Raw { nibbles, .. } => {
                 let (lo, hi) = self.set.raw(nibbles).byte_bounds();
                 (
                     u64::try_from(lo).unwrap_or(0),
@@ -278,18 +283,29 @@ impl Footprint {
         }
     }
 
-    /// Makes `into` the exact pieces of the view, or its nested set as one
-    /// piece.
+    /// Makes `into` the exact pieces of the view, or its nested set (a
+    /// superset, for a view of many pieces) as one piece.
     fn pieces(&self, into: &mut Pieces) {
         match self.form {
             Form::Nested | Form::Widened => into.set_one(&self.set.set()),
-            Form::Raw { nibbles } => {
+            Form::Raw { nibbles, many } => {
                 let raw = self.set.raw(nibbles);
                 // `of` checked that the pieces are few.
-                if !into.set_raw(&raw) {
+                if many || !into.set_raw(&raw) {
                     into.set_one(&raw.superset().0);
                 }
             }
+        }
+    }
+
+    /// The view of a footprint of many pieces.
+    fn many(&self) -> Option<Raw> {
+        match self.form {
+            Form::Raw {
+                nibbles,
+                many: true,
+            } => Some(self.set.raw(nibbles)),
+            _ => None,
         }
     }
 
@@ -348,7 +364,17 @@ impl Footprint {
         self.pieces(&mut a);
         other.pieces(&mut b);
         let mut budget = pieces::UNION_BUDGET;
-        match pieces::intersects(&a, &b, &mut budget) {
+        let meet = match (self.many(), other.many()) {
+            (None, None) => pieces::intersects(&a, &b, &mut budget),
+            (Some(x), None) => pieces::stream(&x, &b, &mut budget),
+            (None, Some(y)) => pieces::stream(&y, &a, &mut budget),
+            // Against the other's superset, a "may share" proves nothing.
+            (Some(x), Some(y)) => match pieces::stream(&x, &b, &mut budget) {
+                Some(false) => Some(false),
+                _ => pieces::stream(&y, &a, &mut budget).filter(|m| !m),
+            },
+        };
+        match meet {
             Some(false) => Overlap::Disjoint,
             None => Overlap::Partial,
             // Pieces of a widened `other` are a superset, which proves

@@ -34,6 +34,13 @@ use crate::MAX_DIMS;
 /// Most nested parts a view is split into.
 pub(super) const MAX_PIECES: usize = 16;
 
+/// Most pieces of a view compared one by one as they are made (a view of
+/// more than [`MAX_PIECES`]).
+const MAX_STREAMED: usize = 1024;
+
+/// Steps (pieces made and solver steps) such a comparison may take.
+const STREAM_BUDGET: u32 = 512;
+
 /// Steps one refined decision (intersection and containment of unions)
 /// may take before it answers "may share" or "does not cover".
 pub(super) const UNION_BUDGET: u32 = 1024;
@@ -103,41 +110,59 @@ impl Raw {
         cap: &mut usize,
         emit: &mut dyn FnMut(&Set) -> ControlFlow<()>,
     ) -> Option<ControlFlow<()>> {
-        if self.nibbles {
-            parity(self.base, self.width, self.dims, self.len, 0, cap, emit)
+        let mut over = false;
+        let mut counted = |s: &Set| match cap.checked_sub(1) {
+            Some(left) => {
+                *cap = left;
+                emit(s)
+            }
+            None => {
+                over = true;
+                ControlFlow::Break(())
+            }
+        };
+        let flow = if self.nibbles {
+            parity(self.base, self.width, self.dims, self.len, 0, &mut counted)
         } else {
-            split(self.base, self.width, self.dims, self.len, cap, emit)
-        }
+            split(self.base, self.width, self.dims, self.len, &mut counted)
+        }?;
+        (!over).then_some(flow)
     }
 }
 
-/// Splits `dims` until every part nests (module docs).
+/// Splits `dims` until every part nests (module docs). The parts of one
+/// split are shifted copies of at most two shapes (the counts
+/// `⌈(n − c)/r⌉` take two values), so each shape is split once and its
+/// pieces are emitted at every shift.
 fn split(
     base: i128,
     width: i128,
     dims: [Dim; MAX_DIMS],
     len: usize,
-    cap: &mut usize,
     emit: &mut dyn FnMut(&Set) -> ControlFlow<()>,
 ) -> Option<ControlFlow<()>> {
     let Interleave { dim, inner } = match nest(base, width, dims.get(..len)?) {
-        Ok(set) => {
-            *cap = cap.checked_sub(1)?;
-            return Some(emit(&set));
-        }
+        Ok(set) => return Some(emit(&set)),
         Err(at) => at,
     };
     let d = *dims.get(dim)?;
     // r ≥ 2 (the stride is shorter than `inner`), and each part has fewer
-    // blocks than `d`.
+    // blocks than `d`: parts c < n mod r have ⌊n/r⌋ + 1, the others ⌊n/r⌋.
     let r = div_ceil(inner, d.s).min(d.n);
-    for c in 0..r {
+    let (q, extra) = (div_floor(d.n, r), rem(d.n, r));
+    for (n, shifts) in [(q + 1, 0..extra), (q, extra..r)] {
+        if n == 0 || shifts.is_empty() {
+            continue;
+        }
         let mut part = dims;
-        *part.get_mut(dim)? = Dim {
-            n: div_ceil(d.n - c, r),
-            s: r * d.s,
-        };
-        if split(base + c * d.s, width, part, len, cap, emit)?.is_break() {
+        *part.get_mut(dim)? = Dim { n, s: r * d.s };
+        let flow = split(base, width, part, len, &mut |p| {
+            for c in shifts.clone() {
+                emit(&p.shifted(c * d.s))?;
+            }
+            ControlFlow::Continue(())
+        })?;
+        if flow.is_break() {
             return Some(ControlFlow::Break(()));
         }
     }
@@ -152,7 +177,6 @@ fn parity(
     dims: [Dim; MAX_DIMS],
     len: usize,
     from: usize,
-    cap: &mut usize,
     emit: &mut dyn FnMut(&Set) -> ControlFlow<()>,
 ) -> Option<ControlFlow<()>> {
     let odd = (from..len).find(|&k| dims.get(k).is_some_and(|d| d.n > 1 && d.s % 2 != 0));
@@ -165,13 +189,13 @@ fn parity(
         for d in bytes.iter_mut().take(len) {
             d.s /= 2;
         }
-        return split(first, run, bytes, len, cap, emit);
+        return split(first, run, bytes, len, emit);
     };
     let d = *dims.get(k)?;
     for (c, n) in [(0, div_ceil(d.n, 2)), (1, div_floor(d.n, 2))] {
         let mut part = dims;
         *part.get_mut(k)? = Dim { n, s: 2 * d.s };
-        if parity(base + c * d.s, width, part, len, k + 1, cap, emit)?.is_break() {
+        if parity(base + c * d.s, width, part, len, k + 1, emit)?.is_break() {
             return Some(ControlFlow::Break(()));
         }
     }
@@ -254,6 +278,51 @@ pub(super) fn intersects(a: &Pieces, b: &Pieces, budget: &mut u32) -> Option<boo
     if undecided { None } else { Some(false) }
 }
 
+/// Whether the view `raw` (of many pieces) shares a byte with the union
+/// `b`, comparing each piece of `raw` as it is made; `None` when the
+/// solver cannot tell, or `raw` has more than [`MAX_STREAMED`] pieces.
+pub(super) fn stream(raw: &Raw, b: &Pieces, budget: &mut u32) -> Option<bool> {
+    let mut own = STREAM_BUDGET.min(*budget);
+    let flow = stream_within(raw, b, &mut own);
+    *budget -= STREAM_BUDGET.min(*budget) - own;
+    flow
+}
+
+fn stream_within(raw: &Raw, b: &Pieces, budget: &mut u32) -> Option<bool> {
+    let (mut met, mut undecided) = (false, false);
+    let mut cap = MAX_STREAMED;
+    let done = raw.for_each_piece(&mut cap, &mut |x| {
+        // Making a piece costs a step too.
+        let Some(left) = budget.checked_sub(1) else {
+            undecided = true;
+            return ControlFlow::Break(());
+        };
+        *budget = left;
+        for y in b.sets() {
+            match solve::intersects(x, y, budget) {
+                Some(true) => {
+                    met = true;
+                    return ControlFlow::Break(());
+                }
+                Some(false) => {}
+                None if *budget == 0 => {
+                    undecided = true;
+                    return ControlFlow::Break(());
+                }
+                None => undecided = true,
+            }
+        }
+        ControlFlow::Continue(())
+    });
+    if met {
+        Some(true)
+    } else if undecided || done.is_none() {
+        None
+    } else {
+        Some(false)
+    }
+}
+
 /// Whether every byte of `b` is a byte of `a`; `None` when the solver
 /// cannot tell (treat as no).
 pub(super) fn covers(a: &Pieces, b: &Pieces, budget: &mut u32) -> Option<bool> {
@@ -276,6 +345,9 @@ pub(super) fn covers(a: &Pieces, b: &Pieces, budget: &mut u32) -> Option<bool> {
 /// holds `x` proves it; otherwise each run of `x` is walked across the
 /// parts of `a`, and a byte of `x` in none of them disproves it.
 fn covered(a: &Pieces, x: &Set, budget: &mut u32) -> Option<bool> {
+    if a.sets().any(|p| p == x) {
+        return Some(true);
+    }
     let mut undecided = false;
     for p in a.sets() {
         match solve::contains(p, x, budget) {

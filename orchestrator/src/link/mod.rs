@@ -30,9 +30,9 @@ use std::sync::Arc;
 use strata_chip_runtime::Region;
 use strata_client::SessionId;
 use strata_orchestrator_core::WorkerId;
-use strata_proto::convert::WorkerFacts;
+use strata_proto::convert::{Capabilities, Features, WorkerFacts};
 use strata_proto::convert::{RunEnd, SessionState, TaskCompletion, TaskRequest, WorkerStats};
-use strata_wire::{BufferDescriptor, CanonicalIdentity};
+use strata_wire::{BackendKind, BufferDescriptor, CanonicalIdentity};
 use tokio::sync::mpsc;
 
 /// A boxed future, as the link's methods return them (object safety).
@@ -69,6 +69,29 @@ pub(crate) struct Facts {
     /// connection (staged ahead of their task, fetched after it) rather
     /// than in messages; `None`: the link has none.
     pub(crate) data_from: Option<u64>,
+}
+
+impl Facts {
+    /// What tasks placed on the worker may use through this link: what
+    /// its handshake said, with the kinds of buffer this link can bring it.
+    /// A link that shares memory passes host buffers by fd, so the worker
+    /// takes them when it imports MEMFD (its own statement); a staged link
+    /// sends their bytes with each task, so it takes them when the worker
+    /// takes HOST bytes ([`Features::HOST_BYTES`]), whatever it imports.
+    /// Every host buffer this driver makes is a MEMFD.
+    pub(crate) fn capabilities(&self) -> Capabilities {
+        let said = self.worker.capabilities;
+        let backends = match self.memory {
+            Memory::Staged if said.features.contains(Features::HOST_BYTES) => {
+                said.backends.with(BackendKind::Memfd)
+            }
+            Memory::Staged => said
+                .backends
+                .difference(strata_proto::convert::BackendKinds::NONE.with(BackendKind::Memfd)),
+            Memory::Shared => said.backends,
+        };
+        Capabilities { backends, ..said }
+    }
 }
 
 /// A host buffer's memfd as a link sees it: the file a data connection
@@ -330,14 +353,24 @@ pub struct WorkerInfo {
     pub pid: Option<u32>,
     /// `name@version` of every callable it offers.
     pub callables: Vec<String>,
+    /// What tasks placed on it may use, through this cluster's link (its
+    /// handshake's statement; host buffers reach a worker over TCP as
+    /// bytes, so it takes MEMFD buffers when it takes HOST bytes):
+    /// placement and the refusals at submit go by these.
+    pub capabilities: Capabilities,
+    /// The id of its path (`endpoint`) in the descriptors of buffers it
+    /// owns (`owner_worker_path_id`, shown as `<path#N>`): a diagnostic,
+    /// the same for every worker of this cluster at one path.
+    pub path_id: u32,
 }
 
 impl WorkerInfo {
-    /// Worker `id`, reached at `endpoint`, as `link` describes it; `pid`
-    /// when the cluster spawned it.
+    /// Worker `id`, reached at `endpoint` (path id `path_id`), as `link`
+    /// describes it; `pid` when the cluster spawned it.
     pub(crate) fn of(
         id: WorkerId,
         endpoint: &str,
+        path_id: u32,
         link: &dyn WorkerLink,
         pid: Option<u32>,
     ) -> Self {
@@ -359,6 +392,8 @@ impl WorkerInfo {
                 .iter()
                 .map(|c| c.signature.qualified_name())
                 .collect(),
+            capabilities: f.capabilities(),
+            path_id,
         }
     }
 }

@@ -77,6 +77,7 @@ pub(crate) fn task(
         inline: vec![None; n],
         staged: Vec::new(),
         cache: Vec::new(),
+        required_features: strata_proto::convert::Features::NONE,
     }
 }
 

@@ -27,7 +27,7 @@ pub struct WorkerPath {
 impl fmt::Display for WorkerPath {
     /// `unix:/run/w0.sock <path#1>`.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{} <path#{}>", self.path, self.id)
+        write!(f, "{} {}", self.path, strata_wire::OwnerPath(self.id))
     }
 }
 

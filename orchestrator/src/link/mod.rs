@@ -30,7 +30,7 @@ use std::sync::Arc;
 use strata_chip_runtime::Region;
 use strata_client::SessionId;
 use strata_orchestrator_core::WorkerId;
-use strata_proto::convert::{Capabilities, Features, WorkerFacts};
+use strata_proto::convert::{BackendKinds, Capabilities, Features, WorkerFacts};
 use strata_proto::convert::{RunEnd, SessionState, TaskCompletion, TaskRequest, WorkerStats};
 use strata_wire::{BackendKind, BufferDescriptor, CanonicalIdentity};
 use tokio::sync::mpsc;
@@ -85,9 +85,10 @@ impl Facts {
             Memory::Staged if said.features.contains(Features::HOST_BYTES) => {
                 said.backends.with(BackendKind::Memfd)
             }
+            // No fd reaches it: it imports no memfd, whatever it says.
             Memory::Staged => said
                 .backends
-                .difference(strata_proto::convert::BackendKinds::NONE.with(BackendKind::Memfd)),
+                .difference(BackendKinds::NONE.with(BackendKind::Memfd)),
             Memory::Shared => said.backends,
         };
         Capabilities { backends, ..said }
@@ -394,6 +395,61 @@ impl WorkerInfo {
                 .collect(),
             capabilities: f.capabilities(),
             path_id,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use strata_proto::convert::{DTypeSet, InstanceId};
+
+    use super::*;
+
+    fn facts(memory: Memory, said: Capabilities) -> Facts {
+        Facts {
+            session: SessionId(1),
+            worker: WorkerFacts {
+                chip_id: 0,
+                device_kind: "sim".into(),
+                device_spec: "sim".into(),
+                device_memory: 1 << 20,
+                lanes: 1,
+                callables: Vec::new(),
+                capabilities: said,
+                required_features: Features::NONE,
+                instance: InstanceId(1),
+            },
+            max_message: 1 << 20,
+            memory,
+            pid: None,
+            transport: Transport::GrpcTcp,
+            data_from: None,
+        }
+    }
+
+    /// Host buffers reach a worker by fd when it imports MEMFD, or as bytes
+    /// over a staged link when it takes HOST bytes; a staged link brings no
+    /// fd whatever the worker says. Dtypes and features pass as said.
+    #[test]
+    fn a_link_takes_host_buffers_the_way_it_can_bring_them() {
+        let device = BackendKinds::NONE.with(BackendKind::DeviceMalloc);
+        let both = device.with(BackendKind::Memfd);
+        let said = |backends, features| Capabilities {
+            backends,
+            dtypes: DTypeSet::ALL,
+            features,
+        };
+        let cases = [
+            (Memory::Shared, both, Features::HOST_BYTES, both),
+            (Memory::Shared, device, Features::HOST_BYTES, device),
+            (Memory::Staged, device, Features::HOST_BYTES, both),
+            (Memory::Staged, device, Features::NONE, device),
+            (Memory::Staged, both, Features::NONE, device),
+        ];
+        for (memory, backends, features, want) in cases {
+            let got = facts(memory, said(backends, features)).capabilities();
+            assert_eq!(got.backends, want, "{memory:?} {backends} {features}");
+            assert_eq!((got.dtypes, got.features), (DTypeSet::ALL, features));
         }
     }
 }

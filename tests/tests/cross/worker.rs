@@ -386,7 +386,10 @@ async fn bad_input_is_refused_and_the_worker_keeps_serving() {
         .unwrap_err()
         .to_string();
     assert!(
-        err.contains("protocol version 99 refused: this worker speaks version 1"),
+        err.contains(&format!(
+            "protocol version 99 refused: this worker speaks version {}",
+            strata_proto::PROTOCOL_VERSION
+        )),
         "{err}"
     );
     // ...and the first session still works.

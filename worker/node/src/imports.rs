@@ -36,7 +36,8 @@ use strata_worker_core::{ImportRegistry, Mapper};
 /// The worker's import registry.
 pub(crate) type Imports = ImportRegistry<FdMapper>;
 
-/// The backend kinds [`FdMapper`] maps, and so the kinds a worker that
+/// The backend kinds the import registry maps (its mapper checks a
+/// descriptor's kind against this list), and so the kinds a worker that
 /// receives fds states in its handshake: MEMFD alone. POSIX_SHM is not
 /// one: a POSIX shared-memory object cannot be sealed against shrinking
 /// (its fd is refused on arrival, [`check_arrival`]), and a buffer
@@ -65,21 +66,18 @@ impl Mapper for FdMapper {
         if d.address_space() != AddressSpace::Host {
             return Err("a DEVICE buffer cannot be imported by fd".into());
         }
-        let expect_inode = match *d.backing() {
-            Backing::Memfd { st_dev, st_ino } => (st_dev, st_ino),
-            Backing::PosixShm { .. } => {
-                return Err(
-                    "a POSIX_SHM buffer is not imported: a POSIX shared-memory object cannot be sealed against shrinking (F_SEAL_SHRINK), so its owner could shrink it under a running task; pass a sealed memfd (MEMFD)"
-                        .into(),
-                );
-            }
-            other => {
-                return Err(format!(
-                    "a {} buffer cannot be imported by fd",
-                    other.kind().name()
-                ));
-            }
+        let kind = d.backing().kind();
+        if !IMPORTED_KINDS.contains(&kind) {
+            return Err(match kind {
+                BackendKind::PosixShm => "a POSIX_SHM buffer is not imported: a POSIX shared-memory object cannot be sealed against shrinking (F_SEAL_SHRINK), so its owner could shrink it under a running task; pass a sealed memfd (MEMFD)".into(),
+                other => format!("a {} buffer cannot be imported by fd", other.name()),
+            });
+        }
+        // MEMFD is the one kind imported: its body names the inode.
+        let Backing::Memfd { st_dev, st_ino } = *d.backing() else {
+            return Err(format!("a {} buffer cannot be imported by fd", kind.name()));
         };
+        let expect_inode = (st_dev, st_ino);
         check_filesystem(fd)?;
         check_sealed_against_shrinking(fd)?;
         let st = fstat(fd).map_err(|e| format!("fstat failed: {e}"))?;

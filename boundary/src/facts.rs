@@ -2,10 +2,10 @@
 
 use strata_wire::KernelHandle;
 
-use crate::{CallableOffer, InstanceId};
+use crate::{CallableOffer, Capabilities, Features, InstanceId};
 
-/// A worker's facts: its chip and device, the callables it offers and
-/// its process. The gRPC handshake carries them (with what only that
+/// A worker's facts: its chip and device, the callables it offers, what
+/// it can take, and its process. The gRPC handshake carries them (with what only that
 /// transport has beside them: the session, the fd channel, the data
 /// connection), and an in-process worker reports the same record.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -23,6 +23,13 @@ pub struct WorkerFacts {
     /// Callables, sorted by name and version, each checked (its handle is
     /// its signature's digest).
     pub callables: Vec<CallableOffer>,
+    /// What its tasks may use: the kinds of buffer it resolves arguments
+    /// of, its chip's dtypes, its features (for a session over this
+    /// transport: a worker on TCP imports no memfd and has no ring).
+    pub capabilities: Capabilities,
+    /// Features a driver must understand to use this worker: a driver
+    /// that does not know one of them refuses the worker.
+    pub required_features: Features,
     /// The process (or in-process node): equal across two handshakes
     /// exactly when the same one answered both.
     pub instance: InstanceId,

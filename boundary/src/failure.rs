@@ -39,11 +39,17 @@ pub enum FailureKind {
     /// A failure that fits none of the kinds above, or one a peer did
     /// not classify.
     Other,
+    /// The worker lacks what the task needs: a feature the task requires
+    /// that the worker does not know or offer, a dtype its chip does not
+    /// support, an argument backed by a kind of buffer it does not take
+    /// ([`crate::Capabilities`]). A driver refuses such a task when it is
+    /// submitted; a worker refuses it too, should one arrive.
+    Unsupported,
 }
 
 impl FailureKind {
     /// Every kind, in declaration order.
-    pub const ALL: [FailureKind; 10] = [
+    pub const ALL: [FailureKind; 11] = [
         FailureKind::Kernel,
         FailureKind::ImportRefused,
         FailureKind::Refused,
@@ -54,11 +60,12 @@ impl FailureKind {
         FailureKind::Cancelled,
         FailureKind::Skipped,
         FailureKind::Other,
+        FailureKind::Unsupported,
     ];
 
     /// Its name in text: `kernel`, `import_refused`, `refused`, `device`,
-    /// `timed_out`, `quarantined`, `worker_lost`, `cancelled`, `skipped`
-    /// or `other` (Python's `FailureKind` members are these, upper-cased).
+    /// `timed_out`, `quarantined`, `worker_lost`, `cancelled`, `skipped`,
+    /// `other` or `unsupported` (Python's `FailureKind` members are these, upper-cased).
     pub const fn name(self) -> &'static str {
         match self {
             FailureKind::Kernel => "kernel",
@@ -71,6 +78,7 @@ impl FailureKind {
             FailureKind::Cancelled => "cancelled",
             FailureKind::Skipped => "skipped",
             FailureKind::Other => "other",
+            FailureKind::Unsupported => "unsupported",
         }
     }
 
@@ -93,6 +101,7 @@ impl FailureKind {
             FailureKind::Cancelled => 8,
             FailureKind::Skipped => 9,
             FailureKind::Other => 10,
+            FailureKind::Unsupported => 11,
         }
     }
 

@@ -6,9 +6,13 @@
 //!   workers report and whose digest is its handle. Its parser is the only
 //!   one: the chip runtime's kernels, the graph format, the Python package
 //!   and its kernel decorator all use it.
-//! - **What a worker is**: [`WorkerFacts`], its chip, device, callables
-//!   and process, one record whether a handshake or an in-process worker
-//!   reports it.
+//! - **What a worker is**: [`WorkerFacts`], its chip, device, callables,
+//!   capabilities and process, one record whether a handshake or an
+//!   in-process worker reports it.
+//! - **What a worker can take and a task needs**: [`Capabilities`]: the
+//!   kinds of buffer ([`BackendKinds`]), the dtypes ([`DTypeSet`]) and the
+//!   named protocol [`Features`], one type for both sides, so that
+//!   placement and the refusals at submit test one thing.
 //! - **Who is talking**: [`SessionId`] (one driver's connection to a
 //!   worker) and [`InstanceId`] (one worker process), which both sides
 //!   name.
@@ -23,11 +27,13 @@
 //! The crate is pure (no IO; it depends only on `strata-wire` and a
 //! digest), so that the IO-free cores may use it as well as the processes.
 
+mod caps;
 mod facts;
 mod failure;
 mod ids;
 pub mod signature;
 
+pub use caps::{BackendKinds, Capabilities, DTypeSet, Features};
 pub use facts::WorkerFacts;
 pub use failure::{FailureCause, FailureKind};
 pub use ids::{InstanceId, SessionId};

@@ -34,6 +34,12 @@ pub struct DeviceInfo {
     pub lanes: usize,
     /// How host-backed arguments reach kernels.
     pub mode: Mode,
+    /// The dtypes its kernels compute on: a launch with an argument of
+    /// another is refused ([`crate::Error::UnsupportedDType`]).
+    pub dtypes: strata_boundary::DTypeSet,
+    /// Whether it keeps device copies of host bytes between tasks (the
+    /// device cache; a chip that reads host memory in place has none).
+    pub caches: bool,
 }
 
 /// An allocation of device memory.

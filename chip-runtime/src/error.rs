@@ -124,6 +124,21 @@ pub enum Error {
         /// What is wrong.
         reason: String,
     },
+    /// A kernel argument has a dtype the chip does not compute on (its
+    /// spec's `dtypes`).
+    #[error(
+        "kernel {kernel}: argument {index}: this chip does not support dtype {dtype} (it supports {supported})"
+    )]
+    UnsupportedDType {
+        /// `name@version` of the kernel.
+        kernel: String,
+        /// Position of the argument.
+        index: usize,
+        /// Its dtype.
+        dtype: strata_wire::DType,
+        /// The chip's dtypes.
+        supported: strata_boundary::DTypeSet,
+    },
     /// The scalars do not fit the kernel's signature.
     #[error("kernel {kernel}: scalars: {reason}")]
     Scalars {
@@ -178,12 +193,14 @@ impl Error {
     /// argument that does not fit (its view, backing, signature or
     /// scalars) is [`FailureKind::ImportRefused`]; a launch that was not
     /// started or an unknown kernel is [`FailureKind::Refused`]; the rest
-    /// is the chip's ([`FailureKind::Device`]).
+    /// is the chip's ([`FailureKind::Device`]), but for a dtype the chip
+    /// does not support ([`FailureKind::Unsupported`]).
     ///
     /// [`FailureKind::Kernel`]: strata_boundary::FailureKind::Kernel
     /// [`FailureKind::ImportRefused`]: strata_boundary::FailureKind::ImportRefused
     /// [`FailureKind::Refused`]: strata_boundary::FailureKind::Refused
     /// [`FailureKind::Device`]: strata_boundary::FailureKind::Device
+    /// [`FailureKind::Unsupported`]: strata_boundary::FailureKind::Unsupported
     pub fn failure_kind(&self) -> strata_boundary::FailureKind {
         use strata_boundary::FailureKind;
         match self {
@@ -191,6 +208,7 @@ impl Error {
             Error::Argument { .. } | Error::Scalars { .. } | Error::Wire(_) => {
                 FailureKind::ImportRefused
             }
+            Error::UnsupportedDType { .. } => FailureKind::Unsupported,
             Error::UnknownKernel(_)
             | Error::ConflictingKernel(_)
             | Error::NotStarted { .. }

@@ -15,6 +15,7 @@
 //! | `gflops` | the modelled compute rate of timing mode, a whole number of GFlop/s | 50 |
 //! | `link` | a modelled link: every byte staged to or from the chip also takes this bandwidth, a size per second (`16GB` is 16·10⁹ bytes/s) | none |
 //! | `latency` | and each transfer on it (a launch's bytes in, each view it writes back) this many µs | 0 |
+//! | `dtypes` | the dtypes the chip computes on, names joined by `\|` (`F32\|F64`): a chip without the others, as many accelerators lack F64 or complex types. Its worker states them, drivers place tasks by them, and a launch on another dtype is refused | every dtype |
 //!
 //! Timing mode and the link make a simulated cluster of many chips cost
 //! little CPU (a chip sleeps through its kernels and transfers), so
@@ -28,6 +29,9 @@
 
 use std::fmt;
 use std::str::FromStr;
+
+use strata_boundary::DTypeSet;
+use strata_wire::DType;
 
 use crate::Error;
 
@@ -86,6 +90,8 @@ pub struct DeviceSpec {
     pub link: Option<u64>,
     /// Its latency per transfer, µs.
     pub latency_us: u32,
+    /// The dtypes it computes on.
+    pub dtypes: DTypeSet,
 }
 
 impl DeviceSpec {
@@ -109,6 +115,7 @@ impl Default for DeviceSpec {
             gflops: 50,
             link: None,
             latency_us: 0,
+            dtypes: DTypeSet::ALL,
         })
     }
 }
@@ -131,6 +138,7 @@ impl FromStr for DeviceSpec {
         let (mut mem, mut mode, mut lanes, mut run, mut scratch) = (None, None, None, None, None);
         let mut prefetch = None;
         let (mut timing, mut gflops, mut link, mut latency) = (None, None, None, None);
+        let mut dtypes = None;
         for item in rest.into_iter().flat_map(|r| r.split(',')) {
             let (key, value) = item
                 .split_once('=')
@@ -205,9 +213,12 @@ impl FromStr for DeviceSpec {
                     })?;
                     latency.replace(us).is_some()
                 }
+                "dtypes" => dtypes
+                    .replace(parse_dtypes(value).map_err(|r| bad(format!("dtypes: {r}")))?)
+                    .is_some(),
                 other => {
                     return Err(bad(format!(
-                        "unknown key {other:?} (known: mem, mode, lanes, run, scratch, prefetch, timing, gflops, link, latency)"
+                        "unknown key {other:?} (known: mem, mode, lanes, run, scratch, prefetch, timing, gflops, link, latency, dtypes)"
                     )));
                 }
             };
@@ -261,6 +272,7 @@ impl FromStr for DeviceSpec {
             gflops: gflops.unwrap_or(50),
             link,
             latency_us: latency.unwrap_or(0),
+            dtypes: dtypes.unwrap_or(DTypeSet::ALL),
         })
     }
 }
@@ -285,8 +297,29 @@ impl fmt::Display for DeviceSpec {
         if let Some(b) = self.link {
             write!(f, ",link={b},latency={}", self.latency_us)?;
         }
+        if self.dtypes != DTypeSet::ALL {
+            write!(f, ",dtypes={}", self.dtypes)?;
+        }
         Ok(())
     }
+}
+
+/// Parses `F32|F64` (names case-insensitive, each once) into a set.
+fn parse_dtypes(text: &str) -> Result<DTypeSet, String> {
+    let mut set = DTypeSet::NONE;
+    for name in text.split('|') {
+        let d = DType::from_name(name).ok_or_else(|| {
+            format!(
+                "{name:?} is not a dtype (known: {})",
+                DTypeSet::ALL.to_string().replace('|', ", ")
+            )
+        })?;
+        if set.contains(d) {
+            return Err(format!("{} is named twice", d.name()));
+        }
+        set = set.with(d);
+    }
+    Ok(set)
 }
 
 /// Parses `2GiB`, `512MiB`, `1GB`, `4096` into bytes.
@@ -354,7 +387,14 @@ mod tests {
             (t.timing, t.gflops, t.link, t.latency_us),
             (true, 200, Some(16_000_000_000), 5)
         );
-        for spec in [d, s, u, t] {
+        let f: DeviceSpec = "sim:dtypes=f64|F32".parse().unwrap();
+        assert_eq!(f.dtypes, DTypeSet::of([DType::F32, DType::F64]));
+        assert!(f.to_string().ends_with(",dtypes=F32|F64"), "{f}");
+        assert!(
+            !d.to_string().contains("dtypes"),
+            "every dtype is the default"
+        );
+        for spec in [d, s, u, t, f] {
             assert_eq!(
                 spec.to_string().parse::<DeviceSpec>().unwrap(),
                 spec,
@@ -397,5 +437,10 @@ mod tests {
         assert!(err("sim:scratch=0").contains("scratch > 0"));
         assert!(err("sim:mem=99999999999999999999").contains("not a size"));
         assert!(err("sim:mem=99999999999TiB").contains("overflows"));
+        assert!(
+            err("sim:dtypes=F32|F99").contains("dtypes: \"F99\" is not a dtype (known: F32, F16,")
+        );
+        assert!(err("sim:dtypes=").contains("dtypes: \"\" is not a dtype"));
+        assert!(err("sim:dtypes=F32|f32").contains("dtypes: F32 is named twice"));
     }
 }

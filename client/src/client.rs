@@ -243,7 +243,6 @@ impl WorkerClient {
             worker: convert::worker_facts(&mut reply)?,
             fd_socket: (!reply.fd_socket.is_empty())
                 .then(|| std::path::PathBuf::from(reply.fd_socket)),
-            ring: reply.ring,
             max_message_bytes: reply.max_message_bytes,
             data: convert::data_offer(reply.data_port, &reply.data_secret)?,
             previous: convert::previous_session(previous.is_some(), reply.previous)?,

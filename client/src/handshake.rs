@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 
 use strata_boundary::SessionId;
-use strata_proto::convert::{DataOffer, SessionState, WorkerFacts};
+use strata_proto::convert::{DataOffer, Features, SessionState, WorkerFacts};
 use strata_wire::KernelHandle;
 
 /// What the handshake told us.
@@ -15,9 +15,6 @@ pub struct Handshake {
     pub worker: WorkerFacts,
     /// Fd side channel, for Unix workers.
     pub fd_socket: Option<PathBuf>,
-    /// Whether the worker takes a shared-memory ring for the session's
-    /// tasks ([`crate::FdChannel::attach_ring`]).
-    pub ring: bool,
     /// Largest message the worker accepts.
     pub max_message_bytes: u64,
     /// The worker's data connection for this session, when it offers one
@@ -34,5 +31,12 @@ impl Handshake {
     /// The handle of `name@version`, if the worker offers it.
     pub fn callable(&self, name: &str, version: u32) -> Option<KernelHandle> {
         self.worker.callable(name, version)
+    }
+
+    /// Whether the worker takes a shared-memory ring for the session's
+    /// tasks ([`crate::FdChannel::attach_ring`]): its
+    /// [`Features::RING`].
+    pub fn ring(&self) -> bool {
+        self.worker.capabilities.features.contains(Features::RING)
     }
 }

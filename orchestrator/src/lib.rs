@@ -40,6 +40,7 @@ mod link;
 mod local;
 mod mapping;
 pub mod npy;
+mod paths;
 mod perf_models;
 mod policy;
 mod start;
@@ -53,13 +54,15 @@ mod tests;
 pub use buffer::{Buffer, View};
 pub use cluster::{Cluster, Scope};
 pub use error::{
-    BufferError, ClusterError, Error, NpyError, QuarantinedBytes, RunError, SubmitError,
-    TraceError, ViewError,
+    BufferError, ClusterError, Error, Lack, Need, NpyError, QuarantinedBytes, RunError,
+    SubmitError, TraceError, ViewError,
 };
 pub use link::{LinkError, Refusal, Transport, WorkerInfo};
 pub use local::default_worker_binary;
+pub use paths::WorkerPath;
 pub use policy::{Quarantine, WriteBack};
 pub use start::ClusterBuilder;
+pub use strata_boundary::{BackendKinds, Capabilities, DTypeSet, Features};
 pub use strata_chip_runtime::kernel::Signature;
 pub use strata_client::ClientTls;
 pub use strata_orchestrator_core::sched::Policy as SchedulerPolicy;

@@ -488,13 +488,25 @@ fn start(b: ClusterBuilder) -> Result<Cluster, Error> {
     let mut ep_txs = Vec::new();
     let mut ep_refs = Vec::new();
     let mut offers = Vec::new();
+    let mut capabilities = Vec::new();
+    let mut paths = crate::paths::PathTable::default();
+    let mut owners = Vec::new();
     let mut lives = Vec::new();
     let mut in_process = Vec::new();
     for (i, (t, (link, events))) in targets.into_iter().zip(opened).enumerate() {
         let id = WorkerId(u32::try_from(i).map_err(|_| ClusterError::TooManyWorkers)?);
         let name = t.dialer.address();
         in_process.push(t.node.clone());
-        let info = WorkerInfo::of(id, &name, link.as_ref(), t.spawned.as_ref().map(|s| s.pid));
+        let path = paths.intern(&name)?;
+        let info = WorkerInfo::of(
+            id,
+            &name,
+            path.id,
+            link.as_ref(),
+            t.spawned.as_ref().map(|s| s.pid),
+        );
+        owners.push(path);
+        capabilities.push(info.capabilities);
         offers.push(
             link.facts()
                 .worker
@@ -517,13 +529,13 @@ fn start(b: ClusterBuilder) -> Result<Cluster, Error> {
         }
         let (tx, rx) = mpsc::channel(256);
         ep_txs.push(tx.clone());
-        // Only a staged chip keeps copies (a unified one reads host memory
-        // in place), of mapped buffers or of bytes that came with tasks.
-        let caches = (info.fd_passing || link.facts().memory == crate::link::Memory::Staged)
-            && info
-                .device
-                .parse::<strata_chip_runtime::DeviceSpec>()
-                .is_ok_and(|d| d.mode == strata_chip_runtime::Mode::Staged);
+        // A chip that keeps copies says so (a unified one reads host
+        // memory in place), of mapped buffers or of bytes that came with
+        // tasks alike.
+        let caches = info
+            .capabilities
+            .features
+            .contains(strata_proto::convert::Features::DEVICE_CACHE);
         ep_refs.push(EndpointRef {
             tx,
             name: name.clone(),
@@ -544,6 +556,7 @@ fn start(b: ClusterBuilder) -> Result<Cluster, Error> {
                 .iter()
                 .map(|c| c.handle)
                 .collect(),
+            capabilities: info.capabilities,
             window: b.window,
         }));
         // A worker spawned here is killed when lost, and restarted on its
@@ -611,6 +624,8 @@ fn start(b: ClusterBuilder) -> Result<Cluster, Error> {
     Ok(Cluster {
         lives,
         offers,
+        capabilities,
+        owners,
         retries: b.retries,
         gate,
         next_id: Mutex::new(1),

@@ -4,6 +4,7 @@
 use std::time::Duration;
 
 use strata_orchestrator_core::{TaskId, WorkerId};
+use strata_proto::convert::Features;
 use strata_wire::ArgTag;
 
 use crate::buffer::View;
@@ -45,6 +46,7 @@ pub struct Task {
     pub(crate) after: Vec<TaskId>,
     pub(crate) timeout: Option<Duration>,
     pub(crate) flops: Option<u64>,
+    pub(crate) required_features: Features,
 }
 
 impl Task {
@@ -59,7 +61,20 @@ impl Task {
             after: Vec::new(),
             timeout: None,
             flops: None,
+            required_features: Features::NONE,
         }
+    }
+
+    /// Requires `features` of the worker that runs it (bits this driver
+    /// has no name for included): it goes only to a worker that offers
+    /// them all, and is refused when it is submitted if no worker it may
+    /// go to does ([`crate::SubmitError::Incapable`]). The worker
+    /// checks again: a task that requires a feature the worker does not
+    /// know or offer fails unrun ([`crate::FailureKind::Unsupported`]).
+    #[must_use]
+    pub fn require(mut self, features: Features) -> Self {
+        self.required_features = self.required_features | features;
+        self
     }
 
     /// Adds an argument with `tag`.

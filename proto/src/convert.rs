@@ -4,9 +4,10 @@
 use bytes::Bytes;
 
 pub use strata_boundary::{
-    CallableOffer, FailureCause, FailureKind, InstanceId, SessionId, WorkerFacts,
+    BackendKinds, CallableOffer, Capabilities, DTypeSet, FailureCause, FailureKind, Features,
+    InstanceId, SessionId, WorkerFacts,
 };
-use strata_wire::{ArgTag, CanonicalIdentity, TaskArgs};
+use strata_wire::{ArgTag, BackendKind, CanonicalIdentity, DType, TaskArgs};
 use strata_wire::{KernelHandle, Region, TaskId};
 
 use crate::pb;
@@ -145,6 +146,9 @@ pub struct TaskRequest {
     /// Arguments whose device copies the worker may keep between tasks,
     /// at the versions named (at most one per argument).
     pub cache: Vec<CacheArg>,
+    /// Features the task needs of its worker, unknown bits kept: the
+    /// worker refuses the task when it lacks one.
+    pub required_features: Features,
 }
 
 /// How one argument of a task uses the worker's device cache.
@@ -365,6 +369,7 @@ impl TryFrom<pb::Task> for TaskRequest {
             inline,
             staged,
             cache,
+            required_features: Features::from_bits(t.required_features),
         })
     }
 }
@@ -405,6 +410,7 @@ impl From<&TaskRequest> for pb::Task {
                     held: c.held,
                 })
                 .collect(),
+            required_features: r.required_features.bits(),
         }
     }
 }
@@ -433,16 +439,46 @@ impl From<&CallableOffer> for pb::Callable {
 }
 
 /// The worker's facts in a handshake reply, checked (its callables, its
-/// instance); the fields only the transport has are left in `reply`.
+/// capabilities, its instance); the fields only the transport has are left
+/// in `reply`.
 ///
 /// # Errors
-/// The field at fault and why.
+/// The field at fault and why: a malformed callable, a code listed twice,
+/// `features` and `data_port` that disagree on the data connection, and
+/// `required_features` naming a bit this build does not know (the worker
+/// needs a driver that understands it).
 pub fn worker_facts(reply: &mut pb::HandshakeReply) -> Result<WorkerFacts, ConvertError> {
     let callables = std::mem::take(&mut reply.callables)
         .into_iter()
         .enumerate()
         .map(|(i, c)| callable(i, c))
         .collect::<Result<Vec<_>, _>>()?;
+    let required_features = Features::from_bits(reply.required_features);
+    let unknown = required_features.unknown();
+    if !unknown.is_empty() {
+        return Err(ConvertError::new(
+            "required_features",
+            format!(
+                "the worker requires features this driver does not know: {unknown} (mask {:#x}); use a driver that understands them",
+                unknown.bits()
+            ),
+        ));
+    }
+    let features = Features::from_bits(reply.features);
+    if features.contains(Features::DATA_PORT) != (reply.data_port != 0) {
+        return Err(ConvertError::new(
+            "features",
+            format!(
+                "{features} disagrees with data_port {}: DATA_PORT is set exactly when a port is",
+                reply.data_port
+            ),
+        ));
+    }
+    let capabilities = Capabilities {
+        backends: backend_kinds("backend_kinds", &reply.backend_kinds)?,
+        dtypes: dtypes("dtypes", &reply.dtypes)?,
+        features,
+    };
     Ok(WorkerFacts {
         chip_id: reply.chip_id,
         device_kind: std::mem::take(&mut reply.device_kind),
@@ -450,8 +486,79 @@ pub fn worker_facts(reply: &mut pb::HandshakeReply) -> Result<WorkerFacts, Conve
         device_memory: reply.device_memory,
         lanes: reply.lanes,
         callables,
+        capabilities,
+        required_features,
         instance: instance("instance", reply.instance)?,
     })
+}
+
+/// What a handshake reply says of the worker's facts, capabilities
+/// included (the service's side of [`worker_facts`]; the transport's own
+/// fields are the caller's to fill).
+pub fn handshake_facts(facts: &WorkerFacts) -> pb::HandshakeReply {
+    let caps = &facts.capabilities;
+    pb::HandshakeReply {
+        chip_id: facts.chip_id,
+        device_kind: facts.device_kind.clone(),
+        device_spec: facts.device_spec.clone(),
+        device_memory: facts.device_memory,
+        lanes: facts.lanes,
+        callables: facts.callables.iter().map(pb::Callable::from).collect(),
+        instance: facts.instance.0,
+        backend_kinds: caps.backends.iter().map(BackendKind::code).collect(),
+        dtypes: caps.dtypes.iter().map(DType::code).collect(),
+        features: caps.features.bits(),
+        required_features: facts.required_features.bits(),
+        ..pb::HandshakeReply::default()
+    }
+}
+
+/// A set of one-byte codes (`field[i]` each), each listed once: the codes
+/// `known` turns into values, the rest (a newer peer's) left out.
+fn code_set<T>(
+    field: &str,
+    codes: &[u8],
+    known: impl Fn(u8) -> Option<T>,
+    mut add: impl FnMut(T),
+) -> Result<(), ConvertError> {
+    let mut seen = [false; 256];
+    for (i, &c) in codes.iter().enumerate() {
+        let slot = seen.get_mut(usize::from(c)).ok_or_else(|| {
+            ConvertError::new(format!("{field}[{i}]"), format!("{c} is not a code"))
+        })?;
+        if std::mem::replace(slot, true) {
+            return Err(ConvertError::new(
+                format!("{field}[{i}]"),
+                format!("code {c} is listed twice"),
+            ));
+        }
+        if let Some(v) = known(c) {
+            add(v);
+        }
+    }
+    Ok(())
+}
+
+/// Backend-kind codes, one per byte, each once; codes this build does not
+/// know are left out.
+///
+/// # Errors
+/// A code listed twice, naming `field[i]`.
+pub fn backend_kinds(field: &str, codes: &[u8]) -> Result<BackendKinds, ConvertError> {
+    let mut set = BackendKinds::NONE;
+    code_set(field, codes, BackendKind::from_code, |k| set = set.with(k))?;
+    Ok(set)
+}
+
+/// Dtype codes, one per byte, each once; codes this build does not know
+/// are left out.
+///
+/// # Errors
+/// A code listed twice, naming `field[i]`.
+pub fn dtypes(field: &str, codes: &[u8]) -> Result<DTypeSet, ConvertError> {
+    let mut set = DTypeSet::NONE;
+    code_set(field, codes, DType::from_code, |d| set = set.with(d))?;
+    Ok(set)
 }
 
 /// How a task ended on the worker.
@@ -1034,6 +1141,7 @@ mod tests {
             inline: vec![Some(Bytes::from(vec![0; 16])), None],
             staged: Vec::new(),
             cache: Vec::new(),
+            required_features: Features::NONE,
         };
         (&req).into()
     }
@@ -1167,6 +1275,7 @@ mod tests {
             inline: vec![None, None],
             staged: vec![(0, 77)],
             cache: Vec::new(),
+            required_features: Features::NONE,
         };
         let wire: pb::Task = (&req).into();
         assert_eq!(wire.inline_inputs.len(), 1);
@@ -1408,5 +1517,99 @@ mod tests {
         assert_eq!(instance("instance", 0).unwrap_err().field, "instance");
         assert_eq!(instance("instance", 9), Ok(InstanceId(9)));
         assert_eq!(InstanceId(0xab).to_string(), "instance 00000000000000ab");
+    }
+
+    fn facts() -> WorkerFacts {
+        let sig: strata_boundary::Signature = "scale@1(x:R:F32:*,y:W:=0:=0;a:f64)".parse().unwrap();
+        WorkerFacts {
+            chip_id: 3,
+            device_kind: "sim".into(),
+            device_spec: "sim:mem=1MiB".into(),
+            device_memory: 1 << 20,
+            lanes: 2,
+            callables: vec![CallableOffer::of(sig)],
+            capabilities: Capabilities {
+                backends: BackendKinds::of([BackendKind::Memfd, BackendKind::DeviceMalloc]),
+                dtypes: DTypeSet::of([DType::F32, DType::C128]),
+                features: Features::RING | Features::HOST_BYTES,
+            },
+            required_features: Features::NONE,
+            instance: InstanceId(7),
+        }
+    }
+
+    /// What a worker states in its handshake reads back the same: codes in
+    /// code order, one byte each, the feature masks as they are.
+    #[test]
+    fn a_handshake_states_capabilities_that_read_back_the_same() {
+        let f = facts();
+        let mut reply = handshake_facts(&f);
+        assert_eq!(reply.backend_kinds, vec![4, 6]);
+        assert_eq!(reply.dtypes, vec![0, 66]);
+        assert_eq!(reply.features, 0b1001);
+        assert_eq!(worker_facts(&mut reply).unwrap(), f);
+        // A newer worker's codes and feature bits: unknown codes are left
+        // out, unknown offered features kept.
+        let mut newer = handshake_facts(&f);
+        newer.dtypes.push(200);
+        newer.backend_kinds.push(31);
+        newer.features |= 1 << 50;
+        let read = worker_facts(&mut newer).unwrap();
+        assert_eq!(read.capabilities.dtypes, f.capabilities.dtypes);
+        assert_eq!(read.capabilities.backends, f.capabilities.backends);
+        assert_eq!(
+            read.capabilities.features.to_string(),
+            "RING|HOST_BYTES|bit 50"
+        );
+    }
+
+    /// A worker that requires a feature this build does not know is
+    /// refused, naming the bits; a code listed twice and a DATA_PORT bit
+    /// that disagrees with the port are refused naming their field.
+    #[test]
+    fn a_handshake_requiring_an_unknown_feature_or_malformed_is_refused() {
+        let f = facts();
+        let refused = |edit: &dyn Fn(&mut pb::HandshakeReply)| {
+            let mut r = handshake_facts(&f);
+            edit(&mut r);
+            worker_facts(&mut r).unwrap_err()
+        };
+        let e = refused(&|r| r.required_features = 1 << 40 | 1 << 63 | 1);
+        assert_eq!(e.field, "required_features");
+        assert_eq!(
+            e.to_string(),
+            "required_features: the worker requires features this driver does not know: bit 40|bit 63 (mask 0x8000010000000000); use a driver that understands them"
+        );
+        // Known required bits are fine: this build understands them.
+        let mut known = handshake_facts(&f);
+        known.required_features = Features::RING.bits();
+        assert_eq!(
+            worker_facts(&mut known).unwrap().required_features,
+            Features::RING
+        );
+        let e = refused(&|r| r.dtypes = vec![0, 66, 0]);
+        assert_eq!(
+            (e.field.as_str(), e.to_string().as_str()),
+            ("dtypes[2]", "dtypes[2]: code 0 is listed twice")
+        );
+        let e = refused(&|r| r.backend_kinds = vec![6, 6]);
+        assert_eq!(e.field, "backend_kinds[1]");
+        let e = refused(&|r| r.data_port = 9000);
+        assert_eq!(e.field, "features");
+        assert!(
+            e.to_string().contains("disagrees with data_port 9000"),
+            "{e}"
+        );
+        let e = refused(&|r| r.features |= Features::DATA_PORT.bits());
+        assert!(e.to_string().contains("disagrees with data_port 0"), "{e}");
+    }
+
+    #[test]
+    fn a_task_carries_its_required_features_unknown_bits_included() {
+        let mut t = task();
+        t.required_features = Features::DEVICE_CACHE.bits() | 1 << 33;
+        let req = TaskRequest::try_from(t.clone()).unwrap();
+        assert_eq!(req.required_features.bits(), t.required_features);
+        assert_eq!(pb::Task::from(&req).required_features, t.required_features);
     }
 }

@@ -20,6 +20,7 @@
 //!     inline: vec![None],
 //!     staged: vec![],
 //!     cache: vec![],
+//!     required_features: strata_proto::convert::Features::NONE,
 //! };
 //! let wire: pb::Task = (&req).into();
 //! assert_eq!(TaskRequest::try_from(wire).unwrap(), req);
@@ -47,8 +48,11 @@ pub use convert::ConvertError;
 pub use strata_wire::TaskId;
 
 /// The protocol version this build speaks; a handshake with any other is
-/// refused.
-pub const PROTOCOL_VERSION: u32 = 1;
+/// refused. Version 2: the handshake states what the worker's tasks may
+/// use (backend kinds, dtypes, features) and the features a driver must
+/// know, and a task the features it needs; the handshake's `ring` flag is
+/// the RING feature.
+pub const PROTOCOL_VERSION: u32 = 2;
 
 /// Metadata key carrying the session id on every call after the handshake.
 pub const SESSION_HEADER: &str = "strata-session";

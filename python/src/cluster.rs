@@ -866,6 +866,38 @@ impl PyWorker {
     fn callables(&self) -> Vec<String> {
         self.0.callables.clone()
     }
+    /// The dtypes its chip computes on (``["F32", "F64", ...]``): a task
+    /// with an argument of another is not placed there.
+    #[getter]
+    fn dtypes(&self) -> Vec<&'static str> {
+        self.0
+            .capabilities
+            .dtypes
+            .iter()
+            .map(|d| d.name())
+            .collect()
+    }
+    /// The kinds of buffer its tasks' arguments may be backed by, through
+    /// this cluster (``["DEVICE_MALLOC", "MEMFD"]``).
+    #[getter]
+    fn backends(&self) -> Vec<&'static str> {
+        self.0
+            .capabilities
+            .backends
+            .iter()
+            .map(|k| k.name())
+            .collect()
+    }
+    /// The protocol features it offers (``["DEVICE_CACHE", "HOST_BYTES"]``;
+    /// a bit this build has no name for as ``"bit N"``).
+    #[getter]
+    fn features(&self) -> Vec<String> {
+        let f = self.0.capabilities.features;
+        if f.is_empty() {
+            return Vec::new();
+        }
+        f.to_string().split('|').map(str::to_owned).collect()
+    }
     fn __repr__(&self) -> String {
         format!(
             "strata.Worker(id={}, endpoint={:?}, chip={}, device={:?}, transport={}, pid={:?})",

@@ -71,6 +71,23 @@ pub(crate) fn err(e: Error) -> PyErr {
         Error::Submit(SubmitError::UnknownCallable { .. } | SubmitError::UnknownVersion { .. }) => {
             raise("UnknownCallable", message, &[])
         }
+        Error::Submit(SubmitError::Incapable { placed, lacks, .. }) => Python::attach(|py| {
+            let lacks: Vec<(Option<usize>, String, Vec<u32>)> = lacks
+                .iter()
+                .map(|l| {
+                    (
+                        l.arg,
+                        l.need.to_string(),
+                        l.workers.iter().map(|(w, _)| w.0).collect(),
+                    )
+                })
+                .collect();
+            raise(
+                "Unsupported",
+                message,
+                &[("placed", obj(py, placed)), ("lacks", obj(py, lacks))],
+            )
+        }),
         Error::Submit(_) => raise("SubmitError", message, &[]),
         Error::Worker { worker, error } => Python::attach(|py| {
             let lost = matches!(error, LinkError::Lost(_));

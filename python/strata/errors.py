@@ -22,6 +22,7 @@ __all__ = [
     "ReadOnlyView",
     "SubmitError",
     "UnknownCallable",
+    "Unsupported",
     "WrongTag",
     "TaskFailed",
     "WorkerLost",
@@ -69,6 +70,10 @@ class FailureKind(enum.Enum):
     SKIPPED = "skipped"
     #: A failure that fits no other kind.
     OTHER = "other"
+    #: The worker lacks what the task needs: a feature the task requires,
+    #: a dtype its chip does not support, a kind of buffer it does not take
+    #: (the driver refuses such a task at submit, :class:`Unsupported`).
+    UNSUPPORTED = "unsupported"
 
     @classmethod
     def _missing_(cls, value: object) -> "FailureKind":
@@ -134,6 +139,16 @@ class SubmitError(Error, ValueError):
 
 class UnknownCallable(SubmitError):
     """No worker offers the callable (or that version of it)."""
+
+
+class Unsupported(SubmitError):
+    """No worker the task may go to can take it: a worker's chip lacks an
+    argument's dtype, it does not take an argument's kind of buffer, or it
+    lacks a feature the task requires. ``lacks`` lists each
+    ``(argument, need, workers)``: the argument index (``None`` for a
+    required feature), what it needs in words (``"dtype F64"``), and the
+    ids of the workers without it; ``placed`` is the worker the task was
+    placed on (``"worker 1 (unix:/...)"``), if it was."""
 
 
 class WrongTag(SubmitError):

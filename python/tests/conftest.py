@@ -36,5 +36,7 @@ def alive(pid):
     try:
         with open(f"/proc/{pid}/stat") as f:
             return f.read().split(")")[-1].split()[0] != "Z"
-    except FileNotFoundError:
+    except (FileNotFoundError, ProcessLookupError):
+        # Gone between the signal and the read (reading a vanished
+        # process's stat raises ESRCH).
         return False

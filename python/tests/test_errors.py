@@ -267,3 +267,30 @@ def test_each_failure_kind_reaches_python_typed_from_a_worker_process():
             strata.FailureKind.CANCELLED: 1,
             strata.FailureKind.DEVICE: 1,
         }
+
+
+def test_a_dtype_no_worker_has_is_refused_at_submit():
+    """A chip without F64: the task is refused when it is submitted, naming
+    the argument, what it needs and the workers without it; nothing is
+    queued, and a task the workers can take runs."""
+    with strata.Cluster(in_process=2, device="sim:mem=64MiB,dtypes=F32") as c:
+        assert all(w.dtypes == ["F32"] for w in c.workers)
+        x = c.zeros(8, dtype=np.float64)
+        with pytest.raises(strata.Unsupported) as e:
+            c.submit("fill", x, 1.0)
+        err = e.value
+        assert isinstance(err, strata.SubmitError)
+        assert err.placed is None
+        assert err.lacks == [(0, "dtype F64", [0, 1])]
+        assert (
+            "argument 0 needs dtype F64, which worker 0 (in-process:0) "
+            "and worker 1 (in-process:1) lack"
+        ) in str(err)
+        with pytest.raises(strata.Unsupported) as e:
+            c.submit("fill", x, 1.0, on=1)
+        assert e.value.placed == "worker 1 (in-process:1)"
+        assert e.value.lacks == [(0, "dtype F64", [1])]
+        y = c.zeros(8, dtype=np.float32)
+        c.submit("fill", y, 2.0).wait()
+        assert (y.numpy() == 2).all()
+        assert c.wait_all().submitted == 1

@@ -53,6 +53,7 @@ fn bench(c: &mut Criterion) {
                     inline: vec![],
                     staged: Vec::new(),
                     cache: Vec::new(),
+                    required_features: strata_proto::convert::Features::NONE,
                 }
             })
             .collect()

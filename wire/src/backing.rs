@@ -34,6 +34,17 @@ pub enum BackendKind {
 }
 
 impl BackendKind {
+    /// Every kind, in code order.
+    pub const ALL: [BackendKind; 7] = [
+        BackendKind::ForkShm,
+        BackendKind::PosixShm,
+        BackendKind::VmmWindow,
+        BackendKind::RemoteSidecar,
+        BackendKind::DeviceMalloc,
+        BackendKind::ForkCow,
+        BackendKind::Memfd,
+    ];
+
     /// The kind with wire code `code`.
     pub const fn from_code(code: u8) -> Option<Self> {
         Some(match code {
@@ -279,5 +290,19 @@ fn le_u64(bytes: &[u8]) -> u64 {
 fn put(dst: &mut [u8], at: usize, src: &[u8]) {
     for (d, s) in dst.iter_mut().skip(at).zip(src) {
         *d = *s;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn all_lists_every_code_once_in_order() {
+        let known: Vec<BackendKind> = (0..=u8::MAX).filter_map(BackendKind::from_code).collect();
+        assert_eq!(known, BackendKind::ALL);
+        for k in BackendKind::ALL {
+            assert_eq!(BackendKind::from_code(k.code()), Some(k));
+        }
     }
 }

@@ -123,6 +123,18 @@ impl std::fmt::Display for Access {
     }
 }
 
+/// An `owner_worker_path_id` as strata shows it: `<path#N>`. Only the
+/// driver that set it knows which path `N` is; it names the path beside
+/// the label where it can (`unix:/run/w0.sock <path#1>`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct OwnerPath(pub u32);
+
+impl std::fmt::Display for OwnerPath {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "<path#{}>", self.0)
+    }
+}
+
 /// What a tensor argument points into: a buffer's identity, size, grant and
 /// backing. Only valid descriptors can be built or decoded.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -207,9 +219,19 @@ impl BufferDescriptor {
     pub fn backing(&self) -> &Backing {
         &self.backing
     }
-    /// Diagnostic id of the worker path that owns the buffer.
+    /// Diagnostic id of the worker path that owns the buffer (0: none
+    /// said). A driver gives each worker path it knows an id from 1 and
+    /// sets it on the buffers a worker owns; nothing routes, gates or keys
+    /// on it (a worker finds a buffer by its identity, and compares a
+    /// task's descriptor with its import's without it).
     pub fn owner_worker_path_id(&self) -> u32 {
         self.owner_worker_path_id
+    }
+
+    /// The owner's path id as strata shows it (`<path#3>`), or `None` when
+    /// it is 0.
+    pub fn owner_path(&self) -> Option<OwnerPath> {
+        (self.owner_worker_path_id != 0).then_some(OwnerPath(self.owner_worker_path_id))
     }
 
     /// Encodes to the 88-byte wire form.

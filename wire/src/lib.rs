@@ -72,7 +72,9 @@ pub mod geometry;
 
 pub use backing::{BackendKind, Backing, MAX_BODY_LEN, ShmName};
 pub use chip_tensor::ChipTensor;
-pub use descriptor::{Access, AddressSpace, BufferDescriptor, DESCRIPTOR_MAGIC, DESCRIPTOR_SIZE};
+pub use descriptor::{
+    Access, AddressSpace, BufferDescriptor, DESCRIPTOR_MAGIC, DESCRIPTOR_SIZE, OwnerPath,
+};
 pub use device::{KernelHandle, Region, RegionStats, TaskId};
 pub use dtype::DType;
 pub use error::{Error, FieldValue};

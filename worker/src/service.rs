@@ -61,6 +61,26 @@ impl WorkerService {
             .ok_or_else(|| Status::not_found(format!("session {id} is unknown or has ended")))?;
         Ok((id, session))
     }
+
+    /// The node's facts as a session on this listener may use them: a
+    /// listener without an fd channel (TCP) imports nothing, so states no
+    /// imported kind and its host buffers travel as bytes; the ring and the
+    /// data connection are this listener's to offer.
+    fn facts(&self) -> convert::WorkerFacts {
+        let mut facts = self.node.facts();
+        let caps = &mut facts.capabilities;
+        if self.offers.fd_socket.is_none() {
+            caps.backends = caps.backends.difference(convert::BackendKinds::of(
+                strata_worker_node::IMPORTED_KINDS,
+            ));
+        } else if self.offers.ring {
+            caps.features = caps.features | convert::Features::RING;
+        }
+        if self.offers.data_port.is_some() {
+            caps.features = caps.features | convert::Features::DATA_PORT;
+        }
+        facts
+    }
 }
 
 /// The one mapping from chip errors to gRPC statuses.
@@ -283,7 +303,8 @@ impl pb::worker_server::Worker for WorkerService {
                 .end_session(prev, "superseded by a new session of the same client");
             self.node.session_state(prev)
         });
-        let session = self.node.open_session();
+        let facts = self.facts();
+        let session = self.node.open_session(facts.capabilities);
         // A client that handshakes and never opens its task stream must
         // not hold the session (and what it may allocate) for ever.
         let node = Arc::clone(&self.node);
@@ -297,17 +318,10 @@ impl pb::worker_server::Worker for WorkerService {
                 node.end_session(session, "no task stream opened within the grace period");
             }
         });
-        let facts = self.node.facts();
         debug!(%session, client = req.client_name, ?previous, "handshake");
         Ok(Response::new(pb::HandshakeReply {
             protocol_version: PROTOCOL_VERSION,
             session_id: session.0,
-            chip_id: facts.chip_id,
-            device_kind: facts.device_kind,
-            device_spec: facts.device_spec,
-            device_memory: facts.device_memory,
-            lanes: facts.lanes,
-            callables: facts.callables.iter().map(pb::Callable::from).collect(),
             fd_socket: self
                 .offers
                 .fd_socket
@@ -315,14 +329,13 @@ impl pb::worker_server::Worker for WorkerService {
                 .map(|p| p.display().to_string())
                 .unwrap_or_default(),
             max_message_bytes: self.node.limits.max_message_bytes as u64,
-            instance: facts.instance.0,
             previous: previous.map(pb::PreviousSession::from),
-            ring: self.offers.fd_socket.is_some() && self.offers.ring,
             data_port: self.offers.data_port.map_or(0, u32::from),
             data_secret: match (self.offers.data_port, self.node.session(session)) {
                 (Some(_), Some(s)) => s.data_secret.to_vec(),
                 _ => Vec::new(),
             },
+            ..convert::handshake_facts(&facts)
         }))
     }
 

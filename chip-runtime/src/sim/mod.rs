@@ -199,6 +199,17 @@ impl SimDevice {
 
     /// Checks `launch` and makes the job that runs it on a lane.
     fn job(&self, launch: Launch, done: Completion) -> Result<lanes::Job, Error> {
+        let dtypes = self.inner.spec.dtypes;
+        if let Some((index, a)) =
+            (launch.args.iter().enumerate()).find(|(_, a)| !dtypes.contains(a.tensor.dtype()))
+        {
+            return Err(Error::UnsupportedDType {
+                kernel: launch.kernel.descriptor().qualified_name(),
+                index,
+                dtype: a.tensor.dtype(),
+                supported: dtypes,
+            });
+        }
         let tagged: Vec<(Tensor, ArgTag)> = launch.args.iter().map(|a| (a.tensor, a.tag)).collect();
         validate_launch(launch.kernel.as_ref(), &tagged, &launch.scalars)?;
         for (i, arg) in launch.args.iter().enumerate() {
@@ -290,6 +301,8 @@ impl Device for SimDevice {
             memory: spec.mem,
             lanes: spec.lanes,
             mode: spec.mode,
+            dtypes: spec.dtypes,
+            caches: spec.mode == Mode::Staged,
         }
     }
 

@@ -111,6 +111,7 @@ fn descriptor_json(d: &BufferDescriptor) -> Value {
         "identity": identity_json(d.identity()),
         "nbytes": d.nbytes(),
         "owner_worker_path_id": d.owner_worker_path_id(),
+        "owner_worker_path": d.owner_path().map(|p| p.to_string()),
         "body": body,
     })
 }
@@ -206,6 +207,28 @@ mod tests {
                 assert!(body.contains_key(field), "{kind}: {body:?}");
             }
         }
+    }
+
+    /// The owner's path id shows as `<path#N>` beside the number; 0 (no
+    /// owning worker) shows as null.
+    #[test]
+    fn the_owner_path_id_shows_as_a_path_label() {
+        let id = CanonicalIdentity::new(*b"inspect!", 1, 1).unwrap();
+        let addr = std::num::NonZeroU64::new(0x40).unwrap();
+        let d = BufferDescriptor::new(
+            id,
+            4096,
+            AddressSpace::Device,
+            Access::ReadWrite,
+            Backing::DeviceMalloc { addr },
+        )
+        .unwrap();
+        let v = descriptor_json(&d);
+        assert_eq!(v["owner_worker_path_id"], 0);
+        assert!(v["owner_worker_path"].is_null());
+        let v = descriptor_json(&d.with_owner_worker_path_id(3));
+        assert_eq!(v["owner_worker_path_id"], 3);
+        assert_eq!(v["owner_worker_path"], "<path#3>");
     }
 
     #[test]

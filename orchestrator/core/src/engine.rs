@@ -29,7 +29,7 @@
 
 use rustc_hash::FxHashMap as HashMap;
 
-use strata_boundary::{FailureCause, FailureKind};
+use strata_boundary::{Capabilities, FailureCause, FailureKind};
 use strata_wire::CanonicalIdentity;
 
 pub use crate::action::{Action, Edges, Loss, Refusal};
@@ -47,13 +47,16 @@ pub enum Event {
     /// [`Outcome::Cancelled`] (and what that skips), or
     /// [`Action::Refused`] when it is running, finished or unknown.
     Cancel(TaskId),
-    /// A worker came up (or back) offering these callables, taking at most
-    /// `window` tasks at a time.
+    /// A worker came up (or back) offering these callables, whose tasks may
+    /// use these capabilities, taking at most `window` tasks at a time.
     WorkerUp {
         /// The worker.
         worker: WorkerId,
         /// Its callables.
         callables: Vec<KernelHandle>,
+        /// What its tasks may use: only a member whose
+        /// [`MemberInfo::needs`] these cover is placed there.
+        capabilities: Capabilities,
         /// Its in-flight window.
         window: usize,
     },
@@ -235,9 +238,12 @@ impl Engine {
             Event::WorkerUp {
                 worker,
                 callables,
+                capabilities,
                 window,
             } => {
-                let up = self.sched.worker_up(worker, callables, window);
+                let up = self
+                    .sched
+                    .worker_up(worker, callables, capabilities, window);
                 self.follow_these(up, out);
             }
             Event::WorkerLost {

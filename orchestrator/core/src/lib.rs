@@ -55,4 +55,4 @@ pub use holders::Holders;
 pub use ids::{KernelHandle, ScopeId, SeqHasher, SeqMap, TaskId, WorkerId};
 pub use residency::Directory;
 pub use sched::{CancelError, Outcome, Placement, PlacementError, Scheduler};
-pub use strata_boundary::{FailureCause, FailureKind};
+pub use strata_boundary::{Capabilities, FailureCause, FailureKind};

@@ -5,7 +5,7 @@
 //! the scheduler and their [`Action`](crate::Action)s all use it and none
 //! imports another for it.
 
-use strata_boundary::{FailureCause, FailureKind};
+use strata_boundary::{Capabilities, FailureCause, FailureKind};
 
 use crate::ids::{KernelHandle, TaskId, WorkerId};
 
@@ -105,6 +105,28 @@ pub enum PlacementError {
         member: usize,
         /// Its callable.
         callable: KernelHandle,
+    },
+    /// A member is placed on a worker without what it needs.
+    #[error("member {member}: {worker} lacks what it needs: {missing}")]
+    Lacks {
+        /// The member.
+        member: usize,
+        /// The worker it names.
+        worker: WorkerId,
+        /// What the worker lacks of it.
+        missing: Capabilities,
+    },
+    /// Workers offer a member's callable, but none has what it needs.
+    #[error(
+        "member {member}: no worker that offers callable {callable} has what it needs ({needs})"
+    )]
+    NoneCapable {
+        /// The member.
+        member: usize,
+        /// Its callable.
+        callable: KernelHandle,
+        /// What it needs.
+        needs: Capabilities,
     },
     /// A group has more members than there are workers.
     #[error("a group of {members} members needs as many workers; there are {workers}")]

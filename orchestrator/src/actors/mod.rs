@@ -59,6 +59,11 @@ pub(crate) struct MemberSpec {
     pub(crate) device_buffers: Vec<CanonicalIdentity>,
     /// How long it may run once sent to its worker ([`crate::Task::timeout`]).
     pub(crate) timeout: Option<std::time::Duration>,
+    /// Features it needs of its worker ([`crate::Task::require`]).
+    pub(crate) required_features: strata_proto::convert::Features,
+    /// What it needs of its worker: its arguments' kinds of buffer and
+    /// dtypes, and `required_features`.
+    pub(crate) needs: strata_proto::convert::Capabilities,
 }
 
 /// A task, resolved by the driver: what its dispatches carry and what
@@ -254,6 +259,8 @@ pub(crate) struct DispatchItem {
     pub(crate) scalars: std::sync::Arc<[u64]>,
     /// How long it may run once sent ([`crate::Task::timeout`]).
     pub(crate) timeout: Option<std::time::Duration>,
+    /// Features it needs of its worker, which the worker checks again.
+    pub(crate) required_features: strata_proto::convert::Features,
     /// Its arguments' use of the worker's device cache.
     pub(crate) cache: Vec<strata_proto::convert::CacheArg>,
     /// Fail it without sending it, with this cause (bytes it uses were

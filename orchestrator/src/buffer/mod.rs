@@ -50,8 +50,11 @@ pub(crate) enum Released {
 /// A device buffer's bookkeeping.
 #[derive(Debug)]
 pub(crate) struct DeviceShared {
+    /// Its descriptor, whose `owner_worker_path_id` is `path`'s id.
     pub(crate) desc: BufferDescriptor,
     pub(crate) worker: WorkerId,
+    /// Where its worker is, for messages.
+    pub(crate) path: crate::paths::WorkerPath,
     /// The worker's incarnation when it was allocated (see
     /// [`crate::Cluster::is_up`]).
     pub(crate) incarnation: u64,
@@ -254,6 +257,7 @@ impl Buffer {
             Backing::Device(d) => Err(BufferError::OnDevice {
                 buffer: *d.desc.identity(),
                 worker: d.worker,
+                path: d.path.clone(),
             }
             .into()),
         }

@@ -73,6 +73,13 @@ impl Cluster {
             worker,
             error: LinkError::Internal("device address 0".into()),
         })?;
+        let path = self
+            .owners
+            .get(worker.0 as usize)
+            .ok_or(SubmitError::NoWorker { worker })?
+            .clone();
+        // The worker owns it: its descriptor names the worker's path id
+        // (a diagnostic; the worker finds the buffer by its identity).
         let desc = BufferDescriptor::new(
             identity,
             nbytes,
@@ -80,10 +87,12 @@ impl Cluster {
             Access::ReadWrite,
             WireBacking::DeviceMalloc { addr },
         )
-        .map_err(BufferError::Descriptor)?;
+        .map_err(BufferError::Descriptor)?
+        .with_owner_worker_path_id(path.id);
         Ok(Buffer::device(DeviceShared {
             desc,
             worker,
+            path,
             incarnation,
             run,
             notify: self.released.clone(),
@@ -112,6 +121,7 @@ impl Cluster {
             return Err(BufferError::RunEnded {
                 buffer: *d.desc.identity(),
                 worker: d.worker,
+                path: d.path.clone(),
                 run,
                 current,
             });
@@ -126,6 +136,7 @@ impl Cluster {
             Err(BufferError::WorkerLost {
                 buffer: *d.desc.identity(),
                 worker: d.worker,
+                path: d.path.clone(),
             })
         }
     }

@@ -48,6 +48,11 @@ pub struct Cluster {
     pub(crate) local: Option<Arc<Mutex<LocalWorkers>>>,
     /// Per worker, the callables it offers.
     pub(crate) offers: Vec<rustc_hash::FxHashSet<KernelHandle>>,
+    /// Per worker, what tasks placed there may use
+    /// ([`WorkerInfo::capabilities`]).
+    pub(crate) capabilities: Vec<strata_proto::convert::Capabilities>,
+    /// Per worker, its path and the id descriptors of its buffers carry.
+    pub(crate) owners: Vec<crate::paths::WorkerPath>,
     /// Per worker, whether it is up and how many times it was lost.
     pub(crate) lives: Vec<std::sync::Arc<Life>>,
     /// The retry policy ([`crate::ClusterBuilder::retry`]).

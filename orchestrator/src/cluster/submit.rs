@@ -4,6 +4,7 @@
 
 use strata_chip_runtime::kernel::Signature;
 use strata_orchestrator_core::{Placement, TaskId, WorkerId};
+use strata_proto::convert::{BackendKinds, Capabilities, DTypeSet, Features};
 use strata_wire::ArgTag;
 
 use std::sync::Arc;
@@ -11,7 +12,7 @@ use std::sync::Arc;
 use super::{Cluster, Offered, not_async};
 use crate::actors::{ArgRef, Cmd, MemberSpec, TaskSpec};
 use crate::buffer::Backing;
-use crate::error::{Error, SubmitError};
+use crate::error::{Error, Lack, Need, SubmitError};
 use crate::task::{Task, TaskHandle};
 
 impl Cluster {
@@ -67,10 +68,16 @@ impl Cluster {
             }
             .into());
         }
-        let mut device_on: Option<(usize, WorkerId)> = None;
+        let mut device_on: Option<(usize, &std::sync::Arc<crate::buffer::DeviceShared>)> = None;
         let mut device_buffers = Vec::new();
         let mut args = Vec::with_capacity(task.args.len());
-        for (i, (view, tag)) in task.args.into_iter().enumerate() {
+        let mut needs = Capabilities {
+            features: task.required_features,
+            ..Capabilities::NONE
+        };
+        for (i, (view, _)) in task.args.iter().enumerate() {
+            needs.backends = needs.backends.with(view.tensor.buffer().backing().kind());
+            needs.dtypes = needs.dtypes.with(view.tensor.dtype());
             if let Backing::Device(d) = &view.buffer.backing {
                 self.check_alive(d)
                     .map_err(|source| SubmitError::DeadArgument {
@@ -80,38 +87,44 @@ impl Cluster {
                     })?;
                 device_buffers.push(*d.desc.identity());
                 match device_on {
-                    Some((j, w)) if w != d.worker => {
+                    Some((j, first)) if first.worker != d.worker => {
                         return Err(SubmitError::DevicesDiffer {
                             callable: name.to_string(),
                             first: j,
-                            first_worker: w,
+                            first_worker: first.worker,
+                            first_path: first.path.clone(),
                             second: i,
                             second_worker: d.worker,
+                            second_path: d.path.clone(),
                         }
                         .into());
                     }
-                    _ => device_on = Some((i, d.worker)),
+                    _ => device_on = Some((i, d)),
                 }
             }
+        }
+        let placement = match (task.on, device_on) {
+            (Some(w), Some((i, d))) if w != d.worker => {
+                return Err(SubmitError::PlacedAway {
+                    callable: name.to_string(),
+                    placed: w,
+                    arg: i,
+                    device: d.worker,
+                    device_path: d.path.clone(),
+                }
+                .into());
+            }
+            (Some(w), _) => Placement::On(w),
+            (None, Some((_, d))) => Placement::On(d.worker),
+            (None, None) => Placement::Any,
+        };
+        for (view, tag) in task.args {
             args.push(ArgRef {
                 tensor: view.tensor,
                 tag,
                 backing: view.buffer.backing,
             });
         }
-        let placement = match (task.on, device_on) {
-            (Some(w), Some((i, d))) if w != d => {
-                return Err(SubmitError::PlacedAway {
-                    callable: name.to_string(),
-                    placed: w,
-                    arg: i,
-                    device: d,
-                }
-                .into());
-            }
-            (Some(w), _) | (None, Some((_, w))) => Placement::On(w),
-            (None, None) => Placement::Any,
-        };
         let work = work_of(&args, task.flops);
         Ok((
             MemberSpec {
@@ -123,6 +136,8 @@ impl Cluster {
                 placement,
                 device_buffers,
                 timeout: task.timeout,
+                required_features: task.required_features,
+                needs,
             },
             task.after,
         ))
@@ -187,6 +202,7 @@ impl Cluster {
                     callable: m.callable,
                     placement: m.placement,
                     device_buffers: m.device_buffers.clone(),
+                    needs: m.needs,
                     work: m.work.clone(),
                 })
                 .collect(),
@@ -214,8 +230,9 @@ impl Cluster {
         Ok(TaskHandle(id))
     }
 
-    /// The scheduler's placement rules, checked against the callables each
-    /// worker reported at the start.
+    /// The scheduler's placement rules, checked against the callables and
+    /// the capabilities each worker reported at the start: a member goes
+    /// only to a worker that offers its callable and has what it needs.
     fn check_placement(&self, spec: &TaskSpec) -> Result<(), Error> {
         let mut named = rustc_hash::FxHashSet::default();
         for (m, member) in spec.members.iter().enumerate() {
@@ -237,6 +254,15 @@ impl Cluster {
                         }
                         .into());
                     }
+                    if !self.takes(w, member) {
+                        return Err(SubmitError::Incapable {
+                            member: m,
+                            callable: member.name.to_string(),
+                            placed: Some(self.named(w)),
+                            lacks: self.lacks(member, &[w]),
+                        }
+                        .into());
+                    }
                     if !named.insert(w) {
                         return Err(SubmitError::WorkerTaken {
                             member: m,
@@ -253,6 +279,19 @@ impl Cluster {
                         }
                         .into());
                     }
+                    if !(0..self.offers.len()).any(|w| self.takes(worker_id(w), member)) {
+                        let offering: Vec<WorkerId> = (0..self.offers.len())
+                            .map(worker_id)
+                            .filter(|w| self.offers(*w, member))
+                            .collect();
+                        return Err(SubmitError::Incapable {
+                            member: m,
+                            callable: member.name.to_string(),
+                            placed: None,
+                            lacks: self.lacks(member, &offering),
+                        }
+                        .into());
+                    }
                 }
             }
         }
@@ -264,6 +303,98 @@ impl Cluster {
             .into());
         }
         Ok(())
+    }
+
+    /// Whether `w` offers `member`'s callable.
+    fn offers(&self, w: WorkerId, member: &MemberSpec) -> bool {
+        self.offers
+            .get(w.0 as usize)
+            .is_some_and(|o| o.contains(&member.callable))
+    }
+
+    /// Whether `w` can take `member`: it offers the callable and has what
+    /// the member needs (the scheduler's own test, on the same facts).
+    fn takes(&self, w: WorkerId, member: &MemberSpec) -> bool {
+        self.offers(w, member)
+            && self
+                .capabilities
+                .get(w.0 as usize)
+                .is_some_and(|c| c.covers(&member.needs))
+    }
+
+    /// `worker N (address)`.
+    fn named(&self, w: WorkerId) -> String {
+        match self.workers.get(w.0 as usize) {
+            Some(info) => format!("{w} ({})", info.endpoint),
+            None => w.to_string(),
+        }
+    }
+
+    /// What `member` needs that some of `workers` lack, argument by
+    /// argument (each argument's kind of buffer, then its dtype), then the
+    /// features it requires, with the workers that lack each.
+    fn lacks(&self, member: &MemberSpec, workers: &[WorkerId]) -> Vec<Lack> {
+        let caps = |w: &WorkerId| {
+            self.capabilities
+                .get(w.0 as usize)
+                .copied()
+                .unwrap_or(Capabilities::NONE)
+        };
+        let without = |need: Capabilities| -> Vec<(WorkerId, String)> {
+            workers
+                .iter()
+                .filter(|w| !caps(w).covers(&need))
+                .map(|w| {
+                    let at = self
+                        .workers
+                        .get(w.0 as usize)
+                        .map(|i| i.endpoint.clone())
+                        .unwrap_or_default();
+                    (*w, at)
+                })
+                .collect()
+        };
+        let mut out = Vec::new();
+        let mut push = |arg: Option<usize>, need: Need, caps: Capabilities| {
+            let workers = without(caps);
+            if !workers.is_empty() {
+                out.push(Lack { arg, need, workers });
+            }
+        };
+        for (i, a) in member.args.iter().enumerate() {
+            let kind = a.tensor.buffer().backing().kind();
+            push(
+                Some(i),
+                Need::Backend(kind),
+                Capabilities {
+                    backends: BackendKinds::NONE.with(kind),
+                    ..Capabilities::NONE
+                },
+            );
+            let dtype = a.tensor.dtype();
+            push(
+                Some(i),
+                Need::DType(dtype),
+                Capabilities {
+                    dtypes: DTypeSet::NONE.with(dtype),
+                    ..Capabilities::NONE
+                },
+            );
+        }
+        for bit in 0..64 {
+            let one = Features::from_bits(1 << bit);
+            if member.required_features.contains(one) {
+                push(
+                    None,
+                    Need::Feature(one),
+                    Capabilities {
+                        features: one,
+                        ..Capabilities::NONE
+                    },
+                );
+            }
+        }
+        out
     }
 
     /// Submits a task. Its dependencies on earlier tasks are inferred from
@@ -311,6 +442,12 @@ impl Cluster {
         after.dedup();
         self.submit_spec(TaskSpec { members: specs }, after, 0)
     }
+}
+
+/// Worker `w` of the cluster (an index below its worker count, which fits
+/// a `u32`: the cluster was built so).
+fn worker_id(w: usize) -> WorkerId {
+    WorkerId(u32::try_from(w).unwrap_or(u32::MAX))
 }
 
 /// What the performance models know of a member before it runs: its

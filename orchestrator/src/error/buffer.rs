@@ -7,6 +7,8 @@ use std::ops::Range;
 use strata_orchestrator_core::{TaskId, WorkerId};
 use strata_wire::{Access, CanonicalIdentity, DType};
 
+use crate::paths::WorkerPath;
+
 /// Why a buffer could not be made, read or written.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -51,12 +53,16 @@ pub enum BufferError {
         want: u64,
     },
     /// A host-buffer call on a device buffer.
-    #[error("buffer {buffer} lives on {worker}'s device: use Cluster::read_device / write_device")]
+    #[error(
+        "buffer {buffer} lives on {worker}'s device ({path}): use Cluster::read_device / write_device"
+    )]
     OnDevice {
         /// The buffer.
         buffer: CanonicalIdentity,
         /// Its worker.
         worker: WorkerId,
+        /// That worker's path, as the buffer's descriptor names it.
+        path: WorkerPath,
     },
     /// A device-buffer call on a host buffer.
     #[error("buffer {buffer} is a host buffer: read and write it directly")]
@@ -66,13 +72,15 @@ pub enum BufferError {
     },
     /// A run buffer of a run that has ended.
     #[error(
-        "run buffer {buffer} on {worker} belonged to run {run}, which ended at wait_all (this is run {current}): its device memory went with the run (allocate a new run buffer)"
+        "run buffer {buffer} on {worker} ({path}) belonged to run {run}, which ended at wait_all (this is run {current}): its device memory went with the run (allocate a new run buffer)"
     )]
     RunEnded {
         /// The buffer.
         buffer: CanonicalIdentity,
         /// Its worker.
         worker: WorkerId,
+        /// That worker's path, as the buffer's descriptor names it.
+        path: WorkerPath,
         /// Its run.
         run: u64,
         /// The current run.
@@ -80,13 +88,15 @@ pub enum BufferError {
     },
     /// A device buffer of a worker lost since it was allocated.
     #[error(
-        "device buffer {buffer} was on {worker}, which was lost since it was allocated: its contents are gone (allocate it again)"
+        "device buffer {buffer} was on {worker} ({path}), which was lost since it was allocated: its contents are gone (allocate it again)"
     )]
     WorkerLost {
         /// The buffer.
         buffer: CanonicalIdentity,
         /// Its worker.
         worker: WorkerId,
+        /// That worker's path, as the buffer's descriptor names it.
+        path: WorkerPath,
     },
     /// A size that is not a whole number of values.
     #[error("{len} bytes are not a whole number of {size}-byte values")]

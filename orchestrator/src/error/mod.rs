@@ -14,7 +14,7 @@ pub use buffer::{BufferError, QuarantinedBytes, ViewError};
 pub use cluster::ClusterError;
 pub use files::{NpyError, TraceError};
 use strata_orchestrator_core::{Outcome, TaskId, WorkerId};
-pub use submit::SubmitError;
+pub use submit::{Lack, Need, SubmitError};
 
 use crate::link::LinkError;
 

@@ -1,8 +1,13 @@
 //! Why a task, or a call about tasks, was refused.
 
+use std::fmt;
+
 use strata_orchestrator_core::{CancelError, ScopeError, TaskId, WorkerId};
+use strata_proto::convert::Features;
+use strata_wire::{BackendKind, DType};
 
 use super::BufferError;
+use crate::paths::WorkerPath;
 
 /// Why a task, or a call about tasks, was refused.
 #[derive(Debug, thiserror::Error)]
@@ -54,7 +59,7 @@ pub enum SubmitError {
     },
     /// Two arguments live on different workers' devices.
     #[error(
-        "{callable}: argument {first} lives on {first_worker}'s device and argument {second} on {second_worker}'s: a task runs on one worker"
+        "{callable}: argument {first} lives on {first_worker}'s device ({first_path}) and argument {second} on {second_worker}'s ({second_path}): a task runs on one worker"
     )]
     DevicesDiffer {
         /// The task's callable.
@@ -63,13 +68,19 @@ pub enum SubmitError {
         first: usize,
         /// Its worker.
         first_worker: WorkerId,
+        /// That worker's path, as its buffers' descriptors name it.
+        first_path: WorkerPath,
         /// The later argument.
         second: usize,
         /// Its worker.
         second_worker: WorkerId,
+        /// That worker's path, as its buffers' descriptors name it.
+        second_path: WorkerPath,
     },
     /// Placed on one worker with an argument on another's device.
-    #[error("{callable}: placed on {placed}, but argument {arg} lives on {device}'s device")]
+    #[error(
+        "{callable}: placed on {placed}, but argument {arg} lives on {device}'s device ({device_path})"
+    )]
     PlacedAway {
         /// The task's callable.
         callable: String,
@@ -79,6 +90,30 @@ pub enum SubmitError {
         arg: usize,
         /// Where that argument lives.
         device: WorkerId,
+        /// That worker's path, as the buffer's descriptor names it.
+        device_path: WorkerPath,
+    },
+    /// No worker the member may go to can take it: one lacks the kind of
+    /// buffer or the dtype of an argument, or a feature the task requires
+    /// ([`crate::Task::require`]). Each [`Lack`] names the argument, what
+    /// it needs and the workers without it.
+    #[error(
+        "member {member}: {callable}: {}: {}",
+        match .placed {
+            Some(w) => format!("placed on {w}, which cannot take it"),
+            None => "no worker that offers it can take it".to_owned(),
+        },
+        .lacks.iter().map(Lack::to_string).collect::<Vec<_>>().join("; ")
+    )]
+    Incapable {
+        /// The member.
+        member: usize,
+        /// Its callable.
+        callable: String,
+        /// The worker it was placed on, if it was (`worker N (address)`).
+        placed: Option<String>,
+        /// What is missing, argument by argument.
+        lacks: Vec<Lack>,
     },
     /// A member placed on a worker the cluster does not have.
     #[error("{callable}: member {member}: there is no {worker} (the cluster has {workers})")]
@@ -159,6 +194,61 @@ pub enum SubmitError {
         /// Why it was refused.
         error: Box<SubmitError>,
     },
+}
+
+/// What a task needs of the worker that runs it, one thing at a time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Need {
+    /// An argument's buffer is of this kind.
+    Backend(BackendKind),
+    /// An argument has this dtype.
+    DType(DType),
+    /// The task requires this feature (one bit).
+    Feature(Features),
+}
+
+impl fmt::Display for Need {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Need::Backend(k) => write!(f, "{} buffers", k.name()),
+            Need::DType(d) => write!(f, "dtype {d}"),
+            Need::Feature(x) => write!(f, "feature {x}"),
+        }
+    }
+}
+
+/// One thing a member needs that workers it may go to lack.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Lack {
+    /// The argument that needs it; `None` for a feature the task requires.
+    pub arg: Option<usize>,
+    /// What it needs.
+    pub need: Need,
+    /// The workers without it: id and address.
+    pub workers: Vec<(WorkerId, String)>,
+}
+
+impl fmt::Display for Lack {
+    /// `argument 1 needs dtype C128, which worker 0 (unix:/…) and worker 2
+    /// (tcp:…) lack`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.arg {
+            Some(i) => write!(f, "argument {i} needs {}", self.need)?,
+            None => write!(f, "the task requires {}", self.need)?,
+        }
+        let names: Vec<String> = self
+            .workers
+            .iter()
+            .map(|(w, at)| format!("{w} ({at})"))
+            .collect();
+        let verb = if names.len() == 1 { "lacks" } else { "lack" };
+        let list = match names.split_last() {
+            Some((last, rest)) if !rest.is_empty() => format!("{} and {last}", rest.join(", ")),
+            _ => names.concat(),
+        };
+        write!(f, ", which {list} {verb}")
+    }
 }
 
 impl From<strata_orchestrator_core::Refusal> for SubmitError {

@@ -116,7 +116,7 @@ impl GrpcDialer {
             _ => None,
         };
         let ring = match &mut fd {
-            Some(fd) if self.ring && hs.ring => {
+            Some(fd) if self.ring && hs.ring() => {
                 RingPlane::attach(fd, events.clone(), self.poller.clone())
                     .await?
                     .map(Arc::new)

@@ -30,9 +30,9 @@ use std::sync::Arc;
 use strata_chip_runtime::Region;
 use strata_client::SessionId;
 use strata_orchestrator_core::WorkerId;
-use strata_proto::convert::WorkerFacts;
+use strata_proto::convert::{BackendKinds, Capabilities, Features, WorkerFacts};
 use strata_proto::convert::{RunEnd, SessionState, TaskCompletion, TaskRequest, WorkerStats};
-use strata_wire::{BufferDescriptor, CanonicalIdentity};
+use strata_wire::{BackendKind, BufferDescriptor, CanonicalIdentity};
 use tokio::sync::mpsc;
 
 /// A boxed future, as the link's methods return them (object safety).
@@ -69,6 +69,30 @@ pub(crate) struct Facts {
     /// connection (staged ahead of their task, fetched after it) rather
     /// than in messages; `None`: the link has none.
     pub(crate) data_from: Option<u64>,
+}
+
+impl Facts {
+    /// What tasks placed on the worker may use through this link: what
+    /// its handshake said, with the kinds of buffer this link can bring it.
+    /// A link that shares memory passes host buffers by fd, so the worker
+    /// takes them when it imports MEMFD (its own statement); a staged link
+    /// sends their bytes with each task, so it takes them when the worker
+    /// takes HOST bytes ([`Features::HOST_BYTES`]), whatever it imports.
+    /// Every host buffer this driver makes is a MEMFD.
+    pub(crate) fn capabilities(&self) -> Capabilities {
+        let said = self.worker.capabilities;
+        let backends = match self.memory {
+            Memory::Staged if said.features.contains(Features::HOST_BYTES) => {
+                said.backends.with(BackendKind::Memfd)
+            }
+            // No fd reaches it: it imports no memfd, whatever it says.
+            Memory::Staged => said
+                .backends
+                .difference(BackendKinds::NONE.with(BackendKind::Memfd)),
+            Memory::Shared => said.backends,
+        };
+        Capabilities { backends, ..said }
+    }
 }
 
 /// A host buffer's memfd as a link sees it: the file a data connection
@@ -330,14 +354,24 @@ pub struct WorkerInfo {
     pub pid: Option<u32>,
     /// `name@version` of every callable it offers.
     pub callables: Vec<String>,
+    /// What tasks placed on it may use, through this cluster's link (its
+    /// handshake's statement; host buffers reach a worker over TCP as
+    /// bytes, so it takes MEMFD buffers when it takes HOST bytes):
+    /// placement and the refusals at submit go by these.
+    pub capabilities: Capabilities,
+    /// The id of its path (`endpoint`) in the descriptors of buffers it
+    /// owns (`owner_worker_path_id`, shown as `<path#N>`): a diagnostic,
+    /// the same for every worker of this cluster at one path.
+    pub path_id: u32,
 }
 
 impl WorkerInfo {
-    /// Worker `id`, reached at `endpoint`, as `link` describes it; `pid`
-    /// when the cluster spawned it.
+    /// Worker `id`, reached at `endpoint` (path id `path_id`), as `link`
+    /// describes it; `pid` when the cluster spawned it.
     pub(crate) fn of(
         id: WorkerId,
         endpoint: &str,
+        path_id: u32,
         link: &dyn WorkerLink,
         pid: Option<u32>,
     ) -> Self {
@@ -359,6 +393,63 @@ impl WorkerInfo {
                 .iter()
                 .map(|c| c.signature.qualified_name())
                 .collect(),
+            capabilities: f.capabilities(),
+            path_id,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use strata_proto::convert::{DTypeSet, InstanceId};
+
+    use super::*;
+
+    fn facts(memory: Memory, said: Capabilities) -> Facts {
+        Facts {
+            session: SessionId(1),
+            worker: WorkerFacts {
+                chip_id: 0,
+                device_kind: "sim".into(),
+                device_spec: "sim".into(),
+                device_memory: 1 << 20,
+                lanes: 1,
+                callables: Vec::new(),
+                capabilities: said,
+                required_features: Features::NONE,
+                instance: InstanceId(1),
+            },
+            max_message: 1 << 20,
+            memory,
+            pid: None,
+            transport: Transport::GrpcTcp,
+            data_from: None,
+        }
+    }
+
+    /// Host buffers reach a worker by fd when it imports MEMFD, or as bytes
+    /// over a staged link when it takes HOST bytes; a staged link brings no
+    /// fd whatever the worker says. Dtypes and features pass as said.
+    #[test]
+    fn a_link_takes_host_buffers_the_way_it_can_bring_them() {
+        let device = BackendKinds::NONE.with(BackendKind::DeviceMalloc);
+        let both = device.with(BackendKind::Memfd);
+        let said = |backends, features| Capabilities {
+            backends,
+            dtypes: DTypeSet::ALL,
+            features,
+        };
+        let cases = [
+            (Memory::Shared, both, Features::HOST_BYTES, both),
+            (Memory::Shared, device, Features::HOST_BYTES, device),
+            (Memory::Staged, device, Features::HOST_BYTES, both),
+            (Memory::Staged, device, Features::NONE, device),
+            (Memory::Staged, both, Features::NONE, device),
+        ];
+        for (memory, backends, features, want) in cases {
+            let got = facts(memory, said(backends, features)).capabilities();
+            assert_eq!(got.backends, want, "{memory:?} {backends} {features}");
+            assert_eq!((got.dtypes, got.features), (DTypeSet::ALL, features));
         }
     }
 }

@@ -2,5 +2,6 @@
 //! test runs in well under a second.
 
 mod actors;
+mod caps;
 mod errors;
 mod grants;

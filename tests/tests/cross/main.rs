@@ -3,6 +3,7 @@
 
 mod access;
 mod bulk;
+mod caps;
 mod cluster;
 mod faults;
 mod fence;

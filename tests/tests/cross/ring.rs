@@ -144,7 +144,7 @@ pub(crate) async fn run_on_ring(
 async fn tasks_travel_on_the_ring_and_complete_on_it() {
     let w = worker();
     let (mut client, hs) = session(&w).await;
-    assert!(hs.ring, "a Unix worker offers the ring");
+    assert!(hs.ring(), "a Unix worker offers the ring");
     let fill = hs.callable("fill", 1).unwrap();
     let buf = SharedBuffer::new(&mint(), 2000 * 4, Access::ReadWrite);
     let mut fds = client.fd_channel().await.unwrap();
@@ -199,6 +199,7 @@ async fn hostile_records_fail_their_task_or_end_their_session_never_the_worker()
             tags: vec![],
             inline_inputs: vec![],
             cache: vec![],
+            required_features: 0,
         };
         assert!(lane.try_push(&bad.encode_to_vec()).unwrap());
         lane.publish();
@@ -303,7 +304,7 @@ async fn what_is_not_a_ring_is_refused() {
 
     let plain = WorkerProcess::spawn_unix(&strata_bin(), &["worker"], &["--no-ring"]);
     let (mut client, hs) = session(&plain).await;
-    assert!(!hs.ring, "a --no-ring worker offers none");
+    assert!(!hs.ring(), "a --no-ring worker offers none");
     let _stream = client.open_tasks().await.unwrap();
     let mut fds = client.fd_channel().await.unwrap();
     let (_ring, fd) = SharedRing::create(SMALL).unwrap();

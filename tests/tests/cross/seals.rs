@@ -70,6 +70,7 @@ fn fill_task(s: &Session, id: u64, view: Tensor, value: f64) -> TaskRequest {
         inline: vec![None],
         staged: Vec::new(),
         cache: Vec::new(),
+        required_features: strata_proto::convert::Features::NONE,
     }
 }
 

@@ -77,6 +77,7 @@ pub(crate) fn task(
         inline: vec![None; n],
         staged: Vec::new(),
         cache: Vec::new(),
+        required_features: strata_proto::convert::Features::NONE,
     }
 }
 
@@ -385,7 +386,10 @@ async fn bad_input_is_refused_and_the_worker_keeps_serving() {
         .unwrap_err()
         .to_string();
     assert!(
-        err.contains("protocol version 99 refused: this worker speaks version 1"),
+        err.contains(&format!(
+            "protocol version 99 refused: this worker speaks version {}",
+            strata_proto::PROTOCOL_VERSION
+        )),
         "{err}"
     );
     // ...and the first session still works.

@@ -15,8 +15,8 @@
 //!    own entry and its own mapping.
 //! 2. Every `acquire` names the session and looks only in its table, then
 //!    checks the task's descriptor against the import: the same buffer
-//!    (size, space, backing, owner path id) and an access within the
-//!    import's (a task may narrow the grant, never widen it). An import
+//!    (size, space, backing; not the owner path id, a diagnostic) and an
+//!    access within the import's (a task may narrow the grant, never widen it). An import
 //!    offered without a descriptor takes the first acquirer's.
 //! 3. The first acquire that passes maps it with the import's descriptor
 //!    (checks happen in the [`Mapper`]), under the entry's own lock, so

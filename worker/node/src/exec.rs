@@ -2,15 +2,18 @@
 //!
 //! Steps, each failing the task (never the worker) with a cause that says
 //! which step and which argument:
-//! 1. find the callable;
+//! 1. refuse a task that requires a feature this worker does not know or
+//!    did not offer its session ([`FailureKind::Unsupported`]); find the
+//!    callable;
 //! 2. resolve each tensor's backing: a device buffer of the session by
 //!    identity, inline bytes that came with the task (unpacked into a
 //!    private host buffer, or, for a lone contiguous view the kernel only
 //!    reads, read where they were received), or an imported fd mapped
 //!    once by identity (an identity whose fd was refused on arrival fails
-//!    with that refusal);
+//!    with that refusal; a kind of buffer the session does not take is
+//!    [`FailureKind::Unsupported`]);
 //! 3. launch on the device (which validates the arguments against the
-//!    signature before anything runs), with the session's start gate: a
+//!    signature and the chip's dtypes before anything runs), with the session's start gate: a
 //!    task of a session that has ended fails instead of starting, whether
 //!    it was still here or already queued on a lane;
 //! 4. on completion, pack the written inline arguments into the reply.
@@ -29,7 +32,7 @@ use strata_chip_runtime::{
 use strata_client::offload::off_runtime;
 use strata_proto::TaskId;
 use strata_proto::convert::{
-    CacheArg, FailureCause, FailureKind, TaskCompletion, TaskOutcome, TaskRequest,
+    CacheArg, FailureCause, FailureKind, Features, TaskCompletion, TaskOutcome, TaskRequest,
 };
 use strata_wire::{AddressSpace, BufferDescriptor, Footprint, Tensor};
 use strata_worker_core::ImportError;
@@ -131,11 +134,39 @@ fn counted(node: &Arc<Node>, done: Done) -> Done {
 /// Leases held for the duration of a task.
 type Held = Vec<Box<dyn std::any::Any + Send + Sync>>;
 
+/// Refuses a task that requires features `session` was not offered:
+/// bits this build does not know first (the task was built for a newer
+/// worker), then known ones its handshake did not state.
+fn check_required(session: &Session, required: Features) -> Result<(), FailureCause> {
+    let unknown = required.unknown();
+    if !unknown.is_empty() {
+        return Err(FailureCause::new(
+            FailureKind::Unsupported,
+            format!(
+                "the task requires features this worker does not know: {unknown} (required_features {:#x})",
+                required.bits()
+            ),
+        ));
+    }
+    let offered = session.capabilities.features;
+    let missing = required.difference(offered);
+    if !missing.is_empty() {
+        return Err(FailureCause::new(
+            FailureKind::Unsupported,
+            format!(
+                "the task requires {missing}, which this worker does not offer this session (it offers {offered})"
+            ),
+        ));
+    }
+    Ok(())
+}
+
 fn prepare(
     node: &Node,
     session: &Session,
     req: TaskRequest,
 ) -> Result<(Launch, Held, Vec<InlineArg>), FailureCause> {
+    check_required(session, req.required_features)?;
     let kernel = node.kernels.get(req.callable).map_err(|_| {
         let mut names: Vec<String> = node
             .kernels
@@ -196,6 +227,7 @@ fn prepare(
                 return Err(bad("a DEVICE buffer cannot travel inline".into()));
             }
             (AddressSpace::Device, None) => {
+                unsupported_kind(session, i, tensor.buffer())?;
                 let buf = session
                     .device_buffer(tensor.identity())
                     .map_err(|why| bad(why.describe(tensor.identity())))?;
@@ -247,7 +279,10 @@ fn prepare(
                                 tensor.buffer().backing().kind().name(),
                                 tensor.identity()
                             )),
-                            None => bad(e.to_string()),
+                            None => match unsupported_kind(session, i, tensor.buffer()) {
+                                Err(unsupported) => unsupported,
+                                Ok(()) => bad(e.to_string()),
+                            },
                         }
                     })?;
                 let access = tensor.buffer().access();
@@ -276,6 +311,34 @@ fn prepare(
         },
         held,
         inline_args,
+    ))
+}
+
+/// Refuses argument `i` backed by `buffer` when its kind is not one the
+/// session takes (a DEVICE buffer that is not DEVICE_MALLOC; a HOST one
+/// without its bytes, of a kind this session does not import, such as
+/// any kind over TCP).
+fn unsupported_kind(
+    session: &Session,
+    i: usize,
+    buffer: &BufferDescriptor,
+) -> Result<(), FailureCause> {
+    let kind = buffer.backing().kind();
+    let takes = session.capabilities.backends;
+    if takes.contains(kind) {
+        return Ok(());
+    }
+    let host = if session.capabilities.features.contains(Features::HOST_BYTES) {
+        "; a HOST buffer's bytes may travel with its task instead"
+    } else {
+        ""
+    };
+    Err(FailureCause::new(
+        FailureKind::Unsupported,
+        format!(
+            "argument {i}: this worker does not take {} buffers in this session (it takes {takes}{host})",
+            kind.name()
+        ),
     ))
 }
 

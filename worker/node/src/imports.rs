@@ -30,11 +30,20 @@ use nix::fcntl::{FcntlArg, SealFlag, fcntl};
 use nix::sys::stat::fstat;
 use nix::sys::statfs::{TMPFS_MAGIC, fstatfs};
 use strata_chip_runtime::HostMemory;
-use strata_wire::{Access, AddressSpace, Backing, BufferDescriptor};
+use strata_wire::{Access, AddressSpace, BackendKind, Backing, BufferDescriptor};
 use strata_worker_core::{ImportRegistry, Mapper};
 
 /// The worker's import registry.
 pub(crate) type Imports = ImportRegistry<FdMapper>;
+
+/// The backend kinds the import registry maps (its mapper checks a
+/// descriptor's kind against this list), and so the kinds a worker that
+/// receives fds states in its handshake: MEMFD alone. POSIX_SHM is not
+/// one: a POSIX shared-memory object cannot be sealed against shrinking
+/// (its fd is refused on arrival, [`check_arrival`]), and a buffer
+/// described as POSIX_SHM is refused here too, whatever its fd; every
+/// other kind is not host memory behind an fd at all.
+pub const IMPORTED_KINDS: [BackendKind; 1] = [BackendKind::Memfd];
 
 /// Maps received fds after checking them against the buffer's descriptor.
 #[derive(Debug, Default)]
@@ -44,7 +53,7 @@ impl Mapper for FdMapper {
     type Source = OwnedFd;
     type Mapping = HostMapping;
 
-    /// Checks, in order: the backend kind (MEMFD or POSIX_SHM, host space),
+    /// Checks, in order: the backend kind (one of [`IMPORTED_KINDS`], host space),
     /// the filesystem (tmpfs/shmem, by `fstatfs`), the seal against
     /// shrinking (`F_GET_SEALS`), the size (at least `nbytes`), and for
     /// MEMFD the inode against the descriptor's body; then maps `nbytes`
@@ -57,16 +66,18 @@ impl Mapper for FdMapper {
         if d.address_space() != AddressSpace::Host {
             return Err("a DEVICE buffer cannot be imported by fd".into());
         }
-        let expect_inode = match *d.backing() {
-            Backing::Memfd { st_dev, st_ino } => Some((st_dev, st_ino)),
-            Backing::PosixShm { .. } => None,
-            other => {
-                return Err(format!(
-                    "a {} buffer cannot be imported by fd",
-                    other.kind().name()
-                ));
-            }
+        let kind = d.backing().kind();
+        if !IMPORTED_KINDS.contains(&kind) {
+            return Err(match kind {
+                BackendKind::PosixShm => "a POSIX_SHM buffer is not imported: a POSIX shared-memory object cannot be sealed against shrinking (F_SEAL_SHRINK), so its owner could shrink it under a running task; pass a sealed memfd (MEMFD)".into(),
+                other => format!("a {} buffer cannot be imported by fd", other.name()),
+            });
+        }
+        // MEMFD is the one kind imported: its body names the inode.
+        let Backing::Memfd { st_dev, st_ino } = *d.backing() else {
+            return Err(format!("a {} buffer cannot be imported by fd", kind.name()));
         };
+        let expect_inode = (st_dev, st_ino);
         check_filesystem(fd)?;
         check_sealed_against_shrinking(fd)?;
         let st = fstat(fd).map_err(|e| format!("fstat failed: {e}"))?;
@@ -77,13 +88,12 @@ impl Mapper for FdMapper {
                 d.nbytes()
             ));
         }
-        if let Some((dev, ino)) = expect_inode {
-            let (got_dev, got_ino) = (st.st_dev, st.st_ino);
-            if (got_dev, got_ino) != (dev, ino) {
-                return Err(format!(
-                    "the fd is inode ({got_dev}, {got_ino}) but the MEMFD body names ({dev}, {ino})"
-                ));
-            }
+        let (dev, ino) = expect_inode;
+        let (got_dev, got_ino) = (st.st_dev, st.st_ino);
+        if (got_dev, got_ino) != (dev, ino) {
+            return Err(format!(
+                "the fd is inode ({got_dev}, {got_ino}) but the MEMFD body names ({dev}, {ino})"
+            ));
         }
         if d.nbytes() == 0 {
             return Err("a buffer of 0 bytes cannot be mapped".into());
@@ -294,6 +304,54 @@ mod tests {
             },
         )
         .unwrap()
+    }
+
+    /// The kinds a worker states are the kinds it maps: a sealed memfd of
+    /// the right size, described as each kind that can be host memory,
+    /// maps exactly when the kind is in [`IMPORTED_KINDS`] (every other
+    /// check passes), and each refusal names the kind.
+    #[test]
+    fn the_mapper_maps_exactly_the_stated_kinds() {
+        use std::num::NonZeroU64;
+        use strata_wire::ShmName;
+        let fd = memfd_with(4096, &[FileSeal::SealShrink]);
+        let memfd = memfd_descriptor(&fd, 4096);
+        let addr = NonZeroU64::new(0x1000).unwrap();
+        for kind in BackendKind::ALL {
+            let backing = match kind {
+                BackendKind::Memfd => *memfd.backing(),
+                BackendKind::PosixShm => Backing::PosixShm {
+                    name: ShmName::new("strata-test").unwrap(),
+                },
+                BackendKind::ForkShm => Backing::ForkShm { addr },
+                BackendKind::ForkCow => Backing::ForkCow { addr },
+                BackendKind::RemoteSidecar => Backing::RemoteSidecar,
+                BackendKind::DeviceMalloc => Backing::DeviceMalloc { addr },
+                BackendKind::VmmWindow => Backing::VmmWindow { addr },
+                other => panic!("a kind this test does not build: {other:?}"),
+            };
+            let access = if kind == BackendKind::ForkCow {
+                Access::Read
+            } else {
+                Access::ReadWrite
+            };
+            let space = if matches!(kind, BackendKind::DeviceMalloc | BackendKind::VmmWindow) {
+                AddressSpace::Device
+            } else {
+                AddressSpace::Host
+            };
+            let d = BufferDescriptor::new(*memfd.identity(), 4096, space, access, backing).unwrap();
+            match FdMapper.map(&fd, &d) {
+                Ok(_) => assert!(IMPORTED_KINDS.contains(&kind), "{kind:?} mapped"),
+                Err(e) => {
+                    assert!(!IMPORTED_KINDS.contains(&kind), "{kind:?}: {e}");
+                    assert!(
+                        e.contains(kind.name()) || space == AddressSpace::Device,
+                        "{kind:?}: {e}"
+                    );
+                }
+            }
+        }
     }
 
     #[test]

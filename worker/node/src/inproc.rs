@@ -71,7 +71,7 @@ impl InProcessWorker {
                 .end_session(prev, "superseded by a new session of the same client");
             self.node.session_state(prev)
         });
-        let id = self.node.open_session();
+        let id = self.node.open_session(self.node.capabilities);
         let session = self.node.session(id).ok_or(NodeError::SessionEnded(id))?;
         // The in-process session streams from the start: the grace period
         // for a stream that never opens does not apply.

@@ -29,7 +29,10 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
 
 use strata_chip_runtime::{Device, DeviceBlock, Region, Registry, StartGate};
-use strata_proto::convert::{CallableOffer, InstanceId, SessionState, WorkerFacts};
+use strata_proto::convert::{
+    BackendKinds, CallableOffer, Capabilities, Features, InstanceId, SessionState, WorkerFacts,
+};
+use strata_wire::BackendKind;
 use strata_wire::CanonicalIdentity;
 use strata_worker_core::SessionId;
 use tracing::{info, warn};
@@ -210,6 +213,9 @@ pub struct Session {
     pub data_secret: [u8; strata_proto::bulk::SECRET_BYTES],
     /// Data connections open on this session.
     pub data_connections: std::sync::atomic::AtomicUsize,
+    /// What its handshake said its tasks may use: a task that needs more
+    /// is refused ([`FailureKind::Unsupported`](strata_proto::convert::FailureKind::Unsupported)).
+    pub capabilities: Capabilities,
 }
 
 /// How many refusal reasons one session keeps.
@@ -409,6 +415,10 @@ pub struct Node {
     pub started: Instant,
     /// What each session may do.
     pub limits: Limits,
+    /// What tasks on this node may use, as the chip and the import
+    /// registry have it (a session may be offered less: one without an fd
+    /// channel imports nothing).
+    pub capabilities: Capabilities,
 }
 
 impl std::fmt::Debug for Node {
@@ -421,7 +431,9 @@ impl std::fmt::Debug for Node {
 }
 
 impl Node {
-    /// What this node is, as its handshakes report it.
+    /// What this node is, as its handshakes report it: its capabilities
+    /// are the node's own (what a session reached by calls, or over a Unix
+    /// socket with its fd channel, may use).
     pub fn facts(&self) -> WorkerFacts {
         let info = self.device.info();
         WorkerFacts {
@@ -431,7 +443,28 @@ impl Node {
             device_memory: info.memory,
             lanes: u32::try_from(info.lanes).unwrap_or(u32::MAX),
             callables: self.offers(),
+            capabilities: self.capabilities,
+            required_features: Features::NONE,
             instance: self.instance,
+        }
+    }
+
+    /// What tasks on a node over `device` may use: the kinds the import
+    /// registry maps ([`crate::imports::IMPORTED_KINDS`]) and its own
+    /// device buffers (DEVICE_MALLOC, by identity), the dtypes the chip
+    /// computes on, bytes that travel with a task, and the device cache
+    /// when the chip keeps one.
+    fn capabilities_of(device: &dyn Device) -> Capabilities {
+        let info = device.info();
+        let mut features = Features::HOST_BYTES;
+        if info.caches {
+            features = features | Features::DEVICE_CACHE;
+        }
+        Capabilities {
+            backends: BackendKinds::of(crate::imports::IMPORTED_KINDS)
+                .with(BackendKind::DeviceMalloc),
+            dtypes: info.dtypes,
+            features,
         }
     }
 
@@ -450,6 +483,7 @@ impl Node {
     pub fn new(chip_id: u32, device: Arc<dyn Device>, kernels: Registry, limits: Limits) -> Self {
         Node {
             chip_id,
+            capabilities: Node::capabilities_of(device.as_ref()),
             run_region: Arc::new(RunRegion::new(Arc::clone(&device))),
             device,
             kernels,
@@ -476,8 +510,9 @@ impl Node {
     }
 
     /// Opens a session with a fresh random id (never one a tombstone still
-    /// holds, whose state its client may yet ask for).
-    pub fn open_session(&self) -> SessionId {
+    /// holds, whose state its client may yet ask for), whose tasks may use
+    /// `capabilities` (what its handshake said: at most the node's own).
+    pub fn open_session(&self, capabilities: Capabilities) -> SessionId {
         let mut sessions = self.sessions();
         loop {
             let id = SessionId(rand::random::<u64>() | 1);
@@ -488,6 +523,7 @@ impl Node {
                 v.insert(Arc::new(Session {
                     id,
                     data_secret: rand::random(),
+                    capabilities,
                     ..Session::default()
                 }));
                 info!(session = %id, "session opened");

@@ -45,13 +45,10 @@ impl Scheduler {
                     for (m, (w, l)) in workers.iter().zip(left).enumerate() {
                         if *l {
                             *running_on.entry(*w).or_insert(0) += 1;
-                            let offers = self
-                                .workers
-                                .get(w)
-                                .is_some_and(|x| x.callables.contains(&t.members[m].callable));
-                            if !offers {
+                            let takes = self.workers.get(w).is_some_and(|x| x.takes(&t.members[m]));
+                            if !takes {
                                 return Err(format!(
-                                    "SCHED-3: {id} member {m} runs on {w}, which lacks its callable"
+                                    "SCHED-3: {id} member {m} runs on {w}, which lacks its callable or what it needs"
                                 ));
                             }
                         }

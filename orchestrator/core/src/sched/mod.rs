@@ -4,7 +4,10 @@
 //!   (backpressure: nothing more is dispatched to a full worker).
 //! - Placement: a member that names its worker goes there (if that worker
 //!   is down, the task fails with ENDPOINT_FAILURE); otherwise it goes to
-//!   the up worker offering its callable with the least outstanding work
+//!   the up worker that can take it — offering its callable, with the
+//!   capabilities it needs ([`MemberInfo::needs`]: the kinds of buffer and
+//!   dtypes of its arguments, the features it requires) — with the least
+//!   outstanding work
 //!   (queued + in flight) relative to its window (first the least work
 //!   beyond the window, then the most free slots), ties broken toward a
 //!   worker holding one of the task's DEVICE buffers, then the lowest id. A group's members go to
@@ -32,7 +35,8 @@
 //!   equals the members running on it;
 //! - SCHED-2: every unfinished task is in exactly one state: waiting for
 //!   the DAG, queued on exactly its members' workers, or running;
-//! - SCHED-3: a running member's worker offers its callable;
+//! - SCHED-3: a running member's worker offers its callable and has the
+//!   capabilities it needs;
 //! - SCHED-4: a down worker has nothing queued or in flight;
 //! - SCHED-5: a task waiting for a fence has retries left and one member.
 
@@ -47,7 +51,7 @@ use std::collections::BTreeMap;
 
 use rustc_hash::FxHashSet as HashSet;
 
-use strata_boundary::{FailureCause, FailureKind};
+use strata_boundary::{Capabilities, FailureCause, FailureKind};
 use strata_wire::CanonicalIdentity;
 
 use crate::ids::{KernelHandle, TaskId, WorkerId};
@@ -70,6 +74,10 @@ pub struct MemberInfo {
     pub placement: Placement,
     /// DEVICE buffers it uses (a hint for placement).
     pub device_buffers: Vec<CanonicalIdentity>,
+    /// What its worker must have: the kinds of buffer and the dtypes of
+    /// its arguments, the features it requires. Only a worker whose
+    /// capabilities cover them takes it.
+    pub needs: Capabilities,
     /// What it costs, for the performance models.
     pub work: Work,
 }
@@ -144,6 +152,8 @@ pub use crate::action::Action;
 struct Worker {
     up: bool,
     callables: HashSet<KernelHandle>,
+    /// What its tasks may use ([`Scheduler::worker_up`]).
+    capabilities: Capabilities,
     window: usize,
     in_flight: usize,
     queue: queue::ReadyQueue,
@@ -154,6 +164,14 @@ struct Worker {
     backlog_ns: f64,
     /// Of that, in flight.
     in_flight_ns: f64,
+}
+
+impl Worker {
+    /// Whether it can take `m`: it offers the callable and has what the
+    /// member needs (the one test of placement, its checks and SCHED-3).
+    fn takes(&self, m: &MemberInfo) -> bool {
+        self.callables.contains(&m.callable) && self.capabilities.covers(&m.needs)
+    }
 }
 
 /// Per member of a task, inline up to two members: placing and running a
@@ -293,12 +311,12 @@ impl Scheduler {
     }
 
     /// A member's modelled duration before it is placed (for ranking): on
-    /// the kind of the lowest worker that offers its callable.
+    /// the kind of the lowest worker that can take it.
     fn unplaced_cost(&self, m: &MemberInfo) -> f64 {
         let kind = self
             .workers
             .values()
-            .find(|w| w.callables.contains(&m.callable))
+            .find(|w| w.takes(m))
             .map_or(0, |w| w.kind);
         self.model
             .predict(m.callable, kind, &m.work)
@@ -383,17 +401,19 @@ impl Scheduler {
         }
     }
 
-    /// A worker came up (or back up) offering `callables`, taking at most
-    /// `window` tasks at a time.
+    /// A worker came up (or back up) offering `callables`, whose tasks may
+    /// use `capabilities`, taking at most `window` tasks at a time.
     pub fn worker_up(
         &mut self,
         worker: WorkerId,
         callables: impl IntoIterator<Item = KernelHandle>,
+        capabilities: Capabilities,
         window: usize,
     ) -> Vec<Action> {
         let w = self.workers.entry(worker).or_insert_with(|| Worker {
             up: true,
             callables: HashSet::default(),
+            capabilities,
             window: 1,
             in_flight: 0,
             queue: queue::ReadyQueue::default(),
@@ -405,6 +425,7 @@ impl Scheduler {
         w.up = true;
         w.kind = self.kinds.get(&worker).copied().unwrap_or(0);
         w.callables = callables.into_iter().collect();
+        w.capabilities = capabilities;
         w.window = window.max(1);
         let mut out = Vec::new();
         self.pump(&mut out);
@@ -428,8 +449,9 @@ impl Scheduler {
         }
     }
 
-    /// Checks that a task could be placed: named workers are known and
-    /// offer the callable; other members have some worker that does.
+    /// Checks that a task could be placed: named workers are known, offer
+    /// the callable and have what the member needs; other members have
+    /// some worker that can take them.
     ///
     /// # Errors
     /// Why not, naming the member.
@@ -449,6 +471,13 @@ impl Scheduler {
                             worker: w,
                         });
                     }
+                    if !worker.capabilities.covers(&info.needs) {
+                        return Err(PlacementError::Lacks {
+                            member: m,
+                            worker: w,
+                            missing: worker.capabilities.missing(&info.needs),
+                        });
+                    }
                     if !named.insert(w) {
                         return Err(PlacementError::WorkerTaken {
                             member: m,
@@ -465,6 +494,13 @@ impl Scheduler {
                         return Err(PlacementError::NotOffered {
                             member: m,
                             callable: info.callable,
+                        });
+                    }
+                    if !self.workers.values().any(|w| w.takes(info)) {
+                        return Err(PlacementError::NoneCapable {
+                            member: m,
+                            callable: info.callable,
+                            needs: info.needs,
                         });
                     }
                 }
@@ -875,6 +911,7 @@ mod tests {
                         callable: KernelHandle([1; 16]),
                         placement: Placement::Any,
                         device_buffers: Vec::new(),
+                        needs: Capabilities::NONE,
                         work,
                     }],
                 );

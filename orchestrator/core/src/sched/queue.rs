@@ -107,7 +107,7 @@ impl Scheduler {
                     .workers
                     .iter()
                     .filter(|(id, w)| {
-                        w.up && w.callables.contains(&info.callable) && !chosen.contains(id)
+                        w.up && w.takes(info) && !chosen.contains(id)
                     })
                     .min_by_key(|(id, w)| {
                         let holds = info
@@ -147,7 +147,10 @@ impl Scheduler {
                     .ok_or_else(|| {
                         Outcome::EndpointFailure(FailureCause::new(
                             FailureKind::WorkerLost,
-                            format!("no worker that offers callable {} is up", info.callable),
+                            format!(
+                                "no worker that offers callable {} and has what it needs ({}) is up",
+                                info.callable, info.needs
+                            ),
                         ))
                     }),
             };

@@ -8,7 +8,9 @@ use strata_boundary::{FailureCause, FailureKind};
 use strata_wire::check::Rng;
 use strata_wire::{ArgTag, CanonicalIdentity};
 
-use super::{Memory, Program, Writes, apply, compute, submission, worker_up};
+use super::{
+    Memory, Program, Writes, apply, capabilities, compute, needs_of, submission, worker_up,
+};
 use crate::dag::Arg;
 use crate::engine::{Action, Engine, Event};
 use crate::ids::{TaskId, WorkerId};
@@ -127,7 +129,7 @@ pub fn run_engine_with_faults(p: &Program, workers: u32, rng: &mut Rng) -> Fault
     );
     let mut pending = Vec::new();
     for w in 0..workers {
-        pending.extend(engine.on_event(worker_up(w, rng.range(1, 4) as usize)));
+        pending.extend(engine.on_event(worker_up(w, workers, rng.range(1, 4) as usize)));
     }
     let members: HashMap<TaskId, Vec<Vec<Arg>>> =
         p.tasks.iter().map(|t| (t.id, t.members.clone())).collect();
@@ -158,6 +160,14 @@ pub fn run_engine_with_faults(p: &Program, workers: u32, rng: &mut Rng) -> Fault
                     member,
                     worker,
                 } => {
+                    assert!(
+                        capabilities(worker.0, workers).covers(&needs_of(
+                            task,
+                            members[&task].len(),
+                            &members[&task][member]
+                        )),
+                        "{task} placed on {worker}, which lacks what it needs"
+                    );
                     let w = compute(task, &members[&task][member], mem);
                     in_flight.push((task, member, worker, w));
                 }
@@ -233,7 +243,7 @@ pub fn run_engine_with_faults(p: &Program, workers: u32, rng: &mut Rng) -> Fault
             })
         } else if lost && !back && rng.range(0, 20) == 0 {
             back = true;
-            engine.on_event(worker_up(0, 2))
+            engine.on_event(worker_up(0, workers, 2))
         } else if next < p.tasks.len() && (in_flight.is_empty() || rng.range(0, 2) > 0) {
             let t = &p.tasks[next];
             next += 1;

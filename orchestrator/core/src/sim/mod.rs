@@ -24,6 +24,7 @@ use crate::dag::{Arg, NewTask};
 use crate::engine::{Action, Engine, Event, Submission};
 use crate::ids::{KernelHandle, TaskId, WorkerId};
 use crate::sched::{MemberInfo, Outcome, Placement};
+use strata_boundary::{BackendKinds, Capabilities, DTypeSet, Features};
 
 mod faults;
 pub use faults::{FaultRun, check_after_faults, oracle_after_faults, run_engine_with_faults};
@@ -513,10 +514,51 @@ fn submission(t: &ProgTask, retries: u32) -> Event {
                 callable: CALLABLE,
                 placement: Placement::Any,
                 device_buffers: vec![],
+                needs: needs_of(t.id, t.members.len(), args),
                 work: work_of(args),
             })
             .collect(),
     })
+}
+
+/// The feature a third of the plain tasks need and worker 0 lacks when
+/// there are others, so that every simulation places some tasks under a
+/// capability (SCHED-3, checked after every event, and the runs' own
+/// checks catch a task placed where its need is not met).
+pub(crate) const NEEDED: Features = Features::DEVICE_CACHE;
+
+/// Whether task `t` needs [`NEEDED`].
+pub(crate) fn needs_feature(t: TaskId, members: usize) -> bool {
+    members == 1 && t.0 % 3 == 0
+}
+
+/// What a member of task `t` (of `members` members) with `args` needs:
+/// its arguments' backend kinds and dtypes, and [`NEEDED`] for a third of
+/// the plain tasks.
+pub(crate) fn needs_of(t: TaskId, members: usize, args: &[Arg]) -> Capabilities {
+    Capabilities {
+        backends: BackendKinds::of(args.iter().map(|a| a.tensor.buffer().backing().kind())),
+        dtypes: DTypeSet::of(args.iter().map(|a| a.tensor.dtype())),
+        features: if needs_feature(t, members) {
+            NEEDED
+        } else {
+            Features::NONE
+        },
+    }
+}
+
+/// What a simulated worker's tasks may use: every kind and dtype, and
+/// [`NEEDED`] unless it is worker 0 of several.
+pub(crate) fn capabilities(worker: u32, workers: u32) -> Capabilities {
+    Capabilities {
+        backends: BackendKinds::of(strata_wire::BackendKind::ALL),
+        dtypes: DTypeSet::ALL,
+        features: if worker == 0 && workers > 1 {
+            Features::NONE
+        } else {
+            NEEDED
+        },
+    }
 }
 
 /// What the performance models see of a member: its views' shapes as the
@@ -558,10 +600,12 @@ pub(crate) fn observe(engine: &mut Engine, task: TaskId, member: usize, rng: &mu
         .observe(task, member, ns, bytes, bytes / 8);
 }
 
-fn worker_up(worker: u32, window: usize) -> Event {
+/// Worker `worker` of `workers` comes up, taking `window` tasks at a time.
+pub(crate) fn worker_up(worker: u32, workers: u32, window: usize) -> Event {
     Event::WorkerUp {
         worker: WorkerId(worker),
         callables: vec![CALLABLE],
+        capabilities: capabilities(worker, workers),
         window,
     }
 }
@@ -584,7 +628,7 @@ pub fn run_engine(p: &Program, workers: u32, rng: &mut Rng) -> (Memory, RunStats
             .unwrap_or(1),
     );
     for w in 0..workers {
-        pending.extend(engine.on_event(worker_up(w, rng.range(1, 4) as usize)));
+        pending.extend(engine.on_event(worker_up(w, workers, rng.range(1, 4) as usize)));
     }
     let members: HashMap<TaskId, Vec<Vec<Arg>>> =
         p.tasks.iter().map(|t| (t.id, t.members.clone())).collect();
@@ -599,7 +643,19 @@ pub fn run_engine(p: &Program, workers: u32, rng: &mut Rng) -> (Memory, RunStats
                   done: &mut usize| {
         for a in actions {
             match a {
-                Action::Dispatch { task, member, .. } => {
+                Action::Dispatch {
+                    task,
+                    member,
+                    worker,
+                } => {
+                    assert!(
+                        capabilities(worker.0, workers).covers(&needs_of(
+                            task,
+                            members[&task].len(),
+                            &members[&task][member]
+                        )),
+                        "{task} placed on {worker}, which lacks what it needs"
+                    );
                     // Inputs are read when the task starts.
                     let w = compute(task, &members[&task][member], mem);
                     in_flight.push((task, member, w));

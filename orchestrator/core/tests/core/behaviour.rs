@@ -1,13 +1,16 @@
 //! The cores' behaviour, one rule at a time.
 
+use strata_boundary::{BackendKinds, DTypeSet, Features};
 use strata_orchestrator_core::dag::{Arg, Born, NewTask, Transition, edge};
 use strata_orchestrator_core::engine::{Action, Event, Submission};
 use strata_orchestrator_core::sched::{MemberInfo, Outcome, Placement};
 use strata_orchestrator_core::{
-    Dag, Engine, FailureCause, FailureKind, KernelHandle, Loss, Refusal, TaskId, WorkerId,
+    Capabilities, Dag, Engine, FailureCause, FailureKind, KernelHandle, Loss, PlacementError,
+    Refusal, SubmitReason, TaskId, WorkerId,
 };
 use strata_wire::{
-    Access, AddressSpace, ArgTag, Backing, BufferDescriptor, CanonicalIdentity, DType, Tensor,
+    Access, AddressSpace, ArgTag, BackendKind, Backing, BufferDescriptor, CanonicalIdentity, DType,
+    Tensor,
 };
 
 fn buffer(id: u64, access: Access) -> BufferDescriptor {
@@ -342,9 +345,20 @@ fn submission(id: u64, args: &[(Tensor, ArgTag)], placement: Placement) -> Sub {
             callable: K,
             placement,
             device_buffers: vec![],
+            needs: Capabilities::NONE,
             work: Default::default(),
         }],
         retries: 0,
+    }
+}
+
+/// Every kind, dtype and feature: what the tests' workers have unless one
+/// says otherwise.
+fn everything() -> Capabilities {
+    Capabilities {
+        backends: BackendKinds::of(BackendKind::ALL),
+        dtypes: DTypeSet::ALL,
+        features: Features::KNOWN,
     }
 }
 
@@ -371,6 +385,15 @@ trait Drive {
         &mut self,
         worker: WorkerId,
         callables: impl IntoIterator<Item = KernelHandle>,
+        window: usize,
+    ) -> Vec<Action> {
+        self.worker_up_with(worker, callables, everything(), window)
+    }
+    fn worker_up_with(
+        &mut self,
+        worker: WorkerId,
+        callables: impl IntoIterator<Item = KernelHandle>,
+        capabilities: Capabilities,
         window: usize,
     ) -> Vec<Action>;
     fn worker_lost(&mut self, worker: WorkerId, cause: &str, fenced: bool) -> Vec<Action>;
@@ -405,15 +428,17 @@ impl Drive for Engine {
     fn cancel(&mut self, task: TaskId) -> Result<Vec<Action>, Refusal> {
         answer(self.on_event(Event::Cancel(task)))
     }
-    fn worker_up(
+    fn worker_up_with(
         &mut self,
         worker: WorkerId,
         callables: impl IntoIterator<Item = KernelHandle>,
+        capabilities: Capabilities,
         window: usize,
     ) -> Vec<Action> {
         self.on_event(Event::WorkerUp {
             worker,
             callables: callables.into_iter().collect(),
+            capabilities,
             window,
         })
     }
@@ -521,6 +546,144 @@ fn placement_windows_and_directed_tasks() {
     e.scheduler().check_invariants().unwrap();
 }
 
+/// A task that needs a dtype goes only to a worker whose chip has it,
+/// however much room another has; one without a need goes anywhere; a
+/// task pinned to a worker without what it needs, or that no worker can
+/// take, is refused at submit naming what is missing.
+#[test]
+fn placement_never_picks_a_worker_without_what_the_task_needs() {
+    let b = buffer(1, Access::ReadWrite);
+    let mut e = Engine::new();
+    let no_f64 = Capabilities {
+        dtypes: DTypeSet::ALL.difference(DTypeSet::of([DType::F64])),
+        ..everything()
+    };
+    // Worker 0 has room for many and no F64; worker 1 room for one.
+    e.worker_up_with(WorkerId(0), [K], no_f64, 8);
+    e.worker_up(WorkerId(1), [K], 1);
+    let f64_need = Capabilities {
+        dtypes: DTypeSet::of([DType::F64]),
+        ..Capabilities::NONE
+    };
+    let mut all = Vec::new();
+    for i in 0..4 {
+        let mut s = submission(i + 1, &[(row(b, i), ArgTag::Output)], Placement::Any);
+        s.members[0].needs = f64_need;
+        all.extend(e.submit(s).unwrap());
+    }
+    // One runs on worker 1; the rest wait for it, never on worker 0.
+    assert_eq!(dispatched(&all), vec![(1, 1)]);
+    assert_eq!(e.scheduler().outstanding(WorkerId(0)), 0);
+    let plain = e
+        .submit(submission(
+            5,
+            &[(row(b, 5), ArgTag::Output)],
+            Placement::Any,
+        ))
+        .unwrap();
+    assert_eq!(
+        dispatched(&plain),
+        vec![(5, 0)],
+        "no need: the roomy worker"
+    );
+    let mut ran = vec![1];
+    for t in 1..4 {
+        let next = e.finished(TaskId(t), 0, Ok(()));
+        let d = dispatched(&next);
+        assert_eq!(d.len(), 1, "{next:?}");
+        assert_eq!(d[0].1, 1, "task {} on worker 0", d[0].0);
+        ran.push(d[0].0);
+    }
+    assert_eq!(ran, vec![1, 2, 3, 4]);
+    e.scheduler().check_invariants().unwrap();
+
+    // Pinned to the worker without F64: refused, naming what it lacks.
+    let mut s = submission(
+        10,
+        &[(row(b, 9), ArgTag::Input)],
+        Placement::On(WorkerId(0)),
+    );
+    s.members[0].needs = f64_need;
+    let r = e.submit(s).unwrap_err();
+    assert!(
+        matches!(
+            &r,
+            Refusal::Submit(strata_orchestrator_core::SubmitError {
+                reason: SubmitReason::Unplaceable(PlacementError::Lacks {
+                    member: 0,
+                    worker: WorkerId(0),
+                    missing,
+                }),
+                ..
+            }) if *missing == f64_need
+        ),
+        "{r:?}"
+    );
+    assert!(
+        r.to_string()
+            .contains("worker 0 lacks what it needs: backends none; dtypes F64; features none"),
+        "{r}"
+    );
+    // A feature no worker has: refused wherever it may go.
+    let mut s = submission(11, &[(row(b, 9), ArgTag::Input)], Placement::Any);
+    s.members[0].needs = Capabilities {
+        features: Features::from_bits(1 << 40),
+        ..Capabilities::NONE
+    };
+    let r = e.submit(s).unwrap_err();
+    assert!(
+        r.to_string()
+            .contains("no worker that offers callable 01010101010101010101010101010101 has what it needs (backends none; dtypes none; features bit 40)"),
+        "{r}"
+    );
+    e.scheduler().check_invariants().unwrap();
+}
+
+/// When the only worker with what a task needs is lost, the task is not
+/// placed on one without it: it fails as unplaceable, naming the need.
+#[test]
+fn a_task_whose_only_capable_worker_is_down_fails_instead_of_moving() {
+    let b = buffer(1, Access::ReadWrite);
+    let mut e = Engine::new();
+    let cache = Capabilities {
+        features: Features::DEVICE_CACHE,
+        ..Capabilities::NONE
+    };
+    e.worker_up_with(
+        WorkerId(0),
+        [K],
+        Capabilities {
+            features: Features::HOST_BYTES,
+            ..everything()
+        },
+        4,
+    );
+    e.worker_up(WorkerId(1), [K], 1);
+    let mut first = submission(1, &[(row(b, 0), ArgTag::Output)], Placement::Any);
+    first.members[0].needs = cache;
+    assert_eq!(dispatched(&e.submit(first).unwrap()), vec![(1, 1)]);
+    let mut second = submission(2, &[(row(b, 1), ArgTag::Output)], Placement::Any);
+    second.members[0].needs = cache;
+    assert!(dispatched(&e.submit(second).unwrap()).is_empty());
+    let out = e.worker_lost(WorkerId(1), "gone", true);
+    let failed: Vec<_> = out
+        .iter()
+        .filter_map(|a| match a {
+            Action::Done { task, outcome } => Some((task.0, format!("{outcome:?}"))),
+            _ => None,
+        })
+        .collect();
+    assert!(
+        failed.iter().any(|(t, o)| *t == 2
+            && o.contains(
+                "has what it needs (backends none; dtypes none; features DEVICE_CACHE) is up"
+            )),
+        "{failed:?}"
+    );
+    assert!(dispatched(&out).is_empty(), "nothing moved to worker 0");
+    e.scheduler().check_invariants().unwrap();
+}
+
 #[test]
 fn device_buffers_break_ties() {
     let b = buffer(1, Access::ReadWrite);
@@ -583,6 +746,7 @@ fn groups_launch_all_or_nothing_on_distinct_workers() {
                 callable: K,
                 placement: Placement::Any,
                 device_buffers: vec![],
+                needs: Capabilities::NONE,
                 work: Default::default()
             };
             2
@@ -1054,6 +1218,7 @@ fn a_group_publishes_one_completion_token() {
         callable: K,
         placement: Placement::On(WorkerId(w)),
         device_buffers: vec![],
+        needs: Capabilities::NONE,
         work: Default::default(),
     };
     let out = e

@@ -686,6 +686,7 @@ impl DagActor {
                         args: std::sync::Arc::clone(&m.args),
                         scalars: std::sync::Arc::clone(&m.scalars),
                         timeout: m.timeout,
+                        required_features: m.required_features,
                         cache,
                         fail: None,
                     };

@@ -430,6 +430,7 @@ impl EndpointActor {
                 inline,
                 staged: Vec::new(),
                 cache,
+                required_features: item.required_features,
             },
             InFlight {
                 task: item.task,

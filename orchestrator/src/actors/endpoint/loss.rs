@@ -271,8 +271,9 @@ impl EndpointActor {
         }));
     }
 
-    /// A lost worker answered again: it rejoins if it still offers what it
-    /// offered at the start.
+    /// A lost worker answered again: it rejoins if it still offers the
+    /// callables it offered at the start, and still has what its tasks
+    /// could use then.
     pub(super) fn redialed(
         &mut self,
         link: Arc<dyn WorkerLink>,
@@ -295,6 +296,17 @@ impl EndpointActor {
                 name = %self.name,
                 missing,
                 "back but lacks callables it offered at the start; not rejoining it (dialing again)"
+            );
+            link.close();
+            return self.redial();
+        }
+        let missing = link.facts().capabilities().missing(&self.capabilities);
+        if !missing.is_empty() {
+            warn!(
+                worker = %self.id,
+                name = %self.name,
+                %missing,
+                "back but lacks capabilities it had at the start; not rejoining it (dialing again)"
             );
             link.close();
             return self.redial();
@@ -336,6 +348,7 @@ impl EndpointActor {
         let _ = self.up.send(Notice::Event(Event::WorkerUp {
             worker: self.id,
             callables,
+            capabilities: self.capabilities,
             window: self.window,
         }));
     }

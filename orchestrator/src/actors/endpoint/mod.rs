@@ -144,6 +144,10 @@ pub(crate) struct EndpointActor {
     /// The callables it offered at the start; a worker that comes back
     /// must still offer them all.
     offers: HashSet<KernelHandle>,
+    /// What its tasks could use at the start, through this link (the
+    /// cluster placed and checked tasks by it); a worker that comes back
+    /// must still have all of it.
+    capabilities: strata_proto::convert::Capabilities,
     internal_tx: mpsc::UnboundedSender<Internal>,
     internal: mpsc::UnboundedReceiver<Internal>,
     life: Arc<Life>,
@@ -194,6 +198,7 @@ impl EndpointActor {
         let (internal_tx, internal) = mpsc::unbounded_channel();
         let (lost_tx, lost_rx) = watch::channel(false);
         let offers = s.link.facts().worker.handles().collect();
+        let capabilities = s.link.facts().capabilities();
         let process = s
             .link
             .facts()
@@ -206,6 +211,7 @@ impl EndpointActor {
             link: s.link,
             link_events: s.events,
             offers,
+            capabilities,
             internal_tx,
             internal,
             life: s.life,

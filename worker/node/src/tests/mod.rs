@@ -129,6 +129,7 @@ fn submit(
         inline: vec![],
         staged: Vec::new(),
         cache: Vec::new(),
+        required_features: strata_proto::convert::Features::NONE,
     };
     exec::execute(
         &f.node,
@@ -156,7 +157,7 @@ fn cause(c: &TaskCompletion) -> &str {
 #[test]
 fn queued_tasks_of_an_ended_session_never_start() {
     let f = fixture();
-    let id = f.node.open_session();
+    let id = f.node.open_session(f.node.capabilities);
     let session = f.node.session(id).unwrap();
     let (tx, rx) = mpsc::channel();
     submit(&f, &session, 1, f.hold, &tx);
@@ -209,8 +210,8 @@ fn unknown_sessions_and_other_sessions() {
         f.node.session_state(SessionId(12345)),
         SessionState::UNKNOWN
     );
-    let a = f.node.open_session();
-    let b = f.node.open_session();
+    let a = f.node.open_session(f.node.capabilities);
+    let b = f.node.open_session(f.node.capabilities);
     f.node.end_session(a, "first");
     f.node.end_session(a, "second");
     let sb = f.node.session(b).unwrap();
@@ -243,7 +244,10 @@ fn an_import_for_an_ended_session_is_not_kept() {
         std::os::fd::OwnedFd::from(mfd.into_file())
     };
     let identity = CanonicalIdentity::new([9; 8], 1, 1).unwrap();
-    let (a, b) = (f.node.open_session(), f.node.open_session());
+    let (a, b) = (
+        f.node.open_session(f.node.capabilities),
+        f.node.open_session(f.node.capabilities),
+    );
     f.node.end_session(a, "task stream closed");
     let err = f.node.import_one(a, identity, None, sealed()).unwrap_err();
     assert_eq!(err, format!("buffer {identity}: session {a} has ended"));
@@ -253,3 +257,5 @@ fn an_import_for_an_ended_session_is_not_kept() {
     assert_eq!(f.node.release_imports(a, &[identity]), 0);
     assert_eq!(f.node.release_imports(b, &[identity]), 1);
 }
+
+mod caps;

@@ -203,6 +203,12 @@ impl BackendKinds {
         self.0 & other.0 == other.0
     }
 
+    /// These and `other`'s.
+    #[must_use]
+    pub const fn union(self, other: BackendKinds) -> BackendKinds {
+        BackendKinds(self.0 | other.0)
+    }
+
     /// These without `other`'s.
     #[must_use]
     pub const fn difference(self, other: BackendKinds) -> BackendKinds {

@@ -67,7 +67,7 @@ pub(crate) async fn attach(
     let session = node
         .session(id)
         .ok_or_else(|| format!("session {id} is unknown or has ended"))?;
-    strata_worker_node::check_arrival(&fd).map_err(|e| format!("ring memfd: {e}"))?;
+    strata_worker_node::check_arrival(&fd, None).map_err(|e| format!("ring memfd: {e}"))?;
     let caps = Capacities {
         submit: ring.submit_capacity as usize,
         complete: ring.complete_capacity as usize,

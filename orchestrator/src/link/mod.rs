@@ -75,20 +75,22 @@ impl Facts {
     /// What tasks placed on the worker may use through this link: what
     /// its handshake said, with the kinds of buffer this link can bring it.
     /// A link that shares memory passes host buffers by fd, so the worker
-    /// takes them when it imports MEMFD (its own statement); a staged link
-    /// sends their bytes with each task, so it takes them when the worker
-    /// takes HOST bytes ([`Features::HOST_BYTES`]), whatever it imports.
-    /// Every host buffer this driver makes is a MEMFD.
+    /// takes them when it imports their kind, MEMFD or POSIX_SHM (its own
+    /// statement); a staged link sends their bytes with each task, so it
+    /// takes them when the worker takes HOST bytes
+    /// ([`Features::HOST_BYTES`]), whatever it imports. Every host buffer
+    /// this driver makes is a MEMFD, or a POSIX_SHM it opened by name.
     pub(crate) fn capabilities(&self) -> Capabilities {
         let said = self.worker.capabilities;
+        let host = BackendKinds::NONE
+            .with(BackendKind::Memfd)
+            .with(BackendKind::PosixShm);
         let backends = match self.memory {
             Memory::Staged if said.features.contains(Features::HOST_BYTES) => {
-                said.backends.with(BackendKind::Memfd)
+                said.backends.union(host)
             }
-            // No fd reaches it: it imports no memfd, whatever it says.
-            Memory::Staged => said
-                .backends
-                .difference(BackendKinds::NONE.with(BackendKind::Memfd)),
+            // No fd reaches it: it imports nothing by fd, whatever it says.
+            Memory::Staged => said.backends.difference(host),
             Memory::Shared => said.backends,
         };
         Capabilities { backends, ..said }
@@ -427,13 +429,15 @@ mod tests {
         }
     }
 
-    /// Host buffers reach a worker by fd when it imports MEMFD, or as bytes
-    /// over a staged link when it takes HOST bytes; a staged link brings no
-    /// fd whatever the worker says. Dtypes and features pass as said.
+    /// Host buffers reach a worker by fd when it imports their kind (MEMFD,
+    /// POSIX_SHM), or as bytes over a staged link when it takes HOST bytes;
+    /// a staged link brings no fd whatever the worker says. Dtypes and
+    /// features pass as said.
     #[test]
     fn a_link_takes_host_buffers_the_way_it_can_bring_them() {
         let device = BackendKinds::NONE.with(BackendKind::DeviceMalloc);
-        let both = device.with(BackendKind::Memfd);
+        let both = device.with(BackendKind::Memfd).with(BackendKind::PosixShm);
+        let memfd_only = device.with(BackendKind::Memfd);
         let said = |backends, features| Capabilities {
             backends,
             dtypes: DTypeSet::ALL,
@@ -445,6 +449,8 @@ mod tests {
             (Memory::Staged, device, Features::HOST_BYTES, both),
             (Memory::Staged, device, Features::NONE, device),
             (Memory::Staged, both, Features::NONE, device),
+            (Memory::Shared, memfd_only, Features::HOST_BYTES, memfd_only),
+            (Memory::Staged, memfd_only, Features::HOST_BYTES, both),
         ];
         for (memory, backends, features, want) in cases {
             let got = facts(memory, said(backends, features)).capabilities();

@@ -1,16 +1,19 @@
 //! An imported fd cannot be pulled out from under a worker.
 //!
-//! A worker maps every import shared; a backing shrunk under the mapping
+//! A worker maps a MEMFD import shared; a backing shrunk under the mapping
 //! would make each later access raise SIGBUS and kill the worker, with
 //! every session it serves. So the worker refuses, when the fd arrives,
-//! any fd that is not sealed against shrinking: unsealed memfds and POSIX
-//! shared-memory objects (which cannot be sealed) alike. These tests shrink
-//! such fds for real while the same worker serves a second session, and
-//! check that the second session's bytes are right before and after and
-//! that the worker process is still running.
+//! any fd that is not sealed against shrinking (unsealed memfds, and POSIX
+//! shared-memory objects, which cannot be sealed) unless its descriptor
+//! names it POSIX_SHM: such an object is imported by copy and never
+//! mapped, so shrinking it can only fail the tasks that use it. These
+//! tests shrink such fds for real while the same worker serves a second
+//! session, and check that the second session's bytes are right before
+//! and after and that the worker process is still running.
 
 use std::collections::HashMap;
 use std::os::fd::{AsFd, OwnedFd};
+use std::path::Path;
 use std::time::Duration;
 
 use nix::errno::Errno;
@@ -45,12 +48,15 @@ struct Session {
     fds: FdChannel,
     stream: TaskStream,
     fill: KernelHandle,
+    /// `test.late_fill`, on a test worker.
+    late_fill: Option<KernelHandle>,
 }
 
 async fn open_session(w: &WorkerProcess) -> Session {
     let mut client = WorkerClient::connect(&w.endpoint, None).await.unwrap();
     let hs = client.handshake().await.unwrap();
     let fill = hs.callable("fill", 1).expect("fill offered");
+    let late_fill = hs.callable("test.late_fill", 1);
     let fds = client.fd_channel().await.unwrap();
     let stream = client.open_tasks().await.unwrap();
     Session {
@@ -58,6 +64,7 @@ async fn open_session(w: &WorkerProcess) -> Session {
         fds,
         stream,
         fill,
+        late_fill,
     }
 }
 
@@ -273,13 +280,21 @@ async fn an_unsealed_memfd_is_refused_and_shrinking_it_leaves_the_worker_serving
 }
 
 /// A POSIX shared-memory object (shm_open, unlinked at once) cannot be
-/// sealed: it is refused the same way, and shrinking it afterwards cannot
-/// touch the worker.
+/// sealed. Passed without a descriptor it is refused like any unsealed fd,
+/// and shrinking it afterwards cannot touch the worker.
 #[tokio::test(flavor = "multi_thread")]
-async fn a_posix_shm_object_is_refused_and_shrinking_it_leaves_the_worker_serving() {
+async fn a_posix_shm_object_without_its_descriptor_is_refused_and_shrinking_it_leaves_the_worker_serving()
+ {
+    let (fd, desc) = posix_object("strata-seal", 4096);
+    shrink_under_a_shared_worker(fd, desc, "a POSIX shared-memory object").await;
+}
+
+/// A POSIX shared-memory object of `nbytes` named `prefix-<pid>`,
+/// unlinked at once, and a READWRITE POSIX_SHM descriptor of it.
+fn posix_object(prefix: &str, nbytes: u64) -> (OwnedFd, BufferDescriptor) {
     use nix::fcntl::OFlag;
     use nix::sys::stat::Mode;
-    let name = format!("strata-seal-{}", std::process::id());
+    let name = format!("{prefix}-{}", std::process::id());
     let path = format!("/{name}");
     let fd = nix::sys::mman::shm_open(
         path.as_str(),
@@ -288,10 +303,10 @@ async fn a_posix_shm_object_is_refused_and_shrinking_it_leaves_the_worker_servin
     )
     .unwrap();
     nix::sys::mman::shm_unlink(path.as_str()).unwrap();
-    ftruncate(&fd, 4096).unwrap();
+    ftruncate(&fd, i64::try_from(nbytes).unwrap()).unwrap();
     let desc = BufferDescriptor::new(
         mint().mint().unwrap(),
-        4096,
+        nbytes,
         AddressSpace::Host,
         Access::ReadWrite,
         Backing::PosixShm {
@@ -299,7 +314,117 @@ async fn a_posix_shm_object_is_refused_and_shrinking_it_leaves_the_worker_servin
         },
     )
     .unwrap();
-    shrink_under_a_shared_worker(fd, desc, "a POSIX shared-memory object").await;
+    (fd, desc)
+}
+
+/// With its POSIX_SHM descriptor the same object is imported by copy,
+/// never mapped: tasks read and write its bytes; shrinking it while a
+/// task that writes it runs fails that task (its writes are not stored
+/// and the object is not grown back), the next task on it fails at its
+/// read, and the same worker process goes on serving another session with
+/// the right bytes.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_posix_shm_object_is_copied_and_a_shrink_mid_task_fails_only_that_task() {
+    let w = WorkerProcess::spawn_unix(
+        Path::new(env!("CARGO_BIN_EXE_strata-test-worker")),
+        &[],
+        &["--device", "sim:mem=64MiB,lanes=2"],
+    );
+    let mint = mint();
+    let (object, desc) = posix_object("strata-copied", 4096);
+
+    // Session B: a sealed buffer, imported and used.
+    let mut b = open_session(&w).await;
+    let b_buf = SharedBuffer::new(&mint, B_ELEMS * 4, Access::ReadWrite);
+    let acks = b
+        .fds
+        .import(&[*b_buf.descriptor().identity()], &[b_buf.fd()])
+        .await
+        .unwrap();
+    assert_eq!(acks, vec![Ok(())]);
+    send_b(&b, &b_buf, 1).await;
+    check_b(&mut b, &b_buf, 1).await;
+
+    // Session A: the object, with its descriptor, is accepted.
+    let mut a = open_session(&w).await;
+    let acks = a.fds.import_as(&[desc], &[object.as_fd()]).await.unwrap();
+    assert_eq!(acks, vec![Ok(())]);
+    let late_fill = a.late_fill.expect("test.late_fill offered");
+    let late = |id: u64, view: Tensor, ms: u64, value: u64| TaskRequest {
+        id: TaskId(id),
+        callable: late_fill,
+        args: TaskArgs::new(vec![view], vec![ms, value]).unwrap(),
+        tags: vec![ArgTag::Output],
+        inline: vec![None],
+        staged: Vec::new(),
+        cache: Vec::new(),
+        required_features: strata_proto::convert::Features::NONE,
+    };
+    // Elements 16..32 filled with 7 (a task's write lands in the object,
+    // and only its view: the bytes around it stay zero), then 0..16
+    // filled by `fill`.
+    let middle = Tensor::new(desc, 64, &[16], &[1], DType::F32).unwrap();
+    let head = Tensor::new(desc, 0, &[16], &[1], DType::F32).unwrap();
+    a.stream
+        .send(&[late(1, middle, 0, 7), fill_task(&a, 2, head, 3.0)])
+        .await
+        .unwrap();
+    let done = collect(&mut a.stream, 2).await;
+    for id in [1, 2] {
+        assert_eq!(done[&id].outcome, TaskOutcome::Success, "task {id}");
+    }
+    let mut bytes = vec![0u8; 4096];
+    nix::sys::uio::pread(&object, &mut bytes, 0).unwrap();
+    let f32_at = |k: usize| f32::from_le_bytes(bytes[4 * k..4 * k + 4].try_into().unwrap());
+    assert!((0..16).all(|k| f32_at(k) == 3.0));
+    assert!((16..32).all(|k| f32_at(k) == 7.0));
+    assert!((32..1024).all(|k| f32_at(k) == 0.0));
+
+    // A task that writes the object runs for a second; the object is cut
+    // to 64 bytes while it runs and B's next round is in flight.
+    let tail = Tensor::new(desc, 2048, &[16], &[1], DType::F32).unwrap();
+    a.stream.send(&[late(3, tail, 1500, 9)]).await.unwrap();
+    send_b(&b, &b_buf, 2).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    ftruncate(&object, 64).unwrap();
+    let done = collect(&mut a.stream, 1).await;
+    match &done[&3].outcome {
+        TaskOutcome::Failure(cause) => {
+            assert_eq!(cause.kind, FailureKind::Device, "{cause}");
+            assert!(
+                cause
+                    .message
+                    .contains("the task ran, but its writes could not be stored"),
+                "{cause}"
+            );
+            assert!(cause.message.contains("now holds 64 bytes"), "{cause}");
+        }
+        other => panic!("a task whose object shrank while it ran: {other:?}"),
+    }
+    assert_eq!(
+        nix::sys::stat::fstat(&object).unwrap().st_size,
+        64,
+        "a refused write-back does not grow the object back"
+    );
+    // The next task on it fails at its read, before it runs.
+    a.stream.send(&[late(4, tail, 0, 9)]).await.unwrap();
+    let done = collect(&mut a.stream, 1).await;
+    match &done[&4].outcome {
+        TaskOutcome::Failure(cause) => {
+            assert_eq!(cause.kind, FailureKind::ImportRefused, "{cause}");
+            assert!(
+                cause.message.contains("shrank it after the import"),
+                "{cause}"
+            );
+        }
+        other => panic!("a task on a shrunk object: {other:?}"),
+    }
+    check_b(&mut b, &b_buf, 2).await;
+
+    // B is still served, with the right bytes, by the same process.
+    send_b(&b, &b_buf, 3).await;
+    check_b(&mut b, &b_buf, 3).await;
+    assert_running(&w);
 }
 
 /// What protects the worker is the seal: a sealed memfd that is imported

@@ -8,20 +8,27 @@
 //! 2. resolve each tensor's backing: a device buffer of the session by
 //!    identity, inline bytes that came with the task (unpacked into a
 //!    private host buffer, or, for a lone contiguous view the kernel only
-//!    reads, read where they were received), or an imported fd mapped
+//!    reads, read where they were received), an imported fd mapped
 //!    once by identity (an identity whose fd was refused on arrival fails
 //!    with that refusal; a kind of buffer the session does not take is
-//!    [`FailureKind::Unsupported`]);
+//!    [`FailureKind::Unsupported`]), or an imported POSIX shared-memory
+//!    object, whose bytes the task's views span are read into a private
+//!    buffer now (an object shrunk since its import fails the task);
 //! 3. launch on the device (which validates the arguments against the
 //!    signature and the chip's dtypes before anything runs), with the session's start gate: a
 //!    task of a session that has ended fails instead of starting, whether
 //!    it was still here or already queued on a lane;
-//! 4. on completion, pack the written inline arguments into the reply.
+//! 4. on completion, write the views a successful task wrote over POSIX
+//!    shared-memory objects back into them (an object shrunk meanwhile
+//!    fails the task instead), and pack the written inline arguments into
+//!    the reply.
 //!
 //! Every lease (mapping, device buffer, inline buffer) is held by the
 //! completion closure, so nothing a running kernel touches is unmapped or
 //! freed under it.
 
+use std::collections::HashMap;
+use std::collections::hash_map::Entry;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 
@@ -34,9 +41,10 @@ use strata_proto::TaskId;
 use strata_proto::convert::{
     CacheArg, FailureCause, FailureKind, Features, TaskCompletion, TaskOutcome, TaskRequest,
 };
-use strata_wire::{AddressSpace, BufferDescriptor, Footprint, Tensor};
+use strata_wire::{AddressSpace, BufferDescriptor, CanonicalIdentity, Footprint, Tensor};
 use strata_worker_core::ImportError;
 
+use crate::imports::{CopiedImport, Import};
 use crate::node::{Node, Session};
 
 /// Called once with the task's completion.
@@ -48,6 +56,26 @@ struct InlineArg {
     index: u32,
     view: Tensor,
     host: Arc<HostBuffer>,
+}
+
+/// An argument over a POSIX_SHM import that the kernel writes: its bytes
+/// go back to the object from the private copy once the task succeeds.
+struct CopyBack {
+    index: u32,
+    /// The view over the private copy.
+    view: Tensor,
+    host: Arc<HostBuffer>,
+    /// Where the private copy starts in the object.
+    origin: u64,
+    import: Arc<Import>,
+}
+
+/// A POSIX_SHM buffer's private copy for one task: the bytes its views
+/// span, from `origin` (64-byte aligned).
+struct Copy {
+    origin: u64,
+    host: Arc<HostBuffer>,
+    desc: BufferDescriptor,
 }
 
 /// Runs `req` and calls `done` exactly once.
@@ -79,10 +107,15 @@ fn run(node: &Arc<Node>, session: &Session, req: TaskRequest, done: Done, here: 
     }
     match prepare(node, session, req) {
         Err(cause) => counting(TaskCompletion::failed(id, cause)),
-        Ok((launch, held, inline)) => {
+        Ok((launch, held, inline, copies)) => {
             let finish: strata_chip_runtime::device::Completion = Box::new(move |outcome| {
                 drop(held);
-                let completion = complete(id, outcome, inline);
+                // Only a task that succeeded writes its copies back.
+                let completion = match outcome.map(|r| write_back(&copies).map(|()| r)) {
+                    Ok(Err(cause)) => TaskCompletion::failed(id, cause),
+                    Ok(Ok(report)) => complete(id, Ok(report), inline),
+                    Err(e) => complete(id, Err(e), inline),
+                };
                 counting(completion);
             });
             // The device calls its completion only for launches it accepted;
@@ -161,11 +194,10 @@ fn check_required(session: &Session, required: Features) -> Result<(), FailureCa
     Ok(())
 }
 
-fn prepare(
-    node: &Node,
-    session: &Session,
-    req: TaskRequest,
-) -> Result<(Launch, Held, Vec<InlineArg>), FailureCause> {
+/// What a prepared task holds until it completes.
+type Prepared = (Launch, Held, Vec<InlineArg>, Vec<CopyBack>);
+
+fn prepare(node: &Node, session: &Session, req: TaskRequest) -> Result<Prepared, FailureCause> {
     check_required(session, req.required_features)?;
     let kernel = node.kernels.get(req.callable).map_err(|_| {
         let mut names: Vec<String> = node
@@ -191,6 +223,9 @@ fn prepare(
         .collect();
     let mut held: Held = Vec::new();
     let mut inline_args = Vec::new();
+    let mut copies: HashMap<CanonicalIdentity, Copy> = HashMap::new();
+    let mut copy_backs = Vec::new();
+    let by_import: Vec<bool> = req.inline.iter().map(Option::is_none).collect();
     let mut args = Vec::with_capacity(req.args.tensors().len());
     // Arguments the driver left out because the chip holds their bytes
     // travel as inline views without bytes: a private buffer of zeros,
@@ -286,13 +321,48 @@ fn prepare(
                         }
                     })?;
                 let access = tensor.buffer().access();
-                // A mapped buffer's copy may stay on the chip, as the task
-                // says, for this session alone.
-                cache = cache_use(&req.cache, session, i);
-                (
-                    *tensor,
-                    ArgBacking::Host(crate::imports::lease(mapping, access)),
-                )
+                match &*mapping {
+                    Import::Mapped(m) => {
+                        // A mapped buffer's copy may stay on the chip, as
+                        // the task says, for this session alone.
+                        cache = cache_use(&req.cache, session, i);
+                        (
+                            *tensor,
+                            ArgBacking::Host(crate::imports::lease(Arc::clone(m), access)),
+                        )
+                    }
+                    // Bytes copied for this task only: nothing of them
+                    // stays on the chip.
+                    Import::Copied(object) => {
+                        let copy = match copies.entry(*tensor.identity()) {
+                            Entry::Occupied(e) => e.into_mut(),
+                            Entry::Vacant(e) => e.insert(
+                                copy_in(object, tensor, req.args.tensors(), &by_import)
+                                    .map_err(bad)?,
+                            ),
+                        };
+                        let view = Tensor::new(
+                            copy.desc,
+                            tensor.byte_offset() - copy.origin,
+                            tensor.shape(),
+                            tensor.strides(),
+                            tensor.dtype(),
+                        )
+                        .map_err(|e| bad(e.to_string()))?;
+                        let host = Arc::clone(&copy.host);
+                        if writes.get(i).copied().unwrap_or(false) && access.allows_write() {
+                            copy_backs.push(CopyBack {
+                                index: i as u32,
+                                view,
+                                host: Arc::clone(&host),
+                                origin: copy.origin,
+                                import: Arc::clone(&mapping),
+                            });
+                        }
+                        let memory = crate::imports::read_only_unless(host, access.allows_write());
+                        (view, ArgBacking::Host(memory))
+                    }
+                }
             }
         };
         args.push(LaunchArg {
@@ -311,7 +381,81 @@ fn prepare(
         },
         held,
         inline_args,
+        copy_backs,
     ))
+}
+
+/// Reads the bytes that the views of `tensor`'s buffer in this task span
+/// (every argument over it that did not come inline) out of the POSIX
+/// shared-memory object into a private buffer, from a 64-byte boundary so
+/// that every dtype's alignment holds, with a descriptor of that size.
+fn copy_in(
+    object: &CopiedImport,
+    tensor: &Tensor,
+    tensors: &[Tensor],
+    by_import: &[bool],
+) -> Result<Copy, String> {
+    let identity = tensor.identity();
+    let group = tensors
+        .iter()
+        .zip(by_import)
+        .filter(|(t, imported)| **imported && t.identity() == identity)
+        .map(|(t, _)| t);
+    let origin = group.clone().map(Tensor::byte_offset).min().unwrap_or(0) & !63;
+    let end = group.map(Tensor::end_byte).max().unwrap_or(0);
+    let len = usize::try_from(end - origin)
+        .map_err(|_| format!("its views span {} bytes", end - origin))?;
+    let d = tensor.buffer();
+    let bytes = object.read(origin, len)?;
+    let host = HostBuffer::from_bytes(&bytes).map_err(|e| e.to_string())?;
+    let desc = BufferDescriptor::new(
+        *identity,
+        end - origin,
+        d.address_space(),
+        d.access(),
+        *d.backing(),
+    )
+    .map_err(|e| e.to_string())?;
+    Ok(Copy {
+        origin,
+        host: Arc::new(host),
+        desc,
+    })
+}
+
+/// Writes the views a successful task wrote back into their POSIX
+/// shared-memory objects, run after run (the bytes between runs are not
+/// the task's and are left alone).
+fn write_back(copies: &[CopyBack]) -> Result<(), FailureCause> {
+    for c in copies {
+        let Import::Copied(object) = &*c.import else {
+            continue;
+        };
+        let end = c.origin + c.view.end_byte();
+        let first = c.view.byte_offset();
+        let mut result = Ok(());
+        strata_chip_runtime::staging::for_each_run(&c.view, |off, len| {
+            if result.is_err() {
+                return;
+            }
+            let from = first as usize + off;
+            result = c
+                .host
+                .read(from, len)
+                .map_err(|e| e.to_string())
+                .and_then(|bytes| object.write(c.origin + from as u64, &bytes, end));
+        });
+        result.map_err(|why| {
+            FailureCause::new(
+                FailureKind::Device,
+                format!(
+                    "argument {}: the task ran, but its writes could not be stored: {why}",
+                    c.index
+                ),
+            )
+        })?;
+    }
+    Ok(())
 }
 
 /// Refuses argument `i` backed by `buffer` when its kind is not one the

@@ -13,16 +13,28 @@
 //!
 //! Objects that cannot carry the seal (POSIX shared memory from
 //! `shm_open`, any other tmpfs file: Linux gives them `F_SEAL_SEAL` at
-//! creation, so `F_ADD_SEALS` fails) are refused too, with the same error.
-//! The alternative, failing only the task that touched a missing page,
-//! was rejected: catching SIGBUS and unwinding out of a kernel running on a
-//! pool thread of a multi-threaded process means `siglongjmp` across Rust
-//! frames (undefined behaviour), and probing the size before each access
-//! races a concurrent shrink. A file under `/dev/shm` is also subject to
-//! that mount's size limit, where writing a sparse page can fail with
-//! SIGBUS on its own; the kernel's internal memfd mount has no such limit.
+//! creation, so `F_ADD_SEALS` fails) are never mapped. The alternative,
+//! failing only the task that touched a missing page, was rejected:
+//! catching SIGBUS and unwinding out of a kernel running on a pool thread
+//! of a multi-threaded process means `siglongjmp` across Rust frames
+//! (undefined behaviour), and probing the size before each access races a
+//! concurrent shrink. A file under `/dev/shm` is also subject to that
+//! mount's size limit, where writing a sparse page can fail with SIGBUS on
+//! its own; the kernel's internal memfd mount has no such limit.
+//!
+//! A buffer its descriptor names POSIX_SHM (the seed system's own host
+//! buffers) is imported **by copy** instead ([`Import::Copied`]): the
+//! worker keeps the fd, reads the bytes a task's views span into private
+//! memory with `pread` before the kernel runs, and writes the views the
+//! task writes back with `pwrite` after it succeeds. A shrink can then
+//! only make a read come up short or find the object too small to write
+//! back, which fails that task with a cause that says so; no access of the
+//! worker's ever touches a page of the object. Any other unsealed fd is
+//! refused on arrival, as before.
 
+use std::fs::File;
 use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::unix::fs::FileExt;
 use std::sync::Arc;
 
 use memmap2::{MmapOptions, MmapRaw};
@@ -38,12 +50,19 @@ pub(crate) type Imports = ImportRegistry<FdMapper>;
 
 /// The backend kinds the import registry maps (its mapper checks a
 /// descriptor's kind against this list), and so the kinds a worker that
-/// receives fds states in its handshake: MEMFD alone. POSIX_SHM is not
-/// one: a POSIX shared-memory object cannot be sealed against shrinking
-/// (its fd is refused on arrival, [`check_arrival`]), and a buffer
-/// described as POSIX_SHM is refused here too, whatever its fd; every
-/// other kind is not host memory behind an fd at all.
-pub const IMPORTED_KINDS: [BackendKind; 1] = [BackendKind::Memfd];
+/// receives fds states in its handshake: MEMFD, mapped shared (it must be
+/// sealed against shrinking), and POSIX_SHM, imported by copy (module
+/// docs); every other kind is not host memory behind an fd at all.
+pub const IMPORTED_KINDS: [BackendKind; 2] = [BackendKind::Memfd, BackendKind::PosixShm];
+
+/// An imported buffer as tasks reach it.
+#[derive(Debug)]
+pub enum Import {
+    /// A sealed memfd, mapped shared: tasks use its bytes in place.
+    Mapped(Arc<HostMapping>),
+    /// A POSIX shared-memory object, read and written by copy.
+    Copied(CopiedImport),
+}
 
 /// Maps received fds after checking them against the buffer's descriptor.
 #[derive(Debug, Default)]
@@ -51,27 +70,46 @@ pub(crate) struct FdMapper;
 
 impl Mapper for FdMapper {
     type Source = OwnedFd;
-    type Mapping = HostMapping;
+    type Mapping = Import;
 
-    /// Checks, in order: the backend kind (one of [`IMPORTED_KINDS`], host space),
-    /// the filesystem (tmpfs/shmem, by `fstatfs`), the seal against
-    /// shrinking (`F_GET_SEALS`), the size (at least `nbytes`), and for
-    /// MEMFD the inode against the descriptor's body; then maps `nbytes`
-    /// shared, read-only when the buffer grants READ only. The seal is
-    /// checked before the size because only the seal keeps the size check
-    /// true afterwards.
+    /// Checks, in order: the backend kind (one of [`IMPORTED_KINDS`], host
+    /// space), the filesystem (tmpfs/shmem, by `fstatfs`); for MEMFD the
+    /// seal against shrinking (`F_GET_SEALS`), the size (at least
+    /// `nbytes`) and the inode against the descriptor's body, then maps
+    /// `nbytes` shared, read-only when the buffer grants READ only (the
+    /// seal is checked before the size because only the seal keeps the
+    /// size check true afterwards); for POSIX_SHM the size now, then keeps
+    /// the fd to copy through.
     /// `d` is the import's descriptor, not a task's: tasks that narrow it
     /// get a read-only [`lease`].
-    fn map(&self, fd: &OwnedFd, d: &BufferDescriptor) -> Result<HostMapping, String> {
+    fn map(&self, fd: &OwnedFd, d: &BufferDescriptor) -> Result<Import, String> {
         if d.address_space() != AddressSpace::Host {
             return Err("a DEVICE buffer cannot be imported by fd".into());
         }
         let kind = d.backing().kind();
         if !IMPORTED_KINDS.contains(&kind) {
-            return Err(match kind {
-                BackendKind::PosixShm => "a POSIX_SHM buffer is not imported: a POSIX shared-memory object cannot be sealed against shrinking (F_SEAL_SHRINK), so its owner could shrink it under a running task; pass a sealed memfd (MEMFD)".into(),
-                other => format!("a {} buffer cannot be imported by fd", other.name()),
-            });
+            return Err(format!("a {} buffer cannot be imported by fd", kind.name()));
+        }
+        if d.nbytes() == 0 {
+            return Err("a buffer of 0 bytes cannot be imported".into());
+        }
+        if let Backing::PosixShm { name } = d.backing() {
+            check_filesystem(fd)?;
+            let file = File::from(fd.try_clone().map_err(|e| format!("dup failed: {e}"))?);
+            let copied = CopiedImport {
+                file,
+                name: name.as_str().to_owned(),
+                nbytes: d.nbytes(),
+            };
+            let size = copied.size()?;
+            if size < d.nbytes() {
+                return Err(format!(
+                    "the POSIX shared-memory object '{}' holds {size} bytes but the buffer has nbytes {}",
+                    copied.name,
+                    d.nbytes()
+                ));
+            }
+            return Ok(Import::Copied(copied));
         }
         // MEMFD is the one kind imported: its body names the inode.
         let Backing::Memfd { st_dev, st_ino } = *d.backing() else {
@@ -109,21 +147,97 @@ impl Mapper for FdMapper {
             opts.map_raw_read_only(fd.as_raw_fd())
         }
         .map_err(|e| format!("mmap of {len} bytes failed: {e}"))?;
-        Ok(HostMapping { map, writable })
+        Ok(Import::Mapped(Arc::new(HostMapping { map, writable })))
+    }
+}
+
+/// A POSIX shared-memory object imported by copy: its fd (a duplicate the
+/// import owns) and what its descriptor says of it.
+#[derive(Debug)]
+pub struct CopiedImport {
+    file: File,
+    name: String,
+    nbytes: u64,
+}
+
+impl CopiedImport {
+    /// The object's name, for messages.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Its size now (its owner may have changed it since the import).
+    ///
+    /// # Errors
+    /// `fstat` failed.
+    pub fn size(&self) -> Result<u64, String> {
+        let st = fstat(&self.file).map_err(|e| format!("fstat failed: {e}"))?;
+        Ok(u64::try_from(st.st_size).unwrap_or(0))
+    }
+
+    /// `len` bytes from byte `offset`, read into private memory.
+    ///
+    /// # Errors
+    /// The object ends before `offset + len` (its owner shrank it since the
+    /// import), or the read failed.
+    pub fn read(&self, offset: u64, len: usize) -> Result<Vec<u8>, String> {
+        let mut out = vec![0u8; len];
+        self.file.read_exact_at(&mut out, offset).map_err(|e| {
+            if e.kind() == std::io::ErrorKind::UnexpectedEof {
+                self.shrunk(offset.saturating_add(len as u64))
+            } else {
+                format!(
+                    "reading the POSIX shared-memory object '{}' failed: {e}",
+                    self.name
+                )
+            }
+        })?;
+        Ok(out)
+    }
+
+    /// Writes `bytes` at byte `offset`, after checking that the object
+    /// still reaches `end` (the end of what the task writes), so that a
+    /// shrunk object is not grown back by a write-back.
+    ///
+    /// # Errors
+    /// The object now ends before `end`, or the write failed.
+    pub fn write(&self, offset: u64, bytes: &[u8], end: u64) -> Result<(), String> {
+        if self.size()? < end {
+            return Err(self.shrunk(end));
+        }
+        self.file.write_all_at(bytes, offset).map_err(|e| {
+            format!(
+                "writing the POSIX shared-memory object '{}' back failed: {e}",
+                self.name
+            )
+        })
+    }
+
+    /// Why a read or write-back up to byte `end` cannot be done.
+    fn shrunk(&self, end: u64) -> String {
+        let size = self.size().map_or_else(|e| e, |s| format!("{s} bytes"));
+        format!(
+            "the POSIX shared-memory object '{}' (nbytes {}) now holds {size}, short of byte {end}: its owner shrank it after the import",
+            self.name, self.nbytes
+        )
     }
 }
 
 /// The checks an fd from another process must pass when it arrives (a
 /// buffer's, or a ring's): what it is (tmpfs/shmem), and that it can never
-/// shrink under a mapping (see the module docs). Refusing on arrival,
-/// rather than at first use, puts the reason in the import's own answer
-/// and means the worker never holds an fd that could be pulled out from
-/// under it.
+/// shrink under a mapping (see the module docs), unless `grant` names it a
+/// POSIX_SHM buffer, which is never mapped. Refusing on arrival, rather
+/// than at first use, puts the reason in the import's own answer and means
+/// the worker never holds an fd that could be pulled out from under a
+/// mapping.
 ///
 /// # Errors
 /// What is wrong with the fd and what the sender must do instead.
-pub fn check_arrival(fd: &OwnedFd) -> Result<(), String> {
+pub fn check_arrival(fd: &OwnedFd, grant: Option<&BufferDescriptor>) -> Result<(), String> {
     check_filesystem(fd)?;
+    if grant.is_some_and(|g| g.backing().kind() == BackendKind::PosixShm) {
+        return Ok(());
+    }
     check_sealed_against_shrinking(fd)
 }
 
@@ -165,7 +279,7 @@ pub(crate) fn check_sealed_against_shrinking(fd: &OwnedFd) -> Result<(), String>
 }
 
 /// What a client must do to pass the seal check.
-const REMEDY: &str = "create the buffer with memfd_create(MFD_ALLOW_SEALING) and add F_SEAL_SHRINK with fcntl(F_ADD_SEALS) before passing it (POSIX shm objects cannot be sealed, so they cannot back a buffer)";
+const REMEDY: &str = "create the buffer with memfd_create(MFD_ALLOW_SEALING) and add F_SEAL_SHRINK with fcntl(F_ADD_SEALS) before passing it (a POSIX shm object, which cannot be sealed, must come with a POSIX_SHM descriptor: it is then copied, never mapped)";
 
 /// What kind of object `fd` is, for an error message: a memfd (its link in
 /// `/proc/self/fd` reads `/memfd:NAME (deleted)`), or the shared-memory
@@ -218,20 +332,26 @@ fn seal_names(seals: SealFlag) -> String {
 /// import; the mapping is writable for the import's sake, and this keeps
 /// that task from writing through it.
 pub(crate) fn lease(mapping: Arc<HostMapping>, access: Access) -> Arc<dyn HostMemory> {
-    if access.allows_write() || !mapping.writable {
-        mapping
+    let writable = mapping.writable;
+    read_only_unless(mapping, access.allows_write() || !writable)
+}
+
+/// `memory` itself when `writable`, a read-only face of it otherwise.
+pub(crate) fn read_only_unless(memory: Arc<dyn HostMemory>, writable: bool) -> Arc<dyn HostMemory> {
+    if writable {
+        memory
     } else {
-        Arc::new(ReadOnly(mapping))
+        Arc::new(ReadOnly(memory))
     }
 }
 
-/// A read-only face of a writable mapping.
+/// A read-only face of writable memory.
 #[derive(Debug)]
-struct ReadOnly(Arc<HostMapping>);
+struct ReadOnly(Arc<dyn HostMemory>);
 
-// SAFETY: delegates the range to the mapping, which upholds the contract
-// for it (see `HostMapping`), and reports it read-only, which only narrows
-// what callers may do.
+// SAFETY: delegates the range to the memory, which upholds the contract
+// for it, and reports it read-only, which only narrows what callers may
+// do.
 #[allow(unsafe_code)]
 unsafe impl HostMemory for ReadOnly {
     fn as_ptr(&self) -> *mut u8 {
@@ -364,7 +484,9 @@ mod tests {
         );
         assert_eq!(check_sealed_against_shrinking(&all), Ok(()));
         // And the mapper maps it.
-        let m = FdMapper.map(&all, &memfd_descriptor(&all, 4096)).unwrap();
+        let Import::Mapped(m) = FdMapper.map(&all, &memfd_descriptor(&all, 4096)).unwrap() else {
+            panic!("a memfd is mapped");
+        };
         assert_eq!((m.len(), m.writable()), (4096, true));
     }
 
@@ -400,20 +522,26 @@ mod tests {
         assert!(e.contains("F_SEAL_SHRINK is required"), "{e}");
     }
 
+    /// A POSIX shared-memory object cannot be sealed: without a descriptor
+    /// naming it POSIX_SHM its fd is refused on arrival, with one it is
+    /// imported by copy: reads and write-backs go through the fd, and once
+    /// its owner shrinks it they fail with a cause that says so, and a
+    /// write-back does not grow it again.
     #[test]
-    fn a_posix_shm_object_is_refused() {
-        let name = format!("/strata-seal-unit-{}", std::process::id());
+    fn a_posix_shm_object_is_copied_never_mapped() {
+        let name = format!("strata-seal-unit-{}", std::process::id());
+        let path = format!("/{name}");
         let fd = shm_open(
-            name.as_str(),
+            path.as_str(),
             nix::fcntl::OFlag::O_CREAT | nix::fcntl::OFlag::O_EXCL | nix::fcntl::OFlag::O_RDWR,
             Mode::S_IRUSR | Mode::S_IWUSR,
         )
         .unwrap();
-        shm_unlink(name.as_str()).unwrap();
+        shm_unlink(path.as_str()).unwrap();
         nix::unistd::ftruncate(&fd, 4096).unwrap();
         // It passes the filesystem check (tmpfs) and fails the seal check.
         assert_eq!(check_filesystem(&fd), Ok(()));
-        let e = check_sealed_against_shrinking(&fd).unwrap_err();
+        let e = check_arrival(&fd, None).unwrap_err();
         assert!(
             e.starts_with(
                 "the fd (a POSIX shared-memory object or tmpfs file, /dev/shm/strata-seal-unit-"
@@ -421,9 +549,52 @@ mod tests {
             "{e}"
         );
         assert!(e.contains("F_SEAL_SHRINK is required"), "{e}");
-        assert!(e.contains("POSIX shm objects cannot be sealed"), "{e}");
+        assert!(e.contains("must come with a POSIX_SHM descriptor"), "{e}");
         // The kernel agrees that it cannot be sealed.
         assert!(fcntl(&fd, FcntlArg::F_ADD_SEALS(SealFlag::F_SEAL_SHRINK)).is_err());
+
+        let desc = BufferDescriptor::new(
+            CanonicalIdentity::new([7; 8], 2, 1).unwrap(),
+            4096,
+            AddressSpace::Host,
+            Access::ReadWrite,
+            Backing::PosixShm {
+                name: strata_wire::ShmName::new(&name).unwrap(),
+            },
+        )
+        .unwrap();
+        assert_eq!(check_arrival(&fd, Some(&desc)), Ok(()));
+        let Import::Copied(object) = FdMapper.map(&fd, &desc).unwrap() else {
+            panic!("a POSIX_SHM buffer is copied");
+        };
+        object.write(100, b"strata", 106).unwrap();
+        assert_eq!(object.read(98, 10).unwrap(), b"\0\0strata\0\0");
+        // Larger than the object: refused at import.
+        let big = BufferDescriptor::new(
+            *desc.identity(),
+            8192,
+            AddressSpace::Host,
+            Access::ReadWrite,
+            *desc.backing(),
+        )
+        .unwrap();
+        let e = FdMapper.map(&fd, &big).unwrap_err();
+        assert!(
+            e.contains("holds 4096 bytes but the buffer has nbytes 8192"),
+            "{e}"
+        );
+
+        nix::unistd::ftruncate(&fd, 64).unwrap();
+        let e = object.read(0, 128).unwrap_err();
+        assert!(e.contains("now holds 64 bytes, short of byte 128"), "{e}");
+        assert!(e.contains("shrank it after the import"), "{e}");
+        let e = object.write(100, b"late", 104).unwrap_err();
+        assert!(e.contains("short of byte 104"), "{e}");
+        assert_eq!(
+            object.size().unwrap(),
+            64,
+            "a refused write-back grows nothing"
+        );
     }
 
     #[test]
@@ -446,7 +617,7 @@ mod tests {
         use strata_wire::{Access, AddressSpace, Backing, BufferDescriptor, CanonicalIdentity};
         use strata_worker_core::Mapper;
 
-        use super::super::{FdMapper, lease};
+        use super::super::{FdMapper, Import, lease};
 
         /// A sealed-against-shrinking memfd of `nbytes` and its descriptor.
         fn memfd(nbytes: u64, access: Access) -> (OwnedFd, BufferDescriptor) {
@@ -477,8 +648,12 @@ mod tests {
         /// mapping made read-only stays read-only whatever the task asks.
         #[test]
         fn a_read_lease_of_a_writable_mapping_is_read_only() {
+            let mapped = |fd, d| match FdMapper.map(fd, d).unwrap() {
+                Import::Mapped(m) => m,
+                Import::Copied(_) => panic!("a memfd is mapped"),
+            };
             let (fd, rw) = memfd(4096, Access::ReadWrite);
-            let m = std::sync::Arc::new(FdMapper.map(&fd, &rw).unwrap());
+            let m = mapped(&fd, &rw);
             assert!(m.writable);
             let ro = lease(std::sync::Arc::clone(&m), Access::Read);
             assert!(!ro.writable());
@@ -488,7 +663,7 @@ mod tests {
             }
 
             let (fd, read_only) = memfd(4096, Access::Read);
-            let m = std::sync::Arc::new(FdMapper.map(&fd, &read_only).unwrap());
+            let m = mapped(&fd, &read_only);
             assert!(!lease(m, Access::ReadWrite).writable());
         }
     }

@@ -35,7 +35,7 @@ pub mod staging;
 mod tests;
 mod tombstones;
 
-pub use imports::{HostMapping, IMPORTED_KINDS, check_arrival};
+pub use imports::{CopiedImport, HostMapping, IMPORTED_KINDS, Import, check_arrival};
 pub use inproc::{InProcessSession, InProcessWorker};
 pub use intake::{CompletionSink, Intake};
 pub use node::{DEFAULT_MAX_IN_FLIGHT, Limits, Node, Session};

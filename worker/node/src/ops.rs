@@ -258,7 +258,8 @@ impl Node {
 
     /// Imports `fd` for `session` as buffer `identity` (as `grant`, when
     /// given: its descriptor, which tasks may narrow but not widen), after
-    /// the arrival checks: tmpfs/shmem, sealed against shrinking. A
+    /// the arrival checks: tmpfs/shmem, sealed against shrinking unless the
+    /// grant names a POSIX_SHM buffer (imported by copy, never mapped). A
     /// refusal is remembered by the session, so a task naming the identity
     /// later fails with its reason.
     pub fn import_one(
@@ -269,7 +270,7 @@ impl Node {
         fd: OwnedFd,
     ) -> Result<(), String> {
         let state = self.session(session);
-        match crate::imports::check_arrival(&fd) {
+        match crate::imports::check_arrival(&fd, grant.as_ref()) {
             Ok(()) => {
                 if let Some(s) = &state {
                     s.forget_refusal(&identity);

@@ -915,7 +915,12 @@ fn cache_args(
     let mut cache = Vec::new();
     let mut writes = SmallVec::new();
     for (i, a) in args.iter().enumerate() {
-        if a.tag == ArgTag::NoDep || !matches!(a.backing, crate::buffer::Backing::Host(_)) {
+        // A POSIX_SHM buffer is copied for each task and never cached on
+        // a chip (its worker writes it back when the task ends).
+        if a.tag == ArgTag::NoDep
+            || !matches!(a.backing, crate::buffer::Backing::Host(_))
+            || a.tensor.buffer().backing().kind() == strata_wire::BackendKind::PosixShm
+        {
             continue;
         }
         let fp = Footprint::of(&a.tensor);

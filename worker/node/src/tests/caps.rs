@@ -60,7 +60,11 @@ fn a_node_states_what_its_chip_and_registry_take() {
     assert_eq!(
         staged.capabilities,
         Capabilities {
-            backends: BackendKinds::of([BackendKind::Memfd, BackendKind::DeviceMalloc]),
+            backends: BackendKinds::of([
+                BackendKind::Memfd,
+                BackendKind::PosixShm,
+                BackendKind::DeviceMalloc
+            ]),
             dtypes: DTypeSet::ALL,
             features: Features::HOST_BYTES | Features::DEVICE_CACHE,
         }

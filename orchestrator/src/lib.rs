@@ -50,8 +50,8 @@ pub mod trace;
 #[cfg(test)]
 mod tests;
 
-pub use buffer::{Buffer, View};
-pub use cluster::{Cluster, Scope};
+pub use buffer::{Buffer, PoolStats, View};
+pub use cluster::{Cluster, Scope, ScopeGuard};
 pub use error::{
     BufferError, ClusterError, Error, NpyError, QuarantinedBytes, RunError, SubmitError,
     TraceError, ViewError,

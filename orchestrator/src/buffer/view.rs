@@ -117,7 +117,7 @@ impl View {
     /// [`Error::Quarantined`] naming the bytes, the lost task and its
     /// worker.
     pub fn check_read(&self) -> Result<(), Error> {
-        match &self.buffer.backing {
+        match self.buffer.backing()? {
             super::Backing::Host(h) => h.check_view(&self.tensor),
             super::Backing::Device(_) => Ok(()),
         }
@@ -170,7 +170,7 @@ impl View {
         let mut result = Ok(());
         for_each_element(t, |off| {
             if result.is_ok() {
-                result = h.map.read(off, &mut out[i * elem..(i + 1) * elem]);
+                result = h.mem.map.read(off, &mut out[i * elem..(i + 1) * elem]);
                 i += 1;
             }
         });
@@ -209,7 +209,7 @@ impl View {
         let mut result = Ok(());
         for_each_element(&self.tensor, |off| {
             if result.is_ok() {
-                result = h.map.write(off, &bytes[i * elem..(i + 1) * elem]);
+                result = h.mem.map.write(off, &bytes[i * elem..(i + 1) * elem]);
                 i += 1;
             }
         });

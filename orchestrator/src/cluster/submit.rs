@@ -71,7 +71,15 @@ impl Cluster {
         let mut device_buffers = Vec::new();
         let mut args = Vec::with_capacity(task.args.len());
         for (i, (view, tag)) in task.args.into_iter().enumerate() {
-            if let Backing::Device(d) = &view.buffer.backing {
+            let backing = view
+                .buffer
+                .backing()
+                .map_err(|source| SubmitError::DeadArgument {
+                    callable: name.to_string(),
+                    arg: i,
+                    source: Box::new(source),
+                })?;
+            if let Backing::Device(d) = &backing {
                 self.check_alive(d)
                     .map_err(|source| SubmitError::DeadArgument {
                         callable: name.to_string(),
@@ -96,7 +104,7 @@ impl Cluster {
             args.push(ArgRef {
                 tensor: view.tensor,
                 tag,
-                backing: view.buffer.backing,
+                backing,
             });
         }
         let placement = match (task.on, device_on) {

@@ -2,5 +2,6 @@
 //! test runs in well under a second.
 
 mod actors;
+mod alloc;
 mod errors;
 mod grants;

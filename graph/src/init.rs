@@ -258,6 +258,7 @@ pub(super) fn buffer_def(
         access,
         device,
         init,
+        scope: None,
     })
 }
 

@@ -363,6 +363,55 @@ impl PyCluster {
         Ok(PyArray::new(view, Arc::clone(&self.core)))
     }
 
+    /// A zero-filled host array of ``shape`` (an int or a tuple) and
+    /// ``dtype`` (a numpy dtype, or strata's name) from the cluster's pool
+    /// of recycled memory: when the array and every task using it are
+    /// gone, and the workers have let go of it, its memory goes back to
+    /// the pool, zeroed, for the next ``alloc``. For temporaries reclaimed
+    /// when a block ends, allocate in a scope: ``with cluster.scope() as
+    /// s: t = s.alloc((64, 64), np.float32)``.
+    ///
+    /// Raises:
+    ///     InvalidView: an axis that is not 1 to 2^32-1.
+    ///     BufferError: no axes or more than five, or a size past 64 bits.
+    #[pyo3(signature = (shape, dtype=None))]
+    fn alloc(
+        &self,
+        py: Python<'_>,
+        shape: Bound<'_, PyAny>,
+        dtype: Option<Bound<'_, PyAny>>,
+    ) -> PyResult<PyArray> {
+        let shape = shape_of(&shape)?;
+        let d = dtype_or_f32(dtype)?;
+        let core = Arc::clone(&self.core);
+        let view = py
+            .detach(|| core.run(|c| c.alloc(&shape, d)))
+            .map_err(err)?;
+        Ok(PyArray::new(view, Arc::clone(&self.core)))
+    }
+
+    /// The pool of recycled memory (``alloc``, ``Scope.alloc``) as a dict:
+    /// ``out`` buffers handed out and not back yet (``out_bytes``),
+    /// ``idle`` memfds kept for reuse (``idle_bytes``: address space only,
+    /// their pages are freed), and the memfds ``created``, ``reused`` and
+    /// ``discarded`` since the cluster started.
+    fn pool_stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let s = self.core.run(|c| Ok(c.pool_stats())).map_err(err)?;
+        let d = PyDict::new(py);
+        for (name, v) in [
+            ("out", s.out),
+            ("out_bytes", s.out_bytes),
+            ("idle", s.idle),
+            ("idle_bytes", s.idle_bytes),
+            ("created", s.created),
+            ("reused", s.reused),
+            ("discarded", s.discarded),
+        ] {
+            d.set_item(name, v)?;
+        }
+        Ok(d)
+    }
+
     /// A host array of ``shape`` and ``dtype`` for tasks to fill (strata's
     /// buffers start zeroed, so this is ``zeros``; do not rely on it).
     #[pyo3(signature = (shape, dtype=None))]
@@ -605,8 +654,10 @@ impl PyCluster {
             .map_err(err)
     }
 
-    /// Opens a :class:`Scope`: arrays added to it are released once it has
-    /// ended and no unfinished task uses them.
+    /// Opens a :class:`Scope`, a context manager: ``with cluster.scope()
+    /// as s: t = s.alloc((64, 64), np.float32)``. What it allocates (and
+    /// the arrays added to it) is reclaimed once the block has ended and
+    /// no unfinished task uses it.
     fn scope(&self, py: Python<'_>) -> PyResult<PyScope> {
         let core = Arc::clone(&self.core);
         let scope = py.detach(|| core.run(|c| c.open_scope())).map_err(err)?;
@@ -766,9 +817,15 @@ impl PyCluster {
     }
 }
 
-/// A scope: arrays added to it are released (their memory freed, on the
-/// workers too) once the scope has ended and no unfinished task uses them.
-/// A context manager: leaving the block ends it.
+/// A scope: memory it allocates (``alloc``) and arrays added to it
+/// (``add``) are reclaimed — their memory freed or recycled, on the
+/// workers too — once the scope has ended and no unfinished task uses
+/// them. A context manager: leaving the block ends it. Arrays it
+/// allocated raise :class:`ScopeEnded` on every use after that (an
+/// ``ndarray`` taken from one earlier keeps its memory while it lives).
+///
+/// Scopes nest: ``s.scope()`` opens one inside ``s``, which ends first
+/// when ``s`` ends and reclaims only its own allocations.
 #[pyclass(name = "Scope", module = "strata", frozen)]
 pub(crate) struct PyScope {
     scope: Scope,
@@ -777,6 +834,47 @@ pub(crate) struct PyScope {
 
 #[pymethods]
 impl PyScope {
+    /// A zero-filled host array of ``shape`` (an int or a tuple) and
+    /// ``dtype`` (a numpy dtype, or strata's name; default float32) whose
+    /// memory this scope holds, from the cluster's pool.
+    ///
+    /// Raises:
+    ///     ScopeEnded: the scope has ended.
+    ///     InvalidView: an axis that is not 1 to 2^32-1.
+    ///     BufferError: no axes or more than five, or a size past 64 bits.
+    #[pyo3(signature = (shape, dtype=None))]
+    fn alloc(
+        &self,
+        py: Python<'_>,
+        shape: Bound<'_, PyAny>,
+        dtype: Option<Bound<'_, PyAny>>,
+    ) -> PyResult<PyArray> {
+        let shape = shape_of(&shape)?;
+        let d = dtype_or_f32(dtype)?;
+        let core = Arc::clone(&self.core);
+        let scope = self.scope;
+        let view = py
+            .detach(|| core.run(|c| c.alloc_in(scope, &shape, d)))
+            .map_err(err)?;
+        Ok(PyArray::new(view, Arc::clone(&self.core)))
+    }
+
+    /// Opens a scope inside this one (a context manager too).
+    ///
+    /// Raises:
+    ///     SubmitError: this scope has ended.
+    fn scope(&self, py: Python<'_>) -> PyResult<PyScope> {
+        let core = Arc::clone(&self.core);
+        let parent = self.scope;
+        let scope = py
+            .detach(|| core.run(|c| c.open_scope_in(parent)))
+            .map_err(err)?;
+        Ok(PyScope {
+            scope,
+            core: Arc::clone(&self.core),
+        })
+    }
+
     /// Registers ``array``'s buffer in the scope; returns the array.
     fn add<'py>(
         &self,
@@ -791,7 +889,18 @@ impl PyScope {
         Ok(array)
     }
 
-    /// Ends the scope.
+    /// Whether the scope has ended (by ``end``, its block, or the scope it
+    /// was opened in).
+    #[getter]
+    fn ended(&self) -> PyResult<bool> {
+        let scope = self.scope;
+        self.core.run(|c| Ok(!c.scope_is_open(scope))).map_err(err)
+    }
+
+    /// Ends the scope (and the scopes opened in it, first).
+    ///
+    /// Raises:
+    ///     SubmitError: it has already ended.
     fn end(&self, py: Python<'_>) -> PyResult<()> {
         let core = Arc::clone(&self.core);
         let scope = self.scope;
@@ -802,10 +911,22 @@ impl PyScope {
         slf
     }
 
+    /// Ends the scope unless it already has (by ``end`` or its outer one).
     #[pyo3(signature = (*_exc))]
     fn __exit__(&self, py: Python<'_>, _exc: Bound<'_, PyTuple>) -> PyResult<bool> {
-        self.end(py)?;
+        if !self.ended()? {
+            self.end(py)?;
+        }
         Ok(false)
+    }
+
+    fn __repr__(&self) -> String {
+        let state = if self.ended().unwrap_or(true) {
+            "ended"
+        } else {
+            "open"
+        };
+        format!("strata.Scope({}, {state})", self.scope.number())
     }
 }
 

@@ -107,6 +107,20 @@ impl View {
         })
     }
 
+    /// The same view through a handle that holds its memory
+    /// ([`Buffer::pinned`]): for a view of a scope buffer, one whose
+    /// [`Buffer::host_address`] stays good while the returned view lives.
+    ///
+    /// # Errors
+    /// [`crate::BufferError::ScopeEnded`] once the buffer's scope has
+    /// ended.
+    pub fn pinned(&self) -> Result<View, Error> {
+        Ok(View {
+            tensor: self.tensor,
+            buffer: self.buffer.pinned()?,
+        })
+    }
+
     /// Refuses what [`View::read`] refuses before it reads a byte: bytes
     /// of a host buffer that are quarantined (a task writing them was lost
     /// without a fence). For code that reads the view's memory in place
@@ -115,7 +129,8 @@ impl View {
     ///
     /// # Errors
     /// [`Error::Quarantined`] naming the bytes, the lost task and its
-    /// worker.
+    /// worker; [`crate::BufferError::ScopeEnded`] for a view of a scope
+    /// buffer whose scope has ended.
     pub fn check_read(&self) -> Result<(), Error> {
         match self.buffer.backing()? {
             super::Backing::Host(h) => h.check_view(&self.tensor),

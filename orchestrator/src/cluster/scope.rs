@@ -167,6 +167,12 @@ impl Cluster {
         }
     }
 
+    /// Whether `scope` is open (not ended, itself or by the scope it was
+    /// opened in).
+    pub fn scope_is_open(&self, scope: Scope) -> bool {
+        self.open_scopes().contains_key(&scope.0)
+    }
+
     /// A zeroed host buffer from the pool, held by `scope` (as
     /// [`ScopeGuard::alloc`]).
     ///

@@ -2,7 +2,8 @@
 //!
 //! A host [`Buffer`] is an anonymous memfd, sealed at its size and mapped
 //! shared in the driver, with a fresh identity (this cluster's random
-//! owner id, a counter, generation 1). No named shared memory is created,
+//! owner id, a counter, generation 1; a pooled memfd handed out again
+//! keeps its id and takes the next generation). No named shared memory is created,
 //! so a crash leaves nothing behind in `/dev/shm`. A device buffer
 //! (DEVICE_MALLOC) lives in one worker's device memory and is reached by
 //! identity; a *run* buffer is a device buffer in the run region, whose

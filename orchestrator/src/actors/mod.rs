@@ -93,14 +93,18 @@ pub(crate) enum Cmd {
     OpenScope {
         reply: oneshot::Sender<ScopeId>,
     },
+    /// `reply` `None`: the driver knows the scope open and needs no
+    /// answer (a scope ended meanwhile refuses the buffer, which is then
+    /// dropped: its handle is refused by the same end).
     ScopeBuffer {
         scope: ScopeId,
         buffer: Buffer,
-        reply: oneshot::Sender<Result<(), Error>>,
+        reply: Option<oneshot::Sender<Result<(), Error>>>,
     },
+    /// `reply` `None`: the driver knows the scope open and needs no answer.
     EndScope {
         scope: ScopeId,
-        reply: oneshot::Sender<Result<(), Error>>,
+        reply: Option<oneshot::Sender<Result<(), Error>>>,
     },
     Totals {
         reply: oneshot::Sender<RunSummary>,

@@ -170,6 +170,12 @@ impl Cluster {
         rx.blocking_recv().map_err(|_| Error::Closed)
     }
 
+    /// Sends `cmd` to the DAG actor, awaiting no answer.
+    fn tell(&self, cmd: Cmd) -> Result<(), Error> {
+        not_async()?;
+        self.cmds.blocking_send(cmd).map_err(|_| Error::Closed)
+    }
+
     fn ask_endpoint<T>(
         &self,
         worker: WorkerId,

@@ -187,16 +187,15 @@ impl Cluster {
             .ok_or_else(|| BufferError::AllocScope(self.not_open(scope.0)))?;
         let host = self.take_pooled(shape, dtype)?;
         let lease = Lease::new(&host, life);
-        // The scope takes the buffer; a scope that ended meanwhile refuses
-        // it, and the buffer goes straight back to the pool.
-        self.ask(|reply| Cmd::ScopeBuffer {
+        // The scope takes the buffer, with no answer awaited: the scope
+        // was open a moment ago, and one ended meanwhile refuses the
+        // buffer (back to the pool it goes) while its end refuses this
+        // handle too. Commands from one thread reach the DAG actor in
+        // order, so the scope holds the buffer before any task of it.
+        self.tell(Cmd::ScopeBuffer {
             scope: scope.0,
             buffer: Buffer::owning(crate::buffer::Backing::Host(host)),
-            reply,
-        })?
-        .map_err(|e| match e {
-            Error::Submit(SubmitError::Scope(e)) => BufferError::AllocScope(e).into(),
-            other => other,
+            reply: None,
         })?;
         Buffer::scoped(lease).tensor(shape, dtype)
     }
@@ -211,7 +210,7 @@ impl Cluster {
         self.ask(|reply| Cmd::ScopeBuffer {
             scope: scope.0,
             buffer,
-            reply,
+            reply: Some(reply),
         })?
     }
 
@@ -239,23 +238,25 @@ impl Cluster {
             ending.sort_by_key(|l| std::cmp::Reverse(l.id.0));
             ending
         };
-        let mut result = None;
+        if ending.is_empty() {
+            // Not open here: ended already (by itself or the scope it was
+            // opened in), or never opened.
+            let last = self.last_scope.load(std::sync::atomic::Ordering::Acquire);
+            let why = if scope.0.0 >= 1 && scope.0.0 <= last {
+                ScopeError::AlreadyEnded(scope.0)
+            } else {
+                ScopeError::Unknown(scope.0)
+            };
+            return Err(SubmitError::Scope(why).into());
+        }
+        // Open in the driver's table, hence in the DAG: no answer needed.
         for l in &ending {
-            let r = self.ask(|reply| Cmd::EndScope { scope: l.id, reply })?;
-            if l.id == scope.0 {
-                result = Some(r);
-            } else if let Err(e) = r {
-                tracing::debug!(scope = l.id.0, error = %e, "inner scope not ended");
-            }
+            self.tell(Cmd::EndScope {
+                scope: l.id,
+                reply: None,
+            })?;
         }
-        match result {
-            Some(r) => r,
-            // Not open here: the DAG says why (ended, or never opened).
-            None => self.ask(|reply| Cmd::EndScope {
-                scope: scope.0,
-                reply,
-            })?,
-        }
+        Ok(())
     }
 }
 

@@ -8,7 +8,8 @@
 
 //!
 //! The folder follows a graph's life: [`parse`] reads the JSON into a
-//! [`Graph`] (every field checked, views fitted to their buffers),
+//! [`Graph`] (every field checked, views fitted to their buffers, tasks
+//! and scopes with the names in sight at each point),
 //! [`check`] runs the submit-time checks of every task before anything
 //! starts (and, given the callables' signatures, every launch), `init`
 //! fills the buffers, and [`run`] submits the tasks through the same
@@ -22,9 +23,11 @@ use std::path::{Path, PathBuf};
 use strata_wire::{Access, ArgTag, DType};
 
 pub mod check;
+mod fields;
 mod init;
 pub mod parse;
 pub mod run;
+mod scopes;
 
 pub use check::Callable;
 pub use run::{Around, GraphRun};

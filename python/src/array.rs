@@ -783,3 +783,19 @@ impl PyArray {
         self.derive(0, &shape, &strides, t.dtype())
     }
 }
+
+/// `shape` (an int or a sequence of ints) as a strata shape.
+pub(crate) fn shape_of(shape: &Bound<'_, PyAny>) -> PyResult<Vec<u32>> {
+    let dims: Vec<i64> = match shape.extract::<i64>() {
+        Ok(n) => vec![n],
+        Err(_) => shape.extract()?,
+    };
+    dims.into_iter()
+        .map(|d| {
+            u32::try_from(d)
+                .ok()
+                .filter(|&d| d > 0)
+                .ok_or_else(|| invalid_view(format!("axis length {d}: each must be 1 to 2^32-1")))
+        })
+        .collect()
+}

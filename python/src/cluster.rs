@@ -7,14 +7,15 @@ use std::sync::{Arc, Mutex, RwLock};
 
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyTuple};
-use strata_orchestrator::{Cluster, Scope, WorkerId, WorkerInfo};
+use strata_orchestrator::{Cluster, WorkerId, WorkerInfo};
 use strata_wire::DType;
 
-use crate::array::PyArray;
+use crate::array::{PyArray, shape_of};
 use crate::core::Core;
-use crate::dtype;
+use crate::dtype::dtype_or_f32;
 use crate::errors::{err, invalid_view, raise};
 use crate::kernel::{PyKernelSpec, registry_with};
+use crate::scope::PyScope;
 use crate::task::{PySummary, PyTask, PyTaskSpec, build};
 
 /// A set of workers — one per chip — and the orchestrator driving them.
@@ -133,29 +134,6 @@ fn python_worker(py: Python<'_>, kernels: &[Py<PyKernelSpec>]) -> PyResult<(Stri
 
 fn worker_id(w: u32) -> WorkerId {
     WorkerId(w)
-}
-
-/// `shape` (an int or a sequence of ints) as a strata shape.
-fn shape_of(shape: &Bound<'_, PyAny>) -> PyResult<Vec<u32>> {
-    let dims: Vec<i64> = match shape.extract::<i64>() {
-        Ok(n) => vec![n],
-        Err(_) => shape.extract()?,
-    };
-    dims.into_iter()
-        .map(|d| {
-            u32::try_from(d)
-                .ok()
-                .filter(|&d| d > 0)
-                .ok_or_else(|| invalid_view(format!("axis length {d}: each must be 1 to 2^32-1")))
-        })
-        .collect()
-}
-
-fn dtype_or_f32(d: Option<Bound<'_, PyAny>>) -> PyResult<DType> {
-    match d {
-        Some(d) => dtype::parse(&d),
-        None => Ok(DType::F32),
-    }
 }
 
 fn nbytes(shape: &[u32], d: DType) -> PyResult<u64> {
@@ -661,10 +639,7 @@ impl PyCluster {
     fn scope(&self, py: Python<'_>) -> PyResult<PyScope> {
         let core = Arc::clone(&self.core);
         let scope = py.detach(|| core.run(|c| c.open_scope())).map_err(err)?;
-        Ok(PyScope {
-            scope,
-            core: Arc::clone(&self.core),
-        })
+        Ok(PyScope::new(scope, Arc::clone(&self.core)))
     }
 
     /// Whether ``worker`` is up (connected and taking tasks).
@@ -814,119 +789,6 @@ impl PyCluster {
             Ok(n) => format!("strata.Cluster({n} workers)"),
             Err(_) => "strata.Cluster(closed)".to_owned(),
         }
-    }
-}
-
-/// A scope: memory it allocates (``alloc``) and arrays added to it
-/// (``add``) are reclaimed — their memory freed or recycled, on the
-/// workers too — once the scope has ended and no unfinished task uses
-/// them. A context manager: leaving the block ends it. Arrays it
-/// allocated raise :class:`ScopeEnded` on every use after that (an
-/// ``ndarray`` taken from one earlier keeps its memory while it lives).
-///
-/// Scopes nest: ``s.scope()`` opens one inside ``s``, which ends first
-/// when ``s`` ends and reclaims only its own allocations.
-#[pyclass(name = "Scope", module = "strata", frozen)]
-pub(crate) struct PyScope {
-    scope: Scope,
-    core: Arc<Core>,
-}
-
-#[pymethods]
-impl PyScope {
-    /// A zero-filled host array of ``shape`` (an int or a tuple) and
-    /// ``dtype`` (a numpy dtype, or strata's name; default float32) whose
-    /// memory this scope holds, from the cluster's pool.
-    ///
-    /// Raises:
-    ///     ScopeEnded: the scope has ended.
-    ///     InvalidView: an axis that is not 1 to 2^32-1.
-    ///     BufferError: no axes or more than five, or a size past 64 bits.
-    #[pyo3(signature = (shape, dtype=None))]
-    fn alloc(
-        &self,
-        py: Python<'_>,
-        shape: Bound<'_, PyAny>,
-        dtype: Option<Bound<'_, PyAny>>,
-    ) -> PyResult<PyArray> {
-        let shape = shape_of(&shape)?;
-        let d = dtype_or_f32(dtype)?;
-        let core = Arc::clone(&self.core);
-        let scope = self.scope;
-        let view = py
-            .detach(|| core.run(|c| c.alloc_in(scope, &shape, d)))
-            .map_err(err)?;
-        Ok(PyArray::new(view, Arc::clone(&self.core)))
-    }
-
-    /// Opens a scope inside this one (a context manager too).
-    ///
-    /// Raises:
-    ///     SubmitError: this scope has ended.
-    fn scope(&self, py: Python<'_>) -> PyResult<PyScope> {
-        let core = Arc::clone(&self.core);
-        let parent = self.scope;
-        let scope = py
-            .detach(|| core.run(|c| c.open_scope_in(parent)))
-            .map_err(err)?;
-        Ok(PyScope {
-            scope,
-            core: Arc::clone(&self.core),
-        })
-    }
-
-    /// Registers ``array``'s buffer in the scope; returns the array.
-    fn add<'py>(
-        &self,
-        py: Python<'py>,
-        array: Bound<'py, PyArray>,
-    ) -> PyResult<Bound<'py, PyArray>> {
-        let core = Arc::clone(&self.core);
-        let buffer = array.get().view.buffer().clone();
-        let scope = self.scope;
-        py.detach(|| core.run(|c| c.scope_buffer(scope, &buffer)))
-            .map_err(err)?;
-        Ok(array)
-    }
-
-    /// Whether the scope has ended (by ``end``, its block, or the scope it
-    /// was opened in).
-    #[getter]
-    fn ended(&self) -> PyResult<bool> {
-        let scope = self.scope;
-        self.core.run(|c| Ok(!c.scope_is_open(scope))).map_err(err)
-    }
-
-    /// Ends the scope (and the scopes opened in it, first).
-    ///
-    /// Raises:
-    ///     SubmitError: it has already ended.
-    fn end(&self, py: Python<'_>) -> PyResult<()> {
-        let core = Arc::clone(&self.core);
-        let scope = self.scope;
-        py.detach(|| core.run(|c| c.end_scope(scope))).map_err(err)
-    }
-
-    fn __enter__(slf: Py<Self>) -> Py<Self> {
-        slf
-    }
-
-    /// Ends the scope unless it already has (by ``end`` or its outer one).
-    #[pyo3(signature = (*_exc))]
-    fn __exit__(&self, py: Python<'_>, _exc: Bound<'_, PyTuple>) -> PyResult<bool> {
-        if !self.ended()? {
-            self.end(py)?;
-        }
-        Ok(false)
-    }
-
-    fn __repr__(&self) -> String {
-        let state = if self.ended().unwrap_or(true) {
-            "ended"
-        } else {
-            "open"
-        };
-        format!("strata.Scope({}, {state})", self.scope.number())
     }
 }
 

@@ -9,7 +9,7 @@ use strata_wire::{
     Access, AddressSpace, ArgTag, Backing, BufferDescriptor, DType, IdentityMint, Tensor,
 };
 
-use super::parse::join;
+use super::fields::join;
 use super::{Graph, GraphError, ScalarDef, TaskDef, err};
 
 impl Graph {

@@ -7,7 +7,7 @@ use std::path::Path;
 use serde_json::Value;
 use strata_wire::{Access, DType};
 
-use super::parse::{dims_of, dtype_of, f64_of, join, object, str_of, u32_of, u64_of};
+use super::fields::{dims_of, dtype_of, f64_of, join, object, str_of, u32_of, u64_of};
 use super::{BufferDef, GraphError, Init, err};
 
 /// Deterministic uniform values in `[low, high)` (splitmix64).
@@ -258,6 +258,7 @@ pub(super) fn buffer_def(
         access,
         device,
         init,
+        scope: None,
     })
 }
 

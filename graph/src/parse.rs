@@ -1,18 +1,15 @@
 //! Reading a graph file: the JSON into a [`Graph`], every field checked
-//! and named by its JSON path when it is wrong.
+//! and named by its JSON path when it is wrong (the fields by
+//! `fields.rs`, the tasks, scopes and the names in sight by `scopes.rs`).
 
-use std::collections::HashMap;
 use std::path::Path;
 
 use serde_json::{Map, Value};
-use strata_wire::{ArgTag, DType};
 
-use super::check::Probe;
+use super::fields::{f64_of, join, kind, object, str_of};
 use super::init::{buffer_def, npy_layout};
-use super::{Expect, Graph, GraphError, OutputDef, ScalarDef, TaskDef, ViewDef, err};
-
-/// View names to their index in [`Graph::views`].
-type Names = HashMap<String, usize>;
+use super::scopes::{Walk, add_buffer, named_views, task_list, views_fit};
+use super::{Expect, Graph, GraphError, OutputDef, err};
 
 impl Graph {
     /// Checks a graph given as JSON; relative input file names are
@@ -30,14 +27,26 @@ impl Graph {
             buffers: Vec::new(),
             views: Vec::new(),
             tasks: Vec::new(),
+            scopes: Vec::new(),
+            steps: Vec::new(),
             outputs: Vec::new(),
         };
-        let mut views = Names::new();
-        buffers(top, dir, &mut g, &mut views)?;
-        named_views(top, &mut g, &mut views)?;
-        views_fit(&g)?;
-        tasks(top, &mut g, &views)?;
-        outputs(top, dir, out_dir, &mut g, &views)?;
+        let mut walk = Walk::default();
+        buffers(top, dir, &mut g, &mut walk)?;
+        named_views(
+            top.get("views"),
+            "views",
+            &mut g,
+            &mut walk,
+            &mut Vec::new(),
+        )?;
+        views_fit(&g, 0)?;
+        let tasks = match top.get("tasks") {
+            Some(t) => t,
+            None => return err("tasks", "missing"),
+        };
+        task_list(tasks, "tasks", &mut g, &mut walk, None)?;
+        outputs(top, dir, out_dir, &mut g, &walk)?;
         g.dry_run()?;
         Ok(g)
     }
@@ -48,9 +57,8 @@ fn buffers(
     top: &Map<String, Value>,
     dir: &Path,
     g: &mut Graph,
-    view_names: &mut Names,
+    walk: &mut Walk,
 ) -> Result<(), GraphError> {
-    let empty = Map::new();
     let buffers = match top.get("buffers") {
         Some(b) => object(b, "buffers", &[]).or_else(|_| {
             b.as_object()
@@ -58,291 +66,13 @@ fn buffers(
         })?,
         None => return err("buffers", "missing: a graph needs at least one buffer"),
     };
-    let _ = &empty;
     if buffers.is_empty() {
         return err("buffers", "empty: a graph needs at least one buffer");
     }
     for (name, b) in buffers {
         let path = format!("buffers.{name}");
         let def = buffer_def(name, b, &path, dir)?;
-        if let Some((shape, dtype)) = &def.layout {
-            view_names.insert(name.clone(), g.views.len());
-            g.views.push(ViewDef {
-                name: name.clone(),
-                buffer: g.buffers.len(),
-                byte_offset: 0,
-                shape: shape.clone(),
-                strides: row_major(shape),
-                dtype: *dtype,
-            });
-        }
-        g.buffers.push(def);
-    }
-    Ok(())
-}
-
-/// The `views` section.
-fn named_views(
-    top: &Map<String, Value>,
-    g: &mut Graph,
-    view_names: &mut Names,
-) -> Result<(), GraphError> {
-    let buffer_names: HashMap<&str, usize> = g
-        .buffers
-        .iter()
-        .enumerate()
-        .map(|(i, b)| (b.name.as_str(), i))
-        .collect();
-    if let Some(views) = top.get("views") {
-        let Some(views) = views.as_object() else {
-            return err("views", "expected an object of named views");
-        };
-        for (name, v) in views {
-            let path = format!("views.{name}");
-            if view_names.contains_key(name) {
-                return err(
-                    path,
-                    format!("the name {name:?} is taken (buffers with a shape are views too)"),
-                );
-            }
-            let o = object(
-                v,
-                &path,
-                &[
-                    "buffer",
-                    "shape",
-                    "strides",
-                    "dtype",
-                    "offset",
-                    "byte_offset",
-                ],
-            )?;
-            let bname = str_of(
-                o.get("buffer").map_or(&Value::Null, |x| x),
-                &join(&path, "buffer"),
-            )?;
-            let &bi = buffer_names.get(bname).map_or_else(
-                || err(join(&path, "buffer"), format!("unknown buffer {bname:?}")),
-                Ok,
-            )?;
-            let buf = &g.buffers[bi];
-            let dtype = match o.get("dtype") {
-                Some(d) => dtype_of(d, &join(&path, "dtype"))?,
-                None => match &buf.layout {
-                    Some((_, d)) => *d,
-                    None => DType::U8,
-                },
-            };
-            let shape = match o.get("shape") {
-                Some(s) => dims_of(s, &join(&path, "shape"))?,
-                None => return err(join(&path, "shape"), "missing"),
-            };
-            let strides = match o.get("strides") {
-                Some(s) => {
-                    let st = dims_of(s, &join(&path, "strides"))?;
-                    if st.len() != shape.len() {
-                        return err(
-                            join(&path, "strides"),
-                            format!("{} strides for {} dimensions", st.len(), shape.len()),
-                        );
-                    }
-                    st
-                }
-                None => row_major(&shape),
-            };
-            let byte_offset = match (o.get("offset"), o.get("byte_offset")) {
-                (Some(_), Some(_)) => {
-                    return err(path, "give offset (elements) or byte_offset, not both");
-                }
-                (Some(e), None) => {
-                    let e = u64_of(e, &join(&path, "offset"))?;
-                    if dtype.bits() == 4 && e % 2 == 1 {
-                        return err(
-                            join(&path, "offset"),
-                            format!(
-                                "{} packs two elements per byte: a view starts on an even element",
-                                dtype.name()
-                            ),
-                        );
-                    }
-                    dtype
-                        .bytes_for(e)
-                        .map_or_else(|| err(join(&path, "offset"), "overflows"), Ok)?
-                }
-                (None, Some(b)) => u64_of(b, &join(&path, "byte_offset"))?,
-                (None, None) => 0,
-            };
-            view_names.insert(name.clone(), g.views.len());
-            g.views.push(ViewDef {
-                name: name.clone(),
-                buffer: bi,
-                byte_offset,
-                shape,
-                strides,
-                dtype,
-            });
-        }
-    }
-    Ok(())
-}
-
-/// Every view must fit its buffer, as the wire format says.
-fn views_fit(g: &Graph) -> Result<(), GraphError> {
-    // Every view must fit its buffer, as the wire format says.
-    let probe = Probe::new(g);
-    for (vi, v) in g.views.iter().enumerate() {
-        probe.tensor(g, vi).map_err(|what| GraphError {
-            path: if g
-                .buffers
-                .get(v.buffer)
-                .is_some_and(|b| b.name == v.name && b.layout.is_some())
-                && v.byte_offset == 0
-                && Some(&v.shape) == g.buffers[v.buffer].layout.as_ref().map(|l| &l.0)
-            {
-                format!("buffers.{}", v.name)
-            } else {
-                format!("views.{}", v.name)
-            },
-            what,
-        })?;
-    }
-    Ok(())
-}
-
-/// The `tasks` section: callables, tagged view arguments, scalars,
-/// placements and explicit predecessors.
-fn tasks(top: &Map<String, Value>, g: &mut Graph, view_names: &Names) -> Result<(), GraphError> {
-    let tasks = match top.get("tasks") {
-        Some(Value::Array(t)) => t,
-        Some(other) => {
-            return err("tasks", format!("expected an array, found {}", kind(other)));
-        }
-        None => return err("tasks", "missing"),
-    };
-    let mut task_names: HashMap<String, usize> = HashMap::new();
-    for (ti, t) in tasks.iter().enumerate() {
-        let path = format!("tasks[{ti}]");
-        let o = object(
-            t,
-            &path,
-            &[
-                "name", "callable", "args", "scalars", "worker", "after", "timeout",
-            ],
-        )?;
-        let name = match o.get("name") {
-            Some(n) => {
-                let n = str_of(n, &join(&path, "name"))?.to_owned();
-                if task_names.insert(n.clone(), ti).is_some() {
-                    return err(
-                        join(&path, "name"),
-                        format!("{n:?} names an earlier task too"),
-                    );
-                }
-                Some(n)
-            }
-            None => None,
-        };
-        let callable = str_of(
-            o.get("callable").map_or(&Value::Null, |x| x),
-            &join(&path, "callable"),
-        )?
-        .to_owned();
-        let mut args = Vec::new();
-        if let Some(a) = o.get("args") {
-            let Some(a) = a.as_array() else {
-                return err(
-                    join(&path, "args"),
-                    format!("expected an array, found {}", kind(a)),
-                );
-            };
-            for (ai, arg) in a.iter().enumerate() {
-                let apath = format!("{path}.args[{ai}]");
-                let ao = object(arg, &apath, &["view", "tag"])?;
-                let vname = str_of(
-                    ao.get("view").map_or(&Value::Null, |x| x),
-                    &join(&apath, "view"),
-                )?;
-                let &vi = view_names.get(vname).map_or_else(
-                    || err(join(&apath, "view"), format!("unknown view {vname:?}")),
-                    Ok,
-                )?;
-                let tname = str_of(
-                    ao.get("tag").map_or(&Value::Null, |x| x),
-                    &join(&apath, "tag"),
-                )?;
-                let tag = ArgTag::from_name(tname).map_or_else(
-                    || {
-                        err(
-                            join(&apath, "tag"),
-                            format!("unknown tag {tname:?}; one of input, output, inout, output_existing, no_dep"),
-                        )
-                    },
-                    Ok,
-                )?;
-                args.push((vi, tag));
-            }
-        }
-        let mut scalars = Vec::new();
-        if let Some(s) = o.get("scalars") {
-            let Some(s) = s.as_array() else {
-                return err(
-                    join(&path, "scalars"),
-                    format!("expected an array, found {}", kind(s)),
-                );
-            };
-            for (si, sc) in s.iter().enumerate() {
-                scalars.push(scalar_def(sc, &format!("{path}.scalars[{si}]"))?);
-            }
-        }
-        let worker = match o.get("worker") {
-            Some(w) => Some(u32_of(w, &join(&path, "worker"))?),
-            None => None,
-        };
-        let mut after = Vec::new();
-        if let Some(a) = o.get("after") {
-            let Some(a) = a.as_array() else {
-                return err(
-                    join(&path, "after"),
-                    format!("expected an array, found {}", kind(a)),
-                );
-            };
-            for (k, x) in a.iter().enumerate() {
-                let p = format!("{path}.after[{k}]");
-                let j = match x {
-                    Value::String(n) => *task_names
-                        .get(n)
-                        .map_or_else(|| err(&p, format!("no earlier task is named {n:?}")), Ok)?,
-                    Value::Number(_) => {
-                        let j = u64_of(x, &p)? as usize;
-                        if j >= ti {
-                            return err(p, format!("task {j} is not an earlier task"));
-                        }
-                        j
-                    }
-                    other => {
-                        return err(
-                            p,
-                            format!("expected a task name or index, found {}", kind(other)),
-                        );
-                    }
-                };
-                after.push(j);
-            }
-        }
-        let timeout = match o.get("timeout") {
-            Some(t) => Some(timeout_of(t, &join(&path, "timeout"))?),
-            None => None,
-        };
-        g.tasks.push(TaskDef {
-            path,
-            name,
-            callable,
-            args,
-            scalars,
-            worker,
-            after,
-            timeout,
-        });
+        add_buffer(g, walk, def, path);
     }
     Ok(())
 }
@@ -354,7 +84,7 @@ fn outputs(
     dir: &Path,
     out_dir: &Path,
     g: &mut Graph,
-    view_names: &Names,
+    walk: &Walk,
 ) -> Result<(), GraphError> {
     if let Some(outs) = top.get("outputs") {
         let Some(outs) = outs.as_array() else {
@@ -370,10 +100,10 @@ fn outputs(
                 o.get("view").map_or(&Value::Null, |x| x),
                 &join(&path, "view"),
             )?;
-            let &vi = view_names.get(vname).map_or_else(
-                || err(join(&path, "view"), format!("unknown view {vname:?}")),
-                Ok,
-            )?;
+            let &vi = walk
+                .views
+                .get(vname)
+                .map_or_else(|| err(join(&path, "view"), walk.unknown("view", vname)), Ok)?;
             let b = &g.buffers[g.views[vi].buffer];
             if let Some(w) = b.device {
                 return err(
@@ -463,157 +193,4 @@ fn outputs(
         }
     }
     Ok(())
-}
-
-pub(super) fn object<'a>(
-    v: &'a Value,
-    path: &str,
-    allowed: &[&str],
-) -> Result<&'a Map<String, Value>, GraphError> {
-    let Some(o) = v.as_object() else {
-        return err(path, format!("expected an object, found {}", kind(v)));
-    };
-    for k in o.keys() {
-        if !allowed.contains(&k.as_str()) {
-            return err(
-                join(path, k),
-                format!("unknown field; expected one of {}", allowed.join(", ")),
-            );
-        }
-    }
-    Ok(o)
-}
-
-pub(super) fn join(path: &str, key: &str) -> String {
-    if path.is_empty() {
-        key.to_owned()
-    } else {
-        format!("{path}.{key}")
-    }
-}
-
-pub(super) fn kind(v: &Value) -> &'static str {
-    match v {
-        Value::Null => "null",
-        Value::Bool(_) => "a boolean",
-        Value::Number(_) => "a number",
-        Value::String(_) => "a string",
-        Value::Array(_) => "an array",
-        Value::Object(_) => "an object",
-    }
-}
-
-pub(super) fn u64_of(v: &Value, path: &str) -> Result<u64, GraphError> {
-    v.as_u64().map_or_else(
-        || err(path, format!("expected a whole number ≥ 0, found {v}")),
-        Ok,
-    )
-}
-
-pub(super) fn u32_of(v: &Value, path: &str) -> Result<u32, GraphError> {
-    let n = u64_of(v, path)?;
-    u32::try_from(n).or_else(|_| err(path, format!("{n} does not fit 32 bits")))
-}
-
-pub(super) fn f64_of(v: &Value, path: &str) -> Result<f64, GraphError> {
-    v.as_f64()
-        .map_or_else(|| err(path, format!("expected a number, found {v}")), Ok)
-}
-
-/// A task's timeout: a positive, finite number of seconds that a
-/// [`Duration`](std::time::Duration) can hold.
-pub(super) fn timeout_of(v: &Value, path: &str) -> Result<std::time::Duration, GraphError> {
-    let secs = v.as_f64().map_or_else(
-        || {
-            err(
-                path,
-                format!("expected a number of seconds, found {}", kind(v)),
-            )
-        },
-        Ok,
-    )?;
-    if secs <= 0.0 || !secs.is_finite() {
-        return err(
-            path,
-            format!("{v} seconds can never be met; give a positive number of seconds"),
-        );
-    }
-    std::time::Duration::try_from_secs_f64(secs)
-        .or_else(|_| err(path, format!("{v} seconds is too long to count")))
-}
-
-pub(super) fn str_of<'a>(v: &'a Value, path: &str) -> Result<&'a str, GraphError> {
-    v.as_str().map_or_else(
-        || err(path, format!("expected a string, found {}", kind(v))),
-        Ok,
-    )
-}
-
-pub(super) fn dims_of(v: &Value, path: &str) -> Result<Vec<u32>, GraphError> {
-    let Some(a) = v.as_array() else {
-        return err(
-            path,
-            format!("expected an array of whole numbers, found {}", kind(v)),
-        );
-    };
-    if a.is_empty() || a.len() > strata_wire::MAX_DIMS {
-        return err(
-            path,
-            format!("{} dimensions; 1 to {}", a.len(), strata_wire::MAX_DIMS),
-        );
-    }
-    a.iter()
-        .enumerate()
-        .map(|(i, d)| u32_of(d, &format!("{path}[{i}]")))
-        .collect()
-}
-
-pub(super) fn dtype_of(v: &Value, path: &str) -> Result<DType, GraphError> {
-    let s = str_of(v, path)?;
-    DType::from_name(s).map_or_else(
-        || {
-            err(
-                path,
-                format!(
-                    "unknown dtype {s:?}; one of {}",
-                    DType::ALL.map(DType::name).join(", ")
-                ),
-            )
-        },
-        Ok,
-    )
-}
-
-fn row_major(shape: &[u32]) -> Vec<u32> {
-    let mut st = vec![1u32; shape.len()];
-    for i in (0..shape.len().saturating_sub(1)).rev() {
-        st[i] = st[i + 1].saturating_mul(shape[i + 1]);
-    }
-    st
-}
-
-fn scalar_def(v: &Value, path: &str) -> Result<ScalarDef, GraphError> {
-    match v {
-        Value::Number(n) => Ok(ScalarDef::Number(n.clone())),
-        Value::Object(o) if o.len() == 1 => {
-            let (k, x) = o.iter().next().map_or_else(|| err(path, "empty"), Ok)?;
-            let p = join(path, k);
-            match k.as_str() {
-                "u64" => Ok(ScalarDef::U64(u64_of(x, &p)?)),
-                "i64" => x
-                    .as_i64()
-                    .map(ScalarDef::I64)
-                    .map_or_else(|| err(p, format!("expected a whole number, found {x}")), Ok),
-                "f64" => Ok(ScalarDef::F64(f64_of(x, &p)?)),
-                _ => err(p, "unknown scalar type; one of u64, i64, f64"),
-            }
-        }
-        other => err(
-            path,
-            format!(
-                "expected a number or {{\"u64\"|\"i64\"|\"f64\": number}}, found {}",
-                kind(other)
-            ),
-        ),
-    }
 }

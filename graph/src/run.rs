@@ -1,17 +1,19 @@
 //! A checked graph run on a cluster: buffers made and filled, every task
-//! submitted through `Cluster::submit` in file order, outputs written as
-//! `.npy` and checked against their expectations.
+//! submitted through `Cluster::submit` in file order (scopes opened, their
+//! buffers allocated, and ended around the tasks inside them), outputs
+//! written as `.npy` and checked against their expectations.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
 
 use strata_orchestrator::{
-    Buffer, Cluster, Error, NpyError, RunSummary, SubmitError, Task, TaskHandle, View, WorkerId,
+    Buffer, Cluster, Error, NpyError, RunSummary, Scope, SubmitError, Task, TaskHandle, View,
+    WorkerId,
 };
 
 use super::check::Callable;
 use super::init::{decode, encode, parts, uniform};
-use super::{Expect, Graph, Init};
+use super::{Expect, Graph, Init, Step};
 
 /// Wraps the submit-and-wait part of [`Graph::run`] (the CLI draws a
 /// progress bar around it).
@@ -38,8 +40,13 @@ impl Graph {
     /// A buffer that cannot be made or filled, a refused task (naming its
     /// JSON path), the run's first failure, or an output file.
     pub fn run(&self, cluster: &Cluster, around: Around<'_>) -> Result<GraphRun, Error> {
-        let mut buffers: Vec<Buffer> = Vec::with_capacity(self.buffers.len());
+        let mut buffers: Vec<Option<Buffer>> = Vec::with_capacity(self.buffers.len());
         for b in &self.buffers {
+            // A scope's allocations are made when it opens.
+            if b.scope.is_some() {
+                buffers.push(None);
+                continue;
+            }
             let buf = match b.device {
                 Some(w) => cluster.device_buffer(WorkerId(w), b.nbytes)?,
                 None => cluster.buffer_with(b.nbytes, b.access)?,
@@ -85,13 +92,29 @@ impl Graph {
                     buf.write_bytes(0, &bytes)?;
                 }
             }
-            buffers.push(buf);
+            buffers.push(Some(buf));
         }
-        let views: Vec<View> = self
+        let mut views: Vec<Option<View>> = self
             .views
             .iter()
-            .map(|v| buffers[v.buffer].view(v.byte_offset, &v.shape, &v.strides, v.dtype))
+            .map(|v| {
+                buffers[v.buffer]
+                    .as_ref()
+                    .map(|b| b.view(v.byte_offset, &v.shape, &v.strides, v.dtype))
+                    .transpose()
+            })
             .collect::<Result<_, _>>()?;
+        // Per scope, the buffers it allocates and the views of them.
+        let mut allocs: Vec<Vec<usize>> = vec![Vec::new(); self.scopes.len()];
+        for (bi, b) in self.buffers.iter().enumerate() {
+            if let Some(s) = b.scope {
+                allocs[s].push(bi);
+            }
+        }
+        let mut views_of: Vec<Vec<usize>> = vec![Vec::new(); self.buffers.len()];
+        for (vi, v) in self.views.iter().enumerate() {
+            views_of[v.buffer].push(vi);
+        }
         let sigs: HashMap<&str, Callable> = self
             .tasks
             .iter()
@@ -104,35 +127,79 @@ impl Graph {
             std::cell::RefCell::new(Vec::with_capacity(self.tasks.len()));
         let mut submit_all = || -> Result<RunSummary, Error> {
             let mut handles = handles.borrow_mut();
-            for t in &self.tasks {
-                let mut task = Task::new(t.callable.clone());
-                for &(v, tag) in &t.args {
-                    task = task.arg(&views[v], tag);
+            let mut open: Vec<Option<Scope>> = vec![None; self.scopes.len()];
+            for step in &self.steps {
+                match *step {
+                    Step::Open(s) => {
+                        let scope = match self.scopes[s].parent.and_then(|p| open[p]) {
+                            Some(parent) => cluster.open_scope_in(parent)?,
+                            None => cluster.open_scope()?,
+                        };
+                        open[s] = Some(scope);
+                        for &bi in &allocs[s] {
+                            let Some((shape, dtype)) = &self.buffers[bi].layout else {
+                                continue;
+                            };
+                            let made = cluster.alloc_in(scope, shape, *dtype)?;
+                            for &vi in &views_of[bi] {
+                                let v = &self.views[vi];
+                                views[vi] = Some(made.buffer().view(
+                                    v.byte_offset,
+                                    &v.shape,
+                                    &v.strides,
+                                    v.dtype,
+                                )?);
+                            }
+                        }
+                    }
+                    Step::End(s) => {
+                        if let Some(scope) = open[s].take() {
+                            cluster.end_scope(scope)?;
+                        }
+                        for &bi in &allocs[s] {
+                            for &vi in &views_of[bi] {
+                                views[vi] = None;
+                            }
+                        }
+                    }
+                    Step::Task(ti) => {
+                        let t = &self.tasks[ti];
+                        let mut task = Task::new(t.callable.clone());
+                        for &(v, tag) in &t.args {
+                            let view = views[v].as_ref().ok_or_else(|| {
+                                Error::Submit(SubmitError::Job(format!(
+                                    "{}: view {:?} is not in sight here",
+                                    t.path, self.views[v].name
+                                )))
+                            })?;
+                            task = task.arg(view, tag);
+                        }
+                        let sig = &sigs[t.callable.as_str()];
+                        for (s, k) in t.scalars.iter().zip(&sig.signature.scalars) {
+                            let bits = self.encode_scalar(t, s, k.kind).map_err(|e| {
+                                Error::Submit(SubmitError::Job(format!("{}: {e}", t.path)))
+                            })?;
+                            task = task.scalar_u64(bits);
+                        }
+                        if let Some(w) = t.worker {
+                            task = task.on(WorkerId(w));
+                        }
+                        for &j in &t.after {
+                            task = task.after(handles[j]);
+                        }
+                        if let Some(timeout) = t.timeout {
+                            task = task.timeout(timeout);
+                        }
+                        let h = cluster.submit(task).map_err(|e| match e {
+                            Error::Submit(m) => Error::Submit(SubmitError::At {
+                                path: t.path.clone(),
+                                error: Box::new(m),
+                            }),
+                            other => other,
+                        })?;
+                        handles.push(h);
+                    }
                 }
-                let sig = &sigs[t.callable.as_str()];
-                for (s, k) in t.scalars.iter().zip(&sig.signature.scalars) {
-                    let bits = self
-                        .encode_scalar(t, s, k.kind)
-                        .map_err(|e| Error::Submit(SubmitError::Job(format!("{}: {e}", t.path))))?;
-                    task = task.scalar_u64(bits);
-                }
-                if let Some(w) = t.worker {
-                    task = task.on(WorkerId(w));
-                }
-                for &j in &t.after {
-                    task = task.after(handles[j]);
-                }
-                if let Some(timeout) = t.timeout {
-                    task = task.timeout(timeout);
-                }
-                let h = cluster.submit(task).map_err(|e| match e {
-                    Error::Submit(m) => Error::Submit(SubmitError::At {
-                        path: t.path.clone(),
-                        error: Box::new(m),
-                    }),
-                    other => other,
-                })?;
-                handles.push(h);
             }
             cluster.wait_all()
         };
@@ -140,7 +207,7 @@ impl Graph {
             // Name the failed task by its place in the file too.
             Error::Run(mut r) => {
                 if let Some(i) = handles.borrow().iter().position(|h| h.id() == r.task) {
-                    r.callable = format!("{}, tasks[{i}]", r.callable);
+                    r.callable = format!("{}, {}", r.callable, self.tasks[i].path);
                 }
                 Error::Run(r)
             }
@@ -149,7 +216,14 @@ impl Graph {
         let mut outputs = Vec::new();
         let mut mismatches = Vec::new();
         for o in &self.outputs {
-            let view = &views[o.view];
+            // Outputs name views of the file's own buffers (checked when
+            // the graph was read), which live through the run.
+            let view = views[o.view].as_ref().ok_or_else(|| {
+                Error::Submit(SubmitError::Job(format!(
+                    "{}: view {:?} is not in sight after the run",
+                    o.path, self.views[o.view].name
+                )))
+            })?;
             if let Some(dir) = o.npy.parent() {
                 if !dir.as_os_str().is_empty() {
                     std::fs::create_dir_all(dir).map_err(|e| Error::Npy {

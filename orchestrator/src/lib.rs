@@ -23,6 +23,11 @@
 //! # Ok(()) }
 //! ```
 //!
+//! Temporaries come from a pool the cluster recycles: [`Cluster::alloc`]
+//! for memory owned by its handles, and [`Cluster::scope`] for memory a
+//! scope holds and reclaims once it has ended and its tasks are done
+//! ([`ScopeGuard::alloc`]; a handle used after that is refused).
+//!
 //! Inside: a DAG/scheduler actor owns the cores, one endpoint actor per
 //! worker owns its gRPC stream and fd channel, and a buffer manager
 //! releases buffers on the workers once nothing uses them
@@ -51,8 +56,8 @@ pub mod trace;
 #[cfg(test)]
 mod tests;
 
-pub use buffer::{Buffer, View};
-pub use cluster::{Cluster, Scope};
+pub use buffer::{Buffer, PoolStats, View};
+pub use cluster::{Cluster, Scope, ScopeGuard};
 pub use error::{
     BufferError, ClusterError, Error, Lack, Need, NpyError, QuarantinedBytes, RunError,
     SubmitError, TraceError, ViewError,

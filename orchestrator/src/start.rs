@@ -62,6 +62,8 @@ pub struct ClusterBuilder {
     data_connection: bool,
     /// Threads of the driver's runtime; `None`: chosen at the start.
     driver_threads: Option<usize>,
+    /// What the pool of runtime-managed buffers keeps idle.
+    pool: crate::buffer::PoolLimits,
 }
 
 /// The kernels of in-process workers.
@@ -103,11 +105,27 @@ impl Default for ClusterBuilder {
             ring: true,
             data_connection: true,
             driver_threads: None,
+            pool: crate::buffer::PoolLimits::default(),
         }
     }
 }
 
 impl ClusterBuilder {
+    /// How much the pool of runtime-managed buffers ([`Cluster::alloc`],
+    /// [`crate::ScopeGuard::alloc`]) keeps for reuse: at most
+    /// `idle_buffers` memfds of `idle_bytes` in all (default 256 and
+    /// 4 GiB). An idle memfd holds no memory (its pages are freed when
+    /// it comes back), only an open file and an address range; one
+    /// coming back past either limit is closed.
+    #[must_use]
+    pub fn pool_limits(mut self, idle_buffers: usize, idle_bytes: u64) -> Self {
+        self.pool = crate::buffer::PoolLimits {
+            idle_buffers,
+            idle_bytes,
+        };
+        self
+    }
+
     /// Spawns `n` local workers (chips 0..n) on private Unix sockets.
     #[must_use]
     pub fn local(mut self, n: usize) -> Self {
@@ -640,6 +658,9 @@ fn start(b: ClusterBuilder) -> Result<Cluster, Error> {
         callables,
         mint: IdentityMint::new(owner),
         released: released_tx,
+        pool: Arc::new(crate::buffer::Pool::new(b.pool)),
+        scopes: Mutex::new(Default::default()),
+        last_scope: std::sync::atomic::AtomicU64::new(0),
         local,
         in_process,
         pending_all: Mutex::new(None),

@@ -43,10 +43,19 @@ use crate::errors::{err, invalid_view, obj, raise};
 /// refuses ``arr[...] = v`` and ``write`` with :class:`ReadOnlyView`.
 /// While a lost task may still write the bytes, every host access raises
 /// :class:`Quarantined`; an ``ndarray`` taken earlier is not checked.
+///
+/// An array a scope allocated (``Scope.alloc``) names memory the scope
+/// holds: once the scope has ended every access raises
+/// :class:`ScopeEnded`. An ``ndarray`` taken from it while the scope was
+/// open keeps that memory (it is reclaimed once the ``ndarray`` goes too).
 #[pyclass(name = "Array", module = "strata", frozen)]
 pub(crate) struct PyArray {
     pub(crate) view: View,
     pub(crate) core: Arc<Core>,
+    /// For a view of a scope buffer whose memory numpy was handed through
+    /// this object (`__array_interface__`), the handle that holds that
+    /// memory while this object, the ``ndarray``'s base, lives.
+    pin: std::sync::OnceLock<strata_orchestrator::Buffer>,
 }
 
 /// A view derived from another: `(byte delta, shape, element strides)`.
@@ -72,7 +81,30 @@ fn finish(axes: &[(u64, u64)], delta: u64) -> Option<Derived> {
 
 impl PyArray {
     pub(crate) fn new(view: View, core: Arc<Core>) -> Self {
-        PyArray { view, core }
+        PyArray {
+            view,
+            core,
+            pin: std::sync::OnceLock::new(),
+        }
+    }
+
+    /// Whether the view is of a scope buffer that this handle does not
+    /// pin: its address must come from a pinned handle.
+    fn needs_pin(&self) -> bool {
+        self.view.buffer().scope().is_some()
+            && self.view.buffer().host_address_transient(false).is_none()
+    }
+
+    /// This array through a handle that holds its memory, for an
+    /// ``ndarray`` whose base it becomes (a scope buffer's memory stays
+    /// while that ``ndarray`` lives; any other array is itself).
+    fn pinned<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, PyAny>> {
+        let me = slf.get();
+        if !me.needs_pin() {
+            return Ok(slf.clone().into_any());
+        }
+        let view = me.view.pinned().map_err(err)?;
+        Ok(Bound::new(slf.py(), PyArray::new(view, Arc::clone(&me.core)))?.into_any())
     }
 
     fn itemsize(&self) -> PyResult<usize> {
@@ -351,7 +383,7 @@ impl PyArray {
     /// or used for one read (`Some(false)`) or write (`Some(true)`) that
     /// ends before the call returns.
     fn host_address(&self, transient: Option<bool>) -> PyResult<usize> {
-        let buffer = self.view.buffer();
+        let buffer = self.pin.get().unwrap_or(self.view.buffer());
         let address = match transient {
             None => buffer.host_address(),
             Some(write) => buffer.host_address_transient(write),
@@ -373,6 +405,11 @@ impl PyArray {
     /// quarantine check; read-only memory for a view that does not grant
     /// WRITE.
     fn interface<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        // numpy keeps this object as the ndarray's base: for a scope
+        // buffer it holds the memory from now on.
+        if self.pin.get().is_none() && self.needs_pin() {
+            let _ = self.pin.set(self.view.buffer().pinned().map_err(err)?);
+        }
         self.interface_for(py, None)
     }
 
@@ -617,7 +654,8 @@ impl PyArray {
         // numpy calls the interface, which checks too; checking here keeps
         // the error ours whatever numpy does with one raised inside it.
         slf.get().view.check_read().map_err(err)?;
-        slf.py().import("numpy")?.call_method1("asarray", (slf,))
+        let base = PyArray::pinned(slf)?;
+        slf.py().import("numpy")?.call_method1("asarray", (base,))
     }
 
     /// A numpy array over the view for one read (`write` false) or write
@@ -626,13 +664,16 @@ impl PyArray {
     /// [`PyArray::host_address`]).
     fn numpy_transient<'py>(slf: &Bound<'py, Self>, write: bool) -> PyResult<Bound<'py, PyAny>> {
         let py = slf.py();
-        let me = slf.get();
-        me.view.check_read().map_err(err)?;
-        let interface = me.interface_for(py, Some(write))?;
+        slf.get().view.check_read().map_err(err)?;
+        let owner = PyArray::pinned(slf)?;
+        let interface = owner
+            .cast::<PyArray>()?
+            .get()
+            .interface_for(py, Some(write))?;
         let holder = py
             .import("strata._geometry")?
             .getattr("Interface")?
-            .call1((interface, slf))?;
+            .call1((interface, owner))?;
         py.import("numpy")?.call_method1("asarray", (holder,))
     }
 
@@ -741,4 +782,20 @@ impl PyArray {
         let strides: Vec<u32> = axes.iter().map(|&a| t.strides()[a]).collect();
         self.derive(0, &shape, &strides, t.dtype())
     }
+}
+
+/// `shape` (an int or a sequence of ints) as a strata shape.
+pub(crate) fn shape_of(shape: &Bound<'_, PyAny>) -> PyResult<Vec<u32>> {
+    let dims: Vec<i64> = match shape.extract::<i64>() {
+        Ok(n) => vec![n],
+        Err(_) => shape.extract()?,
+    };
+    dims.into_iter()
+        .map(|d| {
+            u32::try_from(d)
+                .ok()
+                .filter(|&d| d > 0)
+                .ok_or_else(|| invalid_view(format!("axis length {d}: each must be 1 to 2^32-1")))
+        })
+        .collect()
 }

@@ -7,14 +7,15 @@ use std::sync::{Arc, Mutex, RwLock};
 
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyTuple};
-use strata_orchestrator::{Cluster, Scope, WorkerId, WorkerInfo};
+use strata_orchestrator::{Cluster, WorkerId, WorkerInfo};
 use strata_wire::DType;
 
-use crate::array::PyArray;
+use crate::array::{PyArray, shape_of};
 use crate::core::Core;
-use crate::dtype;
+use crate::dtype::dtype_or_f32;
 use crate::errors::{err, invalid_view, raise};
 use crate::kernel::{PyKernelSpec, registry_with};
+use crate::scope::PyScope;
 use crate::task::{PySummary, PyTask, PyTaskSpec, build};
 
 /// A set of workers — one per chip — and the orchestrator driving them.
@@ -133,29 +134,6 @@ fn python_worker(py: Python<'_>, kernels: &[Py<PyKernelSpec>]) -> PyResult<(Stri
 
 fn worker_id(w: u32) -> WorkerId {
     WorkerId(w)
-}
-
-/// `shape` (an int or a sequence of ints) as a strata shape.
-fn shape_of(shape: &Bound<'_, PyAny>) -> PyResult<Vec<u32>> {
-    let dims: Vec<i64> = match shape.extract::<i64>() {
-        Ok(n) => vec![n],
-        Err(_) => shape.extract()?,
-    };
-    dims.into_iter()
-        .map(|d| {
-            u32::try_from(d)
-                .ok()
-                .filter(|&d| d > 0)
-                .ok_or_else(|| invalid_view(format!("axis length {d}: each must be 1 to 2^32-1")))
-        })
-        .collect()
-}
-
-fn dtype_or_f32(d: Option<Bound<'_, PyAny>>) -> PyResult<DType> {
-    match d {
-        Some(d) => dtype::parse(&d),
-        None => Ok(DType::F32),
-    }
 }
 
 fn nbytes(shape: &[u32], d: DType) -> PyResult<u64> {
@@ -361,6 +339,55 @@ impl PyCluster {
             .run(|c| c.buffer(n)?.tensor(&shape, d))
             .map_err(err)?;
         Ok(PyArray::new(view, Arc::clone(&self.core)))
+    }
+
+    /// A zero-filled host array of ``shape`` (an int or a tuple) and
+    /// ``dtype`` (a numpy dtype, or strata's name) from the cluster's pool
+    /// of recycled memory: when the array and every task using it are
+    /// gone, and the workers have let go of it, its memory goes back to
+    /// the pool, zeroed, for the next ``alloc``. For temporaries reclaimed
+    /// when a block ends, allocate in a scope: ``with cluster.scope() as
+    /// s: t = s.alloc((64, 64), np.float32)``.
+    ///
+    /// Raises:
+    ///     InvalidView: an axis that is not 1 to 2^32-1.
+    ///     BufferError: no axes or more than five, or a size past 64 bits.
+    #[pyo3(signature = (shape, dtype=None))]
+    fn alloc(
+        &self,
+        py: Python<'_>,
+        shape: Bound<'_, PyAny>,
+        dtype: Option<Bound<'_, PyAny>>,
+    ) -> PyResult<PyArray> {
+        let shape = shape_of(&shape)?;
+        let d = dtype_or_f32(dtype)?;
+        let core = Arc::clone(&self.core);
+        let view = py
+            .detach(|| core.run(|c| c.alloc(&shape, d)))
+            .map_err(err)?;
+        Ok(PyArray::new(view, Arc::clone(&self.core)))
+    }
+
+    /// The pool of recycled memory (``alloc``, ``Scope.alloc``) as a dict:
+    /// ``out`` buffers handed out and not back yet (``out_bytes``),
+    /// ``idle`` memfds kept for reuse (``idle_bytes``: address space only,
+    /// their pages are freed), and the memfds ``created``, ``reused`` and
+    /// ``discarded`` since the cluster started.
+    fn pool_stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let s = self.core.run(|c| Ok(c.pool_stats())).map_err(err)?;
+        let d = PyDict::new(py);
+        for (name, v) in [
+            ("out", s.out),
+            ("out_bytes", s.out_bytes),
+            ("idle", s.idle),
+            ("idle_bytes", s.idle_bytes),
+            ("created", s.created),
+            ("reused", s.reused),
+            ("discarded", s.discarded),
+        ] {
+            d.set_item(name, v)?;
+        }
+        Ok(d)
     }
 
     /// A host array of ``shape`` and ``dtype`` for tasks to fill (strata's
@@ -605,15 +632,14 @@ impl PyCluster {
             .map_err(err)
     }
 
-    /// Opens a :class:`Scope`: arrays added to it are released once it has
-    /// ended and no unfinished task uses them.
+    /// Opens a :class:`Scope`, a context manager: ``with cluster.scope()
+    /// as s: t = s.alloc((64, 64), np.float32)``. What it allocates (and
+    /// the arrays added to it) is reclaimed once the block has ended and
+    /// no unfinished task uses it.
     fn scope(&self, py: Python<'_>) -> PyResult<PyScope> {
         let core = Arc::clone(&self.core);
         let scope = py.detach(|| core.run(|c| c.open_scope())).map_err(err)?;
-        Ok(PyScope {
-            scope,
-            core: Arc::clone(&self.core),
-        })
+        Ok(PyScope::new(scope, Arc::clone(&self.core)))
     }
 
     /// Whether ``worker`` is up (connected and taking tasks).
@@ -763,49 +789,6 @@ impl PyCluster {
             Ok(n) => format!("strata.Cluster({n} workers)"),
             Err(_) => "strata.Cluster(closed)".to_owned(),
         }
-    }
-}
-
-/// A scope: arrays added to it are released (their memory freed, on the
-/// workers too) once the scope has ended and no unfinished task uses them.
-/// A context manager: leaving the block ends it.
-#[pyclass(name = "Scope", module = "strata", frozen)]
-pub(crate) struct PyScope {
-    scope: Scope,
-    core: Arc<Core>,
-}
-
-#[pymethods]
-impl PyScope {
-    /// Registers ``array``'s buffer in the scope; returns the array.
-    fn add<'py>(
-        &self,
-        py: Python<'py>,
-        array: Bound<'py, PyArray>,
-    ) -> PyResult<Bound<'py, PyArray>> {
-        let core = Arc::clone(&self.core);
-        let buffer = array.get().view.buffer().clone();
-        let scope = self.scope;
-        py.detach(|| core.run(|c| c.scope_buffer(scope, &buffer)))
-            .map_err(err)?;
-        Ok(array)
-    }
-
-    /// Ends the scope.
-    fn end(&self, py: Python<'_>) -> PyResult<()> {
-        let core = Arc::clone(&self.core);
-        let scope = self.scope;
-        py.detach(|| core.run(|c| c.end_scope(scope))).map_err(err)
-    }
-
-    fn __enter__(slf: Py<Self>) -> Py<Self> {
-        slf
-    }
-
-    #[pyo3(signature = (*_exc))]
-    fn __exit__(&self, py: Python<'_>, _exc: Bound<'_, PyTuple>) -> PyResult<bool> {
-        self.end(py)?;
-        Ok(false)
     }
 }
 

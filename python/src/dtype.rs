@@ -139,3 +139,11 @@ pub(crate) fn is_unsigned(d: DType) -> bool {
         DType::U8 | DType::U16 | DType::U32 | DType::U64 | DType::Bool
     )
 }
+
+/// `d` as a dtype, float32 when not given.
+pub(crate) fn dtype_or_f32(d: Option<Bound<'_, PyAny>>) -> PyResult<DType> {
+    match d {
+        Some(d) => parse(&d),
+        None => Ok(DType::F32),
+    }
+}

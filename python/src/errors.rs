@@ -10,7 +10,8 @@ use pyo3::IntoPyObjectExt;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 use strata_orchestrator::{
-    ClusterError, Error, FailureKind, LinkError, Outcome, RunError, SubmitError, ViewError,
+    BufferError, ClusterError, Error, FailureKind, LinkError, Outcome, RunError, SubmitError,
+    ViewError,
 };
 
 /// `v` as a Python object (`None` if it cannot be one).
@@ -52,6 +53,14 @@ pub(crate) fn err(e: Error) -> PyErr {
         }) => raise("AuthenticationError", message, &[]),
         Error::Cluster(ClusterError::InsideAsync) => raise("Error", message, &[]),
         Error::Cluster(_) => raise("ClusterError", message, &[]),
+        Error::Buffer(BufferError::ScopeEnded { .. } | BufferError::AllocScope(_)) => {
+            raise("ScopeEnded", message, &[])
+        }
+        Error::Submit(SubmitError::DeadArgument { ref source, .. })
+            if matches!(**source, BufferError::ScopeEnded { .. }) =>
+        {
+            raise("ScopeEnded", message, &[])
+        }
         Error::Buffer(_) => raise("BufferError", message, &[]),
         Error::View(ViewError::ReadOnly { .. }) => raise("ReadOnlyView", message, &[]),
         Error::View(_) => raise("InvalidView", message, &[]),

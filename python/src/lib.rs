@@ -37,6 +37,7 @@ mod core;
 mod dtype;
 mod errors;
 mod kernel;
+mod scope;
 mod sig;
 mod task;
 
@@ -54,7 +55,7 @@ fn _strata(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<task::Tagged>()?;
     m.add_class::<task::PyTaskSpec>()?;
     m.add_class::<task::PySummary>()?;
-    m.add_class::<cluster::PyScope>()?;
+    m.add_class::<scope::PyScope>()?;
     m.add_class::<cluster::PyWorker>()?;
     m.add_class::<kernel::PyKernelSpec>()?;
     m.add_function(wrap_pyfunction!(task::input, m)?)?;

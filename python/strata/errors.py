@@ -17,6 +17,7 @@ __all__ = [
     "AuthenticationError",
     "WorkerError",
     "BufferError",
+    "ScopeEnded",
     "InvalidView",
     "InvalidIndex",
     "ReadOnlyView",
@@ -112,6 +113,14 @@ class WorkerError(Error):
 class BufferError(Error):
     """A buffer could not be made, read or written (a device buffer read
     as host memory, bytes past the end, a run buffer whose run ended...)."""
+
+
+class ScopeEnded(BufferError):
+    """An array a scope allocated, used after the scope ended (read,
+    written, handed to numpy or to a task), or an allocation in a scope
+    that has ended. Its memory is reclaimed once the scope's tasks are
+    done: allocate what must outlive the block outside it
+    (``Cluster.alloc``, ``Cluster.zeros``)."""
 
 
 class InvalidView(Error, ValueError):

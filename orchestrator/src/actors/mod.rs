@@ -98,14 +98,18 @@ pub(crate) enum Cmd {
     OpenScope {
         reply: oneshot::Sender<ScopeId>,
     },
+    /// `reply` `None`: the driver knows the scope open and needs no
+    /// answer (a scope ended meanwhile refuses the buffer, which is then
+    /// dropped: its handle is refused by the same end).
     ScopeBuffer {
         scope: ScopeId,
         buffer: Buffer,
-        reply: oneshot::Sender<Result<(), Error>>,
+        reply: Option<oneshot::Sender<Result<(), Error>>>,
     },
+    /// `reply` `None`: the driver knows the scope open and needs no answer.
     EndScope {
         scope: ScopeId,
-        reply: oneshot::Sender<Result<(), Error>>,
+        reply: Option<oneshot::Sender<Result<(), Error>>>,
     },
     Totals {
         reply: oneshot::Sender<RunSummary>,
@@ -278,7 +282,14 @@ pub(crate) enum EpCmd {
         items: Vec<DispatchItem>,
         rejoins: u64,
     },
-    Release(Vec<CanonicalIdentity>),
+    /// Has the worker release its imports of these buffers. With
+    /// `clean`, answers the ones this very session imported and the worker
+    /// released (so no copy of them on its chip can be written back
+    /// later); a lost worker answers none (the sender is dropped).
+    Release {
+        ids: Vec<CanonicalIdentity>,
+        clean: Option<oneshot::Sender<Vec<CanonicalIdentity>>>,
+    },
     /// Has the worker write its dirty cached copies of these byte sets
     /// back to host memory, then answers [`Notice::Flushed`] with `token`
     /// (always, lost or not).

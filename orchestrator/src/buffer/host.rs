@@ -6,6 +6,7 @@ use std::fs::File;
 use std::io;
 use std::os::fd::{AsFd, BorrowedFd};
 use std::os::unix::fs::MetadataExt;
+use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use bytes::Bytes;
@@ -16,15 +17,86 @@ use strata_orchestrator_core::{Holders, WorkerId};
 use strata_wire::{BufferDescriptor, CanonicalIdentity, Tensor};
 use tokio::sync::mpsc;
 
+use super::pool::{Pool, Returning};
 use super::{Recycler, Released};
 use crate::error::{BufferError, Error, QuarantinedBytes};
 use crate::mapping::{self, SharedMapping};
 
+/// A sealed memfd and the driver's mapping of it: the memory behind a
+/// host buffer (a pooled one's outlives the buffer: see `pool`).
+pub(crate) struct Memfd {
+    file: File,
+    pub(super) map: SharedMapping,
+    pub(super) st_dev: u64,
+    pub(super) st_ino: u64,
+}
+
+impl Memfd {
+    /// A zeroed memfd of `nbytes`, sealed against resizing, mapped here.
+    pub(crate) fn create(nbytes: u64) -> Result<Self, BufferError> {
+        if nbytes == 0 {
+            return Err(BufferError::Empty);
+        }
+        let fail = |step: &'static str| {
+            move |source: io::Error| BufferError::Memfd {
+                step,
+                nbytes,
+                source,
+            }
+        };
+        let mfd = memfd::MemfdOptions::default()
+            .close_on_exec(true)
+            .allow_sealing(true)
+            .create("strata-buffer")
+            .map_err(memfd_io)
+            .map_err(fail("memfd_create"))?;
+        mfd.as_file().set_len(nbytes).map_err(fail("ftruncate"))?;
+        mfd.add_seals(&[
+            memfd::FileSeal::SealShrink,
+            memfd::FileSeal::SealGrow,
+            memfd::FileSeal::SealSeal,
+        ])
+        .map_err(memfd_io)
+        .map_err(fail("sealing the memfd"))?;
+        let file = mfd.into_file();
+        let meta = file.metadata().map_err(fail("fstat"))?;
+        let map = SharedMapping::new(&file).map_err(fail("mmap"))?;
+        Ok(Memfd {
+            file,
+            map,
+            st_dev: meta.dev(),
+            st_ino: meta.ino(),
+        })
+    }
+
+    /// Its size in bytes.
+    pub(crate) fn len(&self) -> u64 {
+        self.map.len() as u64
+    }
+
+    /// Frees every page: reads through any mapping then give zeros. The
+    /// seals allow it (they forbid resizing, not punching).
+    ///
+    /// # Errors
+    /// The kernel refused (the memfd is then not reused).
+    pub(super) fn punch(&self) -> nix::Result<()> {
+        let len = i64::try_from(self.len()).map_err(|_| nix::errno::Errno::EFBIG)?;
+        nix::fcntl::fallocate(
+            &self.file,
+            nix::fcntl::FallocateFlags::FALLOC_FL_PUNCH_HOLE
+                | nix::fcntl::FallocateFlags::FALLOC_FL_KEEP_SIZE,
+            0,
+            len,
+        )
+    }
+}
+
 /// A host buffer's memfd, mapping and bookkeeping.
 pub(crate) struct HostShared {
     pub(super) desc: BufferDescriptor,
-    file: File,
-    pub(super) map: SharedMapping,
+    pub(super) mem: Arc<Memfd>,
+    /// The pool its memfd goes back to, for a pooled buffer.
+    pool: Option<Arc<Pool>>,
     imported_on: Holders,
     notify: mpsc::UnboundedSender<Released>,
     /// Views written by tasks lost without a fence, until their quarantine
@@ -79,55 +151,46 @@ impl std::fmt::Debug for HostShared {
 }
 
 impl HostShared {
-    /// A zeroed memfd of `nbytes`, sealed against resizing, mapped here.
+    /// A zeroed host buffer of its own memfd of `nbytes`.
     pub(crate) fn create(
         identity: CanonicalIdentity,
         nbytes: u64,
         access: strata_wire::Access,
         notify: mpsc::UnboundedSender<Released>,
     ) -> Result<Self, BufferError> {
-        if nbytes == 0 {
-            return Err(BufferError::Empty);
-        }
-        let fail = |step: &'static str| {
-            move |source: io::Error| BufferError::Memfd {
-                step,
-                nbytes,
-                source,
-            }
-        };
-        let mfd = memfd::MemfdOptions::default()
-            .close_on_exec(true)
-            .allow_sealing(true)
-            .create("strata-buffer")
-            .map_err(memfd_io)
-            .map_err(fail("memfd_create"))?;
-        mfd.as_file().set_len(nbytes).map_err(fail("ftruncate"))?;
-        mfd.add_seals(&[
-            memfd::FileSeal::SealShrink,
-            memfd::FileSeal::SealGrow,
-            memfd::FileSeal::SealSeal,
-        ])
-        .map_err(memfd_io)
-        .map_err(fail("sealing the memfd"))?;
-        let file = mfd.into_file();
-        let meta = file.metadata().map_err(fail("fstat"))?;
+        HostShared::over(
+            identity,
+            Arc::new(Memfd::create(nbytes)?),
+            access,
+            None,
+            notify,
+        )
+    }
+
+    /// A host buffer over `mem` (zeroed), granting `access`; `pool` is
+    /// where the memfd goes back once the buffer is released.
+    pub(crate) fn over(
+        identity: CanonicalIdentity,
+        mem: Arc<Memfd>,
+        access: strata_wire::Access,
+        pool: Option<Arc<Pool>>,
+        notify: mpsc::UnboundedSender<Released>,
+    ) -> Result<Self, BufferError> {
         let desc = BufferDescriptor::new(
             identity,
-            nbytes,
+            mem.len(),
             strata_wire::AddressSpace::Host,
             access,
             strata_wire::Backing::Memfd {
-                st_dev: meta.dev(),
-                st_ino: meta.ino(),
+                st_dev: mem.st_dev,
+                st_ino: mem.st_ino,
             },
         )
         .map_err(BufferError::Descriptor)?;
-        let map = SharedMapping::new(&file).map_err(fail("mmap"))?;
         Ok(HostShared {
             desc,
-            file,
-            map,
+            mem,
+            pool,
             imported_on: Holders::new(),
             notify,
             quarantine: std::sync::Mutex::new(Vec::new()),
@@ -143,7 +206,7 @@ impl HostShared {
 
     /// The memfd, to pass to a local worker.
     pub(crate) fn fd(&self) -> BorrowedFd<'_> {
-        self.file.as_fd()
+        self.mem.file.as_fd()
     }
 
     /// Records that `worker` imported the buffer (so it is told to release
@@ -176,8 +239,8 @@ impl HostShared {
                 return;
             }
             let at = first.saturating_add(off);
-            result = if len >= PREAD_RUN && at.saturating_add(len) <= self.map.len() {
-                mapping::pread_append(&self.file, at, len, &mut out).map_err(|source| {
+            result = if len >= PREAD_RUN && at.saturating_add(len) <= self.mem.map.len() {
+                mapping::pread_append(&self.mem.file, at, len, &mut out).map_err(|source| {
                     BufferError::Memfd {
                         step: "pread",
                         nbytes: self.desc.nbytes(),
@@ -185,7 +248,8 @@ impl HostShared {
                     }
                 })
             } else {
-                self.map
+                self.mem
+                    .map
                     .read_append(at, len, &mut out)
                     .map_err(|e| self.mapping(e))
             };
@@ -219,16 +283,15 @@ impl HostShared {
             if result.is_ok() {
                 let to = first + off;
                 let bytes = &packed[at..at + len];
-                result = if len >= PWRITE_RUN && to.saturating_add(len) <= self.map.len() {
-                    std::os::unix::fs::FileExt::write_all_at(&self.file, bytes, to as u64).map_err(
-                        |source| BufferError::Memfd {
+                result = if len >= PWRITE_RUN && to.saturating_add(len) <= self.mem.map.len() {
+                    std::os::unix::fs::FileExt::write_all_at(&self.mem.file, bytes, to as u64)
+                        .map_err(|source| BufferError::Memfd {
                             step: "pwrite",
                             nbytes: self.desc.nbytes(),
                             source,
-                        },
-                    )
+                        })
                 } else {
-                    self.map.write(to, bytes).map_err(|e| self.mapping(e))
+                    self.mem.map.write(to, bytes).map_err(|e| self.mapping(e))
                 };
                 at += len;
             }
@@ -303,7 +366,8 @@ impl HostShared {
         self.check_range(offset, len)?;
         let offset = usize::try_from(offset).map_err(|_| too_big())?;
         let mut out = vec![0u8; len];
-        self.map
+        self.mem
+            .map
             .read(offset, &mut out)
             .map_err(|e| self.mapping(e))?;
         Ok(out)
@@ -312,13 +376,14 @@ impl HostShared {
     pub(crate) fn write(&self, offset: u64, bytes: &[u8]) -> Result<(), Error> {
         self.check_range(offset, bytes.len())?;
         let offset = usize::try_from(offset).map_err(|_| too_big())?;
-        self.map
+        self.mem
+            .map
             .write(offset, bytes)
             .map_err(|e| self.mapping(e).into())
     }
 
     pub(crate) fn len(&self) -> usize {
-        self.map.len()
+        self.mem.map.len()
     }
 
     /// Marks the bytes as touched by the driver directly (see `exposed`).
@@ -350,7 +415,7 @@ impl HostShared {
     }
 
     pub(crate) fn address(&self) -> *mut u8 {
-        self.map.address()
+        self.mem.map.address()
     }
 }
 
@@ -380,10 +445,19 @@ fn memfd_io(e: memfd::Error) -> io::Error {
 impl Drop for HostShared {
     fn drop(&mut self) {
         let workers = self.imported_on.take();
-        // After the cluster is gone nobody listens; the workers are gone too.
+        let identity = *self.desc.identity();
+        // Bytes still quarantined may yet be written by a lost task: such
+        // a memfd is never handed to anyone else.
+        let returning = self.pool.take().map(|pool| {
+            let clean = self.none_marked();
+            Returning::new(pool, Arc::clone(&self.mem), &identity, clean)
+        });
+        // After the cluster is gone nobody listens; the workers are gone too
+        // (and a returning memfd is discarded with the message).
         let _ = self.notify.send(Released::Host {
-            identity: *self.desc.identity(),
+            identity,
             workers,
+            returning,
         });
     }
 }

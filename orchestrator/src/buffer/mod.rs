@@ -2,7 +2,8 @@
 //!
 //! A host [`Buffer`] is an anonymous memfd, sealed at its size and mapped
 //! shared in the driver, with a fresh identity (this cluster's random
-//! owner id, a counter, generation 1). No named shared memory is created,
+//! owner id, a counter, generation 1; a pooled memfd handed out again
+//! keeps its id and takes the next generation). No named shared memory is created,
 //! so a crash leaves nothing behind in `/dev/shm`. A device buffer
 //! (DEVICE_MALLOC) lives in one worker's device memory and is reached by
 //! identity; a *run* buffer is a device buffer in the run region, whose
@@ -14,6 +15,11 @@
 //! buffer manager is told, and the workers that imported it release their
 //! imports (or free the device block). Dropping a handle while tasks still
 //! use the buffer therefore defers the release; it is never refused.
+//!
+//! Runtime-managed buffers (`Cluster::alloc`, `ScopeGuard::alloc`) take
+//! their memfd from the cluster's [`pool`], which gets it back once the
+//! workers have released it. A scope buffer's handles do not hold its
+//! memory: its scope does ([`scoped`]).
 
 use std::sync::Arc;
 
@@ -26,19 +32,26 @@ use crate::error::{BufferError, Error, ViewError};
 use crate::mapping;
 
 mod host;
+pub(crate) mod pool;
+pub(crate) mod scoped;
 mod view;
 
 pub(crate) use host::{HostShared, Loss};
+pub use pool::PoolStats;
+pub(crate) use pool::{Pool, PoolLimits, Returning};
+pub(crate) use scoped::{Lease, ScopeLife, Scoped};
 pub(crate) use strata_proto::recycle::Recycler;
 pub use view::View;
 
 /// What the buffer manager hears when a buffer's last user let go.
 #[derive(Debug)]
 pub(crate) enum Released {
-    /// A host buffer; the workers that imported it.
+    /// A host buffer; the workers that imported it; for a pooled
+    /// buffer, its memfd on the way back to the pool.
     Host {
         identity: CanonicalIdentity,
         workers: Vec<WorkerId>,
+        returning: Option<Returning>,
     },
     /// A device buffer on `worker`.
     Device {
@@ -73,10 +86,20 @@ impl Drop for DeviceShared {
     }
 }
 
+/// The memory of a buffer, as tasks hold it.
 #[derive(Debug, Clone)]
 pub(crate) enum Backing {
     Host(Arc<HostShared>),
     Device(Arc<DeviceShared>),
+}
+
+/// How a driver handle holds its buffer.
+#[derive(Debug, Clone)]
+pub(crate) enum Held {
+    /// The memory itself: it lives while the handle does.
+    Owned(Backing),
+    /// A scope buffer: its scope holds the memory ([`scoped`]).
+    Scoped(Scoped),
 }
 
 /// A buffer: host memory shared with local workers, or device memory on
@@ -89,9 +112,14 @@ pub(crate) enum Backing {
 /// [`View::read_only`] view) carries the narrowed grant: its descriptor
 /// and the views made from it grant no more, and the driver's writes
 /// through it are refused unless it grants WRITE.
+///
+/// A buffer of a scope ([`crate::ScopeGuard::alloc`]) is held by its
+/// scope, not by its handles: once the scope has ended, every use of a
+/// handle is refused ([`BufferError::ScopeEnded`]) and the memory is
+/// reclaimed when the scope's tasks are done, handles or not.
 #[derive(Debug, Clone)]
 pub struct Buffer {
-    pub(crate) backing: Backing,
+    pub(crate) held: Held,
     /// The narrowed descriptor of a handle taken from a narrowed view;
     /// `None` for the owner's handle.
     narrowed: Option<BufferDescriptor>,
@@ -99,15 +127,27 @@ pub struct Buffer {
 
 impl Buffer {
     pub(crate) fn host(shared: HostShared) -> Self {
+        Buffer::owning(Backing::Host(Arc::new(shared)))
+    }
+
+    pub(crate) fn owning(backing: Backing) -> Self {
         Buffer {
-            backing: Backing::Host(Arc::new(shared)),
+            held: Held::Owned(backing),
             narrowed: None,
         }
     }
 
     pub(crate) fn device(shared: DeviceShared) -> Self {
+        Buffer::owning(Backing::Device(Arc::new(shared)))
+    }
+
+    /// A handle of a scope buffer.
+    pub(crate) fn scoped(lease: Lease) -> Self {
         Buffer {
-            backing: Backing::Device(Arc::new(shared)),
+            held: Held::Scoped(Scoped {
+                lease: Arc::new(lease),
+                pin: None,
+            }),
             narrowed: None,
         }
     }
@@ -116,7 +156,7 @@ impl Buffer {
     /// descriptor, narrowed) grants.
     pub(crate) fn narrowed_to(&self, desc: BufferDescriptor) -> Self {
         Buffer {
-            backing: self.backing.clone(),
+            held: self.held.clone(),
             narrowed: Some(desc),
         }
     }
@@ -126,10 +166,49 @@ impl Buffer {
         if let Some(d) = self.narrowed {
             return d;
         }
-        match &self.backing {
-            Backing::Host(h) => h.desc,
-            Backing::Device(d) => d.desc,
+        match &self.held {
+            Held::Owned(Backing::Host(h)) => h.desc,
+            Held::Owned(Backing::Device(d)) => d.desc,
+            Held::Scoped(s) => s.lease.desc,
         }
+    }
+
+    /// Its memory, as a task holds it.
+    ///
+    /// # Errors
+    /// [`BufferError::ScopeEnded`] for a buffer of a scope that has ended.
+    pub(crate) fn backing(&self) -> Result<Backing, BufferError> {
+        match &self.held {
+            Held::Owned(b) => Ok(b.clone()),
+            Held::Scoped(s) => s.live().map(Backing::Host),
+        }
+    }
+
+    /// For a buffer of a scope ([`crate::ScopeGuard::alloc`]), that scope.
+    pub fn scope(&self) -> Option<crate::Scope> {
+        match &self.held {
+            Held::Owned(_) => None,
+            Held::Scoped(s) => Some(crate::Scope(s.lease.scope.id)),
+        }
+    }
+
+    /// A handle that holds the buffer's memory: for a buffer of a scope,
+    /// one through which [`Buffer::host_address`] gives an address that
+    /// stays good while the handle lives, even past the scope's end (the
+    /// memory is reclaimed once this handle is dropped too). Every other
+    /// use of it is still refused once the scope has ended. For any other
+    /// buffer, a clone.
+    ///
+    /// # Errors
+    /// [`BufferError::ScopeEnded`] once the buffer's scope has ended.
+    pub fn pinned(&self) -> Result<Buffer, Error> {
+        Ok(Buffer {
+            held: match &self.held {
+                Held::Owned(b) => Held::Owned(b.clone()),
+                Held::Scoped(s) => Held::Scoped(s.pin()?),
+            },
+            narrowed: self.narrowed,
+        })
     }
 
     /// Refuses a driver write through a handle narrowed to exclude WRITE.
@@ -159,14 +238,25 @@ impl Buffer {
 
     /// For a device buffer, the worker whose device holds it.
     pub fn device_worker(&self) -> Option<WorkerId> {
-        match &self.backing {
-            Backing::Host(_) => None,
-            Backing::Device(d) => Some(d.worker),
+        match &self.held {
+            Held::Owned(Backing::Device(d)) => Some(d.worker),
+            Held::Owned(Backing::Host(_)) | Held::Scoped(_) => None,
+        }
+    }
+
+    /// The host memory a handle may hand out the address of: an owned
+    /// host buffer's, or a pinned scope buffer's.
+    fn addressable(&self) -> Option<&HostShared> {
+        match &self.held {
+            Held::Owned(Backing::Host(h)) => Some(h),
+            Held::Scoped(Scoped { pin: Some(h), .. }) => Some(h),
+            Held::Owned(Backing::Device(_)) | Held::Scoped(Scoped { pin: None, .. }) => None,
         }
     }
 
     /// For a host buffer, the address of byte 0 of the driver's mapping and
-    /// its length; `None` for a device buffer. The mapping stays at that
+    /// its length; `None` for a device buffer, and for a buffer of a scope
+    /// unless this handle is [`Buffer::pinned`]. The mapping stays at that
     /// address while any clone of this `Buffer` (or any unfinished task
     /// using it) lives.
     ///
@@ -181,15 +271,11 @@ impl Buffer {
     /// inputs before submitting their readers; read results after their
     /// writers are done).
     pub fn host_address(&self) -> Option<(*mut u8, usize)> {
-        match &self.backing {
-            Backing::Host(h) => {
-                // Whoever holds the address may write through it at any
-                // time no task uses the bytes.
-                h.expose();
-                Some((h.address(), h.len()))
-            }
-            Backing::Device(_) => None,
-        }
+        let h = self.addressable()?;
+        // Whoever holds the address may write through it at any time no
+        // task uses the bytes.
+        h.expose();
+        Some((h.address(), h.len()))
     }
 
     /// As [`Buffer::host_address`], for an access the caller finishes
@@ -199,15 +285,11 @@ impl Buffer {
     /// has named it). So a buffer filled, or read, this way keeps the
     /// copies chips hold of it from one run to the next.
     pub fn host_address_transient(&self, write: bool) -> Option<(*mut u8, usize)> {
-        match &self.backing {
-            Backing::Host(h) => {
-                if write {
-                    h.expose_if_used();
-                }
-                Some((h.address(), h.len()))
-            }
-            Backing::Device(_) => None,
+        let h = self.addressable()?;
+        if write {
+            h.expose_if_used();
         }
+        Some((h.address(), h.len()))
     }
 
     /// A row-major view of `shape` elements of `dtype` from byte 0.
@@ -251,8 +333,8 @@ impl Buffer {
         })
     }
 
-    fn host_shared(&self) -> Result<&Arc<HostShared>, Error> {
-        match &self.backing {
+    fn host_shared(&self) -> Result<Arc<HostShared>, Error> {
+        match self.backing()? {
             Backing::Host(h) => Ok(h),
             Backing::Device(d) => Err(BufferError::OnDevice {
                 buffer: *d.desc.identity(),

@@ -107,6 +107,20 @@ impl View {
         })
     }
 
+    /// The same view through a handle that holds its memory
+    /// ([`Buffer::pinned`]): for a view of a scope buffer, one whose
+    /// [`Buffer::host_address`] stays good while the returned view lives.
+    ///
+    /// # Errors
+    /// [`crate::BufferError::ScopeEnded`] once the buffer's scope has
+    /// ended.
+    pub fn pinned(&self) -> Result<View, Error> {
+        Ok(View {
+            tensor: self.tensor,
+            buffer: self.buffer.pinned()?,
+        })
+    }
+
     /// Refuses what [`View::read`] refuses before it reads a byte: bytes
     /// of a host buffer that are quarantined (a task writing them was lost
     /// without a fence). For code that reads the view's memory in place
@@ -115,9 +129,10 @@ impl View {
     ///
     /// # Errors
     /// [`Error::Quarantined`] naming the bytes, the lost task and its
-    /// worker.
+    /// worker; [`crate::BufferError::ScopeEnded`] for a view of a scope
+    /// buffer whose scope has ended.
     pub fn check_read(&self) -> Result<(), Error> {
-        match &self.buffer.backing {
+        match self.buffer.backing()? {
             super::Backing::Host(h) => h.check_view(&self.tensor),
             super::Backing::Device(_) => Ok(()),
         }
@@ -170,7 +185,7 @@ impl View {
         let mut result = Ok(());
         for_each_element(t, |off| {
             if result.is_ok() {
-                result = h.map.read(off, &mut out[i * elem..(i + 1) * elem]);
+                result = h.mem.map.read(off, &mut out[i * elem..(i + 1) * elem]);
                 i += 1;
             }
         });
@@ -209,7 +224,7 @@ impl View {
         let mut result = Ok(());
         for_each_element(&self.tensor, |off| {
             if result.is_ok() {
-                result = h.map.write(off, &bytes[i * elem..(i + 1) * elem]);
+                result = h.mem.map.write(off, &bytes[i * elem..(i + 1) * elem]);
                 i += 1;
             }
         });

@@ -100,9 +100,9 @@ impl Cluster {
     }
 
     fn device_of(&self, buffer: &Buffer) -> Result<WorkerId, Error> {
-        match &buffer.backing {
+        match buffer.backing()? {
             Backing::Device(d) => {
-                self.check_alive(d)?;
+                self.check_alive(&d)?;
                 Ok(d.worker)
             }
             Backing::Host(_) => Err(BufferError::OnHost {

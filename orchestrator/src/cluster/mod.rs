@@ -18,7 +18,7 @@ use tokio::sync::{mpsc, oneshot};
 
 use crate::actors::endpoint::Life;
 use crate::actors::{Cmd, EpCmd};
-use crate::buffer::{Buffer, HostShared, Released};
+use crate::buffer::{Buffer, HostShared, Pool, Released, ScopeLife};
 use crate::error::{BufferError, ClusterError, Error, SubmitError};
 use crate::link::LinkError;
 use crate::link::WorkerInfo;
@@ -28,12 +28,23 @@ use crate::task::TaskHandle;
 use crate::trace::Trace;
 
 mod device;
+mod scope;
 mod submit;
 
+pub use scope::ScopeGuard;
+
 /// A scope: buffers registered in it are released once it has ended and
-/// no unfinished task uses them.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Scope(ScopeId);
+/// no unfinished task uses them. [`Cluster::scope`] opens one that ends
+/// when its guard is dropped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Scope(pub(crate) ScopeId);
+
+impl Scope {
+    /// Its number, as errors name it (`scope 3 has ended`).
+    pub fn number(&self) -> u64 {
+        self.0.0
+    }
+}
 
 /// A set of workers and the orchestrator driving them.
 pub struct Cluster {
@@ -45,6 +56,12 @@ pub struct Cluster {
     pub(crate) callables: rustc_hash::FxHashMap<String, Vec<Offered>>,
     pub(crate) mint: IdentityMint,
     pub(crate) released: mpsc::UnboundedSender<Released>,
+    /// Host memory recycled for runtime-managed buffers.
+    pub(crate) pool: Arc<Pool>,
+    /// The open scopes (`scope.rs`).
+    pub(crate) scopes: Mutex<rustc_hash::FxHashMap<ScopeId, Arc<ScopeLife>>>,
+    /// The highest scope id opened.
+    pub(crate) last_scope: std::sync::atomic::AtomicU64,
     pub(crate) local: Option<Arc<Mutex<LocalWorkers>>>,
     /// Per worker, the callables it offers.
     pub(crate) offers: Vec<rustc_hash::FxHashSet<KernelHandle>>,
@@ -156,6 +173,12 @@ impl Cluster {
             .blocking_send(make(tx))
             .map_err(|_| Error::Closed)?;
         rx.blocking_recv().map_err(|_| Error::Closed)
+    }
+
+    /// Sends `cmd` to the DAG actor, awaiting no answer.
+    fn tell(&self, cmd: Cmd) -> Result<(), Error> {
+        not_async()?;
+        self.cmds.blocking_send(cmd).map_err(|_| Error::Closed)
     }
 
     fn ask_endpoint<T>(
@@ -444,39 +467,6 @@ impl Cluster {
     /// [`Error::Closed`].
     pub fn take_trace(&self) -> Result<Option<Trace>, Error> {
         self.ask(|reply| Cmd::TakeTrace { reply })
-    }
-
-    /// Opens a scope.
-    ///
-    /// # Errors
-    /// [`Error::Closed`].
-    pub fn open_scope(&self) -> Result<Scope, Error> {
-        self.ask(|reply| Cmd::OpenScope { reply }).map(Scope)
-    }
-
-    /// Registers `buffer` in `scope`: the scope holds it until the scope
-    /// has ended and no unfinished task uses it.
-    ///
-    /// # Errors
-    /// An unknown or ended scope.
-    pub fn scope_buffer(&self, scope: Scope, buffer: &Buffer) -> Result<(), Error> {
-        let buffer = buffer.clone();
-        self.ask(|reply| Cmd::ScopeBuffer {
-            scope: scope.0,
-            buffer,
-            reply,
-        })?
-    }
-
-    /// Ends `scope`.
-    ///
-    /// # Errors
-    /// An unknown or ended scope.
-    pub fn end_scope(&self, scope: Scope) -> Result<(), Error> {
-        self.ask(|reply| Cmd::EndScope {
-            scope: scope.0,
-            reply,
-        })?
     }
 
     /// Waits for every task, then stops the actors and the workers this

@@ -68,17 +68,26 @@ impl Cluster {
             }
             .into());
         }
-        let mut device_on: Option<(usize, &std::sync::Arc<crate::buffer::DeviceShared>)> = None;
+        // The first device argument: its index, worker and that worker's path.
+        let mut device_on: Option<(usize, WorkerId, crate::paths::WorkerPath)> = None;
         let mut device_buffers = Vec::new();
         let mut args = Vec::with_capacity(task.args.len());
         let mut needs = Capabilities {
             features: task.required_features,
             ..Capabilities::NONE
         };
-        for (i, (view, _)) in task.args.iter().enumerate() {
+        for (i, (view, tag)) in task.args.into_iter().enumerate() {
             needs.backends = needs.backends.with(view.tensor.buffer().backing().kind());
             needs.dtypes = needs.dtypes.with(view.tensor.dtype());
-            if let Backing::Device(d) = &view.buffer.backing {
+            let backing = view
+                .buffer
+                .backing()
+                .map_err(|source| SubmitError::DeadArgument {
+                    callable: name.to_string(),
+                    arg: i,
+                    source: Box::new(source),
+                })?;
+            if let Backing::Device(d) = &backing {
                 self.check_alive(d)
                     .map_err(|source| SubmitError::DeadArgument {
                         callable: name.to_string(),
@@ -86,45 +95,43 @@ impl Cluster {
                         source: Box::new(source),
                     })?;
                 device_buffers.push(*d.desc.identity());
-                match device_on {
-                    Some((j, first)) if first.worker != d.worker => {
+                match &device_on {
+                    Some((j, worker, path)) if *worker != d.worker => {
                         return Err(SubmitError::DevicesDiffer {
                             callable: name.to_string(),
-                            first: j,
-                            first_worker: first.worker,
-                            first_path: first.path.clone(),
+                            first: *j,
+                            first_worker: *worker,
+                            first_path: path.clone(),
                             second: i,
                             second_worker: d.worker,
                             second_path: d.path.clone(),
                         }
                         .into());
                     }
-                    _ => device_on = Some((i, d)),
+                    Some(_) => {}
+                    None => device_on = Some((i, d.worker, d.path.clone())),
                 }
             }
+            args.push(ArgRef {
+                tensor: view.tensor,
+                tag,
+                backing,
+            });
         }
         let placement = match (task.on, device_on) {
-            (Some(w), Some((i, d))) if w != d.worker => {
+            (Some(w), Some((i, worker, path))) if w != worker => {
                 return Err(SubmitError::PlacedAway {
                     callable: name.to_string(),
                     placed: w,
                     arg: i,
-                    device: d.worker,
-                    device_path: d.path.clone(),
+                    device: worker,
+                    device_path: path,
                 }
                 .into());
             }
-            (Some(w), _) => Placement::On(w),
-            (None, Some((_, d))) => Placement::On(d.worker),
+            (Some(w), _) | (None, Some((_, w, _))) => Placement::On(w),
             (None, None) => Placement::Any,
         };
-        for (view, tag) in task.args {
-            args.push(ArgRef {
-                tensor: view.tensor,
-                tag,
-                backing: view.buffer.backing,
-            });
-        }
         let work = work_of(&args, task.flops);
         Ok((
             MemberSpec {

@@ -4,7 +4,7 @@ use std::fmt;
 use std::io;
 use std::ops::Range;
 
-use strata_orchestrator_core::{TaskId, WorkerId};
+use strata_orchestrator_core::{ScopeError, TaskId, WorkerId};
 use strata_wire::{Access, CanonicalIdentity, DType};
 
 use crate::paths::WorkerPath;
@@ -97,6 +97,30 @@ pub enum BufferError {
         worker: WorkerId,
         /// That worker's path, as the buffer's descriptor names it.
         path: WorkerPath,
+    },
+    /// A buffer of a scope that has ended: its memory is reclaimed once
+    /// the scope's tasks are done, and no handle may use it again.
+    #[error(
+        "buffer {buffer} belongs to scope {scope}, which has ended: its memory is reclaimed once the scope's tasks are done, so it may not be used again (allocate what must outlive the scope outside it: Cluster::alloc or Cluster::buffer)"
+    )]
+    ScopeEnded {
+        /// The buffer.
+        buffer: CanonicalIdentity,
+        /// Its scope.
+        scope: u64,
+    },
+    /// An allocation in a scope that has ended (or was never opened).
+    #[error("cannot allocate: {0}")]
+    AllocScope(#[source] ScopeError),
+    /// A shape an allocation cannot have.
+    #[error("shape {shape:?} of {}: {why}", .dtype.name())]
+    Shape {
+        /// The shape asked for.
+        shape: Vec<u32>,
+        /// The dtype asked for.
+        dtype: DType,
+        /// What is wrong with it.
+        why: String,
     },
     /// A size that is not a whole number of values.
     #[error("{len} bytes are not a whole number of {size}-byte values")]

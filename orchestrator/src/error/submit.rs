@@ -46,8 +46,8 @@ pub enum SubmitError {
         /// The versions offered.
         offered: Vec<u32>,
     },
-    /// An argument's buffer cannot be used any more (its run ended, or its
-    /// worker was lost).
+    /// An argument's buffer cannot be used any more (its run or its scope
+    /// ended, or its worker was lost).
     #[error("{callable}: argument {arg}: buffer: {source}")]
     DeadArgument {
         /// The task's callable.

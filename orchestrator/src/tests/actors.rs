@@ -14,13 +14,13 @@ use crate::{Cluster, Error, Task, View};
 
 /// Opened once by the test; `t.gate` tasks wait for it.
 #[derive(Default)]
-struct Gate {
+pub(super) struct Gate {
     open: Mutex<bool>,
     opened: Condvar,
 }
 
 impl Gate {
-    fn open(&self) {
+    pub(super) fn open(&self) {
         *self.open.lock().unwrap() = true;
         self.opened.notify_all();
     }
@@ -53,7 +53,7 @@ impl Kernel for GateKernel {
 }
 
 /// `n` in-process workers, with the built-in kernels and `t.gate`.
-fn gated(n: usize, window: usize) -> (Cluster, Arc<Gate>) {
+pub(super) fn gated(n: usize, window: usize) -> (Cluster, Arc<Gate>) {
     let gate = Arc::new(Gate::default());
     let mut kernels = Registry::with_builtins();
     kernels
@@ -82,7 +82,7 @@ fn gated(n: usize, window: usize) -> (Cluster, Arc<Gate>) {
     (cluster, gate)
 }
 
-fn f32s(c: &Cluster, values: &[f32]) -> View {
+pub(super) fn f32s(c: &Cluster, values: &[f32]) -> View {
     c.buffer_from_slice(values)
         .unwrap()
         .tensor(&[values.len() as u32], DType::F32)
@@ -90,7 +90,7 @@ fn f32s(c: &Cluster, values: &[f32]) -> View {
 }
 
 /// Waits until `cond` holds (at most 10 s).
-fn eventually(what: &str, cond: impl Fn() -> bool) {
+pub(super) fn eventually(what: &str, cond: impl Fn() -> bool) {
     let deadline = Instant::now() + Duration::from_secs(10);
     while !cond() {
         assert!(Instant::now() < deadline, "never happened: {what}");
@@ -98,7 +98,7 @@ fn eventually(what: &str, cond: impl Fn() -> bool) {
     }
 }
 
-fn in_flight(c: &Cluster, w: u32) -> u64 {
+pub(super) fn in_flight(c: &Cluster, w: u32) -> u64 {
     c.in_process_worker(WorkerId(w))
         .expect("in-process")
         .stats()

@@ -2,6 +2,7 @@
 //! test runs in well under a second.
 
 mod actors;
+mod alloc;
 mod caps;
 mod errors;
 mod grants;

@@ -105,6 +105,11 @@ fn every_example_graph_runs_and_its_outputs_check_out() {
     assert_eq!(t, [0., 4., 8., 1., 5., 9., 2., 6., 10., 3., 7., 11.]);
     let (_, v) = npy_f64(&out.join("out/strided_v.npy"));
     assert_eq!(v, [1., 3.].repeat(8));
+    // Scoped temporaries: 7 where the fresh t2 was filled, 6 below it
+    // (where a recycled byte would show).
+    let (shape, acc) = npy_f64(&out.join("out/scoped_acc.npy"));
+    assert_eq!(shape, [8, 64]);
+    assert_eq!(acc, [[7.0; 4 * 64], [6.0; 4 * 64]].concat());
     assert!(processes_mentioning(tmp.path().to_str().unwrap()).is_empty());
 }
 
@@ -197,6 +202,30 @@ fn malformed_graphs_name_the_json_path_exit_2_and_leave_no_worker() {
         (
             "kernel_shapes.json",
             "tasks[1]: kernel matmul@1: argument 1 (b): shape [4, 8] does not chain",
+        ),
+        (
+            "scope_view_after_end.json",
+            "tasks[1].args[0].view: unknown view \"t\": it belongs to the scope at tasks[0].scope, which has ended",
+        ),
+        (
+            "scope_output.json",
+            "outputs[0].view: unknown view \"t\": it belongs to the scope at tasks[0].scope, which has ended",
+        ),
+        (
+            "alloc_zero_axis.json",
+            "tasks[0].scope.alloc.t.shape[1]: 0: every axis needs at least one element",
+        ),
+        (
+            "alloc_bad_dtype.json",
+            "tasks[0].scope.alloc.t.dtype: unknown dtype \"float33\"",
+        ),
+        (
+            "alloc_name_taken.json",
+            "tasks[0].scope.alloc.a: the name \"a\" is taken",
+        ),
+        (
+            "scope_field.json",
+            "tasks[0].scope.allocs: unknown field; expected one of alloc, views, tasks, comment",
         ),
     ];
     let dir = repo().join("tests/graphs/malformed");

@@ -2,6 +2,7 @@
 //! a user-style worker binary) on private sockets.
 
 mod access;
+mod alloc;
 mod bulk;
 mod caps;
 mod cluster;

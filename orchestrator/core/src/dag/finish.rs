@@ -156,9 +156,15 @@ impl Dag {
     }
 
     pub(super) fn release_buffer(&mut self, b: CanonicalIdentity, out: &mut Vec<Transition>) {
-        if self.scope_of.remove(&b).is_some() {
+        if let Some(scope) = self.scope_of.remove(&b) {
             self.forget_buffer(&b);
             out.push(Transition::Release(b));
+            if let Some(s) = self.scopes.get_mut(&scope) {
+                s.held = s.held.saturating_sub(1);
+                if s.ended && s.held == 0 {
+                    self.scopes.remove(&scope);
+                }
+            }
         }
     }
 }

@@ -1,4 +1,4 @@
-//! DAG-1..7 (module docs of `dag`), checked after every transition in
+//! DAG-1..8 (module docs of `dag`), checked after every transition in
 //! debug builds and by the property tests.
 
 use std::collections::{HashMap, HashSet};
@@ -16,7 +16,7 @@ impl Dag {
         }
     }
 
-    /// Checks DAG-1..6 (module docs).
+    /// Checks DAG-1..8 (module docs).
     ///
     /// # Errors
     /// The first broken invariant.
@@ -86,6 +86,31 @@ impl Dag {
         }
         if users != self.users {
             return Err("DAG-6: buffer user counts differ from the live nodes".into());
+        }
+        let mut held: rustc_hash::FxHashMap<crate::ids::ScopeId, usize> = Default::default();
+        for (b, s) in &self.scope_of {
+            *held.entry(*s).or_insert(0) += 1;
+            let Some(scope) = self.scopes.get(s) else {
+                return Err(format!(
+                    "DAG-8: {b} is held by scope {}, which has no record",
+                    s.0
+                ));
+            };
+            if scope.ended && !self.users.contains_key(b) {
+                return Err(format!(
+                    "DAG-8: {b} of ended scope {} has no live user but was not released",
+                    s.0
+                ));
+            }
+        }
+        for (id, s) in &self.scopes {
+            let n = held.get(id).copied().unwrap_or(0);
+            if s.held != n || (s.ended && n == 0) {
+                return Err(format!(
+                    "DAG-8: scope {} (ended: {}) counts {} held buffers, holds {n}",
+                    id.0, s.ended, s.held
+                ));
+            }
         }
         let mut seen: HashSet<u64> = HashSet::new();
         for idx in self.index.values() {

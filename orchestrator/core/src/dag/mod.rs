@@ -67,7 +67,11 @@
 //! - DAG-5: each index's grids hold exactly its entries' rectangles (write
 //!   entries in one, read entries in the other), and every read entry is
 //!   the one entry of its footprint;
-//! - DAG-6: a buffer's user count equals the live nodes that touch it.
+//! - DAG-6: a buffer's user count equals the live nodes that touch it;
+//! - DAG-8: a scope record's `held` count equals the buffers it holds, an
+//!   ended record holds at least one (it goes with its last), and every
+//!   held buffer of an ended scope has a live user (the others were
+//!   released).
 
 mod finish;
 pub(crate) mod index;
@@ -98,6 +102,14 @@ pub enum ScopeError {
     /// The scope was ended twice.
     #[error("scope {} has already ended", .0.0)]
     AlreadyEnded(ScopeId),
+    /// A buffer was registered in a scope while another scope holds it.
+    #[error("the buffer is held by scope {}; a buffer belongs to one scope", .held.0)]
+    HeldElsewhere {
+        /// The scope asked to hold it.
+        scope: ScopeId,
+        /// The scope that holds it.
+        held: ScopeId,
+    },
 }
 
 /// Edge kinds, as bits.
@@ -234,10 +246,17 @@ struct Node {
 /// kept inline so that inserting a task allocates none of them.
 type Few<T> = smallvec::SmallVec<[T; 4]>;
 
+/// An open scope, or an ended one still holding buffers that live tasks
+/// use: the record goes with its last buffer, so a long job of many
+/// scopes keeps none of those that are done.
 #[derive(Debug, Default)]
 struct Scope {
     ended: bool,
+    /// The buffers registered while it was open (emptied when it ends:
+    /// those still held are found through `scope_of`).
     buffers: Vec<CanonicalIdentity>,
+    /// Its buffers not yet released.
+    held: usize,
 }
 
 /// Counters.

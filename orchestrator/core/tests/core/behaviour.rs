@@ -6,7 +6,7 @@ use strata_orchestrator_core::engine::{Action, Event, Submission};
 use strata_orchestrator_core::sched::{MemberInfo, Outcome, Placement};
 use strata_orchestrator_core::{
     Capabilities, Dag, Engine, FailureCause, FailureKind, KernelHandle, Loss, PlacementError,
-    Refusal, SubmitReason, TaskId, WorkerId,
+    Refusal, ScopeError, SubmitReason, TaskId, WorkerId,
 };
 use strata_wire::{
     Access, AddressSpace, ArgTag, BackendKind, Backing, BufferDescriptor, CanonicalIdentity, DType,
@@ -333,6 +333,59 @@ fn scopes_release_when_ended_and_unused() {
         dag.complete(TaskId(1)).unwrap(),
         vec![Transition::Release(*b.identity())]
     );
+}
+
+#[test]
+fn an_ended_scope_is_forgotten_with_its_last_buffer() {
+    let mut dag = Dag::new();
+    // Many scopes, each with a buffer a task uses past the scope's end:
+    // the records go as the tasks finish, so a long job keeps none.
+    for i in 0..1_000u64 {
+        let b = buffer(i + 10, Access::ReadWrite);
+        let s = dag.open_scope();
+        dag.scope_buffer(s, *b.identity()).unwrap();
+        dag.scope_buffer(s, *b.identity()).unwrap();
+        dag.check_and_insert(task(i + 1, &[(row(b, 0), ArgTag::Output)]))
+            .unwrap();
+        assert_eq!(dag.end_scope(s).unwrap(), vec![], "its task still uses it");
+        assert_eq!(dag.scopes(), 1);
+        assert_eq!(
+            dag.complete(TaskId(i + 1)).unwrap(),
+            vec![Transition::Release(*b.identity())],
+            "registered twice in one scope, released once"
+        );
+        assert_eq!(dag.scopes(), 0, "the record went with its last buffer");
+        dag.check_invariants().unwrap();
+        // Its id still answers as an ended scope, not an unknown one.
+        assert_eq!(dag.end_scope(s), Err(ScopeError::AlreadyEnded(s)));
+        assert_eq!(
+            dag.scope_buffer(s, *buffer(5_000, Access::ReadWrite).identity()),
+            Err(ScopeError::Ended(s))
+        );
+    }
+    let empty = dag.open_scope();
+    assert_eq!(dag.end_scope(empty).unwrap(), vec![]);
+    assert_eq!(dag.scopes(), 0, "an empty scope goes when it ends");
+    let never = strata_orchestrator_core::ScopeId(empty.0 + 1);
+    assert_eq!(dag.end_scope(never), Err(ScopeError::Unknown(never)));
+}
+
+#[test]
+fn a_buffer_belongs_to_one_scope() {
+    let b = buffer(1, Access::ReadWrite);
+    let mut dag = Dag::new();
+    let (s, t) = (dag.open_scope(), dag.open_scope());
+    dag.scope_buffer(s, *b.identity()).unwrap();
+    assert_eq!(
+        dag.scope_buffer(t, *b.identity()),
+        Err(ScopeError::HeldElsewhere { scope: t, held: s })
+    );
+    assert_eq!(dag.end_scope(t).unwrap(), vec![]);
+    assert_eq!(
+        dag.end_scope(s).unwrap(),
+        vec![Transition::Release(*b.identity())]
+    );
+    dag.check_invariants().unwrap();
 }
 
 const K: KernelHandle = KernelHandle([1; 16]);

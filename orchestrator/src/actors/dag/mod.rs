@@ -582,9 +582,26 @@ impl DagActor {
                         Ok(())
                     }
                 };
-                let _ = reply.send(r);
+                match reply {
+                    Some(reply) => drop(reply.send(r)),
+                    None => {
+                        if let Err(e) = r {
+                            debug!(scope = scope.0, error = %e, "scope buffer refused: dropped");
+                        }
+                    }
+                }
             }
-            Cmd::EndScope { scope, reply } => self.answer(Event::EndScope(scope), reply),
+            Cmd::EndScope { scope, reply } => match reply {
+                Some(reply) => self.answer(Event::EndScope(scope), reply),
+                None => {
+                    let actions = self.engine.on_event(Event::EndScope(scope));
+                    if let Some(r) = refused(&actions) {
+                        debug!(scope = scope.0, refusal = ?r, "scope end refused");
+                    } else {
+                        self.act(actions);
+                    }
+                }
+            },
             Cmd::Totals { reply } => {
                 let _ = reply.send(self.totals.clone());
             }

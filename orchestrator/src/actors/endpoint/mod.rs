@@ -355,15 +355,25 @@ impl EndpointActor {
                     );
                 }
             }
-            EpCmd::Release(ids) => {
-                for i in &ids {
-                    self.imported.remove(i);
-                }
+            EpCmd::Release { ids, clean } => {
+                // Imported by this session: an id it does not hold was
+                // imported by one lost since, which may not have let go.
+                let ours: Vec<CanonicalIdentity> = ids
+                    .iter()
+                    .filter(|i| self.imported.remove(*i))
+                    .copied()
+                    .collect();
                 let what = format!("{}: release of {} imports", self.id, ids.len());
                 let link = Arc::clone(&self.link);
                 self.detached(
                     what,
-                    Box::pin(async move { link.release_imports(ids).await }),
+                    Box::pin(async move {
+                        link.release_imports(ids).await?;
+                        if let Some(clean) = clean {
+                            let _ = clean.send(ours);
+                        }
+                        Ok(())
+                    }),
                 );
             }
             EpCmd::DeviceFree(identity) => {

@@ -44,6 +44,13 @@ impl SharedMapping {
         })
     }
 
+    /// Maps the first `len` bytes of `file` shared, read-write.
+    pub(crate) fn with_len(file: &File, len: usize) -> io::Result<Self> {
+        Ok(SharedMapping {
+            map: memmap2::MmapOptions::new().len(len).map_raw(file)?,
+        })
+    }
+
     /// The address of its first byte (for foreign code that reads and
     /// writes the memory itself; see `Buffer::host_address`).
     pub(crate) fn address(&self) -> *mut u8 {

@@ -390,6 +390,32 @@ impl PyCluster {
         Ok(d)
     }
 
+    /// A host array over the POSIX shared-memory object ``name`` (as
+    /// ``shm_open("/name")`` and Python's
+    /// ``multiprocessing.shared_memory.SharedMemory(name)`` name it), for
+    /// sharing memory with programs that use such objects: opened when it
+    /// exists (it must hold at least the array's bytes, which are its
+    /// first ones), created zero-filled when it does not (and then
+    /// unlinked when the array is released). Local workers copy the bytes
+    /// each task uses in and out instead of mapping the object, so its
+    /// owner shrinking it fails the tasks that use it and nothing else.
+    #[pyo3(signature = (name, shape, dtype=None))]
+    fn posix_array(
+        &self,
+        name: &str,
+        shape: Bound<'_, PyAny>,
+        dtype: Option<Bound<'_, PyAny>>,
+    ) -> PyResult<PyArray> {
+        let shape = shape_of(&shape)?;
+        let d = dtype_or_f32(dtype)?;
+        let n = nbytes(&shape, d)?;
+        let view = self
+            .core
+            .run(|c| c.posix_buffer(name, n)?.tensor(&shape, d))
+            .map_err(err)?;
+        Ok(PyArray::new(view, Arc::clone(&self.core)))
+    }
+
     /// A host array of ``shape`` and ``dtype`` for tasks to fill (strata's
     /// buffers start zeroed, so this is ``zeros``; do not rely on it).
     #[pyo3(signature = (shape, dtype=None))]

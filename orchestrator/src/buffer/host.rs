@@ -23,12 +23,26 @@ use crate::error::{BufferError, Error, QuarantinedBytes};
 use crate::mapping::{self, SharedMapping};
 
 /// A sealed memfd and the driver's mapping of it: the memory behind a
-/// host buffer (a pooled one's outlives the buffer: see `pool`).
+/// host buffer (a pooled one's outlives the buffer: see `pool`). Or, for
+/// [`crate::Cluster::posix_buffer`], a POSIX shared-memory object opened
+/// by name.
 pub(crate) struct Memfd {
     file: File,
     pub(super) map: SharedMapping,
     pub(super) st_dev: u64,
     pub(super) st_ino: u64,
+    /// A POSIX shared-memory object's name, and whether this driver
+    /// created it (then it unlinks the name when the memory goes).
+    posix: Option<(strata_wire::ShmName, bool)>,
+}
+
+impl Drop for Memfd {
+    fn drop(&mut self) {
+        if let Some((name, true)) = &self.posix {
+            // Best effort: someone else may have unlinked it already.
+            let _ = nix::sys::mman::shm_unlink(format!("/{}", name.as_str()).as_str());
+        }
+    }
 }
 
 impl Memfd {
@@ -66,7 +80,88 @@ impl Memfd {
             map,
             st_dev: meta.dev(),
             st_ino: meta.ino(),
+            posix: None,
         })
+    }
+
+    /// The POSIX shared-memory object `name` (`shm_open("/name")`), mapped
+    /// here for its first `nbytes`: opened when it exists (it must hold at
+    /// least `nbytes`; a larger one is used for its first `nbytes`),
+    /// created zeroed at `nbytes`, mode 0600, when it does not (and then
+    /// unlinked when the memory goes).
+    pub(crate) fn open_posix(name: &str, nbytes: u64) -> Result<Self, BufferError> {
+        use nix::fcntl::OFlag;
+        use nix::sys::stat::Mode;
+        let shm = strata_wire::ShmName::new(name).map_err(BufferError::Descriptor)?;
+        if nbytes == 0 {
+            return Err(BufferError::Empty);
+        }
+        let fail = |why: String| BufferError::Posix {
+            name: name.to_owned(),
+            nbytes,
+            why,
+        };
+        let path = format!("/{name}");
+        let mode = Mode::S_IRUSR | Mode::S_IWUSR;
+        let (fd, created) = match nix::sys::mman::shm_open(
+            path.as_str(),
+            OFlag::O_CREAT | OFlag::O_EXCL | OFlag::O_RDWR,
+            mode,
+        ) {
+            Ok(fd) => (fd, true),
+            Err(nix::errno::Errno::EEXIST) => {
+                let fd = nix::sys::mman::shm_open(path.as_str(), OFlag::O_RDWR, mode)
+                    .map_err(|e| fail(format!("shm_open: {e}")))?;
+                (fd, false)
+            }
+            Err(e) => return Err(fail(format!("shm_open: {e}"))),
+        };
+        let file = File::from(fd);
+        let unlink_if_created = |e: BufferError| {
+            if created {
+                let _ = nix::sys::mman::shm_unlink(path.as_str());
+            }
+            e
+        };
+        let len = usize::try_from(nbytes)
+            .map_err(|_| BufferError::AddressSpace)
+            .map_err(unlink_if_created)?;
+        if created {
+            file.set_len(nbytes)
+                .map_err(|e| fail(format!("ftruncate: {e}")))
+                .map_err(unlink_if_created)?;
+        }
+        let meta = file
+            .metadata()
+            .map_err(|e| fail(format!("fstat: {e}")))
+            .map_err(unlink_if_created)?;
+        if meta.len() < nbytes {
+            return Err(fail(format!(
+                "it holds {} bytes, fewer than the buffer's",
+                meta.len()
+            )));
+        }
+        let map = SharedMapping::with_len(&file, len)
+            .map_err(|e| fail(format!("mmap: {e}")))
+            .map_err(unlink_if_created)?;
+        Ok(Memfd {
+            file,
+            map,
+            st_dev: meta.dev(),
+            st_ino: meta.ino(),
+            posix: Some((shm, created)),
+        })
+    }
+
+    /// What a descriptor of this memory says of it.
+    fn backing(&self) -> strata_wire::Backing {
+        match &self.posix {
+            Some((name, _)) => strata_wire::Backing::PosixShm { name: *name },
+            None => strata_wire::Backing::Memfd {
+                st_dev: self.st_dev,
+                st_ino: self.st_ino,
+            },
+        }
     }
 
     /// Its size in bytes.
@@ -181,10 +276,7 @@ impl HostShared {
             mem.len(),
             strata_wire::AddressSpace::Host,
             access,
-            strata_wire::Backing::Memfd {
-                st_dev: mem.st_dev,
-                st_ino: mem.st_ino,
-            },
+            mem.backing(),
         )
         .map_err(BufferError::Descriptor)?;
         Ok(HostShared {

@@ -36,7 +36,7 @@ pub(crate) mod pool;
 pub(crate) mod scoped;
 mod view;
 
-pub(crate) use host::{HostShared, Loss};
+pub(crate) use host::{HostShared, Loss, Memfd};
 pub use pool::PoolStats;
 pub(crate) use pool::{Pool, PoolLimits, Returning};
 pub(crate) use scoped::{Lease, ScopeLife, Scoped};

@@ -220,6 +220,36 @@ impl Cluster {
         )?))
     }
 
+    /// A host buffer over the POSIX shared-memory object `name` (as
+    /// `shm_open("/name")` names it), for interop with programs that share
+    /// memory that way: the object is opened when it exists (it must hold
+    /// at least `nbytes`; its first `nbytes` are the buffer) and created
+    /// zeroed at `nbytes`, mode 0600, when it does not (then its name is
+    /// unlinked when the buffer is released; an object that existed is
+    /// left to its owner). Tasks on it run as on any host buffer: local
+    /// workers get its fd and copy the bytes each task uses in and its
+    /// writes out (never mapping it: its owner may shrink it at any time,
+    /// which fails the tasks that use it and nothing else); remote workers
+    /// get its bytes with each task. The driver maps it, so shrinking it
+    /// while this program reads or writes it crashes this program, as it
+    /// would any program that maps it.
+    ///
+    /// # Errors
+    /// [`Error::Buffer`]: a name that is not 1–32 printable ASCII bytes
+    /// without `/`, zero bytes, an object smaller than `nbytes`, or what
+    /// the system refused (named with its step).
+    pub fn posix_buffer(&self, name: &str, nbytes: u64) -> Result<Buffer, Error> {
+        let identity = self.mint.mint().map_err(BufferError::Identity)?;
+        let mem = std::sync::Arc::new(crate::buffer::Memfd::open_posix(name, nbytes)?);
+        Ok(Buffer::host(HostShared::over(
+            identity,
+            mem,
+            Access::ReadWrite,
+            None,
+            self.released.clone(),
+        )?))
+    }
+
     /// A host buffer holding a copy of `bytes`.
     ///
     /// # Errors

@@ -68,7 +68,8 @@ impl Cluster {
             }
             .into());
         }
-        // The first device argument: its index, worker and that worker's path.
+        // The last device argument so far: its index, worker and that
+        // worker's path.
         let mut device_on: Option<(usize, WorkerId, crate::paths::WorkerPath)> = None;
         let mut device_buffers = Vec::new();
         let mut args = Vec::with_capacity(task.args.len());
@@ -108,8 +109,7 @@ impl Cluster {
                         }
                         .into());
                     }
-                    Some(_) => {}
-                    None => device_on = Some((i, d.worker, d.path.clone())),
+                    _ => device_on = Some((i, d.worker, d.path.clone())),
                 }
             }
             args.push(ArgRef {

@@ -27,6 +27,18 @@ pub enum BufferError {
         /// Why.
         source: io::Error,
     },
+    /// Opening, creating, sizing or mapping a POSIX shared-memory object
+    /// failed, or it is smaller than the buffer asked of it.
+    #[error("the POSIX shared-memory object '{name}' for a buffer of {nbytes} bytes: {why}")]
+    Posix {
+        /// The object's name.
+        name: String,
+        /// The buffer's size.
+        nbytes: u64,
+        /// What failed: the step and the system's error, or the object's
+        /// size.
+        why: String,
+    },
     /// The cluster's buffer ids are used up.
     #[error("{0}")]
     Identity(#[source] strata_wire::Error),

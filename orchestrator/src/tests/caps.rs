@@ -31,7 +31,11 @@ fn workers_say_what_their_tasks_may_use() {
         assert_eq!(
             w.capabilities,
             Capabilities {
-                backends: BackendKinds::of([BackendKind::DeviceMalloc, BackendKind::Memfd]),
+                backends: BackendKinds::of([
+                    BackendKind::DeviceMalloc,
+                    BackendKind::Memfd,
+                    BackendKind::PosixShm
+                ]),
                 dtypes: DTypeSet::of([DType::F32, DType::F64]),
                 features: Features::HOST_BYTES,
             }

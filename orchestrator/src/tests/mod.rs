@@ -6,3 +6,4 @@ mod alloc;
 mod caps;
 mod errors;
 mod grants;
+mod posix;

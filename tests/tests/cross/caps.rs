@@ -34,7 +34,11 @@ async fn a_worker_states_what_each_listener_takes() {
     let caps = hs.worker.capabilities;
     assert_eq!(
         caps.backends,
-        BackendKinds::of([BackendKind::Memfd, BackendKind::DeviceMalloc])
+        BackendKinds::of([
+            BackendKind::Memfd,
+            BackendKind::PosixShm,
+            BackendKind::DeviceMalloc
+        ])
     );
     assert_eq!(caps.dtypes, DTypeSet::of([DType::F32, DType::F64]));
     assert_eq!(

@@ -12,6 +12,7 @@ mod graphs;
 mod leaks;
 mod orphans;
 mod partial;
+mod posix;
 mod quarantine;
 mod ring;
 mod seals;

@@ -144,6 +144,28 @@ fn nbytes(shape: &[u32], d: DType) -> PyResult<u64> {
         .ok_or_else(|| invalid_view(format!("shape {shape:?} of {} overflows", d.name())))
 }
 
+/// A host array of `shape` and `dtype` (default float32) over the view
+/// `make` gives for them, made with the GIL released.
+pub(crate) fn host_array(
+    py: Python<'_>,
+    core: &Arc<Core>,
+    shape: &Bound<'_, PyAny>,
+    dtype: Option<Bound<'_, PyAny>>,
+    make: impl FnOnce(
+        &strata_orchestrator::Cluster,
+        &[u32],
+        DType,
+    ) -> Result<strata_orchestrator::View, strata_orchestrator::Error>
+    + Send,
+) -> PyResult<PyArray> {
+    let shape = shape_of(shape)?;
+    let d = dtype_or_f32(dtype)?;
+    let view = py
+        .detach(|| core.run(|c| make(c, &shape, d)))
+        .map_err(err)?;
+    Ok(PyArray::new(view, Arc::clone(core)))
+}
+
 #[pymethods]
 impl PyCluster {
     /// Starts the workers and connects to each (see the class's help).
@@ -327,18 +349,15 @@ impl PyCluster {
     #[pyo3(signature = (shape, dtype=None))]
     fn zeros(
         &self,
-        _py: Python<'_>,
+        py: Python<'_>,
         shape: Bound<'_, PyAny>,
         dtype: Option<Bound<'_, PyAny>>,
     ) -> PyResult<PyArray> {
-        let shape = shape_of(&shape)?;
-        let d = dtype_or_f32(dtype)?;
-        let n = nbytes(&shape, d)?;
-        let view = self
-            .core
-            .run(|c| c.buffer(n)?.tensor(&shape, d))
-            .map_err(err)?;
-        Ok(PyArray::new(view, Arc::clone(&self.core)))
+        // The size is checked first, so that an overflow names the shape.
+        let n = nbytes(&shape_of(&shape)?, dtype_or_f32(dtype.clone())?)?;
+        host_array(py, &self.core, &shape, dtype, |c, shape, d| {
+            c.buffer(n)?.tensor(shape, d)
+        })
     }
 
     /// A zero-filled host array of ``shape`` (an int or a tuple) and
@@ -359,13 +378,9 @@ impl PyCluster {
         shape: Bound<'_, PyAny>,
         dtype: Option<Bound<'_, PyAny>>,
     ) -> PyResult<PyArray> {
-        let shape = shape_of(&shape)?;
-        let d = dtype_or_f32(dtype)?;
-        let core = Arc::clone(&self.core);
-        let view = py
-            .detach(|| core.run(|c| c.alloc(&shape, d)))
-            .map_err(err)?;
-        Ok(PyArray::new(view, Arc::clone(&self.core)))
+        host_array(py, &self.core, &shape, dtype, |c, shape, d| {
+            c.alloc(shape, d)
+        })
     }
 
     /// The pool of recycled memory (``alloc``, ``Scope.alloc``) as a dict:
@@ -402,18 +417,16 @@ impl PyCluster {
     #[pyo3(signature = (name, shape, dtype=None))]
     fn posix_array(
         &self,
+        py: Python<'_>,
         name: &str,
         shape: Bound<'_, PyAny>,
         dtype: Option<Bound<'_, PyAny>>,
     ) -> PyResult<PyArray> {
-        let shape = shape_of(&shape)?;
-        let d = dtype_or_f32(dtype)?;
-        let n = nbytes(&shape, d)?;
-        let view = self
-            .core
-            .run(|c| c.posix_buffer(name, n)?.tensor(&shape, d))
-            .map_err(err)?;
-        Ok(PyArray::new(view, Arc::clone(&self.core)))
+        // The size is checked first, so that an overflow names the shape.
+        let n = nbytes(&shape_of(&shape)?, dtype_or_f32(dtype.clone())?)?;
+        host_array(py, &self.core, &shape, dtype, |c, shape, d| {
+            c.posix_buffer(name, n)?.tensor(shape, d)
+        })
     }
 
     /// A host array of ``shape`` and ``dtype`` for tasks to fill (strata's

@@ -7,9 +7,8 @@ use pyo3::prelude::*;
 use pyo3::types::PyTuple;
 use strata_orchestrator::Scope;
 
-use crate::array::{PyArray, shape_of};
+use crate::array::PyArray;
 use crate::core::Core;
-use crate::dtype::dtype_or_f32;
 use crate::errors::err;
 
 /// A scope: memory it allocates (``alloc``) and arrays added to it
@@ -50,14 +49,10 @@ impl PyScope {
         shape: Bound<'_, PyAny>,
         dtype: Option<Bound<'_, PyAny>>,
     ) -> PyResult<PyArray> {
-        let shape = shape_of(&shape)?;
-        let d = dtype_or_f32(dtype)?;
-        let core = Arc::clone(&self.core);
         let scope = self.scope;
-        let view = py
-            .detach(|| core.run(|c| c.alloc_in(scope, &shape, d)))
-            .map_err(err)?;
-        Ok(PyArray::new(view, Arc::clone(&self.core)))
+        crate::cluster::host_array(py, &self.core, &shape, dtype, |c, shape, d| {
+            c.alloc_in(scope, shape, d)
+        })
     }
 
     /// Opens a scope inside this one (a context manager too).

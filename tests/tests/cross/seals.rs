@@ -96,6 +96,22 @@ async fn collect(stream: &mut TaskStream, n: usize) -> HashMap<u64, TaskCompleti
     got
 }
 
+/// Session B: a session on `w` with a sealed buffer of `B_ELEMS` F32,
+/// imported and filled once (round 1, checked).
+async fn session_b(w: &WorkerProcess, mint: &IdentityMint) -> (Session, SharedBuffer) {
+    let mut b = open_session(w).await;
+    let b_buf = SharedBuffer::new(mint, B_ELEMS * 4, Access::ReadWrite);
+    let acks = b
+        .fds
+        .import(&[*b_buf.descriptor().identity()], &[b_buf.fd()])
+        .await
+        .unwrap();
+    assert_eq!(acks, vec![Ok(())]);
+    send_b(&b, &b_buf, 1).await;
+    check_b(&mut b, &b_buf, 1).await;
+    (b, b_buf)
+}
+
 /// Session B's work: `B_TASKS` fills, each of its own slice of `buf` with
 /// `round + slice index`, sent in one batch. Returns once they are sent;
 /// [`check_b`] collects and checks them.
@@ -177,16 +193,7 @@ async fn shrink_under_a_shared_worker(unsealed: OwnedFd, desc: BufferDescriptor,
     let mint = mint();
 
     // Session B: a sealed buffer, imported and used.
-    let mut b = open_session(&w).await;
-    let b_buf = SharedBuffer::new(&mint, B_ELEMS * 4, Access::ReadWrite);
-    let acks = b
-        .fds
-        .import(&[*b_buf.descriptor().identity()], &[b_buf.fd()])
-        .await
-        .unwrap();
-    assert_eq!(acks, vec![Ok(())]);
-    send_b(&b, &b_buf, 1).await;
-    check_b(&mut b, &b_buf, 1).await;
+    let (mut b, b_buf) = session_b(&w, &mint).await;
 
     // Session A: the unsealed fd is refused at import, in its FdAck, next
     // to a sealed one that is accepted.
@@ -334,16 +341,7 @@ async fn a_posix_shm_object_is_copied_and_a_shrink_mid_task_fails_only_that_task
     let (object, desc) = posix_object("strata-copied", 4096);
 
     // Session B: a sealed buffer, imported and used.
-    let mut b = open_session(&w).await;
-    let b_buf = SharedBuffer::new(&mint, B_ELEMS * 4, Access::ReadWrite);
-    let acks = b
-        .fds
-        .import(&[*b_buf.descriptor().identity()], &[b_buf.fd()])
-        .await
-        .unwrap();
-    assert_eq!(acks, vec![Ok(())]);
-    send_b(&b, &b_buf, 1).await;
-    check_b(&mut b, &b_buf, 1).await;
+    let (mut b, b_buf) = session_b(&w, &mint).await;
 
     // Session A: the object, with its descriptor, is accepted.
     let mut a = open_session(&w).await;

@@ -416,16 +416,8 @@ mod tests {
 
     /// The bytes of `base + Σ i_k·s_k + [0, width)` by enumeration.
     fn brute(base: i128, width: i128, dims: &[Dim]) -> Vec<i128> {
-        let mut out: Vec<i128> = (0..width).map(|j| base + j).collect();
-        for d in dims {
-            let prev = std::mem::take(&mut out);
-            for i in 0..d.n {
-                out.extend(prev.iter().map(|p| p + i * d.s));
-            }
-        }
-        out.sort_unstable();
-        out.dedup();
-        out
+        // `bytes` enumerates whatever the levels, nested or not.
+        Set::from_parts(base, width, dims.iter().copied()).bytes()
     }
 
     fn raw(base: i128, width: i128, nibbles: bool, dims: &[Dim]) -> Raw {

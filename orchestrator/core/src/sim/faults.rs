@@ -8,9 +8,7 @@ use strata_boundary::{FailureCause, FailureKind};
 use strata_wire::check::Rng;
 use strata_wire::{ArgTag, CanonicalIdentity};
 
-use super::{
-    Memory, Program, Writes, apply, capabilities, compute, needs_of, submission, worker_up,
-};
+use super::{Memory, Program, Writes, apply, assert_capable, compute, submission, worker_up};
 use crate::dag::Arg;
 use crate::engine::{Action, Engine, Event};
 use crate::ids::{TaskId, WorkerId};
@@ -160,14 +158,7 @@ pub fn run_engine_with_faults(p: &Program, workers: u32, rng: &mut Rng) -> Fault
                     member,
                     worker,
                 } => {
-                    assert!(
-                        capabilities(worker.0, workers).covers(&needs_of(
-                            task,
-                            members[&task].len(),
-                            &members[&task][member]
-                        )),
-                        "{task} placed on {worker}, which lacks what it needs"
-                    );
+                    assert_capable(task, member, &members[&task], worker, workers);
                     let w = compute(task, &members[&task][member], mem);
                     in_flight.push((task, member, worker, w));
                 }

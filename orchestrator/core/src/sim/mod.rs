@@ -549,6 +549,22 @@ pub(crate) fn needs_of(t: TaskId, members: usize, args: &[Arg]) -> Capabilities 
 
 /// What a simulated worker's tasks may use: every kind and dtype, and
 /// [`NEEDED`] unless it is worker 0 of several.
+/// Fails unless member `member` of `task` (of `members`) was dispatched to
+/// a worker that has what it needs.
+pub(crate) fn assert_capable(
+    task: TaskId,
+    member: usize,
+    members: &[Vec<Arg>],
+    worker: WorkerId,
+    workers: u32,
+) {
+    let args = members.get(member).map_or(&[][..], Vec::as_slice);
+    assert!(
+        capabilities(worker.0, workers).covers(&needs_of(task, members.len(), args)),
+        "{task} placed on {worker}, which lacks what it needs"
+    );
+}
+
 pub(crate) fn capabilities(worker: u32, workers: u32) -> Capabilities {
     Capabilities {
         backends: BackendKinds::of(strata_wire::BackendKind::ALL),
@@ -648,14 +664,7 @@ pub fn run_engine(p: &Program, workers: u32, rng: &mut Rng) -> (Memory, RunStats
                     member,
                     worker,
                 } => {
-                    assert!(
-                        capabilities(worker.0, workers).covers(&needs_of(
-                            task,
-                            members[&task].len(),
-                            &members[&task][member]
-                        )),
-                        "{task} placed on {worker}, which lacks what it needs"
-                    );
+                    assert_capable(task, member, &members[&task], worker, workers);
                     // Inputs are read when the task starts.
                     let w = compute(task, &members[&task][member], mem);
                     in_flight.push((task, member, w));

@@ -13,8 +13,6 @@
 use std::fmt;
 use std::sync::Arc;
 
-use crate::error::ClusterError;
-
 /// A worker's path as this cluster knows it, with its id.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct WorkerPath {
@@ -38,11 +36,9 @@ pub(crate) struct PathTable {
 }
 
 impl PathTable {
-    /// `path` with its id: the one it was given before, or the next.
-    ///
-    /// # Errors
-    /// [`ClusterError::TooManyWorkers`] past `u32::MAX` paths.
-    pub(crate) fn intern(&mut self, path: &str) -> Result<WorkerPath, ClusterError> {
+    /// `path` with its id: the one it was given before, or the next;
+    /// `None` past `u32::MAX` paths (the caller says what that means).
+    pub(crate) fn intern(&mut self, path: &str) -> Option<WorkerPath> {
         let index = match self.paths.iter().position(|p| &**p == path) {
             Some(i) => i,
             None => {
@@ -50,8 +46,8 @@ impl PathTable {
                 self.paths.len() - 1
             }
         };
-        let id = u32::try_from(index + 1).map_err(|_| ClusterError::TooManyWorkers)?;
-        Ok(WorkerPath {
+        let id = u32::try_from(index + 1).ok()?;
+        Some(WorkerPath {
             id,
             path: Arc::clone(&self.paths[index]),
         })

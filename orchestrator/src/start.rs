@@ -515,7 +515,9 @@ fn start(b: ClusterBuilder) -> Result<Cluster, Error> {
         let id = WorkerId(u32::try_from(i).map_err(|_| ClusterError::TooManyWorkers)?);
         let name = t.dialer.address();
         in_process.push(t.node.clone());
-        let path = paths.intern(&name)?;
+        let path = paths
+            .intern(&name)
+            .ok_or(crate::error::ClusterError::TooManyWorkers)?;
         let info = WorkerInfo::of(
             id,
             &name,

@@ -799,3 +799,25 @@ pub(crate) fn shape_of(shape: &Bound<'_, PyAny>) -> PyResult<Vec<u32>> {
         })
         .collect()
 }
+
+/// A host array of `shape` and `dtype` (default float32) over the view
+/// `make` gives for them, made with the GIL released.
+pub(crate) fn host_array(
+    py: Python<'_>,
+    core: &Arc<Core>,
+    shape: &Bound<'_, PyAny>,
+    dtype: Option<Bound<'_, PyAny>>,
+    make: impl FnOnce(
+        &strata_orchestrator::Cluster,
+        &[u32],
+        DType,
+    ) -> Result<strata_orchestrator::View, strata_orchestrator::Error>
+    + Send,
+) -> PyResult<PyArray> {
+    let shape = shape_of(shape)?;
+    let d = crate::dtype::dtype_or_f32(dtype)?;
+    let view = py
+        .detach(|| core.run(|c| make(c, &shape, d)))
+        .map_err(err)?;
+    Ok(PyArray::new(view, Arc::clone(core)))
+}

@@ -144,28 +144,6 @@ fn nbytes(shape: &[u32], d: DType) -> PyResult<u64> {
         .ok_or_else(|| invalid_view(format!("shape {shape:?} of {} overflows", d.name())))
 }
 
-/// A host array of `shape` and `dtype` (default float32) over the view
-/// `make` gives for them, made with the GIL released.
-pub(crate) fn host_array(
-    py: Python<'_>,
-    core: &Arc<Core>,
-    shape: &Bound<'_, PyAny>,
-    dtype: Option<Bound<'_, PyAny>>,
-    make: impl FnOnce(
-        &strata_orchestrator::Cluster,
-        &[u32],
-        DType,
-    ) -> Result<strata_orchestrator::View, strata_orchestrator::Error>
-    + Send,
-) -> PyResult<PyArray> {
-    let shape = shape_of(shape)?;
-    let d = dtype_or_f32(dtype)?;
-    let view = py
-        .detach(|| core.run(|c| make(c, &shape, d)))
-        .map_err(err)?;
-    Ok(PyArray::new(view, Arc::clone(core)))
-}
-
 #[pymethods]
 impl PyCluster {
     /// Starts the workers and connects to each (see the class's help).
@@ -355,7 +333,7 @@ impl PyCluster {
     ) -> PyResult<PyArray> {
         // The size is checked first, so that an overflow names the shape.
         let n = nbytes(&shape_of(&shape)?, dtype_or_f32(dtype.clone())?)?;
-        host_array(py, &self.core, &shape, dtype, |c, shape, d| {
+        crate::array::host_array(py, &self.core, &shape, dtype, |c, shape, d| {
             c.buffer(n)?.tensor(shape, d)
         })
     }
@@ -378,7 +356,7 @@ impl PyCluster {
         shape: Bound<'_, PyAny>,
         dtype: Option<Bound<'_, PyAny>>,
     ) -> PyResult<PyArray> {
-        host_array(py, &self.core, &shape, dtype, |c, shape, d| {
+        crate::array::host_array(py, &self.core, &shape, dtype, |c, shape, d| {
             c.alloc(shape, d)
         })
     }
@@ -424,7 +402,7 @@ impl PyCluster {
     ) -> PyResult<PyArray> {
         // The size is checked first, so that an overflow names the shape.
         let n = nbytes(&shape_of(&shape)?, dtype_or_f32(dtype.clone())?)?;
-        host_array(py, &self.core, &shape, dtype, |c, shape, d| {
+        crate::array::host_array(py, &self.core, &shape, dtype, |c, shape, d| {
             c.posix_buffer(name, n)?.tensor(shape, d)
         })
     }

@@ -50,7 +50,7 @@ impl PyScope {
         dtype: Option<Bound<'_, PyAny>>,
     ) -> PyResult<PyArray> {
         let scope = self.scope;
-        crate::cluster::host_array(py, &self.core, &shape, dtype, |c, shape, d| {
+        crate::array::host_array(py, &self.core, &shape, dtype, |c, shape, d| {
             c.alloc_in(scope, shape, d)
         })
     }

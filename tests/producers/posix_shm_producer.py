@@ -1,6 +1,6 @@
 """A producer that knows nothing of strata but its documented record layout.
 
-It plays the part of a seed-system (simpler-style) process: it creates a
+It plays the part of a simpler process: it creates a
 POSIX shared-memory object with `shm_open` (through Python's standard
 library), fills it with float32 data, and writes the BufferDescriptor and
 Tensor records that name the object and views of it, packed with `struct`

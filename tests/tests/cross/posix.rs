@@ -1,4 +1,4 @@
-//! POSIX shared-memory buffers, the seed system's own host buffers,
+//! POSIX shared-memory buffers, simpler's own host buffers,
 //! through real worker processes.
 //!
 //! A producer that knows nothing of strata (`tests/producers/

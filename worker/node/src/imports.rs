@@ -22,7 +22,7 @@
 //! mount's size limit, where writing a sparse page can fail with SIGBUS on
 //! its own; the kernel's internal memfd mount has no such limit.
 //!
-//! A buffer its descriptor names POSIX_SHM (the seed system's own host
+//! A buffer its descriptor names POSIX_SHM (simpler's own host
 //! buffers) is imported **by copy** instead ([`Import::Copied`]): the
 //! worker keeps the fd, reads the bytes a task's views span into private
 //! memory with `pread` before the kernel runs, and writes the views the

@@ -324,6 +324,15 @@ pub trait Device: Send + Sync + std::fmt::Debug {
         self.launch(launch, done)
     }
 
+    /// Whether this chip can run `kernel`: it has a body for this kind of
+    /// chip (every kernel runs on a CPU chip; a CUDA chip runs those with
+    /// a [`crate::kernel::cuda::CudaBody`]). A worker offers only the
+    /// kernels its chip runs.
+    fn runs(&self, kernel: &dyn Kernel) -> bool {
+        let _ = kernel;
+        true
+    }
+
     /// Waits until every accepted launch has completed.
     fn synchronize(&self);
 

@@ -185,6 +185,102 @@ pub enum Error {
     /// A wire-format rule was broken while materializing an argument.
     #[error(transparent)]
     Wire(#[from] strata_wire::Error),
+    /// A CUDA chip could not be opened or used: what was missing or what
+    /// failed, by name.
+    #[error(transparent)]
+    Cuda(#[from] CudaError),
+}
+
+/// Why a CUDA chip could not be opened or used.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum CudaError {
+    /// The driver library could not be loaded: no NVIDIA driver, or it is
+    /// not on the loader's path.
+    #[error(
+        "no CUDA driver: {lib} could not be loaded (is the NVIDIA driver installed and its library on the loader path, LD_LIBRARY_PATH?)"
+    )]
+    NoDriver {
+        /// The library looked for.
+        lib: String,
+    },
+    /// A CUDA library the chip needs could not be loaded.
+    #[error(
+        "CUDA library {lib} ({purpose}) could not be loaded: put the directory holding it on LD_LIBRARY_PATH"
+    )]
+    LibraryMissing {
+        /// The library looked for.
+        lib: String,
+        /// What the chip needs it for.
+        purpose: &'static str,
+    },
+    /// The driver is there but the device is not.
+    #[error("no CUDA device {ordinal}: the driver sees {count} device(s)")]
+    NoDevice {
+        /// The device asked for.
+        ordinal: u32,
+        /// The devices there are.
+        count: u32,
+    },
+    /// Device memory ran out in the driver (not in the chip's own
+    /// regions, which say [`Error::OutOfMemory`]).
+    #[error(
+        "out of device memory on CUDA device {ordinal}: {call} asked for {asked} bytes ({free} bytes free)"
+    )]
+    OutOfMemory {
+        /// The device.
+        ordinal: u32,
+        /// The call that failed.
+        call: &'static str,
+        /// Bytes asked for.
+        asked: u64,
+        /// Bytes the driver said were free.
+        free: u64,
+    },
+    /// A sticky error: the device's context is unusable (an illegal
+    /// address, a kernel that trapped). Every launch in flight on it fails
+    /// with this; the chip must be rebuilt.
+    #[error(
+        "the CUDA context of device {ordinal} is lost: {call} returned {name} ({code}); every launch in flight on it failed and none of their writes is kept"
+    )]
+    ContextLost {
+        /// The device.
+        ordinal: u32,
+        /// The call that reported it.
+        call: &'static str,
+        /// The driver's error name (`CUDA_ERROR_ILLEGAL_ADDRESS`).
+        name: String,
+        /// Its code.
+        code: u32,
+    },
+    /// Another failed driver or library call.
+    #[error("{call} on CUDA device {ordinal} failed: {name} ({code})")]
+    Call {
+        /// The device.
+        ordinal: u32,
+        /// The call.
+        call: &'static str,
+        /// The error's name.
+        name: String,
+        /// Its code.
+        code: u32,
+    },
+    /// NVRTC refused a kernel's source.
+    #[error("kernel {kernel}: its CUDA source does not compile: {log}")]
+    Compile {
+        /// The kernel (`name@version`).
+        kernel: String,
+        /// NVRTC's log.
+        log: String,
+    },
+    /// A launch of a kernel that has no CUDA body.
+    #[error(
+        "kernel {kernel} has no CUDA body (it runs on CPU chips only): register one to run it on a CUDA chip"
+    )]
+    NoBody {
+        /// The kernel (`name@version`).
+        kernel: String,
+    },
 }
 
 impl Error {
@@ -208,7 +304,11 @@ impl Error {
             Error::Argument { .. } | Error::Scalars { .. } | Error::Wire(_) => {
                 FailureKind::ImportRefused
             }
-            Error::UnsupportedDType { .. } => FailureKind::Unsupported,
+            Error::UnsupportedDType { .. } | Error::Cuda(CudaError::NoBody { .. }) => {
+                FailureKind::Unsupported
+            }
+            Error::Cuda(CudaError::Compile { .. }) => FailureKind::Kernel,
+            Error::Cuda(_) => FailureKind::Device,
             Error::UnknownKernel(_)
             | Error::ConflictingKernel(_)
             | Error::NotStarted { .. }

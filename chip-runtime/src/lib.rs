@@ -42,6 +42,7 @@
 
 pub mod arena;
 pub mod cache;
+pub mod cuda;
 pub mod device;
 mod error;
 pub mod kernel;
@@ -64,8 +65,22 @@ pub use device::{
     ArgBacking, CachedCopy, Device, DeviceBlock, DeviceInfo, DeviceStats, Launch, LaunchArg,
     LaunchReport, StartGate,
 };
-pub use error::Error;
+pub use error::{CudaError, Error};
 pub use kernel::{Kernel, KernelContext, KernelHandle, Registry, Signature};
 pub use memory::{HostBuffer, HostBytes, HostMemory};
 pub use sim::SimDevice;
-pub use spec::{DeviceSpec, Mode};
+
+/// Opens the chip `spec` names (`sim...` or `cuda:N...`): what a worker
+/// runs its tasks on.
+///
+/// # Errors
+/// [`Error::Spec`] for a bad spec (and for `cuda:all`, which names many
+/// chips); the chip's own errors when it cannot be opened (for CUDA, a
+/// [`CudaError`] naming what is missing).
+pub fn open(spec: &str) -> Result<std::sync::Arc<dyn Device>, Error> {
+    Ok(match spec.parse::<ChipSpec>()? {
+        ChipSpec::Sim(s) => std::sync::Arc::new(SimDevice::new(s)?),
+        ChipSpec::Cuda(s) => cuda::open(&s)?,
+    })
+}
+pub use spec::{ChipSpec, CudaOrdinal, CudaSpec, DeviceSpec, Mode};

@@ -132,8 +132,15 @@ impl FromStr for DeviceSpec {
             Some((kind, rest)) => (kind, Some(rest)),
             None => (spec, None),
         };
+        if kind == "cuda" {
+            return Err(bad(
+                "a CUDA spec, where a simulated chip's (sim...) is needed".into(),
+            ));
+        }
         if kind != "sim" {
-            return Err(bad(format!("unknown device kind {kind:?} (known: sim)")));
+            return Err(bad(format!(
+                "unknown device kind {kind:?} (known: sim, cuda)"
+            )));
         }
         let (mut mem, mut mode, mut lanes, mut run, mut scratch) = (None, None, None, None, None);
         let mut prefetch = None;
@@ -442,5 +449,266 @@ mod tests {
         );
         assert!(err("sim:dtypes=").contains("dtypes: \"\" is not a dtype"));
         assert!(err("sim:dtypes=F32|f32").contains("dtypes: F32 is named twice"));
+    }
+}
+
+/// Which CUDA device a spec names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum CudaOrdinal {
+    /// The device with this ordinal (`cuda:0`).
+    Index(u32),
+    /// Every device (`cuda:all`): where local workers are started, one
+    /// worker process per GPU, each given `cuda:N` with the same keys. A
+    /// single chip cannot be built from it.
+    All,
+}
+
+/// A parsed CUDA chip spec: `cuda:0`, `cuda:1,mem=8GiB,streams=8`,
+/// `cuda:all`.
+///
+/// Grammar: `cuda[:ORDINAL][,KEY=VALUE]*` where `ORDINAL` is a device
+/// number or `all` (default 0). Keys:
+///
+/// | key | value | default |
+/// |---|---|---|
+/// | `mem` | device memory the chip manages, a size | 90 % of the memory free when it starts |
+/// | `run` | bytes of the per-run region | mem/4 |
+/// | `scratch` | bytes of the per-kernel scratch region (staged copies, temporaries) | mem/4 |
+/// | `streams` | CUDA streams, each a lane that runs one launch at a time, 1..=64: copies on one overlap kernels on another | 4 |
+/// | `prefetch` | `on`: a launch waiting for a stream has its bytes copied into the device cache meanwhile, on a stream of its own | on |
+///
+/// A CUDA chip is always staged: host bytes are copied into device memory
+/// (by DMA from the page-locked buffer) before a kernel and back after it.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct CudaSpec {
+    /// The device.
+    pub ordinal: CudaOrdinal,
+    /// Device memory to manage; `None`: 90 % of what is free at start.
+    pub mem: Option<u64>,
+    /// Bytes of the run region; `None`: a quarter of `mem`.
+    pub run: Option<u64>,
+    /// Bytes of the scratch region; `None`: a quarter of `mem`.
+    pub scratch: Option<u64>,
+    /// Streams (lanes).
+    pub streams: usize,
+    /// Copy the bytes of launches waiting for a stream ahead of them.
+    pub prefetch: bool,
+}
+
+impl CudaSpec {
+    /// The same spec for device `ordinal` (how `cuda:all` becomes one
+    /// spec per GPU).
+    pub fn for_device(&self, ordinal: u32) -> CudaSpec {
+        CudaSpec {
+            ordinal: CudaOrdinal::Index(ordinal),
+            ..self.clone()
+        }
+    }
+
+    /// The region sizes for a chip managing `mem` bytes: (mem, run,
+    /// scratch), 64-byte aligned and checked as a sim spec's are.
+    ///
+    /// # Errors
+    /// [`Error::Spec`] naming what does not fit.
+    pub fn regions(&self, mem: u64) -> Result<(u64, u64, u64), Error> {
+        let bad = |reason: String| Error::Spec {
+            spec: self.to_string(),
+            reason,
+        };
+        let align = |v: u64| v / BLOCK_ALIGN * BLOCK_ALIGN;
+        let mem = align(mem);
+        if mem < MIN_MEM {
+            return Err(bad(format!(
+                "mem: {mem} bytes is below the minimum of {MIN_MEM}"
+            )));
+        }
+        let run = align(self.run.unwrap_or(mem / 4));
+        let scratch = align(self.scratch.unwrap_or(mem / 4));
+        let persistent = mem
+            .checked_sub(run)
+            .and_then(|r| r.checked_sub(scratch))
+            .ok_or_else(|| {
+                bad(format!(
+                    "run ({run}) + scratch ({scratch}) exceed mem ({mem})"
+                ))
+            })?;
+        for (name, bytes) in [
+            ("persistent", persistent),
+            ("run", run),
+            ("scratch", scratch),
+        ] {
+            if bytes > MAX_REGION_BYTES {
+                return Err(bad(format!(
+                    "the {name} region would be {bytes} bytes; at most {MAX_REGION_BYTES} are supported"
+                )));
+            }
+        }
+        if scratch == 0 {
+            return Err(bad(
+                "a CUDA chip stages host bytes and needs a scratch region (scratch > 0)".into(),
+            ));
+        }
+        Ok((mem, run, scratch))
+    }
+}
+
+impl FromStr for CudaSpec {
+    type Err = Error;
+
+    fn from_str(spec: &str) -> Result<Self, Error> {
+        let bad = |reason: String| Error::Spec {
+            spec: spec.to_owned(),
+            reason,
+        };
+        let rest = match spec.split_once(':') {
+            Some(("cuda", rest)) => rest,
+            None if spec == "cuda" => "",
+            _ => return Err(bad("a CUDA spec starts with cuda".into())),
+        };
+        let mut items = rest.split(',').filter(|s| !s.is_empty()).peekable();
+        let mut ordinal = CudaOrdinal::Index(0);
+        if let Some(first) = items.peek()
+            && !first.contains('=')
+        {
+            ordinal = match *first {
+                "all" => CudaOrdinal::All,
+                n => CudaOrdinal::Index(n.parse().map_err(|_| {
+                    bad(format!(
+                        "{n:?} is not a device number or all (cuda:0, cuda:all)"
+                    ))
+                })?),
+            };
+            items.next();
+        }
+        let (mut mem, mut run, mut scratch, mut streams, mut prefetch) =
+            (None, None, None, None, None);
+        for item in items {
+            let (key, value) = item
+                .split_once('=')
+                .ok_or_else(|| bad(format!("{item:?} is not KEY=VALUE")))?;
+            let taken = match key {
+                "mem" => mem
+                    .replace(parse_size(value).map_err(|r| bad(format!("mem: {r}")))?)
+                    .is_some(),
+                "run" => run
+                    .replace(parse_size(value).map_err(|r| bad(format!("run: {r}")))?)
+                    .is_some(),
+                "scratch" => scratch
+                    .replace(parse_size(value).map_err(|r| bad(format!("scratch: {r}")))?)
+                    .is_some(),
+                "streams" => {
+                    let n: usize = value
+                        .parse()
+                        .ok()
+                        .filter(|n| (1..=64).contains(n))
+                        .ok_or_else(|| {
+                            bad(format!("streams: {value:?} is not a number from 1 to 64"))
+                        })?;
+                    streams.replace(n).is_some()
+                }
+                "prefetch" => {
+                    let on = match value {
+                        "on" => true,
+                        "off" => false,
+                        other => {
+                            return Err(bad(format!("prefetch: {other:?} is not on or off")));
+                        }
+                    };
+                    prefetch.replace(on).is_some()
+                }
+                other => {
+                    return Err(bad(format!(
+                        "unknown key {other:?} (known for cuda: mem, run, scratch, streams, prefetch)"
+                    )));
+                }
+            };
+            if taken {
+                return Err(bad(format!("{key} is given twice")));
+            }
+        }
+        let parsed = CudaSpec {
+            ordinal,
+            mem,
+            run,
+            scratch,
+            streams: streams.unwrap_or(4),
+            prefetch: prefetch.unwrap_or(true),
+        };
+        if let Some(m) = mem {
+            parsed.regions(m).map_err(|e| match e {
+                Error::Spec { reason, .. } => bad(reason),
+                other => other,
+            })?;
+        }
+        Ok(parsed)
+    }
+}
+
+impl fmt::Display for CudaSpec {
+    /// The canonical form: parsing it gives the same spec.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.ordinal {
+            CudaOrdinal::Index(n) => write!(f, "cuda:{n}")?,
+            CudaOrdinal::All => write!(f, "cuda:all")?,
+        }
+        for (key, v) in [
+            ("mem", self.mem),
+            ("run", self.run),
+            ("scratch", self.scratch),
+        ] {
+            if let Some(v) = v {
+                write!(f, ",{key}={}", format_size(v))?;
+            }
+        }
+        write!(
+            f,
+            ",streams={},prefetch={}",
+            self.streams,
+            if self.prefetch { "on" } else { "off" }
+        )
+    }
+}
+
+/// A spec of any kind of chip: what `--device` takes.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum ChipSpec {
+    /// The simulated chip (`sim...`).
+    Sim(DeviceSpec),
+    /// A CUDA GPU (`cuda...`).
+    Cuda(CudaSpec),
+}
+
+impl ChipSpec {
+    /// `sim` or `cuda`.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            ChipSpec::Sim(_) => "sim",
+            ChipSpec::Cuda(_) => "cuda",
+        }
+    }
+}
+
+impl FromStr for ChipSpec {
+    type Err = Error;
+
+    fn from_str(spec: &str) -> Result<Self, Error> {
+        let kind = spec.split_once(':').map_or(spec, |(k, _)| k);
+        match kind {
+            "sim" => spec.parse().map(ChipSpec::Sim),
+            "cuda" => spec.parse().map(ChipSpec::Cuda),
+            other => Err(Error::Spec {
+                spec: spec.to_owned(),
+                reason: format!("unknown device kind {other:?} (known: sim, cuda)"),
+            }),
+        }
+    }
+}
+
+impl fmt::Display for ChipSpec {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ChipSpec::Sim(s) => s.fmt(f),
+            ChipSpec::Cuda(s) => s.fmt(f),
+        }
     }
 }

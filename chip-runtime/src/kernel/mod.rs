@@ -11,6 +11,7 @@
 //! change of signature is a change of handle.
 
 mod context;
+pub mod cuda;
 pub mod element;
 mod registry;
 mod validate;
@@ -80,6 +81,13 @@ pub trait Kernel: Send + Sync + 'static {
     /// many flops at its modelled rate instead of running it. `None`: it
     /// takes the time of moving the bytes its arguments span.
     fn flops(&self, _args: &[Tensor]) -> Option<u64> {
+        None
+    }
+
+    /// Its body for a CUDA chip ([`cuda`]), if it has one: a kernel
+    /// without one runs on CPU chips only, and a CUDA worker does not
+    /// offer it.
+    fn cuda(&self) -> Option<&cuda::CudaBody> {
         None
     }
 }

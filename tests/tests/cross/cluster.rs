@@ -1695,7 +1695,7 @@ fn a_device_spec_no_worker_accepts_fails_the_start_before_any_worker_runs() {
         );
         let m = e.to_string();
         assert!(
-            m.contains("unknown device kind \"gpu\" (known: sim)"),
+            m.contains("unknown device kind \"gpu\" (known: sim, cuda)"),
             "{m}"
         );
         assert!(t0.elapsed() < Duration::from_secs(2), "{m}");

@@ -1,0 +1,143 @@
+//! A kernel's body for a CUDA chip.
+//!
+//! A kernel runs on a CUDA chip only if it declares a [`CudaBody`]
+//! ([`crate::Kernel::cuda`]); a CUDA worker offers no other kernel, so a
+//! task is never placed where its kernel cannot run.
+//!
+//! A body is CUDA C source, compiled once per worker with NVRTC (cached on
+//! disk by the hash of source and options), or a call into cuBLAS or
+//! cuSOLVER that the chip makes. Source kernels follow one calling
+//! convention, the same for the built-in kernels and for kernels a user
+//! registers (as CuPy's `RawKernel` takes source and a name):
+//!
+//! - the parameters are the task's tensor arguments, in signature order,
+//!   each a `strata_tensor` passed by value — the 128-byte
+//!   [`strata_wire::ChipTensor`] layout: `addr` is a device address,
+//!   element `[i0, .., in]` is at `addr` plus `start_offset + Σ ik·stride_k`
+//!   elements — then its scalars, each an `unsigned long long` (the 64-bit
+//!   word the task carries: an f64's bits, an integer);
+//! - [`CUDA_PRELUDE`] is compiled in front of the source: the struct, the
+//!   element types (`strata_f16`, `strata_bf16`, `strata_c64`,
+//!   `strata_c128`, with conversions to and from float and double) and
+//!   helpers to address elements;
+//! - the launch shape is the body's [`Grid`].
+//!
+//! A kernel's parameters take at most [`MAX_PARAM_BYTES`] (4 KiB: 128
+//! bytes a tensor, 8 a scalar), the limit every CUDA device accepts.
+
+use std::borrow::Cow;
+
+use strata_wire::DType;
+
+/// Threads per block of the [`Grid::Elements`] and [`Grid::Rows`] launches.
+pub const THREADS: u32 = 256;
+
+/// Largest parameter block a CUDA kernel takes.
+pub const MAX_PARAM_BYTES: usize = 4096;
+
+/// Bytes a tensor parameter takes (a `strata_tensor`).
+pub const TENSOR_PARAM_BYTES: usize = 128;
+
+/// What a kernel runs on a CUDA chip.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum CudaBody {
+    /// CUDA C source compiled with NVRTC.
+    Source(CudaSource),
+    /// A cuBLAS or cuSOLVER call the chip makes.
+    Library(LibraryCall),
+}
+
+/// CUDA C source and how to launch it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CudaSource {
+    /// The source, without the prelude (compiled in front of it).
+    pub code: Cow<'static, str>,
+    /// The `extern "C" __global__` function to launch.
+    pub entry: Entry,
+    /// The launch shape.
+    pub grid: Grid,
+}
+
+/// Which function of a source a launch calls.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Entry {
+    /// This one, whatever the dtypes.
+    One(Cow<'static, str>),
+    /// One per dtype: the name, `_`, and the lower-case name of the dtype
+    /// of the first tensor argument (`add` → `add_f32`, `add_c128`).
+    PerDType(Cow<'static, str>),
+}
+
+impl Entry {
+    /// The function a launch whose first tensor argument has `dtype`
+    /// calls (`dtype` is ignored for [`Entry::One`]).
+    pub fn symbol(&self, dtype: Option<DType>) -> String {
+        match (self, dtype) {
+            (Entry::One(name), _) | (Entry::PerDType(name), None) => name.to_string(),
+            (Entry::PerDType(name), Some(d)) => {
+                format!("{name}_{}", d.name().to_ascii_lowercase())
+            }
+        }
+    }
+}
+
+/// How many blocks and threads a source kernel is launched with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Grid {
+    /// [`THREADS`] threads a block, enough blocks for one thread per
+    /// element of tensor argument `n` (at most 65,535 × 32 blocks: the
+    /// kernel loops over the rest with a grid-sized stride). A view with
+    /// no element launches nothing.
+    Elements(usize),
+    /// One block of [`THREADS`] threads per row of tensor argument `n`:
+    /// a row is the last axis, the rows every index of the others (one
+    /// row for a rank-1 view). The block's threads share the row.
+    Rows(usize),
+    /// Exactly these blocks and threads (x, y, z), with `shared` bytes of
+    /// dynamic shared memory.
+    Fixed {
+        /// Blocks along x, y, z.
+        blocks: [u32; 3],
+        /// Threads a block along x, y, z.
+        threads: [u32; 3],
+        /// Dynamic shared memory, bytes.
+        shared: u32,
+    },
+}
+
+/// The library calls of the built-in matrix kernels, on column-major
+/// libraries given row-major strided views (the chip swaps operands and
+/// transposes as a row-major caller of cuBLAS does).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum LibraryCall {
+    /// `matmul` (c = a·b) or, accumulating, `matmul_acc` (c += a·b):
+    /// cuBLAS GEMM for every float and complex dtype it computes.
+    Matmul {
+        /// c += a·b rather than c = a·b.
+        accumulate: bool,
+    },
+    /// `gemm`: c ← α·a·b + β·c (cuBLAS S/DGEMM).
+    Gemm,
+    /// `potrf`: a ← L, lower Cholesky factor (cuSOLVER S/Dpotrf).
+    Potrf,
+    /// `trsm`: b ← b·l⁻ᵀ (cuBLAS S/DTRSM).
+    Trsm,
+    /// `syrk`: c ← c − a·aᵀ, lower triangle (cuBLAS S/DSYRK).
+    Syrk,
+}
+
+impl LibraryCall {
+    /// The library the call needs (what a chip without it names).
+    pub fn library(self) -> &'static str {
+        match self {
+            LibraryCall::Potrf => "cuSOLVER",
+            _ => "cuBLAS",
+        }
+    }
+}
+
+/// Compiled in front of every CUDA source: the tensor struct, the
+/// element types and the addressing helpers (module docs).
+pub const CUDA_PRELUDE: &str = include_str!("cuda/prelude.cuh");

@@ -42,6 +42,7 @@
 
 pub mod arena;
 pub mod cache;
+mod chip;
 pub mod cuda;
 pub mod device;
 mod error;
@@ -61,6 +62,7 @@ pub use num_complex;
 
 pub use arena::Region;
 pub use cache::{CacheStats, CacheUse, CopyKey};
+pub use chip::Chip;
 pub use device::{
     ArgBacking, CachedCopy, Device, DeviceBlock, DeviceInfo, DeviceStats, Launch, LaunchArg,
     LaunchReport, StartGate,

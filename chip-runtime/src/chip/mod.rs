@@ -1,8 +1,11 @@
-//! `SimDevice`: the default device, a simulated discrete accelerator.
+//! `Chip`: the machinery every kind of chip shares, over its [`Engine`].
 //!
-//! It has its own memory (one anonymous mapping managed by the [`Arena`]),
-//! moves host bytes in and out explicitly in staged mode, and runs kernels
-//! on a pool of lanes. Everything a real chip would count is counted.
+//! A chip has its own memory (managed by the [`Arena`]), moves host bytes
+//! in and out explicitly in staged mode, and runs kernels on a pool of
+//! lanes. Everything is counted. What differs between kinds of chip —
+//! where device memory is, how bytes move and how a kernel runs — is the
+//! engine's: the simulated chip's ([`crate::SimDevice`]) does it at once
+//! on the lane's thread, a CUDA GPU's queues it on the lane's stream.
 //!
 //! A launch, step by step:
 //! 1. `launch` validates the arguments against the kernel's signature, their
@@ -30,10 +33,10 @@
 //! covers its whole extent, so that common path pays nothing). The bytes
 //! zeroed are counted (`DeviceStats::zeroed`).
 
+pub(crate) mod engine;
 mod lanes;
 mod prefetch;
 
-use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -46,28 +49,43 @@ use crate::device::{
     ArgBacking, CachedCopy, Completion, Device, DeviceAddr, DeviceBlock, DeviceInfo, DeviceStats,
     Launch, LaunchArg, LaunchReport, StartGate,
 };
-use crate::kernel::{KernelContext, Materialized, Scratch, validate_launch};
-use crate::memory::{DEVICE_BASE, DeviceMemory, HostMemory};
+use crate::kernel::{Kernel, validate_launch};
+use crate::memory::HostMemory;
 use crate::spec::{DeviceSpec, Mode};
 use crate::staging::Layout;
 use crate::sync::{AtomicU64, Ordering};
+use engine::{Engine, Lane, Placed};
 use lanes::LanePool;
 use prefetch::{Prefetched, Ticket};
 
-/// The simulated chip.
+/// A chip: the simulated one ([`crate::SimDevice`]) or a CUDA GPU
+/// ([`crate::cuda::open`]).
 #[derive(Debug)]
-pub struct SimDevice {
+pub struct Chip {
     inner: Arc<Inner>,
     lanes: LanePool,
-    /// The copy engine: one thread that prefetches for launches waiting
+    /// The copy lane: one thread that prefetches for launches waiting
     /// for a lane (staged mode with `prefetch=on`; [`prefetch`]).
     copier: Option<LanePool>,
+}
+
+/// What the machinery is told about a chip.
+#[derive(Debug)]
+pub(crate) struct ChipConfig {
+    /// Sizes, lanes, mode and the simulated chip's modelling keys (a real
+    /// chip: staged, no timing, no link).
+    pub(crate) spec: DeviceSpec,
+    /// The spec string the chip reports ([`DeviceInfo::spec`]).
+    pub(crate) label: String,
 }
 
 #[derive(Debug)]
 struct Inner {
     spec: DeviceSpec,
-    memory: DeviceMemory,
+    label: String,
+    engine: Box<dyn Engine>,
+    /// The engine's base address (device address of arena offset 0).
+    base: DeviceAddr,
     arena: Arena,
     cache: Cache,
     counters: Counters,
@@ -86,9 +104,9 @@ struct CachedArg {
 }
 
 /// The cache's view of the chip: its copies live in the persistent region.
-struct SimBackend<'a>(&'a Inner);
+struct ChipBackend<'a>(&'a Inner);
 
-impl Backend for SimBackend<'_> {
+impl Backend for ChipBackend<'_> {
     fn alloc(&self, len: u64) -> Result<Block, Error> {
         self.0.arena.alloc(Region::Persistent, len)
     }
@@ -111,15 +129,14 @@ impl Backend for SimBackend<'_> {
         if self.0.spec.timing {
             return layout.view_bytes(view);
         }
-        let Ok(src) = self.0.memory.ptr(DEVICE_BASE + block.offset, len) else {
-            return 0;
-        };
         // Counted as staged to host by whoever asked: the launch whose
-        // staging evicted it, a flush, a user allocation.
-        // SAFETY: the block holds the copy's `len` bytes of device memory,
-        // the host mapping holds the view (checked above, and kept mapped
-        // by the entry's Arc); they never overlap.
-        unsafe { layout.copy_out(view, src, host.as_ptr().add(view.byte_offset() as usize)) }
+        // staging evicted it, a flush, a user allocation. The host mapping
+        // is kept mapped by the entry's Arc.
+        let inner = self.0;
+        inner
+            .engine
+            .copy_out(None, layout, view, inner.base + block.offset, host)
+            .unwrap_or(0)
     }
 }
 
@@ -142,23 +159,14 @@ struct Counters {
 /// no memory or time until it is touched.
 const RELEASE_FROM: u64 = 256 * 1024;
 
-impl SimDevice {
-    /// A device built from a spec string such as `sim:mem=2GiB,lanes=2`.
+impl Chip {
+    /// A chip over `engine`.
     ///
     /// # Errors
-    /// [`Error::Spec`] for a bad spec, [`Error::Map`] when the memory
-    /// cannot be mapped.
-    pub fn from_spec(spec: &str) -> Result<Self, Error> {
-        SimDevice::new(spec.parse()?)
-    }
-
-    /// A device built from a parsed spec.
-    ///
-    /// # Errors
-    /// [`Error::Map`] when the memory or the lane threads cannot be set up.
-    pub fn new(spec: DeviceSpec) -> Result<Self, Error> {
+    /// [`Error::Map`] when the lane threads cannot be started.
+    pub(crate) fn build(config: ChipConfig, engine: Box<dyn Engine>) -> Result<Self, Error> {
+        let ChipConfig { spec, label } = config;
         let arena = Arena::new(spec.persistent(), spec.run, spec.scratch)?;
-        let memory = DeviceMemory::new(spec.mem)?;
         // A timing chip's kernels sleep: a lane that spins for the next
         // job only takes the CPU that the driver and the other modelled
         // chips need to keep time.
@@ -175,11 +183,13 @@ impl SimDevice {
         } else {
             None
         };
-        Ok(SimDevice {
+        Ok(Chip {
             copier,
             inner: Arc::new(Inner {
+                base: engine.base(),
+                engine,
                 spec,
-                memory,
+                label,
                 arena,
                 cache: Cache::new(),
                 counters: Counters::default(),
@@ -245,7 +255,7 @@ impl SimDevice {
     }
 }
 
-impl SimDevice {
+impl Chip {
     /// Starts copying the bytes `launch` reads into the device cache when
     /// it will wait for a lane ([`prefetch`]); the ticket its lane claims.
     fn prefetch(&self, launch: &Launch) -> Option<Arc<Ticket>> {
@@ -270,10 +280,12 @@ impl SimDevice {
         }
         let ticket = Arc::new(Ticket::new());
         let (t, inner) = (Arc::clone(&ticket), Arc::clone(&self.inner));
+        // The copy lane comes after the launch lanes.
+        let lane = self.inner.spec.lanes;
         copier
             .submit(Box::new(move |_| {
                 if t.start() {
-                    t.finish(inner.prefetch(&loads));
+                    t.finish(inner.prefetch(lane, &loads));
                 }
             }))
             .ok()?;
@@ -292,12 +304,12 @@ fn reads_in(spec: &crate::kernel::ArgSpec, arg: &LaunchArg) -> bool {
         || arg.tensor.dtype().is_sub_byte()
 }
 
-impl Device for SimDevice {
+impl Device for Chip {
     fn info(&self) -> DeviceInfo {
         let spec = &self.inner.spec;
         DeviceInfo {
-            kind: "sim".into(),
-            spec: spec.to_string(),
+            kind: self.inner.engine.kind().into(),
+            spec: self.inner.label.clone(),
             memory: spec.mem,
             lanes: spec.lanes,
             mode: spec.mode,
@@ -309,7 +321,7 @@ impl Device for SimDevice {
     fn alloc(&self, region: Region, nbytes: u64) -> Result<DeviceBlock, Error> {
         if region == Region::Scratch {
             return Err(Error::Spec {
-                spec: self.inner.spec.to_string(),
+                spec: self.inner.label.clone(),
                 reason: "the scratch region is for kernels; allocate persistent or run blocks"
                     .into(),
             });
@@ -330,10 +342,10 @@ impl Device for SimDevice {
         } else {
             self.inner.arena.alloc(region, nbytes)?
         };
-        let addr = DEVICE_BASE + b.offset;
+        let addr = self.inner.base + b.offset;
         // A freed persistent block, or a run block after a reset, holds
         // whatever its last owner left: the block is handed out zeroed.
-        if let Err(e) = self.inner.zero(addr, b.len, b.len >= RELEASE_FROM) {
+        if let Err(e) = self.inner.zero(None, addr, b.len, b.len >= RELEASE_FROM) {
             let _ = self.inner.arena.free(region, b.offset);
             return Err(e);
         }
@@ -350,7 +362,7 @@ impl Device for SimDevice {
             region: Region::Persistent,
             addr,
         };
-        let offset = addr.checked_sub(DEVICE_BASE).ok_or(unknown)?;
+        let offset = addr.checked_sub(self.inner.base).ok_or(unknown)?;
         self.inner
             .arena
             .free(Region::Persistent, offset)
@@ -372,7 +384,7 @@ impl Device for SimDevice {
 
     fn copy_to_device(&self, block: &DeviceBlock, offset: u64, src: &[u8]) -> Result<(), Error> {
         let dst = self.inner.block_range(block, offset, src.len() as u64)?;
-        self.inner.memory.write(dst, src)?;
+        self.inner.engine.write(dst, src)?;
         self.inner
             .counters
             .copied_to_device
@@ -387,7 +399,7 @@ impl Device for SimDevice {
         dst: &mut [u8],
     ) -> Result<(), Error> {
         let src = self.inner.block_range(block, offset, dst.len() as u64)?;
-        self.inner.memory.read(src, dst)?;
+        self.inner.engine.read(src, dst)?;
         self.inner
             .counters
             .copied_to_host
@@ -408,6 +420,10 @@ impl Device for SimDevice {
             Ok(()) => Ok(()),
             Err(job) => self.lanes.submit(job).map_err(|_| Error::ShutDown),
         }
+    }
+
+    fn runs(&self, kernel: &dyn Kernel) -> bool {
+        self.inner.engine.runs(kernel)
     }
 
     fn synchronize(&self) {
@@ -482,7 +498,7 @@ impl Inner {
     /// launch's staging would, and leaves the copies there unpinned
     /// ([`prefetch`]). Copies already there are left as they are; one
     /// that cannot be placed is left to the launch.
-    fn prefetch(&self, args: &[LaunchArg]) -> Prefetched {
+    fn prefetch(&self, lane: usize, args: &[LaunchArg]) -> Prefetched {
         let mut out = Prefetched::default();
         let backend = self.backend();
         for arg in args {
@@ -511,23 +527,20 @@ impl Inner {
             };
             let mut copied = None;
             if let Acquired::Fresh { block, .. } = acquired {
-                let addr = DEVICE_BASE + block.offset;
+                let addr = self.base + block.offset;
                 copied = (|| -> Result<u64, Error> {
                     if self.spec.timing {
                         return Ok(layout.view_bytes(t));
                     }
+                    let lane = Some(lane);
                     if !layout.filled_by_copy_in(t) {
-                        self.zero(addr, len, false)?;
+                        self.zero(lane, addr, len, false)?;
                     }
-                    let dev = self.memory.ptr(addr, len)?;
-                    // SAFETY: the launch's backing was checked before its
-                    // prefetch was queued (the view's extent lies inside the
-                    // host mapping, which the cloned argument keeps mapped),
-                    // and `dev` is the fresh block's `len` bytes; they never
-                    // overlap.
-                    Ok(unsafe {
-                        layout.copy_in(t, mem.as_ptr().add(t.byte_offset() as usize), dev)
-                    })
+                    // The launch's backing was checked before its prefetch
+                    // was queued; the cloned argument keeps it mapped.
+                    let n = self.engine.copy_in(lane, layout, t, mem.as_ref(), addr)?;
+                    self.engine.finish(lane)?;
+                    Ok(n)
                 })()
                 .ok();
             }
@@ -560,13 +573,13 @@ impl Inner {
         out
     }
 
-    fn backend(&self) -> SimBackend<'_> {
-        SimBackend(self)
+    fn backend(&self) -> ChipBackend<'_> {
+        ChipBackend(self)
     }
 
     /// Zeroes `len` device bytes at `addr` and counts them.
-    fn zero(&self, addr: DeviceAddr, len: u64, release: bool) -> Result<(), Error> {
-        self.memory.zero(addr, len, release)?;
+    fn zero(&self, lane: Lane, addr: DeviceAddr, len: u64, release: bool) -> Result<(), Error> {
+        self.engine.zero(lane, addr, len, release)?;
         self.counters.zeroed.fetch_add(len, Ordering::Relaxed);
         Ok(())
     }
@@ -581,7 +594,7 @@ impl Inner {
         if block.region == Region::Scratch {
             return Err(unknown);
         }
-        let offset = block.addr.checked_sub(DEVICE_BASE).ok_or(unknown.clone())?;
+        let offset = block.addr.checked_sub(self.base).ok_or(unknown.clone())?;
         let arena_block = Block {
             region: block.region,
             offset,
@@ -675,7 +688,7 @@ impl Inner {
             ..LaunchReport::default()
         };
         let ahead = ahead.unwrap_or_default();
-        let result = self.materialize_and_run(launch, &mut report, &ahead.keys, started);
+        let result = self.materialize_and_run(launch, lane, &mut report, &ahead.keys, started);
         // What was copied ahead for it is part of what it moved.
         report.staged_in += ahead.staged_in;
         report.cache.add(&ahead.cache);
@@ -704,12 +717,22 @@ impl Inner {
     fn materialize_and_run(
         &self,
         launch: &Launch,
+        lane: usize,
         report: &mut LaunchReport,
         prefetched: &[CopyKey],
         begun: Instant,
     ) -> Result<(), Error> {
         let mut cached: Vec<Option<CachedArg>> = vec![None; launch.args.len()];
-        let result = self.run_launch(launch, report, &mut cached, begun);
+        let mut guards = Vec::new();
+        let mut result = self.run_launch(launch, lane, report, &mut cached, &mut guards, begun);
+        // Nothing queued on the lane may still use a staged block when it
+        // is freed, or a cached copy when the cache takes it back.
+        if let Err(e) = self.engine.finish(Some(lane))
+            && result.is_ok()
+        {
+            result = Err(e);
+        }
+        drop(guards);
         let backend = self.backend();
         for (arg, c) in launch.args.iter().zip(cached) {
             let (Some(c), ArgBacking::Host(host)) = (c, &arg.backing) else {
@@ -755,6 +778,7 @@ impl Inner {
     #[allow(clippy::too_many_arguments)]
     fn stage_in(
         &self,
+        lane: Lane,
         arg: &LaunchArg,
         mem: &Arc<dyn HostMemory>,
         copy_in: bool,
@@ -811,32 +835,30 @@ impl Inner {
             None => None,
         };
         let (addr, guard, from_host) = match acquired {
-            Some(Acquired::Hit(block)) => return Ok((DEVICE_BASE + block.offset, None)),
+            Some(Acquired::Hit(block)) => return Ok((self.base + block.offset, None)),
             Some(Acquired::Copy { from, to, .. }) => {
-                let (src, dst) = (DEVICE_BASE + from.offset, DEVICE_BASE + to.offset);
+                let (src, dst) = (self.base + from.offset, self.base + to.offset);
                 if self.spec.timing {
                     // As for bytes from host memory: nothing moves, and no
                     // kernel reads the block.
                     return Ok((dst, None));
                 }
                 if !layout.filled_by_copy_in(t) {
-                    self.zero(dst, len, false)?;
+                    self.zero(lane, dst, len, false)?;
                 }
-                let (src, dst) = (self.memory.ptr(src, len)?, self.memory.ptr(dst, len)?);
-                // SAFETY: both are live blocks of at least `len` bytes (the
-                // cached copy pinned, the new one this launch's), and the
-                // arena never hands out overlapping blocks.
-                unsafe { layout.copy_on_chip(t, src, dst) };
-                return Ok((DEVICE_BASE + to.offset, None));
+                // Both are live blocks of at least `len` bytes (the cached
+                // copy pinned, the new one this launch's).
+                self.engine.copy_on_chip(lane, layout, t, src, dst)?;
+                return Ok((dst, None));
             }
-            Some(Acquired::Fresh { block, .. }) => (DEVICE_BASE + block.offset, None, copy_in),
+            Some(Acquired::Fresh { block, .. }) => (self.base + block.offset, None, copy_in),
             None | Some(Acquired::Bypass) => {
                 let block = self.arena.alloc(Region::Scratch, len)?;
                 let guard = ScratchGuard {
                     arena: &self.arena,
                     block,
                 };
-                (DEVICE_BASE + block.offset, Some(guard), copy_in)
+                (self.base + block.offset, Some(guard), copy_in)
             }
         };
         if self.spec.timing {
@@ -847,68 +869,60 @@ impl Inner {
             }
             return Ok((addr, guard));
         }
-        let dev = self.memory.ptr(addr, len)?;
         // Wherever no copy-in writes — the whole block for an OUTPUT, the
         // gaps of a strided view laid out as in the buffer — the block
         // still holds an earlier owner's bytes: zero them, so that a kernel
         // sees no foreign byte and an OUTPUT element it leaves alone comes
         // back as zero, not as someone else's.
         if !from_host || !layout.filled_by_copy_in(t) {
-            self.zero(addr, len, false)?;
+            self.zero(lane, addr, len, false)?;
         }
         if from_host {
-            // SAFETY: the view's extent lies inside the host mapping
-            // (check_backing) and the copy's `len` bytes inside the fresh
-            // block; the two never overlap.
-            report.staged_in +=
-                unsafe { layout.copy_in(t, mem.as_ptr().add(t.byte_offset() as usize), dev) };
+            // The view's extent lies inside the host mapping
+            // (check_backing) and the copy's `len` bytes inside the block.
+            report.staged_in += self.engine.copy_in(lane, layout, t, mem.as_ref(), addr)?;
         }
         Ok((addr, guard))
     }
 
-    fn run_launch(
-        &self,
+    /// Stages in, runs and stages out one launch on `lane`; the scratch
+    /// blocks of staged arguments go to `guards`, which the caller keeps
+    /// until the lane has finished.
+    fn run_launch<'s>(
+        &'s self,
         launch: &Launch,
+        lane: usize,
         report: &mut LaunchReport,
         cached: &mut [Option<CachedArg>],
+        guards: &mut Vec<ScratchGuard<'s>>,
         begun: Instant,
     ) -> Result<(), Error> {
         let desc = launch.kernel.descriptor();
-        let mut staged: Vec<Option<ScratchGuard<'_>>> = Vec::with_capacity(launch.args.len());
         let mut on_chip: Vec<bool> = Vec::with_capacity(launch.args.len());
-        let mut args = Vec::with_capacity(launch.args.len());
+        let mut args: Vec<Placed> = Vec::with_capacity(launch.args.len());
         for ((arg, spec), slot) in launch.args.iter().zip(&desc.args).zip(cached.iter_mut()) {
             let t = &arg.tensor;
             let extent = t.extent_bytes();
-            let (chip, base, guard) = match (&arg.backing, self.spec.mode) {
+            let (chip, base, len) = match (&arg.backing, self.spec.mode) {
                 (ArgBacking::Host(_), Mode::Unified) if arg.cache.is_some_and(|c| c.held) => {
                     return Err(held_without_copy(arg, "a unified chip keeps no copies"));
                 }
                 (ArgBacking::Host(mem), Mode::Unified) => {
-                    let chip = ChipTensor::from_view(
-                        t,
-                        mem.as_ptr() as u64,
-                        mem.len() as u64,
-                        AddressSpace::Host,
-                    )?;
-                    // SAFETY: check_backing proved byte_offset + extent ≤ the
-                    // mapping's length, and the Arc in `launch` keeps it mapped.
-                    (
-                        chip,
-                        unsafe { mem.as_ptr().add(t.byte_offset() as usize) },
-                        None,
-                    )
+                    let at = mem.as_ptr() as u64;
+                    let chip = ChipTensor::from_view(t, at, mem.len() as u64, AddressSpace::Host)?;
+                    // check_backing proved byte_offset + extent ≤ the
+                    // mapping's length, and the Arc in `launch` keeps it
+                    // mapped.
+                    (chip, at + t.byte_offset(), extent)
                 }
                 (ArgBacking::Host(mem), Mode::Staged) => {
                     let copy_in = reads_in(spec, arg);
                     let writes = spec.access.allows_write();
-                    let (addr, guard) = self.stage_in(arg, mem, copy_in, writes, report, slot)?;
+                    let (addr, guard) =
+                        self.stage_in(Some(lane), arg, mem, copy_in, writes, report, slot)?;
+                    guards.extend(guard);
                     let layout = Layout::of(t);
-                    (
-                        layout.chip_tensor(t, addr)?,
-                        self.memory.ptr(addr, layout.len(t))?,
-                        guard,
-                    )
+                    (layout.chip_tensor(t, addr)?, addr, layout.len(t))
                 }
                 (ArgBacking::Device(block), _) => {
                     // A run block checked at launch may have had its run
@@ -920,41 +934,28 @@ impl Inner {
                     }
                     let chip =
                         ChipTensor::from_view(t, block.addr, block.len, AddressSpace::Device)?;
-                    (
-                        chip,
-                        self.memory.ptr(block.addr + t.byte_offset(), extent)?,
-                        None,
-                    )
+                    (chip, block.addr + t.byte_offset(), extent)
                 }
             };
-            // SAFETY: `base` is element 0 of the view, whose extent was
-            // checked against its backing above; the backing outlives the
-            // kernel run (Arc or guard held in this frame).
-            args.push(unsafe { Materialized::new(chip, spec.access, base) });
+            args.push(Placed {
+                chip,
+                access: spec.access,
+                base,
+                len,
+            });
             on_chip
                 .push(matches!(arg.backing, ArgBacking::Host(_)) && self.spec.mode == Mode::Staged);
-            staged.push(guard);
         }
 
-        let scratch = |nbytes: usize| -> Result<Scratch<'_>, String> {
+        let scratch = |nbytes: u64| -> Result<engine::ScratchBlock<'_>, Error> {
             let arena = &self.arena;
-            let block = arena
-                .alloc(Region::Scratch, nbytes as u64)
-                .map_err(|e| e.to_string())?;
+            let block = arena.alloc(Region::Scratch, nbytes)?;
             let guard = ScratchGuard { arena, block };
-            let addr = DEVICE_BASE + block.offset;
-            let ptr = self
-                .memory
-                .ptr(addr, nbytes as u64)
-                .map_err(|e| e.to_string())?;
+            let addr = self.base + block.offset;
             // The block last held another kernel's temporaries.
-            self.zero(addr, nbytes as u64, false)
-                .map_err(|e| e.to_string())?;
-            // SAFETY: a fresh scratch block is exclusively this kernel's until
-            // the guard frees it, 64-byte aligned, and `ptr` covers nbytes.
-            Ok(unsafe { Scratch::new(ptr, nbytes, Box::new(move || drop(guard))) })
+            self.zero(Some(lane), addr, nbytes, false)?;
+            Ok((addr, Box::new(move || drop(guard))))
         };
-        let mut ctx = KernelContext::new(&args, &launch.scalars, &scratch);
         // The modelled link carries what this launch staged in (what a
         // prefetch copied ahead was charged on the copy thread).
         self.link_pause(report.staged_in);
@@ -967,32 +968,27 @@ impl Inner {
                 launch.kernel.flops(&tensors),
                 &tensors,
             ));
-            Ok(Ok(()))
+            Ok(())
         } else {
-            catch_unwind(AssertUnwindSafe(|| launch.kernel.run(&mut ctx)))
+            // The kernel has ended, well or not, before anything is copied
+            // back: a failed task writes nothing to host memory.
+            self.engine
+                .run(
+                    lane,
+                    launch.kernel.as_ref(),
+                    &args,
+                    &launch.scalars,
+                    &scratch,
+                )
+                .and_then(|held| {
+                    let done = self.engine.finish(Some(lane));
+                    drop(held);
+                    done
+                })
         };
         report.kernel = started.elapsed();
-        match ran {
-            Ok(Ok(())) => {}
-            Ok(Err(reason)) => {
-                return Err(Error::KernelFailed {
-                    kernel: desc.qualified_name(),
-                    reason,
-                });
-            }
-            Err(payload) => {
-                let message = payload
-                    .downcast_ref::<&str>()
-                    .map(|s| (*s).to_owned())
-                    .or_else(|| payload.downcast_ref::<String>().cloned())
-                    .unwrap_or_else(|| "non-string panic payload".into());
-                return Err(Error::KernelPanicked {
-                    kernel: desc.qualified_name(),
-                    message,
-                });
-            }
-        }
-        for (((arg, spec), (m, staged_here)), slot) in launch
+        ran?;
+        for (((arg, spec), (placed, staged_here)), slot) in launch
             .args
             .iter()
             .zip(&desc.args)
@@ -1018,10 +1014,9 @@ impl Inner {
                 // nothing, and host memory keeps its bytes.
                 layout.view_bytes(t)
             } else {
-                let dev = self.memory.ptr(m.chip().addr(), layout.len(t))?;
-                // SAFETY: as for the copy in, in the other direction; the
-                // host mapping is writable (check_backing).
-                unsafe { layout.copy_out(t, dev, mem.as_ptr().add(t.byte_offset() as usize)) }
+                // The host mapping is writable (check_backing).
+                self.engine
+                    .copy_out(Some(lane), layout, t, placed.chip.addr(), mem.as_ref())?
             };
             report.staged_out += moved;
             self.link_pause(moved);
@@ -1029,7 +1024,7 @@ impl Inner {
                 c.written_through = moved;
             }
         }
-        Ok(())
+        self.engine.finish(Some(lane))
     }
 
     /// Sleeps for what moving `bytes` over the modelled link takes (nothing

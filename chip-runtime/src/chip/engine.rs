@@ -1,0 +1,122 @@
+//! What a kind of chip supplies to the machinery of [`super::Chip`]: its
+//! memory and how kernels run on it.
+//!
+//! The chip machinery — argument checks, the arena's regions, the device
+//! cache, staging in and out, lanes, prefetch, start gates, counters — is
+//! the same for every kind of chip. An [`Engine`] is the rest: moving
+//! bytes into, out of and within device memory, zeroing it, and running a
+//! kernel on materialized arguments. The simulated chip's engine does all
+//! of it at once on the calling thread; a GPU's queues it on the lane's
+//! stream and [`Engine::finish`] waits for it.
+//!
+//! Lanes: `0..lanes` are the launch lanes, `lanes` the copy lane of
+//! prefetches. `None` is a synchronous operation on any thread (explicit
+//! copies, zeroing a block `alloc` hands out, a write-back the cache does
+//! while making room).
+
+use strata_wire::{Access, ChipTensor, Tensor};
+
+use crate::Error;
+use crate::device::DeviceAddr;
+use crate::kernel::Kernel;
+use crate::memory::HostMemory;
+use crate::staging::Layout;
+
+/// A lane, or `None` for a synchronous operation on the calling thread.
+pub(crate) type Lane = Option<usize>;
+
+/// One argument of a kernel as the engine runs it.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Placed {
+    /// The materialized tensor.
+    pub(crate) chip: ChipTensor,
+    /// What the kernel may do with it.
+    pub(crate) access: Access,
+    /// Address of element 0: a device address, or for a tensor in host
+    /// space (a unified chip reading host memory in place) a host pointer.
+    pub(crate) base: u64,
+    /// Bytes from `base` the kernel may touch.
+    pub(crate) len: u64,
+}
+
+/// Scratch device memory for a kernel: its address and what frees it.
+pub(crate) type ScratchBlock<'a> = (DeviceAddr, Box<dyn FnOnce() + 'a>);
+
+/// Allocates scratch device memory for a running kernel (zeroed).
+pub(crate) type ScratchFn<'a> = &'a (dyn Fn(u64) -> Result<ScratchBlock<'a>, Error> + Sync);
+
+/// What a launch keeps alive until its lane has finished: the scratch a
+/// queued kernel still uses.
+pub(crate) type Held<'a> = Vec<Box<dyn FnOnce() + 'a>>;
+
+/// A kind of chip's memory and execution.
+pub(crate) trait Engine: Send + Sync + std::fmt::Debug {
+    /// `sim`, `cuda`.
+    fn kind(&self) -> &'static str;
+
+    /// Device address of byte 0 of the chip's memory (the arena's offset
+    /// 0).
+    fn base(&self) -> DeviceAddr;
+
+    /// Whether the chip runs `kernel` (has a body for it).
+    fn runs(&self, kernel: &dyn Kernel) -> bool;
+
+    /// Zeroes `len` bytes at `addr`; `release` says the range is large and
+    /// may be given back to the system rather than written.
+    fn zero(&self, lane: Lane, addr: DeviceAddr, len: u64, release: bool) -> Result<(), Error>;
+
+    /// Copies `src` to `addr`, synchronously.
+    fn write(&self, addr: DeviceAddr, src: &[u8]) -> Result<(), Error>;
+
+    /// Copies `dst.len()` bytes at `addr` into `dst`, synchronously.
+    fn read(&self, addr: DeviceAddr, dst: &mut [u8]) -> Result<(), Error>;
+
+    /// Copies `view`'s bytes from `host` (the whole buffer's mapping; the
+    /// view's extent was checked against it) into its copy at `dev`, laid
+    /// out as `layout` says; returns the bytes moved.
+    fn copy_in(
+        &self,
+        lane: Lane,
+        layout: Layout,
+        view: &Tensor,
+        host: &dyn HostMemory,
+        dev: DeviceAddr,
+    ) -> Result<u64, Error>;
+
+    /// The reverse of [`Engine::copy_in`]: the copy at `dev` back into the
+    /// view's bytes of `host` (writable), view bytes only.
+    fn copy_out(
+        &self,
+        lane: Lane,
+        layout: Layout,
+        view: &Tensor,
+        dev: DeviceAddr,
+        host: &dyn HostMemory,
+    ) -> Result<u64, Error>;
+
+    /// Copies one copy of `view` into another on the chip.
+    fn copy_on_chip(
+        &self,
+        lane: Lane,
+        layout: Layout,
+        view: &Tensor,
+        src: DeviceAddr,
+        dst: DeviceAddr,
+    ) -> Result<u64, Error>;
+
+    /// Runs (or queues on `lane`) `kernel` on `args`. A kernel's own
+    /// failure is [`Error::KernelFailed`], a panic [`Error::KernelPanicked`].
+    /// What it returns is kept until [`Engine::finish`] on the lane.
+    fn run<'a>(
+        &self,
+        lane: usize,
+        kernel: &dyn Kernel,
+        args: &[Placed],
+        scalars: &[u64],
+        scratch: ScratchFn<'a>,
+    ) -> Result<Held<'a>, Error>;
+
+    /// Waits until everything queued on `lane` is done; the first failure
+    /// among it. A no-op for an engine that does everything at once.
+    fn finish(&self, lane: Lane) -> Result<(), Error>;
+}

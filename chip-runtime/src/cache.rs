@@ -194,7 +194,7 @@ pub(crate) trait Backend {
     fn free(&self, block: Block);
     /// Copies `view`'s bytes from `block` (laid out from the view's first
     /// byte) to `host`; returns the bytes copied.
-    fn write_back(&self, block: Block, view: &Tensor, host: &dyn HostMemory) -> u64;
+    fn write_back(&self, block: Block, view: &Tensor, host: &Arc<dyn HostMemory>) -> u64;
 }
 
 struct Entry {
@@ -305,7 +305,7 @@ impl State {
         let (true, Some(host)) = (e.dirty, &e.host) else {
             return;
         };
-        let moved = backend.write_back(e.block, &e.view, host.as_ref());
+        let moved = backend.write_back(e.block, &e.view, host);
         self.stats.written_back += moved;
         self.stats.write_backs += 1;
         self.set_clean(key);
@@ -627,7 +627,7 @@ impl Cache {
                 // written block that cannot become the copy goes to host
                 // memory rather than be lost.
                 if dirty {
-                    s.stats.written_back += backend.write_back(fresh, r.view, r.host.as_ref());
+                    s.stats.written_back += backend.write_back(fresh, r.view, r.host);
                     s.stats.write_backs += 1;
                 }
                 backend.free(fresh);
@@ -840,7 +840,7 @@ mod loom_models {
         fn free(&self, block: Block) {
             self.pool.free(block.offset).expect("freed once");
         }
-        fn write_back(&self, _: Block, view: &Tensor, _: &dyn HostMemory) -> u64 {
+        fn write_back(&self, _: Block, view: &Tensor, _: &Arc<dyn HostMemory>) -> u64 {
             self.written.fetch_add(1, Ordering::Relaxed);
             view.extent_bytes()
         }

@@ -222,6 +222,10 @@ pub struct DeviceStats {
     /// kernel's scratch, and the parts of a staged argument's scratch that
     /// no copy-in overwrites.
     pub zeroed: u64,
+    /// Bytes staged through page-locked staging buffers because their
+    /// host memory could not be page-locked in place for DMA (a CUDA chip;
+    /// 0 on a simulated one).
+    pub bounced: u64,
     /// Total time lanes spent on launches.
     pub busy: Duration,
     /// The device cache ([`crate::cache`]).

@@ -3,6 +3,8 @@
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
 
+use std::sync::Arc;
+
 use strata_wire::{AddressSpace, Tensor};
 
 use crate::Error;
@@ -91,11 +93,11 @@ impl Engine for SimEngine {
         _lane: Lane,
         layout: Layout,
         view: &Tensor,
-        host: &dyn HostMemory,
+        host: &Arc<dyn HostMemory>,
         dev: DeviceAddr,
     ) -> Result<u64, Error> {
         let dev = self.memory.ptr(dev, layout.len(view))?;
-        let host = Self::host_at(host, view)?;
+        let host = Self::host_at(host.as_ref(), view)?;
         // SAFETY: `host` holds the view's extent (host_at), `dev` the
         // copy's `len` bytes (ptr); device memory never overlaps a host
         // mapping.
@@ -108,7 +110,7 @@ impl Engine for SimEngine {
         layout: Layout,
         view: &Tensor,
         dev: DeviceAddr,
-        host: &dyn HostMemory,
+        host: &Arc<dyn HostMemory>,
     ) -> Result<u64, Error> {
         if !host.writable() {
             return Err(Error::OutOfRange {
@@ -118,7 +120,7 @@ impl Engine for SimEngine {
             });
         }
         let dev = self.memory.ptr(dev, layout.len(view))?;
-        let host = Self::host_at(host, view)?;
+        let host = Self::host_at(host.as_ref(), view)?;
         // SAFETY: as for copy_in, the other way; the mapping is writable.
         Ok(unsafe { layout.copy_out(view, dev, host) })
     }

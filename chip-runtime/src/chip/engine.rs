@@ -14,6 +14,8 @@
 //! copies, zeroing a block `alloc` hands out, a write-back the cache does
 //! while making room).
 
+use std::sync::Arc;
+
 use strata_wire::{Access, ChipTensor, Tensor};
 
 use crate::Error;
@@ -79,7 +81,7 @@ pub(crate) trait Engine: Send + Sync + std::fmt::Debug {
         lane: Lane,
         layout: Layout,
         view: &Tensor,
-        host: &dyn HostMemory,
+        host: &Arc<dyn HostMemory>,
         dev: DeviceAddr,
     ) -> Result<u64, Error>;
 
@@ -91,7 +93,7 @@ pub(crate) trait Engine: Send + Sync + std::fmt::Debug {
         layout: Layout,
         view: &Tensor,
         dev: DeviceAddr,
-        host: &dyn HostMemory,
+        host: &Arc<dyn HostMemory>,
     ) -> Result<u64, Error>;
 
     /// Copies one copy of `view` into another on the chip.
@@ -119,4 +121,15 @@ pub(crate) trait Engine: Send + Sync + std::fmt::Debug {
     /// Waits until everything queued on `lane` is done; the first failure
     /// among it. A no-op for an engine that does everything at once.
     fn finish(&self, lane: Lane) -> Result<(), Error>;
+
+    /// A buffer's copies were dropped (it is being released): host memory
+    /// the engine keeps prepared (page-locked) and no one else holds may
+    /// go.
+    fn released(&self) {}
+
+    /// Bytes copied through staging buffers because their host memory
+    /// could not be used for DMA in place.
+    fn bounced(&self) -> u64 {
+        0
+    }
 }

@@ -116,7 +116,7 @@ impl Backend for ChipBackend<'_> {
         let _ = self.0.arena.free(Region::Persistent, block.offset);
     }
 
-    fn write_back(&self, block: Block, view: &Tensor, host: &dyn HostMemory) -> u64 {
+    fn write_back(&self, block: Block, view: &Tensor, host: &Arc<dyn HostMemory>) -> u64 {
         let layout = Layout::of(view);
         let len = layout.len(view);
         // A dirty copy comes from a launch whose backing was checked:
@@ -445,6 +445,7 @@ impl Device for Chip {
             panicked: get(&c.panicked),
             busy: Duration::from_nanos(get(&c.busy_ns)),
             zeroed: get(&c.zeroed),
+            bounced: self.inner.engine.bounced(),
             cache: self.inner.cache.stats(),
         }
     }
@@ -459,9 +460,12 @@ impl Device for Chip {
     }
 
     fn drop_copies(&self, owner: u64, identity: Option<&CanonicalIdentity>) -> usize {
-        self.inner
+        let n = self
+            .inner
             .cache
-            .drop_owner(&self.inner.backend(), owner, identity)
+            .drop_owner(&self.inner.backend(), owner, identity);
+        self.inner.engine.released();
+        n
     }
 
     fn cached(&self) -> Vec<CachedCopy> {
@@ -538,7 +542,7 @@ impl Inner {
                     }
                     // The launch's backing was checked before its prefetch
                     // was queued; the cloned argument keeps it mapped.
-                    let n = self.engine.copy_in(lane, layout, t, mem.as_ref(), addr)?;
+                    let n = self.engine.copy_in(lane, layout, t, mem, addr)?;
                     self.engine.finish(lane)?;
                     Ok(n)
                 })()
@@ -880,7 +884,7 @@ impl Inner {
         if from_host {
             // The view's extent lies inside the host mapping
             // (check_backing) and the copy's `len` bytes inside the block.
-            report.staged_in += self.engine.copy_in(lane, layout, t, mem.as_ref(), addr)?;
+            report.staged_in += self.engine.copy_in(lane, layout, t, mem, addr)?;
         }
         Ok((addr, guard))
     }
@@ -1016,7 +1020,7 @@ impl Inner {
             } else {
                 // The host mapping is writable (check_backing).
                 self.engine
-                    .copy_out(Some(lane), layout, t, placed.chip.addr(), mem.as_ref())?
+                    .copy_out(Some(lane), layout, t, placed.chip.addr(), mem)?
             };
             report.staged_out += moved;
             self.link_pause(moved);

@@ -10,7 +10,13 @@
 //! missing one otherwise).
 
 mod device;
+mod engine;
+mod kernels;
+mod library;
+pub mod nvrtc;
+mod plan;
 pub mod probe;
+mod shape;
 
 pub use device::open;
 pub use probe::{Library, device_count, require_library};

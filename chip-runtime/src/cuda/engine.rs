@@ -1,0 +1,713 @@
+//! The CUDA chip's engine: device memory from one driver allocation, a
+//! stream per lane, host buffers page-locked in place for DMA, kernels
+//! launched from NVRTC-compiled sources or made as library calls.
+//!
+//! Every driver call goes through [`Gpu::check`], which turns a failure
+//! into a [`CudaError`] and remembers a sticky one (an illegal address, a
+//! trapped kernel: the context is lost): from then on every operation
+//! fails with the same [`CudaError::ContextLost`], so no launch in flight
+//! completes as if it had run, and nothing more is copied back.
+
+use std::collections::HashMap;
+use std::ffi::c_void;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use cudarc::driver::sys::{self, CUresult};
+use strata_wire::Tensor;
+
+use super::kernels::Functions;
+use super::library::Handles;
+use super::plan::{Rect, rects};
+use crate::Error;
+use crate::chip::engine::{Engine, Held, Lane, Placed, ScratchFn};
+use crate::device::DeviceAddr;
+use crate::error::CudaError;
+use crate::kernel::Kernel;
+use crate::memory::HostMemory;
+use crate::staging::Layout;
+
+/// A raw driver handle moved between threads. The driver's handles are
+/// thread-agnostic once the context is current on the calling thread,
+/// which every entry point here makes sure of ([`Gpu::bind`]).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Raw<T>(pub(crate) T);
+// SAFETY: see the type's docs: CUDA handles may be used from any thread
+// with the context current; each is used by one lane at a time (its
+// lane's mutex) or is immutable after creation.
+unsafe impl<T> Send for Raw<T> {}
+// SAFETY: as above.
+unsafe impl<T> Sync for Raw<T> {}
+
+/// The device, its context and what went wrong on it.
+#[derive(Debug)]
+pub(crate) struct Gpu {
+    pub(crate) ordinal: u32,
+    ctx: Arc<cudarc::driver::CudaContext>,
+    /// The sticky failure that lost the context, once there is one.
+    lost: Mutex<Option<CudaError>>,
+}
+
+/// Driver errors after which the context cannot be used again.
+fn sticky(code: CUresult) -> bool {
+    use CUresult::*;
+    matches!(
+        code,
+        CUDA_ERROR_ILLEGAL_ADDRESS
+            | CUDA_ERROR_LAUNCH_FAILED
+            | CUDA_ERROR_MISALIGNED_ADDRESS
+            | CUDA_ERROR_ILLEGAL_INSTRUCTION
+            | CUDA_ERROR_INVALID_ADDRESS_SPACE
+            | CUDA_ERROR_INVALID_PC
+            | CUDA_ERROR_HARDWARE_STACK_ERROR
+            | CUDA_ERROR_ASSERT
+            | CUDA_ERROR_ECC_UNCORRECTABLE
+            | CUDA_ERROR_CONTEXT_IS_DESTROYED
+    )
+}
+
+/// `CUDA_ERROR_...` for a result code.
+pub(crate) fn code_name(code: CUresult) -> String {
+    format!("{code:?}")
+}
+
+impl Gpu {
+    pub(crate) fn open(ordinal: u32) -> Result<Gpu, CudaError> {
+        let ctx =
+            cudarc::driver::CudaContext::new(ordinal as usize).map_err(|e| CudaError::Call {
+                ordinal,
+                call: "cuDevicePrimaryCtxRetain",
+                name: code_name(e.0),
+                code: e.0 as u32,
+            })?;
+        Ok(Gpu {
+            ordinal,
+            ctx,
+            lost: Mutex::new(None),
+        })
+    }
+
+    /// Makes the context current on this thread; fails once it is lost.
+    pub(crate) fn bind(&self) -> Result<(), Error> {
+        if let Some(e) = lock(&self.lost).clone() {
+            return Err(e.into());
+        }
+        self.ctx
+            .bind_to_thread()
+            .map_err(|e| self.fail("cuCtxSetCurrent", e.0))
+    }
+
+    /// The error for `code` returned by `call`; a sticky one loses the
+    /// context for good.
+    pub(crate) fn fail(&self, call: &'static str, code: CUresult) -> Error {
+        let (name, ordinal) = (code_name(code), self.ordinal);
+        if sticky(code) {
+            let mut lost = lock(&self.lost);
+            let e = lost
+                .get_or_insert(CudaError::ContextLost {
+                    ordinal,
+                    call,
+                    name,
+                    code: code as u32,
+                })
+                .clone();
+            return e.into();
+        }
+        if code == CUresult::CUDA_ERROR_OUT_OF_MEMORY {
+            let free = mem_info().map_or(0, |(f, _)| f);
+            return CudaError::OutOfMemory {
+                ordinal,
+                call,
+                asked: 0,
+                free,
+            }
+            .into();
+        }
+        CudaError::Call {
+            ordinal,
+            call,
+            name,
+            code: code as u32,
+        }
+        .into()
+    }
+
+    /// `Ok` for success, the error for `call` otherwise.
+    pub(crate) fn check(&self, call: &'static str, code: CUresult) -> Result<(), Error> {
+        if code == CUresult::CUDA_SUCCESS {
+            Ok(())
+        } else {
+            Err(self.fail(call, code))
+        }
+    }
+
+    /// The lost context's error, if it is lost.
+    pub(crate) fn lost(&self) -> Option<CudaError> {
+        lock(&self.lost).clone()
+    }
+
+    /// `(major, minor)` compute capability.
+    pub(crate) fn capability(&self) -> Result<(i32, i32), Error> {
+        self.ctx
+            .compute_capability()
+            .map_err(|e| self.fail("cuDeviceGetAttribute", e.0))
+    }
+}
+
+/// Free and total device memory of the current context.
+pub(crate) fn mem_info() -> Result<(u64, u64), CUresult> {
+    let (mut free, mut total) = (0usize, 0usize);
+    // SAFETY: two valid out-pointers; the context is current (callers).
+    let r = unsafe { sys::cuMemGetInfo_v2(&mut free, &mut total) };
+    if r == CUresult::CUDA_SUCCESS {
+        Ok((free as u64, total as u64))
+    } else {
+        Err(r)
+    }
+}
+
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// Page-locked host memory for copies whose host side could not be
+/// page-locked in place: a chunk grown on demand, handed out front to
+/// back, reused once its lane has finished.
+#[derive(Debug, Default)]
+struct Bounce {
+    chunks: Vec<(Raw<*mut u8>, usize)>,
+    /// Chunk in use and bytes used in it.
+    at: (usize, usize),
+}
+
+const BOUNCE_CHUNK: usize = 64 << 20;
+
+impl Bounce {
+    /// `len` bytes of pinned memory, 64-byte aligned, valid until
+    /// [`Bounce::reset`].
+    fn take(&mut self, gpu: &Gpu, len: usize) -> Result<*mut u8, Error> {
+        loop {
+            let (i, used) = self.at;
+            if let Some(&(ptr, cap)) = self.chunks.get(i) {
+                let start = used.next_multiple_of(64);
+                if start + len <= cap {
+                    self.at = (i, start + len);
+                    // SAFETY: start + len ≤ cap, inside the chunk.
+                    return Ok(unsafe { ptr.0.add(start) });
+                }
+                if i + 1 < self.chunks.len() {
+                    self.at = (i + 1, 0);
+                    continue;
+                }
+            }
+            let cap = len.max(BOUNCE_CHUNK);
+            let mut p: *mut c_void = std::ptr::null_mut();
+            // SAFETY: a valid out-pointer; the context is current.
+            gpu.check("cuMemAllocHost", unsafe {
+                sys::cuMemAllocHost_v2(&mut p, cap)
+            })?;
+            self.chunks.push((Raw(p.cast()), cap));
+            self.at = (self.chunks.len() - 1, 0);
+        }
+    }
+
+    fn reset(&mut self) {
+        self.at = (0, 0);
+    }
+
+    fn free(&mut self) {
+        for (p, _) in self.chunks.drain(..) {
+            // SAFETY: allocated by cuMemAllocHost and freed once.
+            let _ = unsafe { sys::cuMemFreeHost(p.0.cast()) };
+        }
+    }
+}
+
+/// One lane's stream and what only it uses.
+#[derive(Debug)]
+pub(crate) struct LaneState {
+    pub(crate) stream: Raw<sys::CUstream>,
+    bounce: Bounce,
+    pub(crate) handles: Handles,
+}
+
+/// A host buffer page-locked in place, kept until no one else holds it.
+struct Pinned {
+    host: Arc<dyn HostMemory>,
+    /// Registered (false: it could not be, and copies bounce).
+    registered: bool,
+}
+
+/// The CUDA chip's engine.
+pub(crate) struct CudaEngine {
+    pub(crate) gpu: Arc<Gpu>,
+    base: DeviceAddr,
+    /// Lanes `0..n` and the copy lane; `lanes[n + 1]` serves `None`.
+    lanes: Vec<Mutex<LaneState>>,
+    pinned: Mutex<HashMap<usize, Pinned>>,
+    functions: Functions,
+    /// Bytes copied through pinned staging buffers.
+    bounced: AtomicU64,
+}
+
+impl std::fmt::Debug for CudaEngine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CudaEngine")
+            .field("ordinal", &self.gpu.ordinal)
+            .field("base", &format_args!("{:#x}", self.base))
+            .field("lanes", &self.lanes.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl CudaEngine {
+    /// Allocates `mem` bytes on `gpu` and a stream for each of `lanes`
+    /// lanes plus the copy lane and the synchronous one.
+    pub(crate) fn new(gpu: Arc<Gpu>, mem: u64, lanes: usize) -> Result<CudaEngine, Error> {
+        gpu.bind()?;
+        let mut base: sys::CUdeviceptr = 0;
+        // SAFETY: a valid out-pointer; the context is current.
+        let r = unsafe { sys::cuMemAlloc_v2(&mut base, mem as usize) };
+        if r == CUresult::CUDA_ERROR_OUT_OF_MEMORY {
+            return Err(CudaError::OutOfMemory {
+                ordinal: gpu.ordinal,
+                call: "cuMemAlloc",
+                asked: mem,
+                free: mem_info().map_or(0, |(f, _)| f),
+            }
+            .into());
+        }
+        gpu.check("cuMemAlloc", r)?;
+        let mut states = Vec::with_capacity(lanes + 2);
+        for _ in 0..lanes + 2 {
+            let mut s: sys::CUstream = std::ptr::null_mut();
+            let flags = sys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32;
+            // SAFETY: a valid out-pointer; the context is current.
+            let r = unsafe { sys::cuStreamCreate(&mut s, flags) };
+            if let Err(e) = gpu.check("cuStreamCreate", r) {
+                // SAFETY: allocated above, freed once.
+                unsafe { sys::cuMemFree_v2(base) };
+                return Err(e);
+            }
+            states.push(Mutex::new(LaneState {
+                stream: Raw(s),
+                bounce: Bounce::default(),
+                handles: Handles::default(),
+            }));
+        }
+        Ok(CudaEngine {
+            functions: Functions::new(Arc::clone(&gpu)),
+            gpu,
+            base,
+            lanes: states,
+            pinned: Mutex::new(HashMap::new()),
+            bounced: AtomicU64::new(0),
+        })
+    }
+
+    fn lane(&self, lane: Lane) -> MutexGuard<'_, LaneState> {
+        let i = lane
+            .unwrap_or(self.lanes.len() - 1)
+            .min(self.lanes.len() - 1);
+        lock(&self.lanes[i])
+    }
+
+    /// Runs `f` with the lane's state and the context current; for the
+    /// synchronous lane, waits for what `f` queued.
+    fn on<R>(
+        &self,
+        lane: Lane,
+        f: impl FnOnce(&mut LaneState) -> Result<R, Error>,
+    ) -> Result<R, Error> {
+        self.gpu.bind()?;
+        let mut state = self.lane(lane);
+        let r = f(&mut state);
+        if lane.is_none() {
+            let done = self.sync(&mut state);
+            return r.and_then(|v| done.map(|()| v));
+        }
+        r
+    }
+
+    fn sync(&self, state: &mut LaneState) -> Result<(), Error> {
+        // SAFETY: a stream of this context, current on this thread.
+        let r = unsafe { sys::cuStreamSynchronize(state.stream.0) };
+        state.bounce.reset();
+        self.gpu.check("cuStreamSynchronize", r)
+    }
+
+    /// Whether `host` is page-locked (registering it on first sight), and
+    /// drops registrations no one else holds.
+    fn page_locked(&self, host: &Arc<dyn HostMemory>) -> bool {
+        let key = host.as_ptr() as usize;
+        let mut pinned = lock(&self.pinned);
+        if let Some(p) = pinned.get(&key)
+            && Arc::ptr_eq(&p.host, host)
+        {
+            return p.registered;
+        }
+        sweep(&mut pinned);
+        let len = host.len();
+        let page = page_size();
+        // Only whole mappings are registered: a page-aligned start (a
+        // heap allocation shares its pages with others) and at least a
+        // page (small ones bounce at no cost).
+        let registered = key % page == 0 && len >= page && {
+            let flags = if host.writable() {
+                0
+            } else {
+                sys::CU_MEMHOSTREGISTER_READ_ONLY
+            };
+            // SAFETY: the mapping's whole pages, kept mapped by the Arc
+            // held in the table until unregistered.
+            let r = unsafe {
+                sys::cuMemHostRegister_v2(host.as_ptr().cast(), len.next_multiple_of(page), flags)
+            };
+            r == CUresult::CUDA_SUCCESS
+        };
+        pinned.insert(
+            key,
+            Pinned {
+                host: Arc::clone(host),
+                registered,
+            },
+        );
+        registered
+    }
+
+    /// Enqueues the rectangles of a copy between host and device.
+    fn rect_copies(
+        &self,
+        state: &LaneState,
+        plan: &[Rect],
+        host: *mut u8,
+        dev: DeviceAddr,
+        to_device: bool,
+    ) -> Result<u64, Error> {
+        let mut moved = 0;
+        for r in plan {
+            // SAFETY: every rectangle lies in the view's extent on the host
+            // and in the copy on the device (rects).
+            let h = unsafe { host.add(r.host as usize) };
+            let d = dev + r.dev;
+            let code = if r.height == 1 {
+                // SAFETY: ranges checked by the caller (the view's extent in
+                // a mapping kept alive by the launch, the block live).
+                unsafe {
+                    if to_device {
+                        sys::cuMemcpyHtoDAsync_v2(d, h.cast(), r.width as usize, state.stream.0)
+                    } else {
+                        sys::cuMemcpyDtoHAsync_v2(h.cast(), d, r.width as usize, state.stream.0)
+                    }
+                }
+            } else {
+                // SAFETY: a plain C struct for which all zeroes is valid
+                // (null pointers, memory type 0 is filled in below).
+                let mut p: sys::CUDA_MEMCPY2D = unsafe { std::mem::zeroed() };
+                p.WidthInBytes = r.width as usize;
+                p.Height = r.height as usize;
+                if to_device {
+                    p.srcMemoryType = sys::CUmemorytype::CU_MEMORYTYPE_HOST;
+                    p.srcHost = h.cast();
+                    p.srcPitch = r.host_pitch as usize;
+                    p.dstMemoryType = sys::CUmemorytype::CU_MEMORYTYPE_DEVICE;
+                    p.dstDevice = d;
+                    p.dstPitch = r.dev_pitch as usize;
+                } else {
+                    p.srcMemoryType = sys::CUmemorytype::CU_MEMORYTYPE_DEVICE;
+                    p.srcDevice = d;
+                    p.srcPitch = r.dev_pitch as usize;
+                    p.dstMemoryType = sys::CUmemorytype::CU_MEMORYTYPE_HOST;
+                    p.dstHost = h.cast();
+                    p.dstPitch = r.host_pitch as usize;
+                }
+                // SAFETY: as above; `p` describes only those ranges.
+                unsafe { sys::cuMemcpy2DAsync_v2(&p, state.stream.0) }
+            };
+            self.gpu.check(
+                if to_device {
+                    "cuMemcpyHtoDAsync"
+                } else {
+                    "cuMemcpyDtoHAsync"
+                },
+                code,
+            )?;
+            moved += r.bytes();
+        }
+        Ok(moved)
+    }
+
+    /// Unregisters every buffer and frees the memory and streams.
+    fn release(&mut self) {
+        if self.gpu.bind().is_err() && self.gpu.lost().is_none() {
+            return;
+        }
+        for l in &self.lanes {
+            let mut s = lock(l);
+            // SAFETY: our stream; what it ran is waited for before anything
+            // it used is freed.
+            unsafe { sys::cuStreamSynchronize(s.stream.0) };
+            s.handles.destroy();
+            s.bounce.free();
+            // SAFETY: created in `new`, destroyed once.
+            unsafe { sys::cuStreamDestroy_v2(s.stream.0) };
+        }
+        for (_, p) in lock(&self.pinned).drain() {
+            if p.registered {
+                // SAFETY: registered by us at this address; the Arc kept
+                // it mapped until now.
+                unsafe { sys::cuMemHostUnregister(p.host.as_ptr().cast()) };
+            }
+        }
+        self.functions.unload();
+        // SAFETY: allocated in `new`, freed once, after every stream ended.
+        unsafe { sys::cuMemFree_v2(self.base) };
+    }
+}
+
+impl Drop for CudaEngine {
+    fn drop(&mut self) {
+        self.release();
+    }
+}
+
+/// Unregisters and lets go of buffers only the table still holds.
+fn sweep(pinned: &mut HashMap<usize, Pinned>) {
+    pinned.retain(|_, p| {
+        if Arc::strong_count(&p.host) > 1 {
+            return true;
+        }
+        if p.registered {
+            // SAFETY: registered by us; still mapped (this Arc).
+            unsafe { sys::cuMemHostUnregister(p.host.as_ptr().cast()) };
+        }
+        false
+    });
+}
+
+fn page_size() -> usize {
+    nix::unistd::sysconf(nix::unistd::SysconfVar::PAGE_SIZE)
+        .ok()
+        .flatten()
+        .and_then(|p| usize::try_from(p).ok())
+        .unwrap_or(4096)
+}
+
+/// The host address of `view`'s first byte in `host`.
+fn host_at(host: &dyn HostMemory, view: &Tensor) -> Result<*mut u8, Error> {
+    if view.end_byte() > host.len() as u64 {
+        return Err(Error::OutOfRange {
+            addr: view.byte_offset(),
+            len: view.extent_bytes(),
+            what: "the host mapping",
+        });
+    }
+    // SAFETY: byte_offset ≤ end_byte ≤ the mapping's length.
+    Ok(unsafe { host.as_ptr().add(view.byte_offset() as usize) })
+}
+
+impl Engine for CudaEngine {
+    fn kind(&self) -> &'static str {
+        "cuda"
+    }
+
+    fn base(&self) -> DeviceAddr {
+        self.base
+    }
+
+    fn runs(&self, kernel: &dyn Kernel) -> bool {
+        kernel.cuda().is_some()
+    }
+
+    fn zero(&self, lane: Lane, addr: DeviceAddr, len: u64, _release: bool) -> Result<(), Error> {
+        self.on(lane, |s| {
+            // SAFETY: a live block's range (the machinery's), our stream.
+            let r = unsafe { sys::cuMemsetD8Async(addr, 0, len as usize, s.stream.0) };
+            self.gpu.check("cuMemsetD8Async", r)
+        })
+    }
+
+    fn write(&self, addr: DeviceAddr, src: &[u8]) -> Result<(), Error> {
+        self.gpu.bind()?;
+        // SAFETY: `src` is a live slice; the range is a live block's.
+        let r = unsafe { sys::cuMemcpyHtoD_v2(addr, src.as_ptr().cast(), src.len()) };
+        self.gpu.check("cuMemcpyHtoD", r)
+    }
+
+    fn read(&self, addr: DeviceAddr, dst: &mut [u8]) -> Result<(), Error> {
+        self.gpu.bind()?;
+        // SAFETY: as for `write`, the other way.
+        let r = unsafe { sys::cuMemcpyDtoH_v2(dst.as_mut_ptr().cast(), addr, dst.len()) };
+        self.gpu.check("cuMemcpyDtoH", r)
+    }
+
+    fn copy_in(
+        &self,
+        lane: Lane,
+        layout: Layout,
+        view: &Tensor,
+        host: &Arc<dyn HostMemory>,
+        dev: DeviceAddr,
+    ) -> Result<u64, Error> {
+        let at = host_at(host.as_ref(), view)?;
+        let locked = self.page_locked(host);
+        self.on(lane, |s| {
+            if locked {
+                return self.rect_copies(s, &rects(layout, view), at, dev, true);
+            }
+            let len = layout.len(view) as usize;
+            let b = s.bounce.take(&self.gpu, len)?;
+            if !layout.filled_by_copy_in(view) {
+                // SAFETY: `b` holds `len` pinned bytes of ours.
+                unsafe { std::ptr::write_bytes(b, 0, len) };
+            }
+            // SAFETY: `at` holds the view's extent, `b` the copy's `len`.
+            let n = unsafe { layout.copy_in(view, at, b) };
+            // SAFETY: `b` stays allocated and unreused until the lane
+            // finishes; the block's range is live.
+            let r = unsafe { sys::cuMemcpyHtoDAsync_v2(dev, b.cast(), len, s.stream.0) };
+            self.gpu.check("cuMemcpyHtoDAsync", r)?;
+            self.bounced.fetch_add(n, Ordering::Relaxed);
+            Ok(n)
+        })
+    }
+
+    fn copy_out(
+        &self,
+        lane: Lane,
+        layout: Layout,
+        view: &Tensor,
+        dev: DeviceAddr,
+        host: &Arc<dyn HostMemory>,
+    ) -> Result<u64, Error> {
+        if !host.writable() {
+            return Err(Error::OutOfRange {
+                addr: view.byte_offset(),
+                len: view.extent_bytes(),
+                what: "a writable host mapping",
+            });
+        }
+        let at = host_at(host.as_ref(), view)?;
+        let locked = self.page_locked(host);
+        self.on(lane, |s| {
+            if locked {
+                return self.rect_copies(s, &rects(layout, view), at, dev, false);
+            }
+            let len = layout.len(view) as usize;
+            let b = s.bounce.take(&self.gpu, len)?;
+            // SAFETY: as in copy_in, the other way.
+            let r = unsafe { sys::cuMemcpyDtoHAsync_v2(b.cast(), dev, len, s.stream.0) };
+            self.gpu.check("cuMemcpyDtoHAsync", r)?;
+            // The bytes must be in the staging buffer before they are
+            // spread into the view.
+            // SAFETY: our stream.
+            let r = unsafe { sys::cuStreamSynchronize(s.stream.0) };
+            self.gpu.check("cuStreamSynchronize", r)?;
+            // SAFETY: `b` holds the copy, `at` the view's writable extent.
+            let n = unsafe { layout.copy_out(view, b, at) };
+            self.bounced.fetch_add(n, Ordering::Relaxed);
+            Ok(n)
+        })
+    }
+
+    fn copy_on_chip(
+        &self,
+        lane: Lane,
+        layout: Layout,
+        view: &Tensor,
+        src: DeviceAddr,
+        dst: DeviceAddr,
+    ) -> Result<u64, Error> {
+        self.on(lane, |s| {
+            let runs: Vec<Rect> = match layout {
+                Layout::Packed => {
+                    let len = layout.len(view);
+                    vec![Rect {
+                        host: 0,
+                        dev: 0,
+                        width: len,
+                        height: 1,
+                        host_pitch: len,
+                        dev_pitch: len,
+                    }]
+                }
+                Layout::Extent => rects(layout, view),
+            };
+            let mut moved = 0;
+            for r in runs {
+                for row in 0..r.height {
+                    let off = r.dev + row * r.dev_pitch;
+                    // SAFETY: both live blocks of the copy's length.
+                    let c = unsafe {
+                        sys::cuMemcpyDtoDAsync_v2(
+                            dst + off,
+                            src + off,
+                            r.width as usize,
+                            s.stream.0,
+                        )
+                    };
+                    self.gpu.check("cuMemcpyDtoDAsync", c)?;
+                }
+                moved += r.bytes();
+            }
+            Ok(moved)
+        })
+    }
+
+    fn run<'a>(
+        &self,
+        lane: usize,
+        kernel: &dyn Kernel,
+        args: &[Placed],
+        scalars: &[u64],
+        scratch: ScratchFn<'a>,
+    ) -> Result<Held<'a>, Error> {
+        let name = || kernel.descriptor().qualified_name();
+        let Some(body) = kernel.cuda() else {
+            return Err(CudaError::NoBody { kernel: name() }.into());
+        };
+        self.gpu.bind()?;
+        let mut state = self.lane(Some(lane));
+        match body {
+            crate::kernel::cuda::CudaBody::Source(src) => {
+                let chips: Vec<_> = args.iter().map(|a| a.chip).collect();
+                self.functions
+                    .launch(&name(), src, &chips, scalars, state.stream)?;
+                Ok(Vec::new())
+            }
+            crate::kernel::cuda::CudaBody::Library(call) => {
+                let held = super::library::call(
+                    &self.gpu,
+                    &mut state,
+                    *call,
+                    &name(),
+                    args,
+                    scalars,
+                    scratch,
+                );
+                if held.is_err() {
+                    // What was queued before the failure may still use
+                    // scratch the error drops.
+                    let _ = self.sync(&mut state);
+                }
+                held
+            }
+        }
+    }
+
+    fn finish(&self, lane: Lane) -> Result<(), Error> {
+        self.gpu.bind()?;
+        let mut state = self.lane(lane);
+        self.sync(&mut state)
+    }
+
+    fn released(&self) {
+        if self.gpu.bind().is_ok() {
+            sweep(&mut lock(&self.pinned));
+        }
+    }
+
+    fn bounced(&self) -> u64 {
+        self.bounced.load(Ordering::Relaxed)
+    }
+}

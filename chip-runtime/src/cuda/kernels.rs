@@ -1,0 +1,156 @@
+//! Source kernels on a GPU: compiled once per worker (NVRTC), loaded as a
+//! module, launched with the task's arguments as parameters.
+
+use std::collections::HashMap;
+use std::ffi::{CString, c_void};
+use std::sync::{Arc, Mutex};
+
+use cudarc::driver::sys;
+use strata_wire::ChipTensor;
+
+use super::engine::{Gpu, Raw, lock};
+use super::shape::dims;
+use crate::Error;
+use crate::error::CudaError;
+use crate::kernel::cuda::{CudaSource, MAX_PARAM_BYTES, TENSOR_PARAM_BYTES};
+
+/// The functions of loaded modules, by kernel and symbol.
+#[derive(Debug)]
+pub(crate) struct Functions {
+    gpu: Arc<Gpu>,
+    /// Kernel (`name@version`) → its module, loaded once.
+    modules: Mutex<HashMap<String, Raw<sys::CUmodule>>>,
+    /// (kernel, symbol) → function.
+    functions: Mutex<HashMap<(String, String), Raw<sys::CUfunction>>>,
+}
+
+impl Functions {
+    pub(crate) fn new(gpu: Arc<Gpu>) -> Self {
+        Functions {
+            gpu,
+            modules: Mutex::new(HashMap::new()),
+            functions: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Unloads every module (the context is current).
+    pub(crate) fn unload(&mut self) {
+        lock(&self.functions).clear();
+        for (_, m) in lock(&self.modules).drain() {
+            // SAFETY: loaded by us, unloaded once, no launch pending.
+            unsafe { sys::cuModuleUnload(m.0) };
+        }
+    }
+
+    /// The function `symbol` of `kernel`'s source, compiling and loading
+    /// the source the first time.
+    fn function(
+        &self,
+        kernel: &str,
+        src: &CudaSource,
+        symbol: &str,
+    ) -> Result<sys::CUfunction, Error> {
+        let key = (kernel.to_owned(), symbol.to_owned());
+        if let Some(f) = lock(&self.functions).get(&key) {
+            return Ok(f.0);
+        }
+        let module = {
+            let mut modules = lock(&self.modules);
+            match modules.get(kernel) {
+                Some(m) => m.0,
+                None => {
+                    let (major, minor) = self.gpu.capability()?;
+                    let arch = format!("compute_{major}{minor}");
+                    let ptx = super::nvrtc::compile(kernel, &src.code, Some(&arch))?;
+                    let image = CString::new(ptx.as_str()).map_err(|_| CudaError::Compile {
+                        kernel: kernel.into(),
+                        log: "NVRTC returned PTX with a NUL byte".into(),
+                    })?;
+                    let mut m: sys::CUmodule = std::ptr::null_mut();
+                    // SAFETY: a NUL-terminated PTX image; the context is
+                    // current (the engine bound it).
+                    let r = unsafe { sys::cuModuleLoadData(&mut m, image.as_ptr().cast()) };
+                    self.gpu.check("cuModuleLoadData", r)?;
+                    modules.insert(kernel.to_owned(), Raw(m));
+                    m
+                }
+            }
+        };
+        let name = CString::new(symbol).map_err(|_| CudaError::Compile {
+            kernel: kernel.into(),
+            log: format!("entry {symbol:?} has a NUL byte"),
+        })?;
+        let mut f: sys::CUfunction = std::ptr::null_mut();
+        // SAFETY: a loaded module and a NUL-terminated name.
+        let r = unsafe { sys::cuModuleGetFunction(&mut f, module, name.as_ptr()) };
+        if r == sys::CUresult::CUDA_ERROR_NOT_FOUND {
+            return Err(CudaError::Compile {
+                kernel: kernel.into(),
+                log: format!("its source has no function {symbol:?} (an extern \"C\" __global__ function of that name)"),
+            }
+            .into());
+        }
+        self.gpu.check("cuModuleGetFunction", r)?;
+        lock(&self.functions).insert(key, Raw(f));
+        Ok(f)
+    }
+
+    /// Queues `src` on `stream` with `args` and `scalars` as parameters.
+    pub(crate) fn launch(
+        &self,
+        kernel: &str,
+        src: &CudaSource,
+        args: &[ChipTensor],
+        scalars: &[u64],
+        stream: Raw<sys::CUstream>,
+    ) -> Result<(), Error> {
+        let bytes = args.len() * TENSOR_PARAM_BYTES + scalars.len() * 8;
+        if bytes > MAX_PARAM_BYTES {
+            return Err(Error::KernelFailed {
+                kernel: kernel.into(),
+                reason: format!(
+                    "{} tensors and {} scalars take {bytes} bytes of parameters; a CUDA kernel takes at most {MAX_PARAM_BYTES}",
+                    args.len(),
+                    scalars.len()
+                ),
+            });
+        }
+        let Some(d) = dims(src.grid, args).map_err(|reason| Error::KernelFailed {
+            kernel: kernel.into(),
+            reason,
+        })?
+        else {
+            return Ok(());
+        };
+        let symbol = src.entry.symbol(args.first().map(ChipTensor::dtype));
+        let f = self.function(kernel, src, &symbol)?;
+        // Each parameter is a pointer to its value: the tensors (128-byte
+        // ChipTensors, the prelude's strata_tensor) then the scalars.
+        let mut params: Vec<*mut c_void> = Vec::with_capacity(args.len() + scalars.len());
+        for a in args {
+            params.push(std::ptr::from_ref(a).cast_mut().cast());
+        }
+        for s in scalars {
+            params.push(std::ptr::from_ref(s).cast_mut().cast());
+        }
+        // SAFETY: `f` takes these parameters in this order (the calling
+        // convention every source follows); each pointer is valid until
+        // the call returns, when the driver has copied the values.
+        let r = unsafe {
+            sys::cuLaunchKernel(
+                f,
+                d.blocks[0],
+                d.blocks[1],
+                d.blocks[2],
+                d.threads[0],
+                d.threads[1],
+                d.threads[2],
+                d.shared,
+                stream.0,
+                params.as_mut_ptr(),
+                std::ptr::null_mut(),
+            )
+        };
+        self.gpu.check("cuLaunchKernel", r)
+    }
+}

@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# On a machine with an NVIDIA GPU: the chip conformance suite on cuda:0
+# (STRATA_REQUIRE_CUDA=1: a missing GPU or library fails it rather than
+# skipping), then the CUDA benchmarks, and one table of what was measured.
+# Runs from prebuilt binaries (scripts/gpu-kit.sh builds them):
+#
+#   scripts/gpu-check.sh [KIT]     (default: this script's folder if it
+#                                   holds the binaries, else target/gpu-kit)
+#
+# Takes under 4 minutes on one H100/H200. Figures are medians of their
+# runs; nothing is asserted about them here (the conformance suite
+# asserts results).
+set -uo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+if [ $# -ge 1 ]; then kit=$1
+elif [ -x "$here/strata" ]; then kit=$here
+else kit=$here/../target/gpu-kit
+fi
+kit=$(cd "$kit" && pwd)
+for bin in strata chip-tests gpu_bench cholesky; do
+    [ -x "$kit/$bin" ] || { echo "gpu-check: $kit/$bin missing: run scripts/gpu-kit.sh first" >&2; exit 2; }
+done
+# The CUDA toolkit's libraries (NVRTC, cuBLAS, cuSOLVER) where a toolkit
+# is installed; the driver's libcuda.so.1 is on the default path.
+for d in /usr/local/cuda/targets/x86_64-linux/lib /usr/local/cuda-*/targets/x86_64-linux/lib /usr/local/cuda/lib64; do
+    if [ -e "$d/libcublas.so.13" ] || [ -e "$d/libnvrtc.so.13" ]; then
+        export LD_LIBRARY_PATH="$d${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+        break
+    fi
+done
+export STRATA_REQUIRE_CUDA=1 STRATA_REQUIRE_NVRTC=1 STRATA_BIN="$kit/strata"
+export STRATA_PTX_CACHE=${STRATA_PTX_CACHE:-$(mktemp -d)/ptx}
+log=$(mktemp -d)
+start=$(date +%s)
+command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+
+echo "== conformance (chip tests on sim and cuda:0)"
+"$kit/chip-tests" --test-threads 4 >"$log/conformance" 2>&1
+conf=$?
+grep -E "^test result|FAILED|panicked" "$log/conformance" | head -20
+
+echo "== benchmarks"
+STRATA_DEVICE=cuda:0 "$kit/gpu_bench" >"$log/bench" 2>&1 || { echo "gpu_bench failed:"; tail -5 "$log/bench"; }
+cholesky() { # N TILE DTYPE
+    STRATA_DEVICE=cuda:0 "$kit/cholesky" "$1" "$2" 1 "$3" 3 2>&1 |
+        awk -v n="$1" -v t="$2" -v d="$3" '
+            /GFlop\/s/ { for (i = 1; i <= NF; i++) if ($i == "GFlop/s,") g = $(i-1); if (g > best) best = g }
+            /WRONG|rror/ { print "CHECK tiled_cholesky " n " " d " tile " t ": " $0 }
+            END { printf "RESULT tiled_cholesky_%s_%s_tile%s %.3f TFLOP/s\n", n, d, t, best / 1000 }'
+}
+{
+    for t in 512 1024 2048; do cholesky 16384 $t f32; cholesky 16384 $t f64; done
+    cholesky 32768 2048 f32
+} >>"$log/bench" 2>&1
+demo() { # SPEC
+    "$kit/strata" demo --device "$1" 2>&1 | awk -v s="$1" '
+        /wall/ { for (i = 1; i <= NF; i++) if ($i == "wall") w = $(i+1) }
+        /host->device/ { h = $3 }
+        END { printf "RESULT demo_wall_%s %s ms\nRESULT demo_to_device_%s %s B\n", s, w, s, h }'
+}
+{ demo sim; demo cuda:0,mem=8GiB; } >>"$log/bench" 2>&1
+
+echo "== results ($(($(date +%s) - start)) s)"
+printf '%-44s %14s  %s\n' figure value unit
+grep '^RESULT' "$log/bench" | while read -r _ name value unit; do
+    printf '%-44s %14s  %s\n' "$name" "$value" "$unit"
+done
+grep -v '^RESULT' "$log/bench" | grep -iE "^CHECK|error|fail|panic" | head -10
+echo "conformance: $([ $conf -eq 0 ] && echo passed || echo "FAILED (log: $log/conformance)")"
+exit $conf

@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Builds what scripts/gpu-check.sh runs, for a GPU machine without a Rust
+# toolchain: the release `strata` binary, the chip test binary (the
+# conformance suite), the `gpu_bench` and `cholesky` examples, stripped,
+# in one folder (default target/gpu-kit), with gpu-check.sh beside them.
+#
+#   scripts/gpu-kit.sh [DIR]
+#   scp -r target/gpu-kit gpu-host:   # or any copy; then, there:
+#   gpu-kit/gpu-check.sh gpu-kit
+#
+# The binaries load CUDA (libcuda.so.1, libnvrtc.so.13, libcublas.so.13,
+# libcusolver.so.12) at run time, so they build here without CUDA; they
+# need a glibc no older than this machine's.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+out=${1:-target/gpu-kit}
+mkdir -p "$out"
+cargo build --release --locked -p strata-cli
+cargo build --release --locked -p strata-examples --example gpu_bench --example cholesky
+chip=$(cargo test --release --locked -p strata-chip-runtime --test chip --no-run --message-format=json 2>/dev/null |
+    python3 -c 'import json,sys
+for line in sys.stdin:
+    m = json.loads(line)
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] == "chip":
+        print(m["executable"])')
+[ -n "$chip" ] || { echo "gpu-kit: the chip test binary was not built" >&2; exit 1; }
+cp target/release/strata "$out/strata"
+cp target/release/examples/gpu_bench "$out/gpu_bench"
+cp target/release/examples/cholesky "$out/cholesky"
+cp "$chip" "$out/chip-tests"
+cp scripts/gpu-check.sh "$out/gpu-check.sh"
+strip "$out/strata" "$out/gpu_bench" "$out/cholesky" "$out/chip-tests"
+du -sh "$out"

@@ -72,8 +72,8 @@ impl Engine for SimEngine {
         DEVICE_BASE
     }
 
-    fn runs(&self, _kernel: &dyn Kernel) -> bool {
-        true
+    fn runs(&self, kernel: &dyn Kernel) -> bool {
+        kernel.cpu()
     }
 
     fn zero(&self, _lane: Lane, addr: DeviceAddr, len: u64, release: bool) -> Result<(), Error> {

@@ -29,6 +29,8 @@ use std::borrow::Cow;
 
 use strata_wire::DType;
 
+use super::{Kernel, KernelContext, Signature};
+
 /// Threads per block of the [`Grid::Elements`] and [`Grid::Rows`] launches.
 pub const THREADS: u32 = 256;
 
@@ -141,3 +143,111 @@ impl LibraryCall {
 /// Compiled in front of every CUDA source: the tensor struct, the
 /// element types and the addressing helpers (module docs).
 pub const CUDA_PRELUDE: &str = include_str!("cuda/prelude.cuh");
+
+/// A kernel with only a CUDA body, from CUDA C source: how a user adds
+/// a GPU kernel to a worker, as CuPy's `RawKernel` takes source and a
+/// function name. It follows the calling convention above (its
+/// parameters are its signature's tensors, then its scalars); CPU chips
+/// do not offer it.
+///
+/// ```
+/// use strata_chip_runtime::kernel::cuda::{Entry, Grid, SourceKernel};
+/// use strata_chip_runtime::kernel::Signature;
+///
+/// let scale = SourceKernel::new(
+///     Signature::parse("scale@1(x:RW:F32:*;alpha:f64)")?,
+///     r#"extern "C" __global__ void scale(strata_tensor x, unsigned long long alpha) {
+///            double a = __longlong_as_double((long long)alpha);
+///            strata_u64 n = strata_numel(x);
+///            for (strata_u64 i = blockIdx.x * (strata_u64)blockDim.x + threadIdx.x; i < n;
+///                 i += (strata_u64)gridDim.x * blockDim.x)
+///                *strata_at<float>(x, i) *= (float)a;
+///        }"#,
+///     Entry::One("scale".into()),
+///     Grid::Elements(0),
+/// )?;
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Debug, Clone)]
+pub struct SourceKernel {
+    desc: Signature,
+    body: CudaBody,
+}
+
+impl SourceKernel {
+    /// A kernel of signature `desc` running `entry` of `code`, launched as
+    /// `grid` says.
+    ///
+    /// # Errors
+    /// A message naming what is wrong: an empty source or one with a NUL
+    /// byte, an entry that is not a C identifier, a grid naming a tensor
+    /// argument the signature does not have, or more parameters than a
+    /// CUDA kernel takes ([`MAX_PARAM_BYTES`]). A source that does not
+    /// compile fails its first launch on a GPU ([`crate::CudaError::Compile`]).
+    pub fn new(
+        desc: Signature,
+        code: impl Into<String>,
+        entry: Entry,
+        grid: Grid,
+    ) -> Result<SourceKernel, String> {
+        let code = code.into();
+        let name = desc.qualified_name();
+        let bad = |what: String| Err(format!("CUDA kernel {name}: {what}"));
+        if code.trim().is_empty() {
+            return bad("the source is empty".into());
+        }
+        if code.contains('\0') {
+            return bad("the source has a NUL byte".into());
+        }
+        let (Entry::One(symbol) | Entry::PerDType(symbol)) = &entry;
+        let ident = symbol.chars().next().is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+            && symbol.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+        if !ident {
+            return bad(format!("entry {symbol:?} is not a C identifier"));
+        }
+        let tensors = desc.args.len();
+        if let Grid::Elements(n) | Grid::Rows(n) = grid
+            && n >= tensors
+        {
+            return bad(format!(
+                "the grid follows tensor argument {n}, and the signature has {tensors}"
+            ));
+        }
+        let bytes = tensors * TENSOR_PARAM_BYTES + desc.scalars.len() * 8;
+        if bytes > MAX_PARAM_BYTES {
+            return bad(format!(
+                "{tensors} tensors and {} scalars take {bytes} bytes of parameters; a CUDA kernel takes at most {MAX_PARAM_BYTES}",
+                desc.scalars.len()
+            ));
+        }
+        Ok(SourceKernel {
+            desc,
+            body: CudaBody::Source(CudaSource {
+                code: Cow::Owned(code),
+                entry,
+                grid,
+            }),
+        })
+    }
+}
+
+impl Kernel for SourceKernel {
+    fn descriptor(&self) -> &Signature {
+        &self.desc
+    }
+
+    fn run(&self, _ctx: &mut KernelContext<'_>) -> Result<(), String> {
+        Err(format!(
+            "{} has only a CUDA body: it runs on CUDA chips",
+            self.desc.qualified_name()
+        ))
+    }
+
+    fn cpu(&self) -> bool {
+        false
+    }
+
+    fn cuda(&self) -> Option<&CudaBody> {
+        Some(&self.body)
+    }
+}

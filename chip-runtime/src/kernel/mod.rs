@@ -84,6 +84,12 @@ pub trait Kernel: Send + Sync + 'static {
         None
     }
 
+    /// Whether it has a CPU body ([`Kernel::run`]): what CPU chips (the
+    /// simulated one) run. `false` for a kernel with only a CUDA body.
+    fn cpu(&self) -> bool {
+        true
+    }
+
     /// Its body for a CUDA chip ([`cuda`]), if it has one: a kernel
     /// without one runs on CPU chips only, and a CUDA worker does not
     /// offer it.

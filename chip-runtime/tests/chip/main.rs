@@ -7,6 +7,7 @@ mod arena;
 mod cache;
 mod common;
 mod complex;
+mod cuda;
 mod dense;
 mod failures;
 mod isolation;

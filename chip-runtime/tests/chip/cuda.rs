@@ -1,0 +1,217 @@
+//! The CUDA chip's own cases, beyond the conformance suite: faults
+//! provoked on purpose (a kernel that writes to an illegal address, a
+//! source that does not compile, more memory than the device has), kernels
+//! without a CUDA body, and user source kernels. On a machine without a
+//! GPU each test prints one line naming why it skips and passes, unless
+//! `STRATA_REQUIRE_CUDA=1`; the typed errors of absence are checked
+//! everywhere.
+
+use std::sync::Arc;
+
+use strata_chip_runtime::kernel::cuda::{Entry, Grid, SourceKernel};
+use strata_chip_runtime::kernel::{Kernel, Signature};
+use strata_chip_runtime::{CudaError, Device, Error, Launch, Registry, device};
+use strata_wire::ArgTag;
+use strata_wire::check::Rng;
+
+use crate::common::{Layout, host_tensor};
+
+/// `cuda:0` with `keys`, or `None` (after one line saying why) where
+/// there is none; `STRATA_REQUIRE_CUDA=1` turns that into a failure.
+fn gpu(test: &str, keys: &str) -> Option<Arc<dyn Device>> {
+    match strata_chip_runtime::open(&format!("cuda:0{keys}")) {
+        Ok(d) => Some(d),
+        Err(Error::Cuda(e @ (CudaError::NoDriver { .. } | CudaError::NoDevice { .. }))) => {
+            if std::env::var("STRATA_REQUIRE_CUDA").is_ok_and(|v| v == "1") {
+                panic!("{test}: STRATA_REQUIRE_CUDA=1 and cuda:0 cannot be opened: {e}");
+            }
+            println!("{test} on cuda:0: skipped, {e} (STRATA_REQUIRE_CUDA=1 makes this a failure)");
+            None
+        }
+        Err(e) => panic!("{test}: cuda:0 failed to open: {e}"),
+    }
+}
+
+fn launch(
+    dev: &dyn Device,
+    kernel: Arc<dyn Kernel>,
+    args: Vec<strata_chip_runtime::LaunchArg>,
+    scalars: Vec<u64>,
+) -> Result<strata_chip_runtime::LaunchReport, Error> {
+    device::launch(
+        dev,
+        Launch {
+            kernel,
+            args,
+            scalars,
+            gate: None,
+        },
+    )?
+    .wait()
+}
+
+fn builtin(name: &str) -> Arc<dyn Kernel> {
+    let reg = Registry::with_builtins();
+    reg.get(reg.find(name, 1).unwrap()).unwrap()
+}
+
+/// Writes through a null pointer: the context is lost.
+fn faulting() -> Arc<dyn Kernel> {
+    Arc::new(
+        SourceKernel::new(
+            Signature::parse("fault@1(x:W:F32:*;)").unwrap(),
+            r#"extern "C" __global__ void fault(strata_tensor x) {
+                   *reinterpret_cast<volatile float*>(0x10) = 1.0f;
+                   *strata_at<float>(x, 0) = 7.0f;
+               }"#,
+            Entry::One("fault".into()),
+            Grid::Fixed {
+                blocks: [1, 1, 1],
+                threads: [1, 1, 1],
+                shared: 0,
+            },
+        )
+        .unwrap(),
+    )
+}
+
+/// The faulting kernel's task fails with the lost context, naming the
+/// driver's error; its output keeps its bytes; every launch after it,
+/// of any kernel, fails with the same cause and writes nothing.
+#[test]
+fn an_illegal_address_loses_the_context_and_nothing_is_written() {
+    let Some(dev) = gpu("an_illegal_address_loses_the_context", ",mem=256MiB") else {
+        return;
+    };
+    let mut rng = Rng(5);
+    let out = host_tensor(&mut rng, &[8, 8], strata_wire::DType::F32, Layout::RowMajor);
+    let before = out.bytes();
+    let e = launch(dev.as_ref(), faulting(), vec![out.arg(ArgTag::Output)], vec![]).unwrap_err();
+    let Error::Cuda(CudaError::ContextLost { name, .. }) = &e else {
+        panic!("not a lost context: {e}");
+    };
+    assert!(name.contains("ILLEGAL_ADDRESS") || name.contains("LAUNCH_FAILED"), "{e}");
+    assert_eq!(out.bytes(), before, "a failed task wrote its output");
+    let next = launch(
+        dev.as_ref(),
+        builtin("fill"),
+        vec![out.arg(ArgTag::Output)],
+        vec![2.0f64.to_bits()],
+    )
+    .unwrap_err();
+    assert!(
+        matches!(next, Error::Cuda(CudaError::ContextLost { .. })),
+        "{next}"
+    );
+    assert_eq!(out.bytes(), before, "a launch on a lost context wrote");
+    assert_eq!(e.failure_kind(), strata_boundary::FailureKind::Device);
+}
+
+/// A source NVRTC refuses fails its launch with the compiler's log, as a
+/// kernel failure; the chip serves on.
+#[test]
+fn a_source_that_does_not_compile_names_the_log() {
+    let Some(dev) = gpu("a_source_that_does_not_compile", ",mem=256MiB") else {
+        return;
+    };
+    let broken = Arc::new(
+        SourceKernel::new(
+            Signature::parse("broken@1(x:W:F32:*;)").unwrap(),
+            r#"extern "C" __global__ void broken(strata_tensor x) { this is not C++ }"#,
+            Entry::One("broken".into()),
+            Grid::Elements(0),
+        )
+        .unwrap(),
+    );
+    let mut rng = Rng(6);
+    let out = host_tensor(&mut rng, &[4], strata_wire::DType::F32, Layout::RowMajor);
+    let e = launch(dev.as_ref(), broken, vec![out.arg(ArgTag::Output)], vec![]).unwrap_err();
+    let Error::Cuda(CudaError::Compile { log, .. }) = &e else {
+        panic!("not a compile error: {e}");
+    };
+    assert!(log.contains("error"), "{log}");
+    assert_eq!(e.failure_kind(), strata_boundary::FailureKind::Kernel);
+    launch(
+        dev.as_ref(),
+        builtin("fill"),
+        vec![out.arg(ArgTag::Output)],
+        vec![2.0f64.to_bits()],
+    )
+    .unwrap();
+    assert_eq!(out.bytes(), [2f32.to_le_bytes(); 4].concat());
+}
+
+/// Asking for more device memory than there is: the typed cause, with
+/// what was asked and what is free.
+#[test]
+fn more_memory_than_the_device_has_is_out_of_memory() {
+    let Some(_) = gpu("more_memory_than_the_device_has", ",mem=64MiB") else {
+        return;
+    };
+    match strata_chip_runtime::open("cuda:0,mem=64TiB") {
+        Err(Error::Cuda(CudaError::OutOfMemory { asked, .. })) => {
+            assert_eq!(asked, 64 << 40);
+        }
+        other => panic!("not out of memory: {other:?}"),
+    }
+}
+
+/// A kernel with only a CPU body is not run on a GPU (and its chip does
+/// not offer it); one with only a CUDA body is not run on a CPU chip.
+#[test]
+fn kernels_run_only_where_they_have_a_body() {
+    let sim = strata_chip_runtime::open("sim:mem=1MiB").unwrap();
+    assert!(!sim.runs(faulting().as_ref()));
+    assert!(sim.runs(builtin("add").as_ref()));
+    let mut rng = Rng(7);
+    let out = host_tensor(&mut rng, &[4], strata_wire::DType::F32, Layout::RowMajor);
+    let e = launch(sim.as_ref(), faulting(), vec![out.arg(ArgTag::Output)], vec![]).unwrap_err();
+    assert!(e.to_string().contains("only a CUDA body"), "{e}");
+    let Some(dev) = gpu("kernels_run_only_where_they_have_a_body", ",mem=64MiB") else {
+        return;
+    };
+    struct CpuOnly(Signature);
+    impl Kernel for CpuOnly {
+        fn descriptor(&self) -> &Signature {
+            &self.0
+        }
+        fn run(&self, _: &mut strata_chip_runtime::KernelContext<'_>) -> Result<(), String> {
+            Ok(())
+        }
+    }
+    let cpu = Arc::new(CpuOnly(Signature::parse("cpu_only@1(x:W:F32:*;)").unwrap()));
+    assert!(!dev.runs(cpu.as_ref()));
+    let e = launch(dev.as_ref(), cpu, vec![out.arg(ArgTag::Output)], vec![]).unwrap_err();
+    assert!(matches!(e, Error::Cuda(CudaError::NoBody { .. })), "{e}");
+}
+
+/// Absence is typed everywhere: a machine without a driver names it;
+/// `cuda:all` is never one chip; a bad key is a spec error naming it.
+#[test]
+fn opening_a_cuda_chip_says_what_is_wrong() {
+    let e = strata_chip_runtime::open("cuda:all").unwrap_err();
+    assert!(e.to_string().contains("one chip is one GPU"), "{e}");
+    let e = strata_chip_runtime::open("cuda:0,lanes=2").unwrap_err();
+    assert!(e.to_string().contains("unknown key \"lanes\""), "{e}");
+    let e = strata_chip_runtime::open("cuda:zero").unwrap_err();
+    assert!(e.to_string().contains("not a device number"), "{e}");
+    if let Err(Error::Cuda(CudaError::NoDriver { lib })) = strata_chip_runtime::open("cuda:0") {
+        assert_eq!(lib, "libcuda.so.1");
+    }
+    let e = SourceKernel::new(
+        Signature::parse("k@1(x:W:F32:*;)").unwrap(),
+        "x",
+        Entry::One("not an identifier".into()),
+        Grid::Elements(0),
+    )
+    .unwrap_err();
+    assert!(e.contains("not a C identifier"), "{e}");
+    let e = SourceKernel::new(
+        Signature::parse("k@1(x:W:F32:*;)").unwrap(),
+        "x",
+        Entry::One("k".into()),
+        Grid::Rows(3),
+    )
+    .unwrap_err();
+    assert!(e.contains("tensor argument 3"), "{e}");
+}

@@ -182,6 +182,13 @@ pub unsafe trait HostMemory: Send + Sync + fmt::Debug {
     fn is_empty(&self) -> bool {
         self.len() == 0
     }
+    /// The memory this is a face of (a read-only face of a writable
+    /// mapping, say), if it is one: what a chip prepares for DMA and keeps
+    /// while anyone holds it is the memory itself, not each face made of
+    /// it.
+    fn underlying(&self) -> Option<std::sync::Arc<dyn HostMemory>> {
+        None
+    }
 }
 
 /// Page-aligned, zero-initialized host memory owned by the process: what

@@ -97,6 +97,12 @@ impl Gpu {
             .map_err(|e| self.fail("cuCtxSetCurrent", e.0))
     }
 
+    /// Makes the context current even when it is lost (to free what it
+    /// holds).
+    pub(crate) fn bind_even_lost(&self) -> Result<(), cudarc::driver::DriverError> {
+        self.ctx.bind_to_thread()
+    }
+
     /// The error for `code` returned by `call`; a sticky one loses the
     /// context for good.
     pub(crate) fn fail(&self, call: &'static str, code: CUresult) -> Error {
@@ -336,24 +342,30 @@ impl CudaEngine {
         self.gpu.check("cuStreamSynchronize", r)
     }
 
-    /// Whether `host` is page-locked (registering it on first sight), and
-    /// drops registrations no one else holds.
+    /// Whether `host` is page-locked (registering the memory it is a face
+    /// of on first sight), and drops registrations no one else holds.
     fn page_locked(&self, host: &Arc<dyn HostMemory>) -> bool {
-        let key = host.as_ptr() as usize;
+        let mut root = Arc::clone(host);
+        while let Some(under) = root.underlying() {
+            root = under;
+        }
+        let key = root.as_ptr() as usize;
         let mut pinned = lock(&self.pinned);
-        if let Some(p) = pinned.get(&key)
-            && Arc::ptr_eq(&p.host, host)
-        {
-            return p.registered;
+        if let Some(p) = pinned.get(&key) {
+            // The table's Arc keeps that mapping mapped, so memory at the
+            // same address is that mapping (or a part of it).
+            if Arc::ptr_eq(&p.host, &root) || root.len() <= p.host.len() {
+                return p.registered;
+            }
         }
         sweep(&mut pinned);
-        let len = host.len();
+        let len = root.len();
         let page = page_size();
         // Only whole mappings are registered: a page-aligned start (a
         // heap allocation shares its pages with others) and at least a
         // page (small ones bounce at no cost).
         let registered = key % page == 0 && len >= page && {
-            let flags = if host.writable() {
+            let flags = if root.writable() {
                 0
             } else {
                 sys::CU_MEMHOSTREGISTER_READ_ONLY
@@ -361,17 +373,27 @@ impl CudaEngine {
             // SAFETY: the mapping's whole pages, kept mapped by the Arc
             // held in the table until unregistered.
             let r = unsafe {
-                sys::cuMemHostRegister_v2(host.as_ptr().cast(), len.next_multiple_of(page), flags)
+                sys::cuMemHostRegister_v2(root.as_ptr().cast(), len.next_multiple_of(page), flags)
             };
             r == CUresult::CUDA_SUCCESS
         };
-        pinned.insert(
+        if let Some(old) = pinned.insert(
             key,
             Pinned {
-                host: Arc::clone(host),
-                registered,
+                host: root,
+                registered: false,
             },
-        );
+        ) {
+            // A larger mapping at the address of a smaller one still held:
+            // the smaller one's registration goes first.
+            if old.registered {
+                // SAFETY: registered by us at this address, still mapped.
+                unsafe { sys::cuMemHostUnregister(old.host.as_ptr().cast()) };
+            }
+        }
+        if let Some(p) = pinned.get_mut(&key) {
+            p.registered = registered;
+        }
         registered
     }
 
@@ -439,7 +461,9 @@ impl CudaEngine {
 
     /// Unregisters every buffer and frees the memory and streams.
     fn release(&mut self) {
-        if self.gpu.bind().is_err() && self.gpu.lost().is_none() {
+        // A lost context is still made current: what it holds is freed
+        // as far as the driver lets.
+        if self.gpu.bind_even_lost().is_err() {
             return;
         }
         for l in &self.lanes {

@@ -200,8 +200,13 @@ impl SourceKernel {
             return bad("the source has a NUL byte".into());
         }
         let (Entry::One(symbol) | Entry::PerDType(symbol)) = &entry;
-        let ident = symbol.chars().next().is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
-            && symbol.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+        let ident = symbol
+            .chars()
+            .next()
+            .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+            && symbol
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '_');
         if !ident {
             return bad(format!("entry {symbol:?} is not a C identifier"));
         }

@@ -86,11 +86,20 @@ fn an_illegal_address_loses_the_context_and_nothing_is_written() {
     let mut rng = Rng(5);
     let out = host_tensor(&mut rng, &[8, 8], strata_wire::DType::F32, Layout::RowMajor);
     let before = out.bytes();
-    let e = launch(dev.as_ref(), faulting(), vec![out.arg(ArgTag::Output)], vec![]).unwrap_err();
+    let e = launch(
+        dev.as_ref(),
+        faulting(),
+        vec![out.arg(ArgTag::Output)],
+        vec![],
+    )
+    .unwrap_err();
     let Error::Cuda(CudaError::ContextLost { name, .. }) = &e else {
         panic!("not a lost context: {e}");
     };
-    assert!(name.contains("ILLEGAL_ADDRESS") || name.contains("LAUNCH_FAILED"), "{e}");
+    assert!(
+        name.contains("ILLEGAL_ADDRESS") || name.contains("LAUNCH_FAILED"),
+        "{e}"
+    );
     assert_eq!(out.bytes(), before, "a failed task wrote its output");
     let next = launch(
         dev.as_ref(),
@@ -165,7 +174,13 @@ fn kernels_run_only_where_they_have_a_body() {
     assert!(sim.runs(builtin("add").as_ref()));
     let mut rng = Rng(7);
     let out = host_tensor(&mut rng, &[4], strata_wire::DType::F32, Layout::RowMajor);
-    let e = launch(sim.as_ref(), faulting(), vec![out.arg(ArgTag::Output)], vec![]).unwrap_err();
+    let e = launch(
+        sim.as_ref(),
+        faulting(),
+        vec![out.arg(ArgTag::Output)],
+        vec![],
+    )
+    .unwrap_err();
     assert!(e.to_string().contains("only a CUDA body"), "{e}");
     let Some(dev) = gpu("kernels_run_only_where_they_have_a_body", ",mem=64MiB") else {
         return;

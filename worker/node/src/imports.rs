@@ -363,6 +363,9 @@ unsafe impl HostMemory for ReadOnly {
     fn writable(&self) -> bool {
         false
     }
+    fn underlying(&self) -> Option<Arc<dyn HostMemory>> {
+        Some(Arc::clone(&self.0))
+    }
 }
 
 /// An imported buffer, mapped shared into the worker.

@@ -10,6 +10,7 @@
 //! missing one otherwise).
 
 mod device;
+pub mod nvrtc;
 pub mod probe;
 
 pub use device::open;

@@ -27,6 +27,7 @@
 
 use std::borrow::Cow;
 
+use strata_boundary::{DTypes, Signature};
 use strata_wire::DType;
 
 /// Threads per block of the [`Grid::Elements`] and [`Grid::Rows`] launches.
@@ -57,6 +58,30 @@ pub struct CudaSource {
     pub entry: Entry,
     /// The launch shape.
     pub grid: Grid,
+}
+
+impl CudaSource {
+    /// Every function a launch of a kernel with signature `desc` may
+    /// call, which the compiled source must therefore define: the one
+    /// name of [`Entry::One`]; for [`Entry::PerDType`], one per dtype
+    /// the first tensor argument accepts (every dtype for
+    /// [`DTypes::Any`]; the bare name when there is no tensor argument;
+    /// none for dtypes this build does not know).
+    pub fn symbols(&self, desc: &Signature) -> Vec<String> {
+        let dtypes: Vec<DType> = match desc.args.first().map(|a| &a.dtypes) {
+            None => return vec![self.entry.symbol(None)],
+            Some(DTypes::OneOf(list)) => list.clone(),
+            Some(DTypes::Any) => DType::ALL.to_vec(),
+            Some(DTypes::SameAs(_) | DTypes::Unknown(_)) => vec![],
+        };
+        match &self.entry {
+            Entry::One(name) => vec![name.to_string()],
+            Entry::PerDType(_) => dtypes
+                .into_iter()
+                .map(|d| self.entry.symbol(Some(d)))
+                .collect(),
+        }
+    }
 }
 
 /// Which function of a source a launch calls.

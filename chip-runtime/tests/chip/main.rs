@@ -11,5 +11,6 @@ mod dense;
 mod failures;
 mod isolation;
 mod kernels;
+mod nvrtc;
 mod staging;
 mod timing;

@@ -7,6 +7,8 @@ mod arena;
 mod cache;
 mod common;
 mod complex;
+mod cuda_cpu;
+mod cuda_oracle;
 mod dense;
 mod failures;
 mod isolation;

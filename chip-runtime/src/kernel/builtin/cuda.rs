@@ -80,3 +80,47 @@ pub(super) fn reduce_sum() -> CudaBody {
 pub(super) fn library(call: LibraryCall) -> CudaBody {
     CudaBody::Library(call)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every built-in runs on a CUDA chip: the matrix kernels through a
+    /// library, the others through a source with an entry per dtype
+    /// (the NVRTC and host-build tests check that the source defines
+    /// them).
+    #[test]
+    fn every_builtin_has_a_cuda_body() {
+        let mut sources = 0;
+        for k in super::super::all() {
+            let desc = k.descriptor();
+            let library = match desc.name.as_str() {
+                "matmul" => Some(LibraryCall::Matmul { accumulate: false }),
+                "matmul_acc" => Some(LibraryCall::Matmul { accumulate: true }),
+                "gemm" => Some(LibraryCall::Gemm),
+                "potrf" => Some(LibraryCall::Potrf),
+                "trsm" => Some(LibraryCall::Trsm),
+                "syrk" => Some(LibraryCall::Syrk),
+                _ => None,
+            };
+            match (k.cuda(), library) {
+                (Some(CudaBody::Library(call)), Some(want)) => assert_eq!(*call, want),
+                (Some(CudaBody::Source(s)), None) => {
+                    sources += 1;
+                    let symbols = s.symbols(desc);
+                    if desc.name == "noop" {
+                        assert_eq!(symbols, ["noop"]);
+                    } else {
+                        assert!(
+                            symbols
+                                .iter()
+                                .all(|s| s.starts_with(&format!("{}_", desc.name)))
+                        );
+                    }
+                }
+                (body, want) => panic!("{}: body {body:?}, expected {want:?}", desc.name),
+            }
+        }
+        assert_eq!(sources, 9);
+    }
+}

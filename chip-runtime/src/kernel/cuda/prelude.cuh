@@ -29,8 +29,10 @@ __device__ __forceinline__ strata_u64 strata_numel(const strata_tensor& t) {
 }
 
 // Element offset (in elements, from addr) of the element whose row-major
-// index over t's shape is i.
+// index over t's shape is i. A contiguous view (row-major, no gap: the
+// chip sets the flag from the strides) skips the divisions.
 __device__ __forceinline__ strata_u64 strata_offset(const strata_tensor& t, strata_u64 i) {
+    if (t.contiguous) return t.start_offset + i;
     strata_u64 off = t.start_offset;
     for (int k = (int)t.ndims - 1; k >= 0; --k) {
         strata_u64 n = t.shape[k];

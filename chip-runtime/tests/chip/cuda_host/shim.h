@@ -1,6 +1,6 @@
 // What CUDA C++ the kernel sources use, for the host C++ compiler: the
-// oracle test (cuda_cpu.rs) builds the sources with it into a shared
-// library and runs every entry on host memory.
+// host-build tests (mod.rs beside this file) build the sources with it
+// into a shared library and run every entry on host memory.
 //
 // A launch runs its blocks one after another. With one thread a block
 // (blockDim.x == 1) the kernel is called once per block on the calling

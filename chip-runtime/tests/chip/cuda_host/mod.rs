@@ -2,7 +2,7 @@
 //! prelude in front and `cuda_shim.h` before both, is compiled by the
 //! system C++ compiler into one shared library, next to a wrapper per
 //! entry that runs a launch (`strata_run_<symbol>`), and a few functions
-//! that expose the prelude's conversions. `cuda_oracle` runs them against
+//! that expose the prelude's conversions. [`oracle`] runs them against
 //! the CPU kernels.
 //!
 //! The compiler is `$CXX`, else the first of `c++`, `g++`, `clang++`
@@ -19,7 +19,11 @@ use strata_chip_runtime::kernel::builtin;
 use strata_chip_runtime::kernel::cuda::{CUDA_PRELUDE, CudaBody, CudaSource};
 use strata_wire::ChipTensor;
 
-const SHIM: &str = include_str!("cuda_shim.h");
+mod compare;
+mod data;
+mod oracle;
+
+const SHIM: &str = include_str!("shim.h");
 
 /// Flags for the host build: the sources' float arithmetic rounds as
 /// written (no contraction into fused multiply-add, as NVRTC is told too).

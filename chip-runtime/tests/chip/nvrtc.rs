@@ -93,6 +93,12 @@ fn every_builtin_source_compiles_with_every_entry() {
                 assert!(!ptx.text().contains("fma."), "{kernel}: fma in the PTX");
             }
             nvrtc::check_entries(&desc, &source, &ptx).unwrap();
+            // Tensor parameters are read in place: indexed by run-time
+            // values they would be copied to local memory by each thread.
+            assert!(
+                !ptx.text().contains(".local"),
+                "{kernel}: local memory in the PTX"
+            );
             entries += symbols.len();
             let again =
                 nvrtc::compile_cached(&kernel, &source.code, Some(arch), Some(&cache)).unwrap();

@@ -21,10 +21,23 @@ struct __align__(64) strata_tensor {
     unsigned char pad_[57];
 };
 
+// Loops over axes run to the constant 5 and skip the axes past ndims,
+// rather than stopping at ndims: fully unrolled, they index a tensor's
+// arrays by constants, and a parameter indexed by a run-time value would
+// be copied to local memory by every thread.
+#if defined(__CUDACC__)
+#define STRATA_UNROLL _Pragma("unroll")
+#else
+#define STRATA_UNROLL
+#endif
+
 // Elements of t.
 __device__ __forceinline__ strata_u64 strata_numel(const strata_tensor& t) {
     strata_u64 n = 1;
-    for (unsigned int k = 0; k < t.ndims; ++k) n *= t.shape[k];
+    STRATA_UNROLL
+    for (unsigned int k = 0; k < 5; ++k) {
+        if (k < t.ndims) n *= t.shape[k];
+    }
     return n;
 }
 
@@ -34,12 +47,33 @@ __device__ __forceinline__ strata_u64 strata_numel(const strata_tensor& t) {
 __device__ __forceinline__ strata_u64 strata_offset(const strata_tensor& t, strata_u64 i) {
     if (t.contiguous) return t.start_offset + i;
     strata_u64 off = t.start_offset;
-    for (int k = (int)t.ndims - 1; k >= 0; --k) {
-        strata_u64 n = t.shape[k];
-        off += (i % n) * t.stride[k];
-        i /= n;
+    STRATA_UNROLL
+    for (int k = 4; k >= 0; --k) {
+        if ((unsigned int)k < t.ndims) {
+            const strata_u64 n = t.shape[k];
+            off += (i % n) * t.stride[k];
+            i /= n;
+        }
     }
     return off;
+}
+
+// Extent and stride of axis k (0 past the last axis), by constant indices.
+__device__ __forceinline__ unsigned int strata_shape_at(const strata_tensor& t, unsigned int k) {
+    unsigned int v = 0;
+    STRATA_UNROLL
+    for (unsigned int j = 0; j < 5; ++j) {
+        if (j == k && j < t.ndims) v = t.shape[j];
+    }
+    return v;
+}
+__device__ __forceinline__ unsigned int strata_stride_at(const strata_tensor& t, unsigned int k) {
+    unsigned int v = 0;
+    STRATA_UNROLL
+    for (unsigned int j = 0; j < 5; ++j) {
+        if (j == k && j < t.ndims) v = t.stride[j];
+    }
+    return v;
 }
 
 // The element whose row-major index over t's shape is i.
@@ -78,44 +112,56 @@ __device__ __forceinline__ strata_u64 strata_row_stride() {
 // Rows of t: every index of the axes before the last (1 for rank 1).
 __device__ __forceinline__ strata_u64 strata_rows(const strata_tensor& t) {
     strata_u64 n = 1;
-    for (unsigned int k = 0; k + 1 < t.ndims; ++k) n *= t.shape[k];
+    STRATA_UNROLL
+    for (unsigned int k = 0; k < 4; ++k) {
+        if (k + 1 < t.ndims) n *= t.shape[k];
+    }
     return n;
 }
 
 // Elements of a row of t (the last axis).
 __device__ __forceinline__ strata_u64 strata_row_len(const strata_tensor& t) {
-    return t.ndims == 0 ? 1 : t.shape[t.ndims - 1];
+    return t.ndims == 0 ? 1 : strata_shape_at(t, t.ndims - 1);
 }
 
 // Element offset of element 0 of row r of t; element j of the row is
-// stride[ndims - 1] elements further per step.
+// strata_row_step(t) elements further per step.
 __device__ __forceinline__ strata_u64 strata_row_offset(const strata_tensor& t, strata_u64 r) {
     strata_u64 off = t.start_offset;
-    for (int k = (int)t.ndims - 2; k >= 0; --k) {
-        strata_u64 n = t.shape[k];
-        off += (r % n) * t.stride[k];
-        r /= n;
+    STRATA_UNROLL
+    for (int k = 3; k >= 0; --k) {
+        if ((unsigned int)k + 1 < t.ndims) {
+            const strata_u64 n = t.shape[k];
+            off += (r % n) * t.stride[k];
+            r /= n;
+        }
     }
     return off;
 }
 
 __device__ __forceinline__ strata_u64 strata_row_step(const strata_tensor& t) {
-    return t.ndims == 0 ? 0 : t.stride[t.ndims - 1];
+    return t.ndims == 0 ? 0 : strata_stride_at(t, t.ndims - 1);
 }
 
 // The row-major index i over t's shape as a multi-index (idx[0..ndims]).
 __device__ __forceinline__ void strata_unravel(const strata_tensor& t, strata_u64 i, strata_u64 idx[5]) {
-    for (int k = (int)t.ndims - 1; k >= 0; --k) {
-        strata_u64 n = t.shape[k];
-        idx[k] = i % n;
-        i /= n;
+    STRATA_UNROLL
+    for (int k = 4; k >= 0; --k) {
+        if ((unsigned int)k < t.ndims) {
+            const strata_u64 n = t.shape[k];
+            idx[k] = i % n;
+            i /= n;
+        }
     }
 }
 
 // Element offset of the multi-index idx of t.
 __device__ __forceinline__ strata_u64 strata_offset_of(const strata_tensor& t, const strata_u64 idx[5]) {
     strata_u64 off = t.start_offset;
-    for (unsigned int k = 0; k < t.ndims; ++k) off += idx[k] * t.stride[k];
+    STRATA_UNROLL
+    for (unsigned int k = 0; k < 5; ++k) {
+        if (k < t.ndims) off += idx[k] * t.stride[k];
+    }
     return off;
 }
 

@@ -22,6 +22,15 @@
 //!   helpers to address elements;
 //! - the launch shape is the body's [`Grid`].
 //!
+//! Sources compile with fused multiply-add off, and the prelude's
+//! element arithmetic and conversions are the CPU kernels' (`half`'s
+//! rounding, wrapping integers, complex products as `(ac − bd, ad +
+//! bc)`), so an element-by-element source writes the same bits as its CPU
+//! kernel. The prelude's dtype lists (`STRATA_NUMERIC_DTYPES(X)` and the
+//! others) stamp out the entries of an [`Entry::PerDType`] source. The
+//! chip runtime's documentation (`docs/chip-runtime.md`, "CUDA bodies")
+//! says how to check a source on a machine without a GPU.
+//!
 //! A kernel's parameters take at most [`MAX_PARAM_BYTES`] (4 KiB: 128
 //! bytes a tensor, 8 a scalar), the limit every CUDA device accepts.
 

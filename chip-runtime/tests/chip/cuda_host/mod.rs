@@ -7,7 +7,7 @@
 //!
 //! The compiler is `$CXX`, else the first of `c++`, `g++`, `clang++`
 //! that runs; without one, the tests that need it say so in one line and
-//! pass.
+//! pass, unless `STRATA_REQUIRE_CXX=1` (CI sets it).
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -142,10 +142,14 @@ pub(crate) fn host_kernels() -> Option<&'static HostKernels> {
         Some(build(&cxx))
     });
     if built.is_none() {
+        assert!(
+            std::env::var("STRATA_REQUIRE_CXX").as_deref() != Ok("1"),
+            "STRATA_REQUIRE_CXX=1 but no C++ compiler ($CXX, c++, g++ or clang++) runs"
+        );
         SAID.call_once(|| {
             let _ = writeln!(
                 std::io::stderr(),
-                "cuda sources on the CPU: skipped, no C++ compiler ($CXX, c++, g++ or clang++) runs"
+                "cuda sources on the CPU: skipped, no C++ compiler ($CXX, c++, g++ or clang++) runs (STRATA_REQUIRE_CXX=1 makes this a failure)"
             );
         });
     }

@@ -1,7 +1,8 @@
-//! Every built-in kernel's CUDA source compiles with NVRTC, for compute_80
-//! and compute_90, into PTX that defines every entry its signature's
-//! dtypes launch; a broken source is a compile error carrying NVRTC's log;
-//! the PTX cache hands back what was compiled.
+//! Every built-in kernel's CUDA source compiles with NVRTC, for
+//! compute_80, compute_90 and sm_90 (through the assembler), into PTX that
+//! defines every entry its signature's dtypes launch; a broken source is
+//! a compile error carrying NVRTC's log; the PTX cache hands back what
+//! was compiled.
 //!
 //! Needs `libnvrtc.so.13` on the loader path. Without it these tests
 //! print one line saying so and pass, unless `STRATA_REQUIRE_NVRTC=1`
@@ -16,7 +17,9 @@ use strata_chip_runtime::cuda::{Library, require_library};
 use strata_chip_runtime::kernel::builtin;
 use strata_chip_runtime::kernel::cuda::{CudaBody, CudaSource, Entry, Grid};
 
-const ARCHS: [&str; 2] = ["compute_80", "compute_90"];
+/// Virtual architectures (PTX only), and one real one: for `sm_90` NVRTC
+/// also assembles the PTX to machine code, so the assembler accepts it.
+const ARCHS: [&str; 3] = ["compute_80", "compute_90", "sm_90"];
 
 /// Whether NVRTC loads; if not, says so once (past the test harness's
 /// capture) or fails when `STRATA_REQUIRE_NVRTC=1`.
@@ -75,7 +78,7 @@ fn every_builtin_source_compiles_with_every_entry() {
             let ptx = c.ptx;
             assert!(
                 ptx.text()
-                    .contains(&format!(".target sm_{}", &arch["compute_".len()..])),
+                    .contains(&format!(".target sm_{}", arch.rsplit('_').next().unwrap())),
                 "{kernel}: PTX not for {arch}"
             );
             for s in &symbols {

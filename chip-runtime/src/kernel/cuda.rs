@@ -175,3 +175,49 @@ impl LibraryCall {
 /// Compiled in front of every CUDA source: the tensor struct, the
 /// element types and the addressing helpers (module docs).
 pub const CUDA_PRELUDE: &str = include_str!("cuda/prelude.cuh");
+
+#[cfg(test)]
+mod tests {
+    use strata_boundary::{ArgSpec, Rank};
+    use strata_wire::Access;
+
+    use super::*;
+
+    fn sig(first: Option<DTypes>) -> Signature {
+        Signature {
+            name: "k".into(),
+            version: 1,
+            args: first
+                .into_iter()
+                .map(|d| ArgSpec::new("x", Access::Read, d, Rank::Any))
+                .collect(),
+            scalars: vec![],
+        }
+    }
+
+    fn source(entry: Entry) -> CudaSource {
+        CudaSource {
+            code: "".into(),
+            entry,
+            grid: Grid::Elements(0),
+        }
+    }
+
+    #[test]
+    fn symbols_follow_the_first_arguments_dtypes() {
+        let per = source(Entry::PerDType("k".into()));
+        let two = sig(Some(DTypes::OneOf(vec![DType::BF16, DType::Fp8E4M3Fn])));
+        assert_eq!(per.symbols(&two), ["k_bf16", "k_fp8e4m3fn"]);
+        let any = per.symbols(&sig(Some(DTypes::Any)));
+        assert_eq!(any.len(), DType::ALL.len());
+        assert!(any.contains(&"k_c128".to_owned()) && any.contains(&"k_fp4e2m1".to_owned()));
+        assert_eq!(per.symbols(&sig(None)), ["k"], "no tensor: the bare name");
+        assert!(
+            per.symbols(&sig(Some(DTypes::Unknown("F8".into()))))
+                .is_empty()
+        );
+        let one = source(Entry::One("main".into()));
+        assert_eq!(one.symbols(&two), ["main"]);
+        assert_eq!(one.symbols(&sig(None)), ["main"]);
+    }
+}

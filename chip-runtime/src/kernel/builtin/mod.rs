@@ -27,6 +27,11 @@
 //! f64s). Complex dtypes (C64, C128) are numpy's layout, the real part
 //! first; a scalar being one 64-bit word, `fill` takes a real value for
 //! them (imaginary part 0) and `axpy` a real α.
+//!
+//! Each also runs on a CUDA chip (`cuda.rs`): the matrix kernels as
+//! cuBLAS / cuSOLVER calls, the others as CUDA sources under
+//! `kernel/cuda/` that write the same bits as the kernels here (the
+//! reductions and softmax: to an ulp or so, summing in another order).
 
 mod blas;
 mod cuda;

@@ -59,7 +59,7 @@ use lanes::LanePool;
 use prefetch::{Prefetched, Ticket};
 
 /// A chip: the simulated one ([`crate::SimDevice`]) or a CUDA GPU
-/// ([`crate::cuda::open`]).
+/// (opened by `cuda::open`).
 #[derive(Debug)]
 pub struct Chip {
     inner: Arc<Inner>,

@@ -62,7 +62,7 @@ impl Functions {
                     let (major, minor) = self.gpu.capability()?;
                     let arch = format!("compute_{major}{minor}");
                     let ptx = super::nvrtc::compile(kernel, &src.code, Some(&arch))?;
-                    let image = CString::new(ptx.as_str()).map_err(|_| CudaError::Compile {
+                    let image = CString::new(ptx.into_text()).map_err(|_| CudaError::Compile {
                         kernel: kernel.into(),
                         log: "NVRTC returned PTX with a NUL byte".into(),
                     })?;

@@ -22,14 +22,24 @@
 //!   helpers to address elements;
 //! - the launch shape is the body's [`Grid`].
 //!
+//! Sources compile with fused multiply-add off, and the prelude's
+//! element arithmetic and conversions are the CPU kernels' (`half`'s
+//! rounding, wrapping integers, complex products as `(ac − bd, ad +
+//! bc)`), so an element-by-element source writes the same bits as its CPU
+//! kernel. The prelude's dtype lists (`STRATA_NUMERIC_DTYPES(X)` and the
+//! others) stamp out the entries of an [`Entry::PerDType`] source. The
+//! chip runtime's documentation (`docs/chip-runtime.md`, "CUDA bodies")
+//! says how to check a source on a machine without a GPU.
+//!
 //! A kernel's parameters take at most [`MAX_PARAM_BYTES`] (4 KiB: 128
 //! bytes a tensor, 8 a scalar), the limit every CUDA device accepts.
 
 use std::borrow::Cow;
 
+use strata_boundary::{DTypes, Signature};
 use strata_wire::DType;
 
-use super::{Kernel, KernelContext, Signature};
+use super::{Kernel, KernelContext};
 
 /// Threads per block of the [`Grid::Elements`] and [`Grid::Rows`] launches.
 pub const THREADS: u32 = 256;
@@ -59,6 +69,30 @@ pub struct CudaSource {
     pub entry: Entry,
     /// The launch shape.
     pub grid: Grid,
+}
+
+impl CudaSource {
+    /// Every function a launch of a kernel with signature `desc` may
+    /// call, which the compiled source must therefore define: the one
+    /// name of [`Entry::One`]; for [`Entry::PerDType`], one per dtype
+    /// the first tensor argument accepts (every dtype for
+    /// [`DTypes::Any`]; the bare name when there is no tensor argument;
+    /// none for dtypes this build does not know).
+    pub fn symbols(&self, desc: &Signature) -> Vec<String> {
+        let dtypes: Vec<DType> = match desc.args.first().map(|a| &a.dtypes) {
+            None => return vec![self.entry.symbol(None)],
+            Some(DTypes::OneOf(list)) => list.clone(),
+            Some(DTypes::Any) => DType::ALL.to_vec(),
+            Some(DTypes::SameAs(_) | DTypes::Unknown(_)) => vec![],
+        };
+        match &self.entry {
+            Entry::One(name) => vec![name.to_string()],
+            Entry::PerDType(_) => dtypes
+                .into_iter()
+                .map(|d| self.entry.symbol(Some(d)))
+                .collect(),
+        }
+    }
 }
 
 /// Which function of a source a launch calls.
@@ -254,5 +288,51 @@ impl Kernel for SourceKernel {
 
     fn cuda(&self) -> Option<&CudaBody> {
         Some(&self.body)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use strata_boundary::{ArgSpec, Rank};
+    use strata_wire::Access;
+
+    use super::*;
+
+    fn sig(first: Option<DTypes>) -> Signature {
+        Signature {
+            name: "k".into(),
+            version: 1,
+            args: first
+                .into_iter()
+                .map(|d| ArgSpec::new("x", Access::Read, d, Rank::Any))
+                .collect(),
+            scalars: vec![],
+        }
+    }
+
+    fn source(entry: Entry) -> CudaSource {
+        CudaSource {
+            code: "".into(),
+            entry,
+            grid: Grid::Elements(0),
+        }
+    }
+
+    #[test]
+    fn symbols_follow_the_first_arguments_dtypes() {
+        let per = source(Entry::PerDType("k".into()));
+        let two = sig(Some(DTypes::OneOf(vec![DType::BF16, DType::Fp8E4M3Fn])));
+        assert_eq!(per.symbols(&two), ["k_bf16", "k_fp8e4m3fn"]);
+        let any = per.symbols(&sig(Some(DTypes::Any)));
+        assert_eq!(any.len(), DType::ALL.len());
+        assert!(any.contains(&"k_c128".to_owned()) && any.contains(&"k_fp4e2m1".to_owned()));
+        assert_eq!(per.symbols(&sig(None)), ["k"], "no tensor: the bare name");
+        assert!(
+            per.symbols(&sig(Some(DTypes::Unknown("F8".into()))))
+                .is_empty()
+        );
+        let one = source(Entry::One("main".into()));
+        assert_eq!(one.symbols(&two), ["main"]);
+        assert_eq!(one.symbols(&sig(None)), ["main"]);
     }
 }

@@ -4,6 +4,32 @@ use crate::kernel::KernelContext;
 use crate::kernel::element::{ComplexElement, Element, Typed};
 use crate::{if_complex, with_bits, with_float, with_numeric};
 
+/// A `fill` value an integer dtype cannot hold is refused before the
+/// launch, on every kind of chip (a GPU kernel cannot fail with a
+/// message): the value as given and the range.
+pub(super) fn check_fill(
+    args: &[strata_wire::Tensor],
+    scalars: &[u64],
+) -> Result<(), (usize, String)> {
+    let (Some(out), Some(&value)) = (args.first(), scalars.first()) else {
+        return Ok(());
+    };
+    let dtype = out.dtype();
+    if matches!(dtype, strata_wire::DType::C64 | strata_wire::DType::C128) {
+        return Ok(());
+    }
+    let misfit: Result<(), String> = with_numeric!(dtype, T => {
+        match T::scalar_misfit(value) {
+            Some((given, range)) => Err(format!(
+                "value {given} does not fit out's dtype {} ({range})",
+                T::DTYPE.name()
+            )),
+            None => Ok(()),
+        }
+    });
+    misfit.map_err(|why| (0, why))
+}
+
 pub(super) fn fill(ctx: &mut KernelContext<'_>) -> Result<(), String> {
     let value = ctx.scalar(0)?;
     // A complex view is filled with a real value (f64 bits), its

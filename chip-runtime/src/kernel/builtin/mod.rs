@@ -27,8 +27,14 @@
 //! f64s). Complex dtypes (C64, C128) are numpy's layout, the real part
 //! first; a scalar being one 64-bit word, `fill` takes a real value for
 //! them (imaginary part 0) and `axpy` a real α.
+//!
+//! Each also runs on a CUDA chip (`cuda.rs`): the matrix kernels as
+//! cuBLAS / cuSOLVER calls, the others as CUDA sources under
+//! `kernel/cuda/` that write the same bits as the kernels here (the
+//! reductions and softmax: to an ulp or so, summing in another order).
 
 mod blas;
+mod cuda;
 mod elementwise;
 mod linalg;
 
@@ -36,6 +42,7 @@ use std::sync::Arc;
 
 use strata_wire::{Access, DType, Tensor};
 
+use super::cuda::{CudaBody, LibraryCall};
 use super::element::{COMPLEX_DTYPES, FLOAT_DTYPES, NUMERIC_DTYPES, byte_dtypes};
 use super::{ArgSpec, DTypes, Kernel, KernelContext, Rank, ScalarKind, ScalarSpec, Signature};
 
@@ -43,13 +50,21 @@ type CheckFn = fn(&[Tensor], &[u64]) -> Result<(), (usize, String)>;
 type RunFn = fn(&mut KernelContext<'_>) -> Result<(), String>;
 type CostFn = fn(&[Tensor]) -> u64;
 
-/// A built-in kernel: a descriptor, two functions, and for the matrix
-/// kernels a flop count.
+/// A built-in kernel: a descriptor, two functions, for the matrix
+/// kernels a flop count, and its body for a CUDA chip.
 struct Builtin {
     desc: Signature,
     check: CheckFn,
     run: RunFn,
     cost: Option<CostFn>,
+    cuda: Option<CudaBody>,
+}
+
+impl Builtin {
+    fn with_cuda(mut self, body: CudaBody) -> Self {
+        self.cuda = Some(body);
+        self
+    }
 }
 
 impl Kernel for Builtin {
@@ -64,6 +79,9 @@ impl Kernel for Builtin {
     }
     fn flops(&self, args: &[Tensor]) -> Option<u64> {
         self.cost.map(|c| c(args))
+    }
+    fn cuda(&self) -> Option<&CudaBody> {
+        self.cuda.as_ref()
     }
 }
 
@@ -99,7 +117,7 @@ fn kernel(
     scalars: Vec<ScalarSpec>,
     check: CheckFn,
     run: RunFn,
-) -> Arc<dyn Kernel> {
+) -> Builtin {
     costed(name, args, scalars, check, run, None)
 }
 
@@ -111,8 +129,8 @@ fn costed(
     check: CheckFn,
     run: RunFn,
     cost: Option<CostFn>,
-) -> Arc<dyn Kernel> {
-    Arc::new(Builtin {
+) -> Builtin {
+    Builtin {
         desc: Signature {
             name: name.to_owned(),
             version: 1,
@@ -122,7 +140,8 @@ fn costed(
         check,
         run,
         cost,
-    })
+        cuda: None,
+    }
 }
 
 fn scalar(name: &str, kind: ScalarKind) -> ScalarSpec {
@@ -140,12 +159,12 @@ fn list2(d: &[DType], more: &[DType]) -> DTypes {
     DTypes::OneOf([d, more].concat())
 }
 
-/// Every built-in kernel, version 1.
+/// Every built-in kernel, version 1, each with its CUDA body.
 pub fn all() -> Vec<Arc<dyn Kernel>> {
     use Access::{Read as R, ReadWrite as RW, Write as W};
     let same = |i| DTypes::SameAs(i);
-    vec![
-        kernel("noop", vec![], vec![], |_, _| Ok(()), |_| Ok(())),
+    let builtins = vec![
+        kernel("noop", vec![], vec![], |_, _| Ok(()), |_| Ok(())).with_cuda(cuda::noop()),
         kernel(
             "fill",
             vec![arg(
@@ -155,9 +174,10 @@ pub fn all() -> Vec<Arc<dyn Kernel>> {
                 Rank::Any,
             )],
             vec![scalar("value", ScalarKind::LikeArg(0))],
-            |_, _| Ok(()),
+            elementwise::check_fill,
             elementwise::fill,
-        ),
+        )
+        .with_cuda(cuda::fill()),
         kernel(
             "copy",
             vec![
@@ -167,9 +187,10 @@ pub fn all() -> Vec<Arc<dyn Kernel>> {
             vec![],
             |a, _| same_shape(a, 1, 0),
             elementwise::copy,
-        ),
-        binary("add", elementwise::add),
-        binary("mul", elementwise::mul),
+        )
+        .with_cuda(cuda::copy()),
+        binary("add", elementwise::add).with_cuda(cuda::add()),
+        binary("mul", elementwise::mul).with_cuda(cuda::mul()),
         kernel(
             "axpy",
             vec![
@@ -179,7 +200,8 @@ pub fn all() -> Vec<Arc<dyn Kernel>> {
             vec![scalar("alpha", ScalarKind::F64)],
             |a, _| same_shape(a, 1, 0),
             elementwise::axpy,
-        ),
+        )
+        .with_cuda(cuda::axpy()),
         costed(
             "matmul",
             vec![
@@ -196,7 +218,8 @@ pub fn all() -> Vec<Arc<dyn Kernel>> {
             linalg::check_matmul,
             linalg::matmul,
             Some(product_flops),
-        ),
+        )
+        .with_cuda(cuda::library(LibraryCall::Matmul { accumulate: false })),
         costed(
             "matmul_acc",
             vec![
@@ -213,7 +236,8 @@ pub fn all() -> Vec<Arc<dyn Kernel>> {
             linalg::check_matmul,
             linalg::matmul_acc,
             Some(product_flops),
-        ),
+        )
+        .with_cuda(cuda::library(LibraryCall::Matmul { accumulate: true })),
         kernel(
             "reduce_sum",
             vec![
@@ -223,7 +247,8 @@ pub fn all() -> Vec<Arc<dyn Kernel>> {
             vec![],
             linalg::check_reduce,
             linalg::reduce_sum,
-        ),
+        )
+        .with_cuda(cuda::reduce_sum()),
         kernel(
             "softmax",
             vec![
@@ -233,7 +258,8 @@ pub fn all() -> Vec<Arc<dyn Kernel>> {
             vec![],
             |a, _| same_shape(a, 1, 0),
             linalg::softmax,
-        ),
+        )
+        .with_cuda(cuda::softmax()),
         kernel(
             "transpose",
             vec![
@@ -243,7 +269,8 @@ pub fn all() -> Vec<Arc<dyn Kernel>> {
             vec![],
             linalg::check_transpose,
             elementwise::transpose,
-        ),
+        )
+        .with_cuda(cuda::transpose()),
         costed(
             "potrf",
             vec![arg("a", RW, list(REAL), Rank::Exactly(2))],
@@ -251,7 +278,8 @@ pub fn all() -> Vec<Arc<dyn Kernel>> {
             blas::check_potrf,
             blas::potrf,
             Some(potrf_flops),
-        ),
+        )
+        .with_cuda(cuda::library(LibraryCall::Potrf)),
         costed(
             "trsm",
             vec![
@@ -262,7 +290,8 @@ pub fn all() -> Vec<Arc<dyn Kernel>> {
             blas::check_trsm,
             blas::trsm,
             Some(trsm_flops),
-        ),
+        )
+        .with_cuda(cuda::library(LibraryCall::Trsm)),
         costed(
             "syrk",
             vec![
@@ -273,7 +302,8 @@ pub fn all() -> Vec<Arc<dyn Kernel>> {
             blas::check_syrk,
             blas::syrk,
             Some(syrk_flops),
-        ),
+        )
+        .with_cuda(cuda::library(LibraryCall::Syrk)),
         costed(
             "gemm",
             vec![
@@ -288,15 +318,20 @@ pub fn all() -> Vec<Arc<dyn Kernel>> {
             linalg::check_matmul,
             blas::gemm,
             Some(product_flops),
-        ),
-    ]
+        )
+        .with_cuda(cuda::library(LibraryCall::Gemm)),
+    ];
+    builtins
+        .into_iter()
+        .map(|b| Arc::new(b) as Arc<dyn Kernel>)
+        .collect()
 }
 
 /// The dtypes of the factorization kernels.
 const REAL: &[DType] = &[DType::F32, DType::F64];
 
 /// `out = op(a, b)` element by element, on numeric dtypes of one shape.
-fn binary(name: &str, run: RunFn) -> Arc<dyn Kernel> {
+fn binary(name: &str, run: RunFn) -> Builtin {
     use Access::{Read as R, Write as W};
     kernel(
         name,

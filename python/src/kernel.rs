@@ -15,6 +15,7 @@ use clap::Parser;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyString, PyTuple};
 use strata_chip_runtime::Registry;
+use strata_chip_runtime::kernel::cuda::{CudaBody, CudaSource, Entry, Grid, SourceKernel};
 use strata_chip_runtime::kernel::{
     ArgSpec, Kernel, KernelContext, ScalarKind, ScalarSpec, Signature,
 };
@@ -22,12 +23,19 @@ use strata_chip_runtime::kernel::{
 use crate::dtype;
 use crate::errors::raise;
 
-/// A kernel written in Python: a name, a signature and a function. Made by
-/// the :func:`strata.kernel` decorator; calling it calls the function.
+/// A kernel written in Python: a name, a signature and a function, and
+/// optionally CUDA C source for CUDA chips. Made by the
+/// :func:`strata.kernel` decorator (calling it calls the function) or, with
+/// CUDA source alone, by :func:`strata.raw_kernel`.
 #[pyclass(name = "Kernel", module = "strata", frozen)]
 pub(crate) struct PyKernelSpec {
     desc: Signature,
-    func: Py<PyAny>,
+    /// The CPU body; `None` for a kernel with only CUDA source.
+    func: Option<Py<PyAny>>,
+    /// The CUDA body.
+    cuda: Option<CudaSource>,
+    /// For a kernel without a function: the module that made it.
+    module: Option<String>,
 }
 
 impl PyKernelSpec {
@@ -35,14 +43,116 @@ impl PyKernelSpec {
         self.desc.qualified_name()
     }
 
-    /// The module and qualified name of the function, which a worker
-    /// process imports.
+    /// The module and the name in it a worker process imports: the
+    /// function's, or for a kernel with only CUDA source, the module
+    /// variable that holds it (found by its name and version).
     pub(crate) fn origin(&self, py: Python<'_>) -> PyResult<(String, String)> {
-        let f = self.func.bind(py);
-        Ok((
-            f.getattr("__module__")?.extract()?,
-            f.getattr("__qualname__")?.extract()?,
-        ))
+        if let Some(func) = &self.func {
+            let f = func.bind(py);
+            return Ok((
+                f.getattr("__module__")?.extract()?,
+                f.getattr("__qualname__")?.extract()?,
+            ));
+        }
+        let module = self.module.clone().unwrap_or_else(|| "__main__".into());
+        let found = (|| -> PyResult<Option<String>> {
+            let m = py.import("sys")?.getattr("modules")?.get_item(&module)?;
+            let vars: Bound<'_, PyDict> = m.getattr("__dict__")?.extract()?;
+            for (k, v) in vars.iter() {
+                if let Ok(spec) = v.extract::<PyRef<'_, PyKernelSpec>>()
+                    && spec.desc.qualified_name() == self.desc.qualified_name()
+                {
+                    return Ok(Some(k.extract()?));
+                }
+            }
+            Ok(None)
+        })()
+        .ok()
+        .flatten();
+        match found {
+            Some(name) => Ok((module, name)),
+            None if module == "__main__" => Ok((module, self.desc.name.clone())),
+            None => Err(bad_spec(
+                &self.name(),
+                format!(
+                    "it is not a top-level variable of module {module}, which worker processes import"
+                ),
+            )),
+        }
+    }
+}
+
+/// The launch shape `grid` names: ``"elements"`` (one thread per element
+/// of the first written argument), ``"elements:N"``, ``"rows:N"``, or
+/// ``(blocks, threads)`` / ``(blocks, threads, shared_bytes)`` with blocks
+/// and threads an int or an (x, y, z) triple.
+fn parse_grid(kernel: &str, grid: &Bound<'_, PyAny>, desc: &Signature) -> PyResult<Grid> {
+    if let Ok(text) = grid.extract::<String>() {
+        let (kind, n) = match text.split_once(':') {
+            Some((k, n)) => (
+                k,
+                Some(n.parse::<usize>().map_err(|_| {
+                    bad_spec(
+                        kernel,
+                        format!("grid {text:?}: {n:?} is not an argument index"),
+                    )
+                })?),
+            ),
+            None => (text.as_str(), None),
+        };
+        let first_written = || {
+            desc.args
+                .iter()
+                .position(|a| a.access.allows_write())
+                .unwrap_or(0)
+        };
+        return match kind {
+            "elements" => Ok(Grid::Elements(n.unwrap_or_else(first_written))),
+            "rows" => Ok(Grid::Rows(n.unwrap_or(0))),
+            _ => Err(bad_spec(
+                kernel,
+                format!(
+                    "grid {text:?} is not \"elements\", \"elements:N\", \"rows:N\" or (blocks, threads[, shared])"
+                ),
+            )),
+        };
+    }
+    let three = |v: &Bound<'_, PyAny>, what: &str| -> PyResult<[u32; 3]> {
+        if let Ok(n) = v.extract::<u32>() {
+            return Ok([n, 1, 1]);
+        }
+        v.extract::<(u32, u32, u32)>()
+            .map(|(x, y, z)| [x, y, z])
+            .map_err(|_| {
+                bad_spec(
+                    kernel,
+                    format!("grid: {what} is not an int or an (x, y, z) triple"),
+                )
+            })
+    };
+    let parts: Vec<Bound<'_, PyAny>> = grid.extract().map_err(|_| {
+        bad_spec(
+            kernel,
+            "grid is not a string or a (blocks, threads[, shared]) tuple".into(),
+        )
+    })?;
+    match parts.as_slice() {
+        [b, t] => Ok(Grid::Fixed {
+            blocks: three(b, "blocks")?,
+            threads: three(t, "threads")?,
+            shared: 0,
+        }),
+        [b, t, sh] => Ok(Grid::Fixed {
+            blocks: three(b, "blocks")?,
+            threads: three(t, "threads")?,
+            shared: sh
+                .extract()
+                .map_err(|_| bad_spec(kernel, "grid: shared is not a byte count".into()))?,
+        }),
+        _ => Err(bad_spec(
+            kernel,
+            "grid is not (blocks, threads[, shared])".into(),
+        )),
     }
 }
 
@@ -60,18 +170,38 @@ impl PyKernelSpec {
     /// ``"i64"``, ``"u64"`` or ``"likeN"`` (in argument N's dtype),
     /// optionally named: ``"alpha:f64"``.
     #[new]
-    #[pyo3(signature = (name, func, args, scalars=Vec::new(), version=1))]
+    #[pyo3(signature = (name, func, args, scalars=Vec::new(), version=1, *, cuda=None, entry=None, grid=None, module=None))]
+    #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
         name: String,
-        func: Py<PyAny>,
+        func: Option<Py<PyAny>>,
         args: Vec<String>,
         scalars: Vec<String>,
         version: u32,
+        cuda: Option<String>,
+        entry: Option<String>,
+        grid: Option<Bound<'_, PyAny>>,
+        module: Option<String>,
     ) -> PyResult<Self> {
         strata_chip_runtime::kernel::check_name(&name).map_err(|e| bad_spec(&name, e))?;
-        if !func.bind(py).is_callable() {
-            return Err(bad_spec(&name, "the function is not callable".into()));
+        match &func {
+            Some(f) if !f.bind(py).is_callable() => {
+                return Err(bad_spec(&name, "the function is not callable".into()));
+            }
+            None if cuda.is_none() => {
+                return Err(bad_spec(
+                    &name,
+                    "it has neither a function nor CUDA source: give one or both".into(),
+                ));
+            }
+            _ => {}
+        }
+        if cuda.is_none() && (entry.is_some() || grid.is_some()) {
+            return Err(bad_spec(
+                &name,
+                "entry= and grid= go with cuda= source".into(),
+            ));
         }
         let dtype = |d: &str| {
             dtype::parse(PyString::new(py, d).as_any()).map_err(|e| e.value(py).to_string())
@@ -92,14 +222,34 @@ impl PyKernelSpec {
                     .map_err(|e| bad_spec(&name, format!("scalar {i} {s:?}: {e}")))
             })
             .collect::<PyResult<Vec<_>>>()?;
+        let desc = Signature {
+            name: name.clone(),
+            version,
+            args: specs,
+            scalars: scalar_specs,
+        };
+        let cuda = match cuda {
+            None => None,
+            Some(code) => {
+                let grid = match &grid {
+                    Some(g) => parse_grid(&name, g, &desc)?,
+                    None => parse_grid(&name, PyString::new(py, "elements").as_any(), &desc)?,
+                };
+                let entry = Entry::One(entry.unwrap_or_else(|| name.clone()).into());
+                // The checks a worker makes when it registers it, made now.
+                let source = SourceKernel::new(desc.clone(), code, entry, grid)
+                    .map_err(pyo3::exceptions::PyValueError::new_err)?;
+                match source.cuda() {
+                    Some(CudaBody::Source(s)) => Some(s.clone()),
+                    _ => None,
+                }
+            }
+        };
         Ok(PyKernelSpec {
-            desc: Signature {
-                name,
-                version,
-                args: specs,
-                scalars: scalar_specs,
-            },
+            desc,
             func,
+            cuda,
+            module,
         })
     }
 
@@ -121,10 +271,16 @@ impl PyKernelSpec {
         self.desc.canonical()
     }
 
-    /// The function.
+    /// The function (``None`` for a kernel with only CUDA source).
     #[getter]
-    fn func(&self, py: Python<'_>) -> Py<PyAny> {
-        self.func.clone_ref(py)
+    fn func(&self, py: Python<'_>) -> Option<Py<PyAny>> {
+        self.func.as_ref().map(|f| f.clone_ref(py))
+    }
+
+    /// The CUDA C source (``None``: it runs on CPU chips only).
+    #[getter]
+    fn cuda(&self) -> Option<String> {
+        self.cuda.as_ref().map(|c| c.code.to_string())
     }
 
     #[pyo3(signature = (*args, **kwargs))]
@@ -134,7 +290,13 @@ impl PyKernelSpec {
         args: Bound<'py, PyTuple>,
         kwargs: Option<Bound<'py, PyDict>>,
     ) -> PyResult<Bound<'py, PyAny>> {
-        self.func.bind(py).call(args, kwargs.as_ref())
+        match &self.func {
+            Some(f) => f.bind(py).call(args, kwargs.as_ref()),
+            None => Err(pyo3::exceptions::PyTypeError::new_err(format!(
+                "kernel {} has only CUDA source: it runs as a task on a CUDA chip, not as a Python call",
+                self.name()
+            ))),
+        }
     }
 
     fn __repr__(&self) -> String {
@@ -146,6 +308,7 @@ impl PyKernelSpec {
 struct PyKernel {
     desc: Signature,
     func: Py<PyAny>,
+    cuda: Option<CudaBody>,
 }
 
 impl PyKernel {
@@ -233,6 +396,10 @@ impl Kernel for PyKernel {
         keep_thread_state();
         Python::attach(|py| self.call(py, ctx))
     }
+
+    fn cuda(&self) -> Option<&CudaBody> {
+        self.cuda.as_ref()
+    }
 }
 
 thread_local! {
@@ -292,11 +459,25 @@ pub(crate) fn registry_with(py: Python<'_>, kernels: &[Py<PyKernelSpec>]) -> PyR
     let mut r = Registry::with_builtins();
     for k in kernels {
         let k = k.get();
-        r.register(Arc::new(PyKernel {
-            desc: k.desc.clone(),
-            func: k.func.clone_ref(py),
-        }))
-        .map_err(|e| raise("Error", format!("kernel {}: {e}", k.name()), &[]))?;
+        let kernel: Arc<dyn Kernel> = match (&k.func, &k.cuda) {
+            (Some(func), cuda) => Arc::new(PyKernel {
+                desc: k.desc.clone(),
+                func: func.clone_ref(py),
+                cuda: cuda.clone().map(CudaBody::Source),
+            }),
+            (None, Some(src)) => Arc::new(
+                SourceKernel::new(
+                    k.desc.clone(),
+                    src.code.to_string(),
+                    src.entry.clone(),
+                    src.grid,
+                )
+                .map_err(|e| raise("Error", e, &[]))?,
+            ),
+            (None, None) => continue,
+        };
+        r.register(kernel)
+            .map_err(|e| raise("Error", format!("kernel {}: {e}", k.name()), &[]))?;
     }
     Ok(r)
 }

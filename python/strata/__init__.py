@@ -70,7 +70,7 @@ from .errors import (
     WorkerLost,
     WrongTag,
 )
-from .kernels import kernel, serve
+from .kernels import kernel, raw_kernel, serve
 
 __all__ = [
     "Array",
@@ -87,6 +87,7 @@ __all__ = [
     "inout",
     "input",
     "kernel",
+    "raw_kernel",
     "no_dep",
     "output",
     "output_existing",

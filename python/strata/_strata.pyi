@@ -153,15 +153,20 @@ class Scope:
     def __exit__(self, *exc: object) -> bool: ...
 
 class Kernel:
-    """A kernel written in Python."""
+    """A kernel written in Python, optionally with CUDA source."""
 
     def __init__(
         self,
         name: str,
-        func: Callable[..., object],
+        func: Optional[Callable[..., object]],
         args: Sequence[str],
         scalars: Sequence[str] = ...,
         version: int = 1,
+        *,
+        cuda: Optional[str] = None,
+        entry: Optional[str] = None,
+        grid: object = None,
+        module: Optional[str] = None,
     ) -> None: ...
     @property
     def name(self) -> str: ...
@@ -170,7 +175,9 @@ class Kernel:
     @property
     def signature(self) -> str: ...
     @property
-    def func(self) -> Callable[..., object]: ...
+    def func(self) -> Optional[Callable[..., object]]: ...
+    @property
+    def cuda(self) -> Optional[str]: ...
     def __call__(self, *args: Any, **kwargs: Any) -> Any: ...
 
 class Cluster:

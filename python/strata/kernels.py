@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import importlib
+import sys
 from typing import Callable, Iterable, Optional, Sequence, Union
 
 from ._strata import Kernel, run_worker
 
-__all__ = ["kernel", "serve", "load"]
+__all__ = ["kernel", "raw_kernel", "serve", "load"]
 
 
 def kernel(
@@ -15,6 +16,10 @@ def kernel(
     args: Sequence[str],
     scalars: Sequence[str] = (),
     version: int = 1,
+    *,
+    cuda: Optional[str] = None,
+    entry: Optional[str] = None,
+    grid: object = None,
 ) -> Callable[[Callable[..., object]], Kernel]:
     """Registers a Python function as a strata kernel.
 
@@ -40,12 +45,52 @@ def kernel(
         @strata.kernel("scale", args=("x:r", "y:w"), scalars=("alpha:f64",))
         def scale(x, y, alpha):
             y[...] = alpha * x
+
+    With ``cuda=`` CUDA C source (and ``entry=``, ``grid=``: see
+    :func:`raw_kernel`), the kernel has a body for CUDA chips too: CPU
+    chips call the function, CUDA chips launch the source.
     """
 
     def wrap(func: Callable[..., object]) -> Kernel:
-        return Kernel(name, func, list(args), list(scalars), version)
+        return Kernel(name, func, list(args), list(scalars), version, cuda=cuda, entry=entry, grid=grid)
 
     return wrap
+
+
+def raw_kernel(
+    name: str,
+    source: str,
+    args: Sequence[str],
+    scalars: Sequence[str] = (),
+    *,
+    entry: Optional[str] = None,
+    grid: object = "elements",
+    version: int = 1,
+) -> Kernel:
+    """A kernel with only a CUDA body: CUDA C ``source`` whose
+    ``extern "C" __global__`` function ``entry`` (default: ``name``) runs
+    on CUDA chips, as CuPy's ``RawKernel`` takes source and a name. CPU
+    chips do not offer it.
+
+    The function's parameters are the task's tensor arguments in order,
+    each a ``strata_tensor`` by value (``addr``, ``start_offset``,
+    ``shape[5]``, ``stride[5]`` in elements, ``ndims``, ``dtype``), then
+    its scalars, each an ``unsigned long long`` (a float's ``double``
+    bits). strata's prelude is compiled in front of the source: the struct,
+    ``strata_numel(t)`` and ``strata_at<T>(t, i)`` (the element at
+    row-major index ``i``). ``grid``: ``"elements"`` (a thread per element
+    of the first written argument, 256 a block; loop with a grid-sized
+    stride), ``"elements:N"``, ``"rows:N"`` (a 256-thread block per row of
+    argument N), or ``(blocks, threads)`` / ``(blocks, threads,
+    shared_bytes)``. Define it at a module's top level: worker processes
+    import it from there.
+
+        scale = strata.raw_kernel("scale", SOURCE, args=("x:rw:f32",), scalars=("alpha:f64",))
+    """
+    module = sys._getframe(1).f_globals.get("__name__", "__main__")
+    return Kernel(
+        name, None, list(args), list(scalars), version, cuda=source, entry=entry, grid=grid, module=module
+    )
 
 
 def load(spec: str) -> list:
@@ -60,7 +105,7 @@ def load(spec: str) -> list:
             for piece in attr.split("."):
                 obj = getattr(obj, piece)
             if not isinstance(obj, Kernel):
-                raise TypeError(f"{part} is a {type(obj).__name__}, not a strata.Kernel (decorate it with @strata.kernel)")
+                raise TypeError(f"{part} is a {type(obj).__name__}, not a strata.Kernel (decorate it with @strata.kernel, or make it with strata.raw_kernel)")
             found.append(obj)
         else:
             ks = [v for v in vars(mod).values() if isinstance(v, Kernel)]

@@ -92,3 +92,22 @@ def partial_copy(x, y, seed):
 def partial_update(y, seed):
     m = _chosen(y.shape, seed)
     y[m] = y[m] * np.float32(2) + np.float32(1)
+
+
+# A kernel with only a CUDA body (CPU chips do not offer it) and one with
+# both bodies: the function on CPU chips, the source on CUDA chips.
+SCALE_CU = """
+extern "C" __global__ void scale_cu(strata_tensor x, unsigned long long alpha) {
+    double a = __longlong_as_double((long long)alpha);
+    for (strata_u64 i = blockIdx.x * (strata_u64)blockDim.x + threadIdx.x;
+         i < strata_numel(x); i += (strata_u64)gridDim.x * blockDim.x)
+        *strata_at<float>(x, i) *= (float)a;
+}
+"""
+
+scale_cu = strata.raw_kernel("test.scale_cu", SCALE_CU, args=("x:rw:f32",), scalars=("alpha:f64",), entry="scale_cu")
+
+
+@strata.kernel("test.scale_both", args=("x:rw:f32",), scalars=("alpha:f64",), cuda=SCALE_CU, entry="scale_cu")
+def scale_both(x, alpha):
+    x[...] *= np.float32(alpha)

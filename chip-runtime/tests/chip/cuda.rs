@@ -116,14 +116,27 @@ fn an_illegal_address_loses_the_context_and_nothing_is_written() {
     assert_eq!(e.failure_kind(), strata_boundary::FailureKind::Device);
 }
 
-/// A source NVRTC refuses fails its launch with the compiler's log, as a
-/// kernel failure; the chip serves on.
-#[test]
-fn a_source_that_does_not_compile_names_the_log() {
-    let Some(dev) = gpu("a_source_that_does_not_compile", ",mem=256MiB") else {
-        return;
-    };
-    let broken = Arc::new(
+/// The source kernels of these tests and of `SourceKernel`'s example
+/// (compiled by NVRTC in `nvrtc.rs` wherever NVRTC is, GPU or not).
+pub(crate) fn sources() -> Vec<Arc<dyn Kernel>> {
+    let scale = SourceKernel::new(
+        Signature::parse("scale@1(x:RW:F32:*;alpha:f64)").unwrap(),
+        r#"extern "C" __global__ void scale(strata_tensor x, unsigned long long alpha) {
+               double a = __longlong_as_double((long long)alpha);
+               strata_u64 n = strata_numel(x);
+               for (strata_u64 i = blockIdx.x * (strata_u64)blockDim.x + threadIdx.x; i < n;
+                    i += (strata_u64)gridDim.x * blockDim.x)
+                   *strata_at<float>(x, i) *= (float)a;
+           }"#,
+        Entry::One("scale".into()),
+        Grid::Elements(0),
+    )
+    .unwrap();
+    vec![faulting(), broken(), Arc::new(scale)]
+}
+
+fn broken() -> Arc<dyn Kernel> {
+    Arc::new(
         SourceKernel::new(
             Signature::parse("broken@1(x:W:F32:*;)").unwrap(),
             r#"extern "C" __global__ void broken(strata_tensor x) { this is not C++ }"#,
@@ -131,7 +144,17 @@ fn a_source_that_does_not_compile_names_the_log() {
             Grid::Elements(0),
         )
         .unwrap(),
-    );
+    )
+}
+
+/// A source NVRTC refuses fails its launch with the compiler's log, as a
+/// kernel failure; the chip serves on.
+#[test]
+fn a_source_that_does_not_compile_names_the_log() {
+    let Some(dev) = gpu("a_source_that_does_not_compile", ",mem=256MiB") else {
+        return;
+    };
+    let broken = broken();
     let mut rng = Rng(6);
     let out = host_tensor(&mut rng, &[4], strata_wire::DType::F32, Layout::RowMajor);
     let e = launch(dev.as_ref(), broken, vec![out.arg(ArgTag::Output)], vec![]).unwrap_err();

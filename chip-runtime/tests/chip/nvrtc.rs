@@ -166,3 +166,30 @@ fn a_broken_source_is_a_compile_error_with_the_log() {
         other => panic!("expected missing entries, got {other:?}"),
     }
 }
+
+/// The sources of the CUDA chip's own tests and of the `SourceKernel`
+/// example compile (the faulting one too: its fault is at run time); the
+/// broken one does not.
+#[test]
+fn the_test_and_example_sources_compile() {
+    if !have_nvrtc() {
+        return;
+    }
+    for k in crate::cuda::sources() {
+        let Some(CudaBody::Source(s)) = k.cuda() else {
+            panic!("{} has no source", k.descriptor().qualified_name());
+        };
+        let name = k.descriptor().qualified_name();
+        let r = nvrtc::compile(&name, &s.code, Some("compute_90"));
+        if name.starts_with("broken") {
+            assert!(matches!(r, Err(CudaError::Compile { .. })), "{name}");
+        } else {
+            let ptx = r.unwrap_or_else(|e| panic!("{name}: {e}"));
+            let symbol = s.entry.symbol(None);
+            assert!(
+                ptx.text().contains(&format!(".entry {symbol}(")),
+                "{name}: no entry {symbol}"
+            );
+        }
+    }
+}

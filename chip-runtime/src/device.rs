@@ -337,6 +337,14 @@ pub trait Device: Send + Sync + std::fmt::Debug {
         true
     }
 
+    /// Why the chip can no longer run anything, once that is so (a GPU
+    /// whose context a fault lost): every launch fails from then on, and
+    /// its worker should exit so that it can be replaced. `None` for a
+    /// chip that works.
+    fn lost(&self) -> Option<String> {
+        None
+    }
+
     /// Waits until every accepted launch has completed.
     fn synchronize(&self);
 

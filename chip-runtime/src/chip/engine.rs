@@ -122,6 +122,11 @@ pub(crate) trait Engine: Send + Sync + std::fmt::Debug {
     /// among it. A no-op for an engine that does everything at once.
     fn finish(&self, lane: Lane) -> Result<(), Error>;
 
+    /// Why the chip can run nothing more, once so ([`crate::Device::lost`]).
+    fn lost(&self) -> Option<String> {
+        None
+    }
+
     /// A buffer's copies were dropped (it is being released): host memory
     /// the engine keeps prepared (page-locked) and no one else holds may
     /// go.

@@ -426,6 +426,10 @@ impl Device for Chip {
         self.inner.engine.runs(kernel)
     }
 
+    fn lost(&self) -> Option<String> {
+        self.inner.engine.lost()
+    }
+
     fn synchronize(&self) {
         self.lanes.wait_idle();
     }

@@ -734,4 +734,8 @@ impl Engine for CudaEngine {
     fn bounced(&self) -> u64 {
         self.bounced.load(Ordering::Relaxed)
     }
+
+    fn lost(&self) -> Option<String> {
+        self.gpu.lost().map(|e| e.to_string())
+    }
 }

@@ -29,8 +29,8 @@ pub struct WorkerArgs {
     #[arg(long, default_value_t = 0)]
     pub chip: u32,
     /// The chip: sim[:mem=SIZE,mode=staged|unified,lanes=N,run=SIZE,scratch=SIZE]
-    /// (a simulated chip) or cuda[:N][,mem=SIZE,run=SIZE,scratch=SIZE,streams=N,prefetch=on|off]
-    /// (GPU N, default 0). cuda:all names every GPU and is for drivers that
+    /// (a simulated chip) or cuda:N[,mem=SIZE,run=SIZE,scratch=SIZE,streams=N,prefetch=on|off]
+    /// (GPU N; plain cuda is GPU 0). cuda:all names every GPU and is for drivers that
     /// start one worker per GPU; a worker owns one.
     #[arg(long, default_value = "sim")]
     pub device: String,

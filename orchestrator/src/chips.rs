@@ -6,7 +6,10 @@
 //! The rule for `cuda:all` ([`plan`]), where `n` is the number of local
 //! (spawned) or in-process workers asked for:
 //! - `n` = 0 (the default) or `n` = the GPU count: one worker per GPU;
-//!   with no number asked for anywhere, they are local workers;
+//!   with no number asked for anywhere, they are local workers, unless
+//!   the cluster has other workers (connected ones, or in-process ones the
+//!   caller started): then the spec has no worker to apply to, and starts
+//!   none;
 //! - any other `n` is refused, naming both numbers (a GPU left idle or
 //!   shared by two workers is more likely a mistake than a wish);
 //! - local and in-process workers together are refused: each GPU would
@@ -32,8 +35,9 @@ pub(crate) struct Plan {
 }
 
 /// The chips of `local` spawned and `in_process` in-process workers on
-/// `device`; `gpus` counts the GPUs, and is asked only for a `cuda` spec
-/// with workers to start.
+/// `device`, in a cluster with `others` workers besides (connected, or
+/// started by the caller); `gpus` counts the GPUs, and is asked only for
+/// a `cuda` spec with workers to start.
 ///
 /// # Errors
 /// [`ClusterError::Device`] for a spec no worker accepts and for a CUDA
@@ -43,6 +47,7 @@ pub(crate) fn plan(
     device: &str,
     local: usize,
     in_process: usize,
+    others: usize,
     gpus: impl FnOnce() -> Result<u32, CudaError>,
 ) -> Result<Plan, ClusterError> {
     let spec: ChipSpec = device
@@ -50,7 +55,11 @@ pub(crate) fn plan(
         .map_err(|source| ClusterError::Device { source })?;
     let same = |n: usize| vec![device.to_owned(); n];
     let cuda = match spec {
-        ChipSpec::Cuda(cuda) if local + in_process > 0 || cuda.ordinal == CudaOrdinal::All => cuda,
+        ChipSpec::Cuda(cuda)
+            if local + in_process > 0 || (cuda.ordinal == CudaOrdinal::All && others == 0) =>
+        {
+            cuda
+        }
         _ => {
             return Ok(Plan {
                 local: same(local),
@@ -119,7 +128,7 @@ pub(crate) fn plan(
 /// As [`crate::ClusterBuilder::start`] for the device: a bad spec, no
 /// CUDA driver or GPU, a count `cuda:all` cannot meet.
 pub fn worker_chips(device: &str, n: usize) -> Result<Vec<String>, ClusterError> {
-    Ok(plan(device, n, 0, strata_chip_runtime::cuda::device_count)?.local)
+    Ok(plan(device, n, 0, 0, strata_chip_runtime::cuda::device_count)?.local)
 }
 
 #[cfg(test)]
@@ -138,10 +147,10 @@ mod tests {
 
     #[test]
     fn a_sim_spec_is_given_to_every_worker_and_asks_no_driver() {
-        let p = plan("sim:mem=1MiB", 2, 1, || panic!("asked for GPUs")).unwrap();
+        let p = plan("sim:mem=1MiB", 2, 1, 0, || panic!("asked for GPUs")).unwrap();
         assert_eq!(p.local, vec!["sim:mem=1MiB"; 2]);
         assert_eq!(p.in_process, vec!["sim:mem=1MiB"]);
-        let e = plan("gpu", 1, 0, || panic!("asked")).unwrap_err();
+        let e = plan("gpu", 1, 0, 0, || panic!("asked")).unwrap_err();
         assert!(
             e.to_string()
                 .contains("unknown device kind \"gpu\" (known: sim, cuda)"),
@@ -151,7 +160,7 @@ mod tests {
 
     #[test]
     fn cuda_all_starts_one_local_worker_per_gpu_with_the_same_keys() {
-        let p = plan("cuda:all,mem=2GiB,streams=2", 0, 0, gpus(3)).unwrap();
+        let p = plan("cuda:all,mem=2GiB,streams=2", 0, 0, 0, gpus(3)).unwrap();
         assert_eq!(
             p.local,
             [0, 1, 2]
@@ -161,11 +170,11 @@ mod tests {
         assert!(p.in_process.is_empty());
         // Asking for exactly as many is the same.
         assert_eq!(
-            plan("cuda:all,mem=2GiB,streams=2", 3, 0, gpus(3)).unwrap(),
+            plan("cuda:all,mem=2GiB,streams=2", 3, 0, 0, gpus(3)).unwrap(),
             p
         );
         // In-process workers take the GPUs instead.
-        let q = plan("cuda:all", 0, 2, gpus(2)).unwrap();
+        let q = plan("cuda:all", 0, 2, 0, gpus(2)).unwrap();
         assert!(q.local.is_empty());
         assert_eq!(
             q.in_process,
@@ -178,12 +187,12 @@ mod tests {
 
     #[test]
     fn cuda_all_refuses_a_count_that_is_not_the_gpus() {
-        let e = plan("cuda:all", 4, 0, gpus(2)).unwrap_err();
+        let e = plan("cuda:all", 4, 0, 0, gpus(2)).unwrap_err();
         assert_eq!(
             e.to_string(),
             "cuda:all starts one worker per GPU: 4 local workers were asked for and the CUDA driver sees 2 GPUs (ask for 2, or leave the number out)"
         );
-        let e = plan("cuda:all", 0, 1, gpus(2)).unwrap_err();
+        let e = plan("cuda:all", 0, 1, 0, gpus(2)).unwrap_err();
         assert!(
             matches!(
                 e,
@@ -195,12 +204,12 @@ mod tests {
             ),
             "{e}"
         );
-        let e = plan("cuda:all", 2, 2, gpus(2)).unwrap_err();
+        let e = plan("cuda:all", 2, 2, 0, gpus(2)).unwrap_err();
         assert_eq!(
             e.to_string(),
             "cuda:all gives each GPU one worker: 2 local and 2 in-process workers were asked for; ask for one kind"
         );
-        let e = plan("cuda:all", 0, 0, gpus(0)).unwrap_err();
+        let e = plan("cuda:all", 0, 0, 0, gpus(0)).unwrap_err();
         assert!(
             e.to_string()
                 .contains("no CUDA device 0: the driver sees 0"),
@@ -211,7 +220,7 @@ mod tests {
     #[test]
     fn without_a_driver_a_cuda_spec_fails_naming_the_library() {
         for (spec, local, in_process) in [("cuda:all", 0, 0), ("cuda:0", 2, 0), ("cuda:1", 0, 1)] {
-            let e = plan(spec, local, in_process, no_driver).unwrap_err();
+            let e = plan(spec, local, in_process, 0, no_driver).unwrap_err();
             assert!(
                 matches!(
                     &e,
@@ -223,9 +232,17 @@ mod tests {
             );
             assert!(e.to_string().contains("libcuda.so.1"), "{spec}: {e}");
         }
-        // cuda:N with no worker to start asks nothing.
+        // cuda:all beside other workers, with no number asked for, starts
+        // nothing and asks nothing; so does cuda:N with no worker to start.
         assert_eq!(
-            plan("cuda:0", 0, 0, || panic!("asked")).unwrap(),
+            plan("cuda:all", 0, 0, 2, || panic!("asked")).unwrap(),
+            Plan {
+                local: Vec::new(),
+                in_process: Vec::new()
+            }
+        );
+        assert_eq!(
+            plan("cuda:0", 0, 0, 0, || panic!("asked")).unwrap(),
             Plan {
                 local: Vec::new(),
                 in_process: Vec::new()
@@ -235,13 +252,13 @@ mod tests {
 
     #[test]
     fn cuda_n_must_be_a_gpu_the_driver_sees() {
-        let e = plan("cuda:2", 1, 0, gpus(2)).unwrap_err();
+        let e = plan("cuda:2", 1, 0, 0, gpus(2)).unwrap_err();
         assert!(
             e.to_string()
                 .contains("no CUDA device 2: the driver sees 2 device(s)"),
             "{e}"
         );
-        let p = plan("cuda:1,mem=1GiB", 2, 0, gpus(2)).unwrap();
+        let p = plan("cuda:1,mem=1GiB", 2, 0, 0, gpus(2)).unwrap();
         assert_eq!(p.local, vec!["cuda:1,mem=1GiB"; 2]);
     }
 }

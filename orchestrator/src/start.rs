@@ -223,9 +223,9 @@ impl ClusterBuilder {
     /// `cuda:all` starts one worker per GPU the CUDA driver sees, worker
     /// `i` on `cuda:i` with the spec's other keys: as many local workers
     /// (when neither [`ClusterBuilder::local`] nor
-    /// [`ClusterBuilder::in_process`] asks for a number, or `local` asks
-    /// for exactly that many) or in-process ones (when `in_process` asks
-    /// for exactly that many). Another number, or both kinds, fails the
+    /// [`ClusterBuilder::in_process`] asks for a number and the cluster
+    /// has no other worker, or `local` asks for exactly that many) or
+    /// in-process ones (when `in_process` asks for exactly that many). Another number, or both kinds, fails the
     /// start naming the numbers. Any `cuda` spec fails the start at once,
     /// before a worker runs, when the CUDA driver or the GPU is not there
     /// ([`ClusterError::Device`], naming what is missing).
@@ -466,6 +466,7 @@ fn start(b: ClusterBuilder) -> Result<Cluster, Error> {
         &b.device,
         b.local,
         b.in_process,
+        b.started.len() + b.remotes.len(),
         strata_chip_runtime::cuda::device_count,
     )?;
     if plan.local.is_empty()

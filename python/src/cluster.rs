@@ -51,8 +51,8 @@ use crate::task::{PySummary, PyTask, PyTaskSpec, build};
 ///         ``"sim"``, ``"sim:mem=2GiB,mode=unified,lanes=2"``, ``"cuda:0"``
 ///         or ``"cuda:1,mem=8GiB"``. ``"cuda:all"`` starts one worker per
 ///         GPU, worker ``i`` on ``cuda:i``: as many spawned workers when
-///         neither ``local`` nor ``in_process`` is given (or ``local`` is
-///         the GPU count), as many in-process ones when ``in_process`` is
+///         neither ``local``, ``in_process`` nor ``workers`` is given (or
+///         ``local`` is the GPU count), as many in-process ones when ``in_process`` is
 ///         the GPU count; another number raises ``ClusterError`` naming
 ///         both. A ``cuda`` device without a CUDA driver or that GPU
 ///         raises ``ClusterError`` at once, naming what is missing.
@@ -221,6 +221,7 @@ impl PyCluster {
         // for: those are Python workers too.
         let spawns = local > 0
             || (in_process == 0
+                && workers.is_empty()
                 && matches!(
                     device.parse::<strata_chip_runtime::ChipSpec>(),
                     Ok(strata_chip_runtime::ChipSpec::Cuda(c))

@@ -225,3 +225,30 @@ fn a_worker_offers_only_what_its_chip_runs_and_the_driver_names_the_rest() {
     );
     cluster.shutdown().unwrap();
 }
+
+/// `cuda:all` names the chips of the workers a driver starts; beside
+/// running workers, with no number asked for, it starts none and asks no
+/// CUDA driver: the demo runs on the running worker, driver or not.
+#[test]
+fn cuda_all_beside_running_workers_starts_none() {
+    let w = WorkerProcess::spawn_unix(&strata_bin(), &["worker"], &[]);
+    let endpoint = w.endpoint.to_string();
+    let (out, _) = strata(&[
+        "demo",
+        "--workers",
+        &endpoint,
+        "--device",
+        "cuda:all",
+        "--size",
+        "64",
+        "--tile",
+        "32",
+        "--quiet",
+    ]);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

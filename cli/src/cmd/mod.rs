@@ -179,7 +179,10 @@ fn init_logging() {
 /// How many local workers `strata run` and `strata demo` start on
 /// `device` when `asked` is not given: 4 simulated chips, 1 worker for
 /// `cuda:N`, one per GPU for `cuda:all`. A number asked for is kept
-/// (`cuda:all` checks it against the GPUs).
+/// (`cuda:all` checks it against the GPUs). For `cuda:all` this asks the
+/// CUDA driver for its GPUs, and the cluster's start asks again: the
+/// count is needed before the start (for the graph's worker numbers and
+/// for in-process workers), and a second `cuInit` costs little.
 ///
 /// # Errors
 /// A spec no worker accepts; for `cuda:all`, no CUDA driver or GPU, or

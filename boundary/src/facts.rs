@@ -23,6 +23,11 @@ pub struct WorkerFacts {
     /// Callables, sorted by name and version, each checked (its handle is
     /// its signature's digest).
     pub callables: Vec<CallableOffer>,
+    /// `name@version` of every kernel registered on the worker that its
+    /// chip has no body for (a CUDA chip runs only kernels with a CUDA
+    /// body), sorted: it does not offer them, and a driver names them
+    /// when a task asks for one instead of calling it unknown.
+    pub no_body: Vec<String>,
     /// What its tasks may use: the kinds of buffer it resolves arguments
     /// of, its chip's dtypes, its features (for a session over this
     /// transport: a worker on TCP imports no memfd and has no ring).

@@ -37,6 +37,7 @@
 
 mod actors;
 mod buffer;
+mod chips;
 mod cluster;
 pub mod demo;
 mod driver_dir;
@@ -57,6 +58,7 @@ pub mod trace;
 mod tests;
 
 pub use buffer::{Buffer, PoolStats, View};
+pub use chips::worker_chips;
 pub use cluster::{Cluster, Scope, ScopeGuard};
 pub use error::{
     BufferError, ClusterError, Error, Lack, Need, NpyError, QuarantinedBytes, RunError,

@@ -64,7 +64,8 @@ pub(crate) struct LocalWorkers {
     binary: PathBuf,
     /// Arguments before `worker` ([`crate::ClusterBuilder::worker_command`]).
     binary_args: Vec<std::ffi::OsString>,
-    device: String,
+    /// The device spec of each chip's worker.
+    devices: Vec<String>,
     ready_timeout: Duration,
 }
 
@@ -88,13 +89,13 @@ impl Starting {
 }
 
 impl LocalWorkers {
-    /// Starts `n` workers of `binary` with device `device` and waits for
-    /// each one's ready line (at most `timeout` overall).
+    /// Starts a worker of `binary` per entry of `devices`, chip `i` on
+    /// `devices[i]`, and waits for each one's ready line (at most
+    /// `timeout` overall).
     pub(crate) fn spawn(
         binary: &Path,
         binary_args: &[std::ffi::OsString],
-        n: usize,
-        device: &str,
+        devices: &[String],
         timeout: Duration,
     ) -> Result<(Self, Vec<Endpoint>), ClusterError> {
         let dir = crate::driver_dir::create()?;
@@ -103,11 +104,11 @@ impl LocalWorkers {
             dir: Some(dir),
             binary: binary.to_path_buf(),
             binary_args: binary_args.to_vec(),
-            device: device.to_owned(),
+            devices: devices.to_vec(),
             ready_timeout: timeout,
         };
         let mut starting = Vec::new();
-        for chip in 0..n {
+        for chip in 0..devices.len() {
             starting.push(me.start(chip)?);
         }
         let deadline = Instant::now() + timeout;
@@ -125,6 +126,9 @@ impl LocalWorkers {
     pub(crate) fn start(&mut self, chip: usize) -> Result<Starting, ClusterError> {
         let Some(dir) = &self.dir else {
             return Err(ClusterError::WorkersShutDown);
+        };
+        let Some(device) = self.devices.get(chip) else {
+            return Err(ClusterError::NoProcess { chip });
         };
         // The worker before goes first, killed and reaped before its stdin
         // closes: a worker whose stdin closes removes its socket and log,
@@ -154,7 +158,7 @@ impl LocalWorkers {
             .arg("--chip")
             .arg(chip.to_string())
             .arg("--device")
-            .arg(&self.device)
+            .arg(device)
             .arg("--listen")
             .arg(format!("unix:{}", sock.display()))
             .arg("--exit-with-stdin")

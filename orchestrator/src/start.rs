@@ -17,6 +17,7 @@ use tokio::sync::mpsc;
 use crate::actors::dag::{DagActor, EndpointRef};
 use crate::actors::endpoint::{EndpointActor, Life, Respawn, Setup, Spawned};
 use crate::actors::{Notice, buffers};
+use crate::chips::Plan;
 use crate::cluster::{Cluster, Offered};
 use crate::error::{ClusterError, Error};
 use crate::link::grpc::GrpcDialer;
@@ -57,6 +58,8 @@ pub struct ClusterBuilder {
     scheduler: crate::SchedulerPolicy,
     perf_models: Option<PathBuf>,
     in_process: usize,
+    /// In-process workers the caller started, on devices of its own.
+    started: Vec<InProcessWorker>,
     kernels: Kernels,
     ring: bool,
     data_connection: bool,
@@ -101,6 +104,7 @@ impl Default for ClusterBuilder {
             scheduler: crate::SchedulerPolicy::default(),
             perf_models: None,
             in_process: 0,
+            started: Vec::new(),
             kernels: Kernels::default(),
             ring: true,
             data_connection: true,
@@ -127,6 +131,8 @@ impl ClusterBuilder {
     }
 
     /// Spawns `n` local workers (chips 0..n) on private Unix sockets.
+    /// With the device `cuda:all`, one per GPU: `n` must then be 0 (the
+    /// default) or the GPU count (see [`ClusterBuilder::device`]).
     #[must_use]
     pub fn local(mut self, n: usize) -> Self {
         self.local = n;
@@ -142,6 +148,18 @@ impl ClusterBuilder {
     #[must_use]
     pub fn in_process(mut self, n: usize) -> Self {
         self.in_process = n;
+        self
+    }
+
+    /// Adds a worker the caller started in this process, such as one on
+    /// a [`Device`](strata_chip_runtime::Device) of its own
+    /// ([`InProcessWorker::on_device`]); it comes after the workers of
+    /// [`ClusterBuilder::in_process`], in the order added. Each cluster
+    /// needs a worker of its own: sessions of two clusters on one node
+    /// are kept apart as two drivers' are.
+    #[must_use]
+    pub fn in_process_worker(mut self, worker: InProcessWorker) -> Self {
+        self.started.push(worker);
         self
     }
 
@@ -199,7 +217,18 @@ impl ClusterBuilder {
     }
 
     /// The device spec of spawned and in-process workers (default `sim`), such as
-    /// `sim:mem=1GiB,mode=unified,lanes=1`.
+    /// `sim:mem=1GiB,mode=unified,lanes=1`, `cuda:0` or `cuda:1,mem=8GiB`
+    /// (the grammar: [`strata_chip_runtime::ChipSpec`]).
+    ///
+    /// `cuda:all` starts one worker per GPU the CUDA driver sees, worker
+    /// `i` on `cuda:i` with the spec's other keys: as many local workers
+    /// (when neither [`ClusterBuilder::local`] nor
+    /// [`ClusterBuilder::in_process`] asks for a number and the cluster
+    /// has no other worker, or `local` asks for exactly that many) or
+    /// in-process ones (when `in_process` asks for exactly that many). Another number, or both kinds, fails the
+    /// start naming the numbers. Any `cuda` spec fails the start at once,
+    /// before a worker runs, when the CUDA driver or the GPU is not there
+    /// ([`ClusterError::Device`], naming what is missing).
     #[must_use]
     pub fn device(mut self, spec: impl Into<String>) -> Self {
         self.device = spec.into();
@@ -430,15 +459,22 @@ fn start(b: ClusterBuilder) -> Result<Cluster, Error> {
         None => Vec::new(),
     };
     let origin = std::time::Instant::now();
-    if b.local == 0 && b.in_process == 0 && b.remotes.is_empty() {
+    // A spec no worker accepts, or a chip that is not here, fails here, at
+    // once and naming what is wrong, not as workers that exit before they
+    // are ready.
+    let plan = crate::chips::plan(
+        &b.device,
+        b.local,
+        b.in_process,
+        b.started.len() + b.remotes.len(),
+        strata_chip_runtime::cuda::device_count,
+    )?;
+    if plan.local.is_empty()
+        && plan.in_process.is_empty()
+        && b.started.is_empty()
+        && b.remotes.is_empty()
+    {
         return Err(ClusterError::NoWorkers.into());
-    }
-    // A spec no worker accepts fails here, at once and with the kinds there
-    // are, not as workers that exit before they are ready.
-    if b.local > 0 || b.in_process > 0 {
-        b.device
-            .parse::<strata_chip_runtime::DeviceSpec>()
-            .map_err(|source| ClusterError::Device { source })?;
     }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(b.driver_threads.unwrap_or_else(|| {
@@ -468,7 +504,7 @@ fn start(b: ClusterBuilder) -> Result<Cluster, Error> {
         data_connection: b.data_connection,
         poller: Some(Arc::clone(&poller)),
     };
-    let (targets, local) = targets(&b, &grpc)?;
+    let (targets, local) = targets(&b, &plan, &grpc)?;
 
     // Open every link.
     let opened = runtime.block_on(async {
@@ -675,17 +711,17 @@ type LocalHandle = Option<Arc<Mutex<LocalWorkers>>>;
 /// in-process ones (started here), then those to connect to.
 fn targets(
     b: &ClusterBuilder,
+    plan: &Plan,
     grpc: &dyn Fn(Endpoint, Option<String>, Option<ClientTls>) -> GrpcDialer,
 ) -> Result<(Vec<Target>, LocalHandle), Error> {
     let mut targets = Vec::new();
-    let local = if b.local > 0 {
+    let local = if !plan.local.is_empty() {
         let binary = b
             .binary
             .clone()
             .or_else(default_worker_binary)
             .ok_or(ClusterError::NoBinary)?;
-        let (lw, eps) =
-            LocalWorkers::spawn(&binary, &b.binary_args, b.local, &b.device, b.ready_timeout)?;
+        let (lw, eps) = LocalWorkers::spawn(&binary, &b.binary_args, &plan.local, b.ready_timeout)?;
         for (i, ((ep, pid), log)) in eps.into_iter().zip(lw.pids()).zip(lw.logs()).enumerate() {
             targets.push(Target {
                 dialer: Arc::new(grpc(ep, None, None)),
@@ -698,11 +734,16 @@ fn targets(
     } else {
         None
     };
-    for i in 0..b.in_process {
+    let mut in_process = Vec::new();
+    for (i, device) in plan.in_process.iter().enumerate() {
         let kernels = b.kernels.0.clone().unwrap_or_else(Registry::with_builtins);
         let chip = u32::try_from(i).map_err(|_| ClusterError::TooManyWorkers)?;
-        let worker = InProcessWorker::start(chip, &b.device, kernels)
+        let worker = InProcessWorker::start(chip, device, kernels)
             .map_err(|source| ClusterError::InProcess { index: i, source })?;
+        in_process.push(worker);
+    }
+    in_process.extend(b.started.iter().cloned());
+    for (i, worker) in in_process.into_iter().enumerate() {
         targets.push(Target {
             dialer: Arc::new(InProcessDialer {
                 worker: worker.clone(),

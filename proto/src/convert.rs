@@ -474,6 +474,7 @@ pub fn worker_facts(reply: &mut pb::HandshakeReply) -> Result<WorkerFacts, Conve
             ),
         ));
     }
+    let no_body = no_body(&callables, std::mem::take(&mut reply.no_body))?;
     let capabilities = Capabilities {
         backends: backend_kinds("backend_kinds", &reply.backend_kinds)?,
         dtypes: dtypes("dtypes", &reply.dtypes)?,
@@ -486,10 +487,43 @@ pub fn worker_facts(reply: &mut pb::HandshakeReply) -> Result<WorkerFacts, Conve
         device_memory: reply.device_memory,
         lanes: reply.lanes,
         callables,
+        no_body,
         capabilities,
         required_features,
         instance: instance("instance", reply.instance)?,
     })
+}
+
+/// A handshake's `no_body`, checked: each entry `name@version` with a
+/// name and a numeric version, in increasing order (so each once), and
+/// none of them offered in `callables`.
+fn no_body(callables: &[CallableOffer], names: Vec<String>) -> Result<Vec<String>, ConvertError> {
+    let mut last: Option<(&str, u32)> = None;
+    for (i, entry) in names.iter().enumerate() {
+        let field = || format!("no_body[{i}]");
+        let (name, version) = entry
+            .split_once('@')
+            .and_then(|(n, v)| Some((n, v.parse::<u32>().ok()?)))
+            .filter(|(n, _)| !n.is_empty())
+            .ok_or_else(|| ConvertError::new(field(), format!("{entry:?} is not name@version")))?;
+        if last.is_some_and(|l| l >= (name, version)) {
+            return Err(ConvertError::new(
+                field(),
+                format!("{entry:?} is out of order or listed twice"),
+            ));
+        }
+        if callables
+            .iter()
+            .any(|c| c.name() == name && c.version() == version)
+        {
+            return Err(ConvertError::new(
+                field(),
+                format!("{entry:?} is also offered in callables"),
+            ));
+        }
+        last = Some((name, version));
+    }
+    Ok(names)
 }
 
 /// What a handshake reply says of the worker's facts, capabilities
@@ -504,6 +538,7 @@ pub fn handshake_facts(facts: &WorkerFacts) -> pb::HandshakeReply {
         device_memory: facts.device_memory,
         lanes: facts.lanes,
         callables: facts.callables.iter().map(pb::Callable::from).collect(),
+        no_body: facts.no_body.clone(),
         instance: facts.instance.0,
         backend_kinds: caps.backends.iter().map(BackendKind::code).collect(),
         dtypes: caps.dtypes.iter().map(DType::code).collect(),
@@ -1528,6 +1563,7 @@ mod tests {
             device_memory: 1 << 20,
             lanes: 2,
             callables: vec![CallableOffer::of(sig)],
+            no_body: vec!["potrf@1".into(), "potrf@2".into(), "stencil@1".into()],
             capabilities: Capabilities {
                 backends: BackendKinds::of([BackendKind::Memfd, BackendKind::DeviceMalloc]),
                 dtypes: DTypeSet::of([DType::F32, DType::C128]),
@@ -1599,6 +1635,23 @@ mod tests {
         assert!(
             e.to_string().contains("disagrees with data_port 9000"),
             "{e}"
+        );
+        // `no_body`: name@version, in order, each once, none offered.
+        let e = refused(&|r| r.no_body = vec!["potrf".into()]);
+        assert_eq!(e.to_string(), "no_body[0]: \"potrf\" is not name@version");
+        let e = refused(&|r| r.no_body = vec!["@1".into()]);
+        assert_eq!(e.field, "no_body[0]");
+        let e = refused(&|r| r.no_body = vec!["potrf@2".into(), "potrf@1".into()]);
+        assert_eq!(
+            e.to_string(),
+            "no_body[1]: \"potrf@1\" is out of order or listed twice"
+        );
+        let e = refused(&|r| r.no_body = vec!["a@1".into(), "a@1".into()]);
+        assert_eq!(e.field, "no_body[1]");
+        let e = refused(&|r| r.no_body = vec!["scale@1".into()]);
+        assert_eq!(
+            e.to_string(),
+            "no_body[0]: \"scale@1\" is also offered in callables"
         );
         let e = refused(&|r| r.features |= Features::DATA_PORT.bits());
         assert!(e.to_string().contains("disagrees with data_port 0"), "{e}");

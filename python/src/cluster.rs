@@ -47,8 +47,15 @@ use crate::task::{PySummary, PyTask, PyTaskSpec, build};
 ///     workers: addresses of running workers (``unix:PATH``,
 ///         ``tcp:HOST:PORT``).
 ///     token: bearer token for the ``workers`` that require one.
-///     device: device spec of spawned and in-process workers, e.g.
-///         ``"sim"`` or ``"sim:mem=2GiB,mode=unified,lanes=2"``.
+///     device: the chip of spawned and in-process workers, e.g.
+///         ``"sim"``, ``"sim:mem=2GiB,mode=unified,lanes=2"``, ``"cuda:0"``
+///         or ``"cuda:1,mem=8GiB"``. ``"cuda:all"`` starts one worker per
+///         GPU, worker ``i`` on ``cuda:i``: as many spawned workers when
+///         neither ``local``, ``in_process`` nor ``workers`` is given (or
+///         ``local`` is the GPU count), as many in-process ones when ``in_process`` is
+///         the GPU count; another number raises ``ClusterError`` naming
+///         both. A ``cuda`` device without a CUDA driver or that GPU
+///         raises ``ClusterError`` at once, naming what is missing.
 ///     kernels: Python kernels (from ``@strata.kernel``) the spawned and
 ///         in-process workers offer beside the built-in ones.
 ///     retry: reruns of a task whose worker is lost, when that is safe.
@@ -187,7 +194,7 @@ impl PyCluster {
         let mut b = Cluster::builder()
             .local(local)
             .in_process(in_process)
-            .device(device)
+            .device(device.clone())
             .retry(retry)
             .respawn(respawn)
             .ring(ring)
@@ -210,7 +217,17 @@ impl PyCluster {
         if in_process > 0 && !kernels.is_empty() {
             b = b.kernels(registry_with(py, &kernels)?);
         }
-        if local > 0 {
+        // `cuda:all` spawns one worker per GPU when no number is asked
+        // for: those are Python workers too.
+        let spawns = local > 0
+            || (in_process == 0
+                && workers.is_empty()
+                && matches!(
+                    device.parse::<strata_chip_runtime::ChipSpec>(),
+                    Ok(strata_chip_runtime::ChipSpec::Cuda(c))
+                        if c.ordinal == strata_chip_runtime::CudaOrdinal::All
+                ));
+        if spawns {
             b = match worker_binary {
                 Some(bin) if kernels.is_empty() => b.worker_binary(bin),
                 Some(_) => {
@@ -865,6 +882,13 @@ impl PyWorker {
     #[getter]
     fn callables(&self) -> Vec<String> {
         self.0.callables.clone()
+    }
+    /// The kernels registered on it that its chip has no body for
+    /// (``name@version``; a CUDA chip runs only kernels with a CUDA
+    /// body): not offered, and named when a task asks for one.
+    #[getter]
+    fn no_body(&self) -> Vec<String> {
+        self.0.no_body.clone()
     }
     /// The dtypes its chip computes on (``["F32", "F64", ...]``): a task
     /// with an argument of another is not placed there.

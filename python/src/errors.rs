@@ -77,6 +77,17 @@ pub(crate) fn err(e: Error) -> PyErr {
                 ],
             )
         }),
+        Error::Submit(SubmitError::NoBody { callable, ids, .. }) => Python::attach(|py| {
+            let ids: Vec<u32> = ids.iter().map(|w| w.0).collect();
+            raise(
+                "NoBody",
+                message,
+                &[
+                    ("callable", obj(py, callable.as_str())),
+                    ("workers", obj(py, ids)),
+                ],
+            )
+        }),
         Error::Submit(SubmitError::UnknownCallable { .. } | SubmitError::UnknownVersion { .. }) => {
             raise("UnknownCallable", message, &[])
         }

@@ -23,6 +23,7 @@ __all__ = [
     "ReadOnlyView",
     "SubmitError",
     "UnknownCallable",
+    "NoBody",
     "Unsupported",
     "WrongTag",
     "TaskFailed",
@@ -148,6 +149,13 @@ class SubmitError(Error, ValueError):
 
 class UnknownCallable(SubmitError):
     """No worker offers the callable (or that version of it)."""
+
+
+class NoBody(UnknownCallable):
+    """The callable is registered on workers whose chips have no body for
+    it (a CUDA chip runs only kernels with a CUDA body), and no worker the
+    task may go to offers it. ``callable`` is the name as given,
+    ``workers`` the ids of the workers without a body."""
 
 
 class Unsupported(SubmitError):

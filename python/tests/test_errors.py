@@ -183,9 +183,81 @@ def test_an_unknown_device_is_refused_at_once_naming_the_kinds_there_are():
 
     for kw in ({"local": 1}, {"in_process": 1}, {"local": 1, "kernels": [pykernels.sleep]}):
         t0 = time.monotonic()
-        with pytest.raises(strata.ClusterError, match=r'unknown device kind "gpu" \(known: sim\)'):
+        with pytest.raises(strata.ClusterError, match=r'unknown device kind "gpu" \(known: sim, cuda\)'):
             strata.Cluster(device="gpu", **kw)
         assert time.monotonic() - t0 < 2, kw
+
+
+def _cuda_driver_here():
+    import ctypes
+
+    try:
+        ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return False
+    return True
+
+
+@pytest.mark.skipif(_cuda_driver_here(), reason="a CUDA driver is here: its absence cannot be shown")
+def test_a_cuda_device_without_a_driver_fails_the_start_naming_the_library():
+    import pykernels
+
+    for device, kw in (
+        ("cuda:0", {"local": 1}),
+        ("cuda:0", {"in_process": 1}),
+        ("cuda:0", {"local": 1, "kernels": [pykernels.sleep]}),
+        ("cuda:all", {}),
+        ("cuda:all,mem=1GiB", {"local": 2}),
+    ):
+        t0 = time.monotonic()
+        with pytest.raises(strata.ClusterError, match=r"no CUDA driver: libcuda\.so\.1 could not be loaded"):
+            strata.Cluster(device=device, **kw)
+        assert time.monotonic() - t0 < 2, (device, kw)
+
+
+def _test_worker_binary():
+    """`strata-test-worker` of this build: $STRATA_TEST_WORKER, or next to
+    the strata binary the package spawns."""
+    path = os.environ.get("STRATA_TEST_WORKER")
+    if path:
+        return path
+    strata_bin = os.environ.get("STRATA_BIN")
+    if strata_bin:
+        cand = os.path.join(os.path.dirname(strata_bin), "strata-test-worker")
+        if os.path.exists(cand):
+            return cand
+    return None
+
+
+def test_a_callable_registered_without_a_body_for_the_chip_is_named(tmp_path):
+    binary = _test_worker_binary()
+    if binary is None:
+        pytest.skip("no strata-test-worker: set STRATA_TEST_WORKER (cargo build -p strata-tests)")
+    sock = tmp_path / "w.sock"
+    proc = subprocess.Popen(
+        [binary, "--listen", f"unix:{sock}", "--runs-only", "copy,fill"],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    try:
+        ready = proc.stdout.readline()
+        assert ready.startswith("strata worker ready"), ready
+        with strata.Cluster(workers=[f"unix:{sock}"]) as c:
+            w = c.workers[0]
+            assert w.callables == ["copy@1", "fill@1"]
+            assert "axpy@1" in w.no_body
+            x, y = c.zeros(16), c.zeros(16)
+            c.submit("fill", x, 2.0).wait()
+            with pytest.raises(strata.NoBody, match=r'callable "axpy" has no body for the chip of worker 0 \(sim') as e:
+                c.submit("axpy", x, y, 1.0)
+            assert isinstance(e.value, strata.UnknownCallable)
+            assert (e.value.callable, e.value.workers) == ("axpy", [0])
+            assert (x.numpy() == 2).all()
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
 
 
 def test_an_integer_scalar_out_of_the_arguments_range_is_refused_at_submit(inproc):

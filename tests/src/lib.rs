@@ -8,6 +8,7 @@
 #![deny(unsafe_code)]
 
 pub mod kernels;
+pub mod runs_only;
 
 use std::io::{BufRead, BufReader};
 use std::os::fd::{AsFd, BorrowedFd};

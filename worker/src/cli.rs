@@ -1,14 +1,16 @@
 //! `strata worker`: the arguments and the process around a [`Worker`].
 //!
 //! A user who builds a worker binary with their own kernels calls
-//! [`run`] with a registry holding them.
+//! [`run`] with a registry holding them ([`run_with`] to open the chip
+//! too).
 
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::Arc;
 
 use clap::Args;
-use strata_chip_runtime::Registry;
-use tracing::{error, info};
+use strata_chip_runtime::{Device, Registry};
+use tracing::info;
 
 use crate::config::{Auth, Endpoint, TlsFiles, WorkerConfig};
 use crate::orphan::DriverWatch;
@@ -19,13 +21,17 @@ use crate::{Worker, WorkerError};
 #[command(after_help = "Examples:
   strata worker --listen unix:/run/strata/chip0.sock
   strata worker --chip 1 --device sim:mem=2GiB,lanes=2 --listen unix:/tmp/chip1.sock --ready-file /tmp/chip1.ready
+  strata worker --chip 1 --device cuda:1,mem=8GiB --listen unix:/tmp/gpu1.sock
   strata worker --listen tcp:0.0.0.0:7420 --token-file /etc/strata/token
   strata worker --listen tcp:0.0.0.0:7420 --tls-cert w.pem --tls-key w.key --tls-client-ca ca.pem")]
 pub struct WorkerArgs {
     /// Which chip this worker owns (reported to the orchestrator).
     #[arg(long, default_value_t = 0)]
     pub chip: u32,
-    /// Device spec: sim[:mem=SIZE,mode=staged|unified,lanes=N,run=SIZE,scratch=SIZE].
+    /// The chip: sim[:mem=SIZE,mode=staged|unified,lanes=N,run=SIZE,scratch=SIZE]
+    /// (a simulated chip) or cuda:N[,mem=SIZE,run=SIZE,scratch=SIZE,streams=N,prefetch=on|off]
+    /// (GPU N; plain cuda is GPU 0). cuda:all names every GPU and is for drivers that
+    /// start one worker per GPU; a worker owns one.
     #[arg(long, default_value = "sim")]
     pub device: String,
     /// Where to serve: unix:PATH (mode 0600, same-uid clients only) or tcp:HOST:PORT.
@@ -144,6 +150,18 @@ impl WorkerArgs {
 /// stdout once serving, exits 0 after a clean shutdown and 1 when it
 /// cannot start.
 pub fn run(args: WorkerArgs, kernels: Registry) -> ExitCode {
+    run_with(args, kernels, strata_chip_runtime::open)
+}
+
+/// [`run`], with the chip opened by `open` from `--device` instead of by
+/// [`strata_chip_runtime::open`]: for a worker binary whose chip is one of
+/// its own, or a chip wrapped (a failure of `open` is the worker's
+/// start failure, on one line, as for a chip that is not there).
+pub fn run_with(
+    args: WorkerArgs,
+    kernels: Registry,
+    open: impl FnOnce(&str) -> Result<Arc<dyn Device>, strata_chip_runtime::Error>,
+) -> ExitCode {
     let _ = tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
@@ -162,17 +180,34 @@ pub fn run(args: WorkerArgs, kernels: Registry) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(serve(args, kernels)) {
+    let chip = match open(&args.device) {
+        Ok(chip) => chip,
+        Err(source) => {
+            eprintln!(
+                "strata worker: {}",
+                WorkerError::Device {
+                    chip: args.chip,
+                    source
+                }
+            );
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(serve(args, kernels, chip)) {
         Ok(()) => ExitCode::SUCCESS,
+        // One line, on stderr: the log's own line would say it twice.
         Err(e) => {
-            error!(error = %e, "worker failed");
             eprintln!("strata worker: {e}");
             ExitCode::FAILURE
         }
     }
 }
 
-async fn serve(args: WorkerArgs, kernels: Registry) -> Result<(), WorkerError> {
+async fn serve(
+    args: WorkerArgs,
+    kernels: Registry,
+    chip: Arc<dyn Device>,
+) -> Result<(), WorkerError> {
     let config = args.config()?;
     // Watching from the start: a driver gone while the worker starts up
     // is noticed as soon as it serves.
@@ -181,7 +216,11 @@ async fn serve(args: WorkerArgs, kernels: Registry) -> Result<(), WorkerError> {
     } else {
         None
     };
-    let bound = Worker::new(config).kernels(kernels).bind().await?;
+    let bound = Worker::new(config)
+        .kernels(kernels)
+        .chip(chip)
+        .bind()
+        .await?;
     let fd = bound
         .fd_socket()
         .map(|p| p.display().to_string())

@@ -52,6 +52,15 @@ pub enum WorkerError {
     /// A setting is wrong.
     #[error("configuration: {0}")]
     Config(String),
+    /// The chip could not be opened: a bad device spec, or a chip that is
+    /// not there (a CUDA chip names the library or device it lacks).
+    #[error("chip {chip}: {source}")]
+    Device {
+        /// The chip this worker was to own (`--chip`).
+        chip: u32,
+        /// Why.
+        source: strata_chip_runtime::Error,
+    },
     /// A socket could not be bound.
     #[error("cannot listen on {0}")]
     Bind(String),

@@ -12,7 +12,7 @@ use std::future::Future;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use strata_chip_runtime::{Device, Kernel, Registry, SimDevice};
+use strata_chip_runtime::{Device, Kernel, Registry};
 use strata_proto::pb::worker_server::WorkerServer;
 use strata_proto::{CONNECTION_WINDOW, STREAM_WINDOW};
 use strata_worker_node::{Limits, Node};
@@ -34,6 +34,8 @@ use crate::{WorkerError, fdchan};
 pub struct Worker {
     config: WorkerConfig,
     kernels: Registry,
+    /// A chip the caller opened itself, instead of the spec's.
+    chip: Option<Arc<dyn Device>>,
 }
 
 impl std::fmt::Debug for Worker {
@@ -41,6 +43,7 @@ impl std::fmt::Debug for Worker {
         f.debug_struct("Worker")
             .field("config", &self.config)
             .field("kernels", &self.kernels)
+            .field("chip", &self.chip)
             .finish()
     }
 }
@@ -76,6 +79,7 @@ impl Worker {
         Worker {
             config,
             kernels: Registry::with_builtins(),
+            chip: None,
         }
     }
 
@@ -96,10 +100,21 @@ impl Worker {
         self
     }
 
+    /// Serves on `chip`, a chip the caller opened (a [`Device`] of its
+    /// own, or one wrapped), instead of opening the one
+    /// [`WorkerConfig::device_spec`] names. It offers the kernels the
+    /// chip [`runs`](Device::runs) and names the others in its handshake.
+    pub fn chip(mut self, chip: Arc<dyn Device>) -> Self {
+        self.chip = Some(chip);
+        self
+    }
+
     /// Checks the configuration, brings up the device and binds the sockets.
     ///
     /// # Errors
-    /// A bad device spec, an unauthenticated TCP listener without
+    /// [`WorkerError::Device`]: a bad device spec or a chip that cannot
+    /// be opened (a CUDA chip without a driver names the missing
+    /// library); an unauthenticated TCP listener without
     /// `insecure`, or a socket that cannot be bound.
     ///
     /// # Cancel safety
@@ -119,10 +134,15 @@ impl Worker {
                 warn!(%addr, "serving TCP without authentication (--insecure): anyone who can reach this port can run tasks");
             }
         }
-        let device: Arc<dyn Device> = Arc::new(
-            SimDevice::from_spec(&config.device_spec)
-                .map_err(|e| WorkerError::Config(e.to_string()))?,
-        );
+        let device: Arc<dyn Device> = match self.chip {
+            Some(chip) => chip,
+            None => strata_chip_runtime::open(&config.device_spec).map_err(|source| {
+                WorkerError::Device {
+                    chip: config.chip_id,
+                    source,
+                }
+            })?,
+        };
         let (listener, endpoint) = match &config.listen {
             Endpoint::Unix(path) => {
                 let l = bind_unix(path)

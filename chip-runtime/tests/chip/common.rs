@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use half::{bf16, f16};
 use strata_chip_runtime::{
-    ArgBacking, Device, HostBuffer, Launch, LaunchArg, LaunchReport, Registry, SimDevice, device,
+    ArgBacking, Device, HostBuffer, Launch, LaunchArg, LaunchReport, Registry, device,
 };
 use strata_wire::check::Rng;
 use strata_wire::{
@@ -211,23 +211,18 @@ pub(crate) fn shape(rng: &mut Rng, rank: u32) -> Vec<u32> {
     (0..rank).map(|_| rng.range(1, 7)).collect()
 }
 
-/// Runs `f` for each mode with a fresh device, the built-in registry and
-/// a generator seeded from `seed`; checks the device's invariants and
-/// that every kernel released its scratch memory.
-pub(crate) fn each_mode(seed: u64, mut f: impl FnMut(&SimDevice, &Registry, &mut Rng)) {
-    let reg = Registry::with_builtins();
-    for (m, spec) in MODES.iter().enumerate() {
-        let dev = SimDevice::from_spec(spec).unwrap();
-        let mut rng = Rng(seed + m as u64);
-        f(&dev, &reg, &mut rng);
-        dev.check_invariants().unwrap();
-        assert_eq!(
-            dev.stats().arena.scratch.in_use,
-            0,
-            "scratch released after every kernel"
-        );
-    }
+/// Runs `f` on each chip of the conformance list ([`crate::conformance`]):
+/// the simulated chip in each mode and `cuda:0` where there is one, each
+/// fresh, with the built-in registry and a generator seeded from `seed`;
+/// checks that every kernel released its scratch memory (and a simulated
+/// chip's invariants). `uses` names the kernels `f` launches.
+pub(crate) fn each_mode(seed: u64, uses: &[&str], f: impl FnMut(&dyn Device, &Registry, &mut Rng)) {
+    crate::conformance::each_chip(seed, &MODES, CUDA_KEYS, uses, f);
 }
+
+/// What a CUDA chip of the conformance list is given: as much memory as
+/// the simulated chips of [`MODES`].
+pub(crate) const CUDA_KEYS: &str = "mem=64MiB";
 
 /// Every multi-index of `shape` in row-major order.
 pub(crate) fn indices(shape: &[u32]) -> Vec<Vec<usize>> {
@@ -253,7 +248,7 @@ pub(crate) fn eps(dtype: DType) -> f64 {
 }
 
 pub(crate) fn run(
-    dev: &SimDevice,
+    dev: &dyn Device,
     reg: &Registry,
     name: &str,
     args: Vec<LaunchArg>,

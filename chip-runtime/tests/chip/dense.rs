@@ -10,19 +10,14 @@ use strata_chip_runtime::{Device, Registry, SimDevice};
 use strata_wire::check::Rng;
 use strata_wire::{ArgTag, DType};
 
-use crate::common::{HostTensor, Layout, MODES, eps, fill_with, host_tensor, read, run};
+use crate::common::{CUDA_KEYS, HostTensor, Layout, MODES, eps, fill_with, host_tensor, read, run};
 
 const SIZES: [u32; 9] = [1, 2, 7, 31, 32, 33, 64, 97, 130];
 
-fn each_mode(mut f: impl FnMut(&SimDevice, &Registry, &mut Rng)) {
-    let reg = Registry::with_builtins();
-    for (m, spec) in MODES.iter().enumerate() {
-        let dev = SimDevice::from_spec(spec).unwrap();
-        let mut rng = Rng(7000 + m as u64);
-        f(&dev, &reg, &mut rng);
-        dev.check_invariants().unwrap();
-        assert_eq!(dev.stats().arena.scratch.in_use, 0);
-    }
+/// Runs `f` on each chip of the conformance list (seed 7000); `uses`
+/// names the kernels it launches.
+fn each_mode(uses: &[&str], f: impl FnMut(&dyn Device, &Registry, &mut Rng)) {
+    crate::common::each_mode(7000, uses, f);
 }
 
 /// The layouts the dense kernels see: tiles of a larger matrix (which
@@ -92,7 +87,7 @@ fn spd(rng: &mut Rng, n: usize) -> Vec<Vec<f64>> {
 
 #[test]
 fn potrf_factors_and_leaves_the_upper_triangle() {
-    each_mode(|dev, reg, rng| {
+    each_mode(&["potrf"], |dev, reg, rng| {
         for dtype in [DType::F32, DType::F64] {
             for n in SIZES {
                 let a = tensor(rng, &[n, n], dtype);
@@ -137,7 +132,7 @@ fn potrf_factors_and_leaves_the_upper_triangle() {
 
 #[test]
 fn trsm_solves_against_the_transposed_triangle() {
-    each_mode(|dev, reg, rng| {
+    each_mode(&["trsm"], |dev, reg, rng| {
         for dtype in [DType::F32, DType::F64] {
             for n in SIZES {
                 let m = rng.range(1, 80);
@@ -171,7 +166,7 @@ fn trsm_solves_against_the_transposed_triangle() {
 
 #[test]
 fn syrk_updates_every_element() {
-    each_mode(|dev, reg, rng| {
+    each_mode(&["syrk"], |dev, reg, rng| {
         for dtype in [DType::F32, DType::F64] {
             for m in SIZES {
                 let k = rng.range(1, 70);
@@ -205,7 +200,7 @@ fn syrk_updates_every_element() {
 /// be read).
 #[allow(clippy::too_many_arguments)]
 fn check_gemm(
-    dev: &SimDevice,
+    dev: &dyn Device,
     reg: &Registry,
     rng: &mut Rng,
     dtype: DType,
@@ -256,7 +251,7 @@ fn check_gemm(
 
 #[test]
 fn gemm_scales_and_accumulates() {
-    each_mode(|dev, reg, rng| {
+    each_mode(&["gemm"], |dev, reg, rng| {
         for dtype in [DType::F32, DType::F64] {
             for (case, &n) in SIZES.iter().enumerate() {
                 let (m, k) = (rng.range(1, 70), rng.range(1, 70));
@@ -276,29 +271,28 @@ fn gemm_scales_and_accumulates() {
 /// register tiles, on every layout: each block edge and partial panel.
 #[test]
 fn gemm_is_right_across_block_edges() {
-    let reg = Registry::with_builtins();
-    let dev = SimDevice::from_spec("sim:mem=64MiB,mode=unified").unwrap();
-    let mut rng = Rng(7100);
-    for dtype in [DType::F32, DType::F64] {
-        for (case, &shape) in [
-            (97, 257, 17),
-            (13, 300, 1030),
-            (200, 513, 33),
-            (6, 8, 16),
-            (5, 3, 9),
-        ]
-        .iter()
-        .enumerate()
-        {
-            let (alpha, beta) = if case % 2 == 0 {
-                (-1.0, 1.0)
-            } else {
-                (0.5, 0.0)
-            };
-            check_gemm(&dev, &reg, &mut rng, dtype, shape, alpha, beta);
+    let sims = ["sim:mem=64MiB,mode=unified"];
+    crate::conformance::each_chip(7100, &sims, CUDA_KEYS, &["gemm"], |dev, reg, rng| {
+        for dtype in [DType::F32, DType::F64] {
+            for (case, &shape) in [
+                (97, 257, 17),
+                (13, 300, 1030),
+                (200, 513, 33),
+                (6, 8, 16),
+                (5, 3, 9),
+            ]
+            .iter()
+            .enumerate()
+            {
+                let (alpha, beta) = if case % 2 == 0 {
+                    (-1.0, 1.0)
+                } else {
+                    (0.5, 0.0)
+                };
+                check_gemm(dev, reg, rng, dtype, shape, alpha, beta);
+            }
         }
-    }
-    dev.check_invariants().unwrap();
+    });
 }
 
 #[test]
@@ -384,7 +378,7 @@ fn bad_inputs_are_named() {
 /// right, and no byte between the tile's lines touched.
 #[test]
 fn tiles_of_wider_matrices_are_packed_and_written_back_in_place() {
-    each_mode(|dev, reg, rng| {
+    each_mode(&["trsm", "syrk"], |dev, reg, rng| {
         for layout in [Layout::Tile, Layout::TransposedTile] {
             let (m, k) = (130u32, 96u32);
             let a = host_tensor(rng, &[m, k], DType::F64, layout);

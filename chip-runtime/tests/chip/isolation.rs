@@ -1,6 +1,10 @@
 //! No foreign byte: a kernel, a client or a device buffer never sees bytes
 //! an earlier task or owner left in device memory, and `OUTPUT_EXISTING`
 //! and `INOUT` keep the elements a kernel leaves alone, in both modes.
+//!
+//! Fresh device blocks read as zeros on every chip of the conformance
+//! list ([`crate::conformance`]); the tests with kernels of their own (no
+//! CUDA body) stay on the simulated chip.
 
 use std::sync::Arc;
 
@@ -9,7 +13,7 @@ use strata_chip_runtime::{Device, Kernel, KernelContext, Launch, Region, SimDevi
 use strata_wire::check::Rng;
 use strata_wire::{Access, ArgTag, DType};
 
-use crate::common::{LAYOUTS, Layout, MODES, host_tensor};
+use crate::common::{CUDA_KEYS, LAYOUTS, Layout, MODES, host_tensor};
 
 /// What the poison kernel writes everywhere it can.
 const POISON: u8 = 0xA5;
@@ -166,49 +170,51 @@ fn partial_writers_see_no_foreign_byte() {
 /// their pages back; a client copying them out sees zeros.
 #[test]
 fn new_device_blocks_are_zeroed() {
-    let dev = SimDevice::from_spec("sim:mem=64MiB,mode=staged").unwrap();
-    for nbytes in [64u64, 1000, 4096 * 3 + 17, 1 << 20, (4 << 20) + 100] {
-        let len = usize::try_from(nbytes).unwrap();
-        // Persistent: write, free, allocate the same size again (the pool
-        // hands the same bytes back first).
-        let a = dev.alloc(Region::Persistent, nbytes).unwrap();
-        dev.copy_to_device(&a, 0, &vec![POISON; len]).unwrap();
-        dev.free(a.addr).unwrap();
-        let b = dev.alloc(Region::Persistent, nbytes).unwrap();
-        assert_eq!(b.addr, a.addr, "the pool reuses the freed block");
-        let mut out = vec![1u8; len];
-        dev.copy_from_device(&b, 0, &mut out).unwrap();
-        assert!(
-            out.iter().all(|&x| x == 0),
-            "persistent block of {nbytes} not zeroed"
-        );
-        dev.free(b.addr).unwrap();
-        // Run: write, end the run, allocate again at the same offset.
-        let r = dev.alloc(Region::Run, nbytes).unwrap();
-        dev.copy_to_device(&r, 0, &vec![POISON; len]).unwrap();
-        dev.end_run().unwrap();
-        let r2 = dev.alloc(Region::Run, nbytes).unwrap();
-        assert_eq!(r2.addr, r.addr, "a reset run starts at the same offset");
-        let mut out = vec![1u8; len];
-        dev.copy_from_device(&r2, 0, &mut out).unwrap();
-        assert!(
-            out.iter().all(|&x| x == 0),
-            "run block of {nbytes} not zeroed"
-        );
-        dev.end_run().unwrap();
-    }
-    // A zeroed neighbour: zeroing a block by pages never touches the bytes
-    // of the blocks around it.
-    let left = dev.alloc(Region::Persistent, 100).unwrap();
-    dev.copy_to_device(&left, 0, &[POISON; 100]).unwrap();
-    let big = dev.alloc(Region::Persistent, 2 << 20).unwrap();
-    let right = dev.alloc(Region::Persistent, 100).unwrap();
-    dev.copy_to_device(&right, 0, &[POISON; 100]).unwrap();
-    dev.free(big.addr).unwrap();
-    let _again = dev.alloc(Region::Persistent, 2 << 20).unwrap();
-    for b in [left, right] {
-        let mut out = [0u8; 100];
-        dev.copy_from_device(&b, 0, &mut out).unwrap();
-        assert_eq!(out, [POISON; 100], "a neighbour of a zeroed block changed");
-    }
+    let sims = ["sim:mem=64MiB,mode=staged"];
+    crate::conformance::each_chip(0, &sims, CUDA_KEYS, &[], |dev, _, _| {
+        for nbytes in [64u64, 1000, 4096 * 3 + 17, 1 << 20, (4 << 20) + 100] {
+            let len = usize::try_from(nbytes).unwrap();
+            // Persistent: write, free, allocate the same size again (the pool
+            // hands the same bytes back first).
+            let a = dev.alloc(Region::Persistent, nbytes).unwrap();
+            dev.copy_to_device(&a, 0, &vec![POISON; len]).unwrap();
+            dev.free(a.addr).unwrap();
+            let b = dev.alloc(Region::Persistent, nbytes).unwrap();
+            assert_eq!(b.addr, a.addr, "the pool reuses the freed block");
+            let mut out = vec![1u8; len];
+            dev.copy_from_device(&b, 0, &mut out).unwrap();
+            assert!(
+                out.iter().all(|&x| x == 0),
+                "persistent block of {nbytes} not zeroed"
+            );
+            dev.free(b.addr).unwrap();
+            // Run: write, end the run, allocate again at the same offset.
+            let r = dev.alloc(Region::Run, nbytes).unwrap();
+            dev.copy_to_device(&r, 0, &vec![POISON; len]).unwrap();
+            dev.end_run().unwrap();
+            let r2 = dev.alloc(Region::Run, nbytes).unwrap();
+            assert_eq!(r2.addr, r.addr, "a reset run starts at the same offset");
+            let mut out = vec![1u8; len];
+            dev.copy_from_device(&r2, 0, &mut out).unwrap();
+            assert!(
+                out.iter().all(|&x| x == 0),
+                "run block of {nbytes} not zeroed"
+            );
+            dev.end_run().unwrap();
+        }
+        // A zeroed neighbour: zeroing a block by pages never touches the bytes
+        // of the blocks around it.
+        let left = dev.alloc(Region::Persistent, 100).unwrap();
+        dev.copy_to_device(&left, 0, &[POISON; 100]).unwrap();
+        let big = dev.alloc(Region::Persistent, 2 << 20).unwrap();
+        let right = dev.alloc(Region::Persistent, 100).unwrap();
+        dev.copy_to_device(&right, 0, &[POISON; 100]).unwrap();
+        dev.free(big.addr).unwrap();
+        let _again = dev.alloc(Region::Persistent, 2 << 20).unwrap();
+        for b in [left, right] {
+            let mut out = [0u8; 100];
+            dev.copy_from_device(&b, 0, &mut out).unwrap();
+            assert_eq!(out, [POISON; 100], "a neighbour of a zeroed block changed");
+        }
+    });
 }

@@ -7,11 +7,13 @@
 //!   for the final rounding;
 //! - reduce_sum, softmax: ε(dtype)·(Σ|x| or 1) plus 1e-12.
 
-use strata_chip_runtime::{Registry, SimDevice};
+use strata_chip_runtime::{Device, Registry};
 use strata_wire::check::Rng;
 use strata_wire::{ArgTag, DType};
 
-use crate::common::{LAYOUTS, MODES, any_layout, eps, host_tensor, indices, read, run, shape};
+use crate::common::{
+    CUDA_KEYS, LAYOUTS, MODES, any_layout, eps, host_tensor, indices, read, run, shape,
+};
 
 fn check_close(what: &str, got: f64, want: f64, tol: f64) {
     assert!(
@@ -21,13 +23,13 @@ fn check_close(what: &str, got: f64, want: f64, tol: f64) {
 }
 
 /// Runs `f` for each mode (seeds from 1000).
-fn each_mode(f: impl FnMut(&SimDevice, &Registry, &mut Rng)) {
-    crate::common::each_mode(1000, f);
+fn each_mode(uses: &[&str], f: impl FnMut(&dyn Device, &Registry, &mut Rng)) {
+    crate::common::each_mode(1000, uses, f);
 }
 
 #[test]
 fn fill() {
-    each_mode(|dev, reg, rng| {
+    each_mode(&["fill"], |dev, reg, rng| {
         for dtype in [
             DType::F32,
             DType::F64,
@@ -73,7 +75,7 @@ fn fill() {
 
 #[test]
 fn copy_and_transpose_move_elements_exactly() {
-    each_mode(|dev, reg, rng| {
+    each_mode(&["copy", "transpose"], |dev, reg, rng| {
         for dtype in [DType::F32, DType::F64, DType::BF16, DType::I64, DType::U8] {
             for _ in 0..6 {
                 let rank = rng.range(2, 4);
@@ -116,7 +118,7 @@ fn copy_and_transpose_move_elements_exactly() {
 
 #[test]
 fn add_mul_axpy() {
-    each_mode(|dev, reg, rng| {
+    each_mode(&["add", "axpy", "mul"], |dev, reg, rng| {
         for dtype in [
             DType::F32,
             DType::F64,
@@ -184,7 +186,7 @@ fn add_mul_axpy() {
     });
 }
 
-fn matmul_case(dev: &SimDevice, reg: &Registry, rng: &mut Rng, dtype: DType, accumulate: bool) {
+fn matmul_case(dev: &dyn Device, reg: &Registry, rng: &mut Rng, dtype: DType, accumulate: bool) {
     let (m, k, n) = (rng.range(1, 9), rng.range(1, 9), rng.range(1, 9));
     let a = any_layout(rng, &[m, k], dtype);
     let b = any_layout(rng, &[k, n], dtype);
@@ -232,7 +234,7 @@ fn matmul_case(dev: &SimDevice, reg: &Registry, rng: &mut Rng, dtype: DType, acc
 
 #[test]
 fn matmul_and_matmul_acc() {
-    each_mode(|dev, reg, rng| {
+    each_mode(&["matmul", "matmul_acc"], |dev, reg, rng| {
         for dtype in [DType::F32, DType::F64, DType::F16, DType::BF16] {
             for _ in 0..12 {
                 matmul_case(dev, reg, rng, dtype, false);
@@ -244,18 +246,15 @@ fn matmul_and_matmul_acc() {
 
 #[test]
 fn larger_matmul_against_reference() {
-    let reg = Registry::with_builtins();
-    for spec in MODES {
-        let dev = SimDevice::from_spec(spec).unwrap();
-        let mut rng = Rng(5);
+    crate::conformance::each_chip(5, &MODES, CUDA_KEYS, &["matmul"], |dev, reg, rng| {
         let (m, k, n) = (67u32, 129u32, 45u32);
         for layout in LAYOUTS {
-            let a = host_tensor(&mut rng, &[m, k], DType::F32, layout);
-            let b = any_layout(&mut rng, &[k, n], DType::F32);
-            let c = any_layout(&mut rng, &[m, n], DType::F32);
+            let a = host_tensor(rng, &[m, k], DType::F32, layout);
+            let b = any_layout(rng, &[k, n], DType::F32);
+            let c = any_layout(rng, &[m, n], DType::F32);
             run(
-                &dev,
-                &reg,
+                dev,
+                reg,
                 "matmul",
                 vec![
                     a.arg(ArgTag::Input),
@@ -279,7 +278,7 @@ fn larger_matmul_against_reference() {
                 }
             }
         }
-    }
+    });
 }
 
 fn reduce_shape(x: &[u32]) -> Vec<u32> {
@@ -292,7 +291,7 @@ fn reduce_shape(x: &[u32]) -> Vec<u32> {
 
 #[test]
 fn reduce_sum_and_softmax() {
-    each_mode(|dev, reg, rng| {
+    each_mode(&["reduce_sum", "softmax"], |dev, reg, rng| {
         for dtype in [DType::F32, DType::F64, DType::F16, DType::BF16] {
             for _ in 0..8 {
                 let rank = rng.range(1, 4);

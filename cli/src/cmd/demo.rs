@@ -16,13 +16,15 @@ use strata_orchestrator::{Cluster, ClusterBuilder};
   strata demo                                   # 4 local chips, 1024x1024 in 64x64 tiles (4,144 tasks)
   strata demo --workers 2 --size 512 --tile 32
   strata demo --in-process                      # 4 chips inside this process: no worker processes, no sockets
+  strata demo --device cuda:all                 # one worker per GPU
   strata demo --trace run.json                  # then open run.json in https://ui.perfetto.dev
   strata demo --workers unix:/run/strata/chip0.sock,tcp:10.0.0.2:7420 --token-file token")]
 pub struct DemoArgs {
-    /// How many local workers to start, or a comma-separated list of
+    /// How many local workers to start (default 4 simulated chips, 1 for
+    /// cuda:N, one per GPU for cuda:all), or a comma-separated list of
     /// running workers to use instead (unix:PATH or tcp:HOST:PORT).
-    #[arg(long, default_value = "4")]
-    pub workers: String,
+    #[arg(long)]
+    pub workers: Option<String>,
     /// Run the `--workers N` chips inside this process (the same worker
     /// node, reached by calls instead of gRPC; buffers still passed by fd).
     #[arg(long)]
@@ -36,7 +38,9 @@ pub struct DemoArgs {
     /// Side of a tile (must divide --size).
     #[arg(long, default_value_t = 64)]
     pub tile: u32,
-    /// Device spec of the local workers.
+    /// The chip of each local worker: sim[:KEY=VALUE,...], cuda:N[,KEY=VALUE,...]
+    /// (GPU N) or cuda:all (one worker per GPU, worker i on GPU i); see
+    /// `strata worker --help` for the keys.
     #[arg(long, default_value = "sim")]
     pub device: String,
     /// Staged chips copy every view in and out for each task instead of
@@ -166,7 +170,17 @@ pub fn run(args: &DemoArgs) -> ExitCode {
         );
         return ExitCode::from(2);
     }
-    let builder = match builder(&args.workers, args.in_process, &args.auth, &args.device) {
+    let workers = match &args.workers {
+        Some(w) => w.clone(),
+        None => match super::local_workers(&args.device, None) {
+            Ok(n) => n.to_string(),
+            Err(e) => {
+                eprintln!("strata demo: {e}");
+                return ExitCode::FAILURE;
+            }
+        },
+    };
+    let builder = match builder(&workers, args.in_process, &args.auth, &args.device) {
         Ok(b) => b
             .trace(args.trace.is_some())
             .device_cache(!args.no_device_cache)

@@ -175,3 +175,27 @@ fn init_logging() {
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .try_init();
 }
+
+/// How many local workers `strata run` and `strata demo` start on
+/// `device` when `asked` is not given: 4 simulated chips, 1 worker for
+/// `cuda:N`, one per GPU for `cuda:all`. A number asked for is kept
+/// (`cuda:all` checks it against the GPUs). For `cuda:all` this asks the
+/// CUDA driver for its GPUs, and the cluster's start asks again: the
+/// count is needed before the start (for the graph's worker numbers and
+/// for in-process workers), and a second `cuInit` costs little.
+///
+/// # Errors
+/// A spec no worker accepts; for `cuda:all`, no CUDA driver or GPU, or
+/// a number that is not the GPUs'.
+pub(crate) fn local_workers(
+    device: &str,
+    asked: Option<usize>,
+) -> Result<usize, strata_orchestrator::ClusterError> {
+    use strata_chip_runtime::{ChipSpec, CudaOrdinal};
+    match device.parse::<ChipSpec>() {
+        Ok(ChipSpec::Sim(_)) => Ok(asked.unwrap_or(4)),
+        Ok(ChipSpec::Cuda(c)) if c.ordinal != CudaOrdinal::All => Ok(asked.unwrap_or(1)),
+        // cuda:all, and a spec that does not parse (the error says why).
+        _ => strata_orchestrator::worker_chips(device, asked.unwrap_or(0)).map(|v| v.len()),
+    }
+}

@@ -15,6 +15,7 @@ use strata_orchestrator::{Cluster, Error, RunSummary};
   strata run examples/graphs/tiled_matmul.json
   strata run job.json --local 2 --trace job-trace.json
   strata run job.json --in-process             # the --local chips inside this process
+  strata run job.json --device cuda:all        # one worker per GPU
   strata run job.json --workers tcp:10.0.0.2:7420,tcp:10.0.0.3:7420 --token-file token
 
 Exit status: 0 when every task succeeded and every output matched its
@@ -24,10 +25,11 @@ wrong; nothing is started then.")]
 pub struct RunArgs {
     /// The graph file (JSON).
     pub graph: PathBuf,
-    /// Local workers (simulated chips) to start.
-    #[arg(long, default_value_t = 4, conflicts_with = "workers",
+    /// Local workers to start (default 4 simulated chips, 1 for cuda:N,
+    /// one per GPU for cuda:all).
+    #[arg(long, conflicts_with = "workers",
           value_parser = clap::value_parser!(u32).range(1..=64))]
-    pub local: u32,
+    pub local: Option<u32>,
     /// Run the `--local` chips inside this process (the same worker node,
     /// reached by calls instead of gRPC; buffers still passed by fd).
     #[arg(long, conflicts_with = "workers")]
@@ -38,7 +40,9 @@ pub struct RunArgs {
     /// How to authenticate to running TCP workers.
     #[command(flatten)]
     pub auth: super::demo::RemoteAuth,
-    /// Device spec of local workers.
+    /// The chip of each local worker: sim[:KEY=VALUE,...], cuda:N[,KEY=VALUE,...]
+    /// (GPU N) or cuda:all (one worker per GPU, worker i on GPU i); see
+    /// `strata worker --help` for the keys.
     #[arg(long, default_value = "sim")]
     pub device: String,
     /// Staged chips copy every view in and out for each task instead of
@@ -135,15 +139,22 @@ pub fn run(args: &RunArgs) -> ExitCode {
     };
     let builder = match &args.workers {
         None => {
-            if let Err(e) = graph.check_callables(args.local as usize, &builtin_signature) {
+            let local = match super::local_workers(&args.device, args.local.map(|n| n as usize)) {
+                Ok(n) => n,
+                Err(e) => {
+                    eprintln!("strata run: {e}");
+                    return ExitCode::FAILURE;
+                }
+            };
+            if let Err(e) = graph.check_callables(local, &builtin_signature) {
                 eprintln!("strata run: {shown}: {e}");
                 return ExitCode::from(2);
             }
             let b = Cluster::builder().device(&args.device);
             if args.in_process {
-                b.in_process(args.local as usize)
+                b.in_process(local)
             } else {
-                b.local(args.local as usize)
+                b.local(local)
             }
         }
         Some(list) => match super::demo::builder(list, false, &args.auth, &args.device) {

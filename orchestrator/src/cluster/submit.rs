@@ -37,26 +37,64 @@ impl Cluster {
             ),
             None => (callable, None),
         };
-        let versions = self
-            .callables
-            .get(name)
-            .ok_or_else(|| SubmitError::UnknownCallable {
-                name: name.to_owned(),
-                offered: {
-                    let mut names: Vec<String> = self.callables.keys().cloned().collect();
-                    names.sort_unstable();
-                    names
-                },
-            })?;
+        let Some(versions) = self.callables.get(name) else {
+            let all = (0..self.workers.len()).map(worker_id);
+            return Err(self
+                .no_body(callable, name, version, all)
+                .unwrap_or_else(|| SubmitError::UnknownCallable {
+                    name: name.to_owned(),
+                    offered: {
+                        let mut names: Vec<String> = self.callables.keys().cloned().collect();
+                        names.sort_unstable();
+                        names
+                    },
+                })
+                .into());
+        };
         let found = match version {
             Some(v) => versions.iter().find(|o| o.version == v),
             None => versions.last(),
         };
-        Ok(found.ok_or_else(|| SubmitError::UnknownVersion {
-            name: name.to_owned(),
-            version: version.unwrap_or(0),
-            offered: versions.iter().map(|o| o.version).collect(),
-        })?)
+        found.ok_or_else(|| {
+            let all = (0..self.workers.len()).map(worker_id);
+            self.no_body(callable, name, version, all)
+                .unwrap_or_else(|| SubmitError::UnknownVersion {
+                    name: name.to_owned(),
+                    version: version.unwrap_or(0),
+                    offered: versions.iter().map(|o| o.version).collect(),
+                })
+                .into()
+        })
+    }
+
+    /// [`SubmitError::NoBody`] when one of `workers` has `name` (at
+    /// `version`, or any) registered without a body for its chip.
+    fn no_body(
+        &self,
+        callable: &str,
+        name: &str,
+        version: Option<u32>,
+        workers: impl Iterator<Item = WorkerId>,
+    ) -> Option<SubmitError> {
+        let lacks = |entry: &String| {
+            entry
+                .split_once('@')
+                .is_some_and(|(n, v)| n == name && version.is_none_or(|want| v.parse() == Ok(want)))
+        };
+        let (ids, named): (Vec<WorkerId>, Vec<String>) = workers
+            .filter_map(|w| {
+                let info = self.workers.get(w.0 as usize)?;
+                info.no_body
+                    .iter()
+                    .any(lacks)
+                    .then(|| (w, format!("{w} ({})", info.device)))
+            })
+            .unzip();
+        (!ids.is_empty()).then(|| SubmitError::NoBody {
+            callable: callable.to_owned(),
+            workers: named,
+            ids,
+        })
     }
 
     fn member(&self, task: Task) -> Result<(MemberSpec, Vec<TaskId>), Error> {
@@ -254,12 +292,18 @@ impl Cluster {
                         }
                     })?;
                     if !offers.contains(&member.callable) {
-                        return Err(SubmitError::NotRegistered {
-                            member: m,
-                            callable: member.name.to_string(),
-                            worker: w,
-                        }
-                        .into());
+                        let (name, version) = member
+                            .name
+                            .split_once('@')
+                            .map_or((&*member.name, None), |(n, v)| (n, v.parse().ok()));
+                        let why = self.no_body(&member.name, name, version, std::iter::once(w));
+                        return Err(why
+                            .unwrap_or_else(|| SubmitError::NotRegistered {
+                                member: m,
+                                callable: member.name.to_string(),
+                                worker: w,
+                            })
+                            .into());
                     }
                     if !self.takes(w, member) {
                         return Err(SubmitError::Incapable {

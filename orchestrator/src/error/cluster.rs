@@ -23,11 +23,34 @@ pub enum ClusterError {
     #[error("no workers: ask for local or in-process workers, or connect to some")]
     NoWorkers,
     /// The device spec of the local and in-process workers is not one a
-    /// worker accepts (checked before any is started).
+    /// worker accepts, or names a chip that is not here (a CUDA driver or
+    /// GPU missing); checked before any worker is started.
     #[error("local workers' device: {source}")]
     Device {
         /// Why (it names the spec and the device kinds there are).
         source: strata_chip_runtime::Error,
+    },
+    /// `cuda:all` with a number of workers other than the GPUs'.
+    #[error(
+        "cuda:all starts one worker per GPU: {asked} {kind} workers were asked for and the CUDA driver sees {gpus} GPUs (ask for {gpus}, or leave the number out)"
+    )]
+    GpuCount {
+        /// The workers asked for.
+        asked: usize,
+        /// `local` or `in-process`.
+        kind: &'static str,
+        /// The GPUs the driver sees.
+        gpus: u32,
+    },
+    /// `cuda:all` with both local and in-process workers.
+    #[error(
+        "cuda:all gives each GPU one worker: {local} local and {in_process} in-process workers were asked for; ask for one kind"
+    )]
+    GpusTwice {
+        /// Local workers asked for.
+        local: usize,
+        /// In-process workers asked for.
+        in_process: usize,
     },
     /// A worker address is malformed.
     #[error("{reason}")]

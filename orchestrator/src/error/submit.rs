@@ -33,6 +33,19 @@ pub enum SubmitError {
         /// The names the workers offer.
         offered: Vec<String>,
     },
+    /// A callable (or version) no worker the task may go to offers,
+    /// registered on some whose chip has no body for it (a CUDA chip runs
+    /// only kernels with a CUDA body).
+    #[error("callable {callable:?} has no body for the chip of {}", .workers.join(", "))]
+    NoBody {
+        /// The callable as named (`name` or `name@version`).
+        callable: String,
+        /// The workers it is registered on without a body, each as
+        /// `worker N (device spec)`.
+        workers: Vec<String>,
+        /// Their ids, in the same order.
+        ids: Vec<WorkerId>,
+    },
     /// A version of a callable no worker offers.
     #[error(
         "callable {name:?} has no version {version}; the workers offer {}",

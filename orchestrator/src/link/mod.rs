@@ -356,6 +356,10 @@ pub struct WorkerInfo {
     pub pid: Option<u32>,
     /// `name@version` of every callable it offers.
     pub callables: Vec<String>,
+    /// `name@version` of every kernel registered on it that its chip has
+    /// no body for (a CUDA chip runs only kernels with a CUDA body): not
+    /// offered, and named when a task asks for one.
+    pub no_body: Vec<String>,
     /// What tasks placed on it may use, through this cluster's link (its
     /// handshake's statement; host buffers reach a worker over TCP as
     /// bytes, so it takes MEMFD buffers when it takes HOST bytes):
@@ -395,6 +399,7 @@ impl WorkerInfo {
                 .iter()
                 .map(|c| c.signature.qualified_name())
                 .collect(),
+            no_body: f.worker.no_body.clone(),
             capabilities: f.capabilities(),
             path_id,
         }
@@ -417,6 +422,7 @@ mod tests {
                 device_memory: 1 << 20,
                 lanes: 1,
                 callables: Vec::new(),
+                no_body: Vec::new(),
                 capabilities: said,
                 required_features: Features::NONE,
                 instance: InstanceId(1),

@@ -3,6 +3,7 @@
 
 mod actors;
 mod alloc;
+mod bodies;
 mod caps;
 mod errors;
 mod grants;

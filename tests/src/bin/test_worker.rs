@@ -4,8 +4,11 @@
 //! subcommand first, so a `Cluster` can spawn it.
 
 use std::process::ExitCode;
+use std::sync::Arc;
 
 use clap::Parser;
+use strata_chip_runtime::Device;
+use strata_tests::runs_only::RunsOnly;
 
 #[global_allocator]
 static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
@@ -18,6 +21,11 @@ struct Args {
     /// writing (so a stopped worker writes late).
     #[arg(long, default_value_t = 0)]
     hash_delay_ms: u64,
+    /// Comma-separated kernel names: the chip runs only these
+    /// (`strata_tests::runs_only`), and the worker names the others as
+    /// having no body.
+    #[arg(long)]
+    runs_only: Option<String>,
 }
 
 fn main() -> ExitCode {
@@ -29,7 +37,13 @@ fn main() -> ExitCode {
     match strata_tests::kernels::registry_with_hash_delay(std::time::Duration::from_millis(
         args.hash_delay_ms,
     )) {
-        Ok(kernels) => strata_worker::cli::run(args.worker, kernels),
+        Ok(kernels) => match args.runs_only {
+            None => strata_worker::cli::run(args.worker, kernels),
+            Some(names) => strata_worker::cli::run_with(args.worker, kernels, |spec| {
+                let chip = strata_chip_runtime::open(spec)?;
+                Ok(Arc::new(RunsOnly::new(chip, &names)) as Arc<dyn Device>)
+            }),
+        },
         Err(e) => {
             eprintln!("{e}");
             ExitCode::FAILURE

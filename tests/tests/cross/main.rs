@@ -5,6 +5,7 @@ mod access;
 mod alloc;
 mod bulk;
 mod caps;
+mod chips;
 mod cluster;
 mod faults;
 mod fence;

@@ -17,7 +17,7 @@
 use std::os::fd::OwnedFd;
 use std::sync::Arc;
 
-use strata_chip_runtime::{Device, Region, Registry, SimDevice};
+use strata_chip_runtime::{Device, Region, Registry};
 use strata_proto::convert::{
     RunEnd, SessionState, TaskCompletion, TaskRequest, WorkerFacts, WorkerStats,
 };
@@ -37,18 +37,31 @@ pub struct InProcessWorker {
 }
 
 impl InProcessWorker {
-    /// Starts chip `chip_id` with a device from `device_spec` (e.g. `sim`,
-    /// `sim:mem=2GiB,lanes=2`) and `kernels`.
+    /// Starts chip `chip_id` with the chip `device_spec` names (`sim`,
+    /// `sim:mem=2GiB,lanes=2`, `cuda:0`; see [`strata_chip_runtime::open`])
+    /// and `kernels`.
     ///
     /// # Errors
-    /// [`NodeError::Device`]: a bad device spec.
+    /// [`NodeError::Device`]: a bad device spec, or a chip that cannot be
+    /// opened (a CUDA chip without its driver names the library).
     pub fn start(chip_id: u32, device_spec: &str, kernels: Registry) -> Result<Self, NodeError> {
-        let device: Arc<dyn Device> = Arc::new(SimDevice::from_spec(device_spec)?);
+        Ok(InProcessWorker::on_device(
+            chip_id,
+            strata_chip_runtime::open(device_spec)?,
+            kernels,
+        ))
+    }
+
+    /// Starts chip `chip_id` on a device the caller built: a chip of its
+    /// own implementing [`Device`]. It offers the kernels of `kernels`
+    /// its device [`runs`](Device::runs) and names the others in its
+    /// facts ([`WorkerFacts::no_body`]).
+    pub fn on_device(chip_id: u32, device: Arc<dyn Device>, kernels: Registry) -> Self {
         let node = Node::new(chip_id, device, kernels, Limits::default());
-        Ok(InProcessWorker {
+        InProcessWorker {
             node: Arc::new(node),
             halted: Arc::new(watch::channel(false).0),
-        })
+        }
     }
 
     /// What it is and offers: what a handshake with it would report.

@@ -443,6 +443,7 @@ impl Node {
             device_memory: info.memory,
             lanes: u32::try_from(info.lanes).unwrap_or(u32::MAX),
             callables: self.offers(),
+            no_body: self.no_body(),
             capabilities: self.capabilities,
             required_features: Features::NONE,
             instance: self.instance,
@@ -468,15 +469,40 @@ impl Node {
         }
     }
 
-    /// The callables this node offers, sorted by name and version.
+    /// The callables this node offers (the registered kernels its chip
+    /// runs), sorted by name and version.
     fn offers(&self) -> Vec<CallableOffer> {
         let mut offers: Vec<CallableOffer> = self
             .kernels
             .descriptors()
+            .filter(|d| self.chip_runs(d))
             .map(|d| CallableOffer::of(d.clone()))
             .collect();
         offers.sort_by(|a, b| (a.name(), a.version()).cmp(&(b.name(), b.version())));
         offers
+    }
+
+    /// `name@version` of the registered kernels its chip has no body
+    /// for, sorted by name and version: not offered, but named.
+    fn no_body(&self) -> Vec<String> {
+        let mut missing: Vec<(&str, u32)> = self
+            .kernels
+            .descriptors()
+            .filter(|d| !self.chip_runs(d))
+            .map(|d| (d.name.as_str(), d.version))
+            .collect();
+        missing.sort_unstable();
+        missing
+            .into_iter()
+            .map(|(name, version)| format!("{name}@{version}"))
+            .collect()
+    }
+
+    /// Whether the chip runs the kernel `d` describes.
+    fn chip_runs(&self, d: &strata_chip_runtime::Signature) -> bool {
+        self.kernels
+            .get(d.handle())
+            .is_ok_and(|k| self.device.runs(k.as_ref()))
     }
 
     /// A node for chip `chip_id` on `device`, running `kernels`.

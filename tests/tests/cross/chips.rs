@@ -1,0 +1,254 @@
+//! Chips other than the simulated one, through the real binaries: a CUDA
+//! chip where there is no CUDA driver fails at once with one line naming
+//! the library (a worker, a cluster, `strata run` and `strata demo`), and
+//! a worker whose chip runs only some kernels offers those and names the
+//! rest, which the driver names in its refusal.
+//!
+//! The tests of absence need a machine without a CUDA driver; on one with
+//! a driver each says so on one line and checks nothing else.
+
+use std::path::Path;
+use std::process::{Command, Output};
+use std::time::{Duration, Instant};
+
+use strata_orchestrator::{Cluster, ClusterError, Error, SubmitError, Task, WorkerId};
+use strata_tests::{WorkerProcess, strata_bin};
+use strata_wire::DType;
+
+fn test_worker_bin() -> &'static Path {
+    Path::new(env!("CARGO_BIN_EXE_strata-test-worker"))
+}
+
+/// Whether this machine has a CUDA driver (then absence cannot be shown).
+fn driver_here(test: &str) -> bool {
+    let here = strata_chip_runtime::cuda::device_count().is_ok();
+    if here {
+        println!("{test}: skipped, a CUDA driver is here and this test shows its absence");
+    }
+    here
+}
+
+fn strata(args: &[&str]) -> (Output, Duration) {
+    let t0 = Instant::now();
+    let out = Command::new(strata_bin())
+        .args(args)
+        .output()
+        .expect("run strata");
+    (out, t0.elapsed())
+}
+
+fn stderr_lines(out: &Output) -> Vec<String> {
+    String::from_utf8_lossy(&out.stderr)
+        .lines()
+        .map(str::to_owned)
+        .collect()
+}
+
+#[test]
+fn a_cuda_worker_without_a_driver_exits_at_once_with_one_line_naming_the_library() {
+    if driver_here("a_cuda_worker_without_a_driver") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let listen = format!("unix:{}", dir.path().join("w.sock").display());
+    let (out, took) = strata(&[
+        "worker", "--chip", "3", "--device", "cuda:0", "--listen", &listen,
+    ]);
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    assert!(took < Duration::from_secs(5), "took {took:?}");
+    assert!(out.stdout.is_empty(), "no ready line: {out:?}");
+    let lines = stderr_lines(&out);
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    assert!(
+        lines[0]
+            .starts_with("strata worker: chip 3: no CUDA driver: libcuda.so.1 could not be loaded"),
+        "{lines:?}"
+    );
+    assert!(!dir.path().join("w.sock").exists(), "no socket was bound");
+}
+
+/// `cuda:all` names every GPU; a worker owns one. Whether a driver is here
+/// or not, the worker says so on one line.
+#[test]
+fn a_worker_refuses_cuda_all_naming_why() {
+    let dir = tempfile::tempdir().unwrap();
+    let listen = format!("unix:{}", dir.path().join("w.sock").display());
+    let (out, _) = strata(&["worker", "--device", "cuda:all", "--listen", &listen]);
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    let lines = stderr_lines(&out);
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    assert!(
+        lines[0].contains("cuda:all names every GPU and one chip is one GPU"),
+        "{lines:?}"
+    );
+}
+
+#[test]
+fn a_cluster_on_cuda_without_a_driver_fails_at_the_start_naming_the_library() {
+    if driver_here("a_cluster_on_cuda_without_a_driver") {
+        return;
+    }
+    for (device, local, in_process) in [
+        ("cuda:0", 1, 0),
+        ("cuda:0", 0, 1),
+        ("cuda:all", 0, 0),
+        ("cuda:all,mem=1GiB", 2, 0),
+        ("cuda:all", 0, 2),
+    ] {
+        let t0 = Instant::now();
+        let e = Cluster::builder()
+            .local(local)
+            .in_process(in_process)
+            .worker_binary(strata_bin())
+            .device(device)
+            .start()
+            .expect_err("no driver");
+        assert!(
+            matches!(e, Error::Cluster(ClusterError::Device { .. })),
+            "{device}: {e:?}"
+        );
+        assert!(
+            e.to_string()
+                .contains("no CUDA driver: libcuda.so.1 could not be loaded"),
+            "{device}: {e}"
+        );
+        assert!(t0.elapsed() < Duration::from_secs(2), "{device}: {e}");
+    }
+}
+
+#[test]
+fn strata_run_and_demo_on_cuda_without_a_driver_fail_naming_the_library() {
+    if driver_here("strata_run_and_demo_on_cuda_without_a_driver") {
+        return;
+    }
+    let graph = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/graphs/elementwise.json");
+    let graph = graph.to_str().unwrap();
+    for args in [
+        vec!["demo", "--device", "cuda:0", "--quiet"],
+        vec!["demo", "--device", "cuda:all", "--quiet"],
+        vec!["demo", "--device", "cuda:all", "--workers", "2", "--quiet"],
+        vec!["run", graph, "--device", "cuda:0", "--quiet"],
+        vec![
+            "run",
+            graph,
+            "--device",
+            "cuda:all",
+            "--in-process",
+            "--quiet",
+        ],
+    ] {
+        let (out, took) = strata(&args);
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {out:?}");
+        assert!(took < Duration::from_secs(5), "{args:?}: took {took:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.contains("no CUDA driver: libcuda.so.1 could not be loaded"),
+            "{args:?}: {err}"
+        );
+        assert!(!err.contains("panicked"), "{args:?}: {err}");
+    }
+}
+
+/// A worker whose chip runs `copy` and `fill` only (the test worker's
+/// `--runs-only`) offers those, names every other kernel it has as
+/// without a body, and the driver's refusal of `axpy` names the chip;
+/// beside a worker that runs everything, `axpy` goes there, and pinned to
+/// the first it is refused naming that worker.
+#[test]
+fn a_worker_offers_only_what_its_chip_runs_and_the_driver_names_the_rest() {
+    let picky = WorkerProcess::spawn_unix(test_worker_bin(), &[], &["--runs-only", "copy,fill"]);
+    let cluster = Cluster::builder()
+        .connect(&picky.endpoint.to_string(), None)
+        .unwrap()
+        .local(1)
+        .worker_binary(strata_bin())
+        .start()
+        .unwrap();
+    // Local workers come first: the picky one is worker 1.
+    let w = &cluster.workers()[1];
+    assert_eq!(w.callables, ["copy@1", "fill@1"]);
+    assert!(w.no_body.iter().any(|n| n == "axpy@1"), "{:?}", w.no_body);
+    assert!(
+        w.no_body.iter().any(|n| n.starts_with("test.hash.")),
+        "the test worker's own kernels too: {:?}",
+        w.no_body
+    );
+    assert!(cluster.workers()[0].no_body.is_empty());
+    let x = cluster.buffer_from_slice(&[1.0f32; 16]).unwrap();
+    let x = x.tensor(&[16], DType::F32).unwrap();
+    let y = cluster
+        .buffer(64)
+        .unwrap()
+        .tensor(&[16], DType::F32)
+        .unwrap();
+    cluster
+        .submit(Task::new("fill").output(&y).scalar_f64(2.0).on(WorkerId(1)))
+        .unwrap();
+    cluster
+        .submit(Task::new("axpy").input(&x).inout(&y).scalar_f64(3.0))
+        .unwrap();
+    cluster.wait_all().unwrap();
+    assert_eq!(y.read::<f32>().unwrap(), vec![5.0f32; 16]);
+    let e = cluster
+        .submit(
+            Task::new("axpy")
+                .input(&x)
+                .inout(&y)
+                .scalar_f64(1.0)
+                .on(WorkerId(1)),
+        )
+        .unwrap_err();
+    assert!(
+        matches!(&e, Error::Submit(SubmitError::NoBody { ids, .. }) if ids == &[WorkerId(1)]),
+        "{e:?}"
+    );
+    assert_eq!(
+        e.to_string(),
+        format!(
+            "submit: callable \"axpy@1\" has no body for the chip of worker 1 ({})",
+            w.device
+        )
+    );
+    // A test kernel registered only on the picky worker, where its chip
+    // has no body for it: no worker offers it.
+    let hash = w
+        .no_body
+        .iter()
+        .find(|n| n.starts_with("test.hash."))
+        .unwrap()
+        .clone();
+    let name = hash.split_once('@').unwrap().0.to_owned();
+    let e = cluster.submit(Task::new(&name).input(&x)).unwrap_err();
+    assert!(
+        matches!(&e, Error::Submit(SubmitError::NoBody { ids, .. }) if ids == &[WorkerId(1)]),
+        "{e:?}"
+    );
+    cluster.shutdown().unwrap();
+}
+
+/// `cuda:all` names the chips of the workers a driver starts; beside
+/// running workers, with no number asked for, it starts none and asks no
+/// CUDA driver: the demo runs on the running worker, driver or not.
+#[test]
+fn cuda_all_beside_running_workers_starts_none() {
+    let w = WorkerProcess::spawn_unix(&strata_bin(), &["worker"], &[]);
+    let endpoint = w.endpoint.to_string();
+    let (out, _) = strata(&[
+        "demo",
+        "--workers",
+        &endpoint,
+        "--device",
+        "cuda:all",
+        "--size",
+        "64",
+        "--tile",
+        "32",
+        "--quiet",
+    ]);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

@@ -8,6 +8,7 @@
 #![deny(unsafe_code)]
 
 pub mod kernels;
+pub mod losing;
 pub mod runs_only;
 
 use std::io::{BufRead, BufReader};
@@ -197,6 +198,27 @@ impl WorkerProcess {
     pub fn terminate(&mut self, timeout: Duration) -> ExitStatus {
         let pid = Pid::from_raw(i32::try_from(self.pid()).expect("pid"));
         let _ = kill(pid, Signal::SIGTERM);
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(status) = self.child.try_wait().expect("wait") {
+                return status;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "worker did not exit within {timeout:?}; log:\n{}",
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl WorkerProcess {
+    /// Waits for the worker to exit by itself.
+    ///
+    /// # Panics
+    /// When it has not exited within `timeout`.
+    pub fn wait_exit(&mut self, timeout: Duration) -> ExitStatus {
         let deadline = Instant::now() + timeout;
         loop {
             if let Some(status) = self.child.try_wait().expect("wait") {

@@ -67,6 +67,11 @@ pub enum WorkerError {
     /// The server failed.
     #[error("server: {0}")]
     Serve(String),
+    /// The chip can run nothing more (a GPU whose context a fault lost):
+    /// the worker finished what was in flight (each failed with that
+    /// cause), stopped, and exits so that it can be replaced.
+    #[error("chip lost: {0}; exiting so that the worker can be replaced")]
+    ChipLost(String),
     /// The thread that watches stdin for the driver's exit
     /// (`--exit-with-stdin`) could not be started.
     #[error("cannot watch stdin for the driver's exit: {0}")]

@@ -22,7 +22,7 @@ use tokio_stream::StreamExt;
 use tokio_stream::wrappers::{TcpListenerStream, UnixListenerStream};
 use tonic::service::interceptor::InterceptedService;
 use tonic::transport::{Certificate, Identity, Server, ServerTlsConfig};
-use tracing::{info, warn};
+use tracing::{error, info, warn};
 
 use crate::auth::TokenCheck;
 use crate::config::{Endpoint, Offers, WorkerConfig};
@@ -52,6 +52,9 @@ enum Listener {
     Unix(tokio::net::UnixListener, PathBuf),
     Tcp(TcpListener),
 }
+
+/// How often a serving worker asks its chip whether it is lost.
+const CHIP_WATCH: std::time::Duration = std::time::Duration::from_millis(100);
 
 /// A worker whose sockets are bound and whose device is up: ready to serve.
 pub struct BoundWorker {
@@ -307,8 +310,30 @@ impl BoundWorker {
                 stop_rx.clone(),
             ))
         });
+        // A chip that can run nothing more (a GPU context lost to a
+        // fault) stops the worker as a shutdown would: the tasks in flight
+        // have failed with the cause, and a new worker can take its place.
+        let lost: Arc<std::sync::Mutex<Option<String>>> = Arc::default();
+        let watch = {
+            let (device, lost) = (Arc::clone(&self.node.device), Arc::clone(&lost));
+            async move {
+                loop {
+                    tokio::time::sleep(CHIP_WATCH).await;
+                    if let Some(why) = device.lost() {
+                        error!(cause = %why, "the chip is lost; stopping");
+                        *lost
+                            .lock()
+                            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(why);
+                        return;
+                    }
+                }
+            }
+        };
         let stop = async move {
-            shutdown.await;
+            tokio::select! {
+                () = shutdown => {}
+                () = watch => {}
+            }
             info!("shutting down: no new tasks; finishing those in flight");
             let _ = stop_tx.send(true);
         };
@@ -348,6 +373,13 @@ impl BoundWorker {
         if let Some((task, path)) = fd_task {
             task.abort();
             let _ = std::fs::remove_file(path);
+        }
+        let lost = lost
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .take();
+        if let Some(why) = lost {
+            return Err(WorkerError::ChipLost(why));
         }
         result.map_err(|e| WorkerError::Serve(e.to_string()))
     }

@@ -8,6 +8,7 @@ use std::sync::Arc;
 
 use clap::Parser;
 use strata_chip_runtime::Device;
+use strata_tests::losing::Losing;
 use strata_tests::runs_only::RunsOnly;
 
 #[global_allocator]
@@ -26,6 +27,10 @@ struct Args {
     /// having no body.
     #[arg(long)]
     runs_only: Option<String>,
+    /// A kernel name: launching it loses the chip, as a fault loses a
+    /// GPU's context (`strata_tests::losing`).
+    #[arg(long)]
+    lose_on: Option<String>,
 }
 
 fn main() -> ExitCode {
@@ -37,11 +42,17 @@ fn main() -> ExitCode {
     match strata_tests::kernels::registry_with_hash_delay(std::time::Duration::from_millis(
         args.hash_delay_ms,
     )) {
-        Ok(kernels) => match args.runs_only {
-            None => strata_worker::cli::run(args.worker, kernels),
-            Some(names) => strata_worker::cli::run_with(args.worker, kernels, |spec| {
-                let chip = strata_chip_runtime::open(spec)?;
-                Ok(Arc::new(RunsOnly::new(chip, &names)) as Arc<dyn Device>)
+        Ok(kernels) => match (args.runs_only, args.lose_on) {
+            (None, None) => strata_worker::cli::run(args.worker, kernels),
+            (runs_only, lose_on) => strata_worker::cli::run_with(args.worker, kernels, |spec| {
+                let mut chip = strata_chip_runtime::open(spec)?;
+                if let Some(names) = &runs_only {
+                    chip = Arc::new(RunsOnly::new(chip, names));
+                }
+                if let Some(kernel) = &lose_on {
+                    chip = Arc::new(Losing::new(chip, kernel));
+                }
+                Ok(chip as Arc<dyn Device>)
             }),
         },
         Err(e) => {

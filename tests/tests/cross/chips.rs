@@ -13,6 +13,8 @@ use std::time::{Duration, Instant};
 
 use strata_orchestrator::{Cluster, ClusterError, Error, SubmitError, Task, WorkerId};
 use strata_tests::{WorkerProcess, strata_bin};
+
+use crate::faults::within;
 use strata_wire::DType;
 
 fn test_worker_bin() -> &'static Path {
@@ -251,4 +253,33 @@ fn cuda_all_beside_running_workers_starts_none() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
+}
+
+/// A chip that can run nothing more (as a GPU whose context a fault
+/// lost: the test worker's `--lose-on noop`) fails the task that lost it
+/// with the cause, as a device failure; the worker process then stops and
+/// exits 1 naming the cause, so that it can be replaced; the driver sees
+/// it down and finishes without hanging.
+#[test]
+fn a_lost_chip_fails_its_task_and_its_worker_exits_to_be_replaced() {
+    let mut w = WorkerProcess::spawn_unix(test_worker_bin(), &[], &["--lose-on", "noop"]);
+    let cluster = Cluster::builder()
+        .connect(&w.endpoint.to_string(), None)
+        .unwrap()
+        .start()
+        .unwrap();
+    let x = cluster.buffer_from_slice(&[1.0f32; 4]).unwrap();
+    let x = x.tensor(&[4], DType::F32).unwrap();
+    cluster
+        .submit(Task::new("fill").output(&x).scalar_f64(2.0))
+        .unwrap();
+    cluster.wait_all().expect("the chip works before");
+    let h = cluster.submit(Task::new("noop")).unwrap();
+    let e = cluster.wait(h).unwrap_err().to_string();
+    assert!(e.contains("CUDA_ERROR_ILLEGAL_ADDRESS"), "{e}");
+    let status = w.wait_exit(Duration::from_secs(10));
+    assert_eq!(status.code(), Some(1), "log:\n{}", w.log());
+    assert!(w.log().contains("chip lost"), "log:\n{}", w.log());
+    within(Duration::from_secs(10), || !cluster.is_up(WorkerId(0))).expect("seen down");
+    assert_eq!(x.read::<f32>().unwrap(), vec![2.0f32; 4]);
 }

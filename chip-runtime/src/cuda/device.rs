@@ -42,13 +42,11 @@ pub fn open(spec: &CudaSpec) -> Result<Arc<dyn Device>, Error> {
         }
     };
     let (mem, run, scratch) = spec.regions(mem)?;
-    let label = CudaSpec {
-        mem: Some(mem),
-        run: Some(run),
-        scratch: Some(scratch),
-        ..spec.clone()
-    }
-    .to_string();
+    // The spec as given, not the sizes it resolved to: what a run found
+    // free varies, and the spec is what the performance models key a
+    // kind of chip by (the sizes are in `DeviceInfo::memory` and the
+    // arena's statistics).
+    let label = spec.to_string();
     let core = DeviceSpec {
         mem,
         mode: Mode::Staged,

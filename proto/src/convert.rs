@@ -818,6 +818,9 @@ pub struct WorkerStats {
     pub tasks_in_flight: u64,
     /// Device bytes zeroed before anyone could see them.
     pub zeroed: u64,
+    /// Bytes staged through page-locked staging buffers because their
+    /// host memory could not be page-locked in place (a CUDA chip).
+    pub bounced: u64,
     /// The device cache.
     pub cache: CacheCounters,
 }
@@ -936,6 +939,7 @@ impl TryFrom<pb::StatsReply> for WorkerStats {
             sessions: s.sessions,
             tasks_in_flight: s.tasks_in_flight,
             zeroed: s.zeroed,
+            bounced: s.bounced,
             cache: s.cache.map(CacheCounters::from).unwrap_or_default(),
         })
     }
@@ -966,6 +970,7 @@ impl From<WorkerStats> for pb::StatsReply {
             sessions: s.sessions,
             tasks_in_flight: s.tasks_in_flight,
             zeroed: s.zeroed,
+            bounced: s.bounced,
             cache: Some(s.cache.into()),
         }
     }

@@ -228,7 +228,10 @@ pub fn run(args: &DemoArgs) -> ExitCode {
             s.returned_bytes,
             s.staged_bytes
         );
-        for line in super::transfer_lines(s) {
+        for line in super::transfer_lines(s)
+            .into_iter()
+            .chain(super::bounce_line(&cluster))
+        {
             say!("  {line}");
         }
         say!(

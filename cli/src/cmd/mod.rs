@@ -92,6 +92,23 @@ fn transfer_lines(s: &strata_orchestrator::RunSummary) -> Vec<String> {
     lines
 }
 
+/// A line saying how many bytes went through staging buffers on the
+/// workers' chips because their host memory could not be page-locked in
+/// place for DMA (a CUDA chip's fallback), when any did.
+fn bounce_line(cluster: &strata_orchestrator::Cluster) -> Option<String> {
+    let bounced: u64 = cluster
+        .workers()
+        .iter()
+        .filter_map(|w| cluster.worker_stats(w.id).ok())
+        .map(|s| s.bounced)
+        .sum();
+    (bounced > 0).then(|| {
+        format!(
+            "bytes staged through staging buffers {bounced} (host memory that could not be page-locked in place for DMA)"
+        )
+    })
+}
+
 /// strata: an async, multi-process task dispatcher for accelerator chips.
 #[derive(Debug, Parser)]
 #[command(name = "strata", version, about, long_about = None)]

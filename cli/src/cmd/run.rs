@@ -221,7 +221,10 @@ pub fn run(args: &RunArgs) -> ExitCode {
                     s.fd_bytes,
                     s.sent_bytes + s.returned_bytes + s.staged_bytes
                 );
-                for line in super::transfer_lines(s) {
+                for line in super::transfer_lines(s)
+                    .into_iter()
+                    .chain(super::bounce_line(&cluster))
+                {
                     say!("  {line}");
                 }
                 for o in &r.outputs {

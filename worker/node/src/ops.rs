@@ -243,6 +243,7 @@ impl Node {
             sessions: self.session_count() as u64,
             tasks_in_flight: self.tasks_in_flight(),
             zeroed: s.zeroed,
+            bounced: s.bounced,
             cache: crate::exec::cache_counters(s.cache),
         }
     }

@@ -124,6 +124,7 @@ fn launch(
             args,
             scalars,
             gate: None,
+            priority: 0,
         },
     )?
     .wait()?)

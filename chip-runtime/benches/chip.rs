@@ -62,6 +62,7 @@ fn bench_matmul(c: &mut Criterion) {
             ],
             scalars: vec![],
             gate: None,
+            priority: 0,
         };
         bench_launch(&mut group, mode, &dev, &launch);
     }
@@ -145,6 +146,7 @@ fn bench_tile_kernels(c: &mut Criterion) {
                     args,
                     scalars,
                     gate: None,
+                    priority: 0,
                 };
                 group.throughput(Throughput::Elements(flops));
                 bench_launch(&mut group, name, &dev, &launch);
@@ -246,6 +248,7 @@ fn bench_tile_in_situ(c: &mut Criterion) {
                     args,
                     scalars,
                     gate: None,
+                    priority: 0,
                 }
             })
             .collect();
@@ -358,6 +361,7 @@ fn bench_isolation(c: &mut Criterion) {
             }],
             scalars: vec![1f32.to_bits().into()],
             gate: None,
+            priority: 0,
         };
         bench_launch(&mut group, name, &dev, &launch);
     }

@@ -95,6 +95,12 @@ pub struct Launch {
     /// closed, a launch still queued completes with
     /// [`Error::NotStarted`] instead of running. `None`: always starts.
     pub gate: Option<StartGate>,
+    /// How urgent it is: the task's upward rank (its longest modelled path
+    /// to the end of the graph, ns), 0 for none. A chip that can favour
+    /// some work over other favours the higher (a CUDA chip runs the most
+    /// urgent launch in flight on a high-priority stream); others ignore
+    /// it.
+    pub priority: u64,
 }
 
 /// A switch that stops queued launches from starting.

@@ -34,7 +34,7 @@
 //! let buf = strata_wire::check::test_buffer(64);
 //! let view = Tensor::new(buf, 0, &[4, 4], &[4, 1], DType::F32)?;
 //! let arg = LaunchArg { tensor: view, tag: ArgTag::Output, backing: ArgBacking::Host(host.clone()), cache: None };
-//! let report = device::launch(&dev, Launch { kernel: fill, args: vec![arg], scalars: vec![2.5f64.to_bits()], gate: None })?.wait()?;
+//! let report = device::launch(&dev, Launch { kernel: fill, args: vec![arg], scalars: vec![2.5f64.to_bits()], gate: None, priority: 0 })?.wait()?;
 //! assert_eq!(report.staged_out, 64);
 //! assert_eq!(host.read(0, 4)?, 2.5f32.to_le_bytes());
 //! # Ok::<(), Box<dyn std::error::Error>>(())

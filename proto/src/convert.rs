@@ -149,6 +149,9 @@ pub struct TaskRequest {
     /// Features the task needs of its worker, unknown bits kept: the
     /// worker refuses the task when it lacks one.
     pub required_features: Features,
+    /// The task's upward rank when dispatched (ns; 0: not ranked): a chip
+    /// that can favour some work favours the higher.
+    pub priority: u64,
 }
 
 /// How one argument of a task uses the worker's device cache.
@@ -370,6 +373,7 @@ impl TryFrom<pb::Task> for TaskRequest {
             staged,
             cache,
             required_features: Features::from_bits(t.required_features),
+            priority: t.priority,
         })
     }
 }
@@ -411,6 +415,7 @@ impl From<&TaskRequest> for pb::Task {
                 })
                 .collect(),
             required_features: r.required_features.bits(),
+            priority: r.priority,
         }
     }
 }
@@ -1182,6 +1187,7 @@ mod tests {
             staged: Vec::new(),
             cache: Vec::new(),
             required_features: Features::NONE,
+            priority: 0,
         };
         (&req).into()
     }
@@ -1316,6 +1322,7 @@ mod tests {
             staged: vec![(0, 77)],
             cache: Vec::new(),
             required_features: Features::NONE,
+            priority: 0,
         };
         let wire: pb::Task = (&req).into();
         assert_eq!(wire.inline_inputs.len(), 1);

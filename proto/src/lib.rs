@@ -21,6 +21,7 @@
 //!     staged: vec![],
 //!     cache: vec![],
 //!     required_features: strata_proto::convert::Features::NONE,
+//!     priority: 0,
 //! };
 //! let wire: pb::Task = (&req).into();
 //! assert_eq!(TaskRequest::try_from(wire).unwrap(), req);

@@ -54,6 +54,7 @@ fn bench(c: &mut Criterion) {
                     staged: Vec::new(),
                     cache: Vec::new(),
                     required_features: strata_proto::convert::Features::NONE,
+                    priority: 0,
                 }
             })
             .collect()

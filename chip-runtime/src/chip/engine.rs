@@ -118,6 +118,18 @@ pub(crate) trait Engine: Send + Sync + std::fmt::Debug {
         scratch: ScratchFn<'a>,
     ) -> Result<Held<'a>, Error>;
 
+    /// A launch of this `priority` ([`crate::Launch::priority`]) starts on
+    /// `lane`: what it queues until [`Engine::end`] may go where urgent
+    /// work goes. Nothing for an engine that cannot favour some work.
+    fn begin(&self, lane: usize, priority: u64) {
+        let _ = (lane, priority);
+    }
+
+    /// The launch on `lane` has ended (its lane finished).
+    fn end(&self, lane: usize) {
+        let _ = lane;
+    }
+
     /// Waits until everything queued on `lane` is done; the first failure
     /// among it. A no-op for an engine that does everything at once.
     fn finish(&self, lane: Lane) -> Result<(), Error>;

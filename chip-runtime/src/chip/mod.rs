@@ -696,7 +696,9 @@ impl Inner {
             ..LaunchReport::default()
         };
         let ahead = ahead.unwrap_or_default();
+        self.engine.begin(lane, launch.priority);
         let result = self.materialize_and_run(launch, lane, &mut report, &ahead.keys, started);
+        self.engine.end(lane);
         // What was copied ahead for it is part of what it moved.
         report.staged_in += ahead.staged_in;
         report.cache.add(&ahead.cache);

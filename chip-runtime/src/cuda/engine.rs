@@ -229,12 +229,26 @@ impl Bounce {
     }
 }
 
-/// One lane's stream and what only it uses.
+/// One lane's streams and what only it uses.
 #[derive(Debug)]
 pub(crate) struct LaneState {
+    /// Where its launches go.
+    normal: Raw<sys::CUstream>,
+    /// Where its launch goes when it is the most urgent in flight: a
+    /// stream of the device's greatest priority, whose blocks the GPU
+    /// schedules ahead of the others'.
+    urgent: Raw<sys::CUstream>,
+    /// The one of the two the current launch uses.
     pub(crate) stream: Raw<sys::CUstream>,
     bounce: Bounce,
     pub(crate) handles: Handles,
+}
+
+/// Whether a launch of `priority` goes on an urgent stream, beside
+/// launches of `others` in flight on the other lanes: when it is ranked
+/// and none of them ranks higher (the critical path first).
+pub(crate) fn urgent(priority: u64, mut others: impl Iterator<Item = u64>) -> bool {
+    priority > 0 && others.all(|o| o <= priority)
 }
 
 /// A host buffer page-locked in place, kept until no one else holds it.
@@ -251,6 +265,8 @@ pub(crate) struct CudaEngine {
     /// Lanes `0..n` and the copy lane; `lanes[n + 1]` serves `None`.
     lanes: Vec<Mutex<LaneState>>,
     pinned: Mutex<HashMap<usize, Pinned>>,
+    /// The priority of each lane's launch in flight (0: none).
+    priorities: Vec<AtomicU64>,
     functions: Functions,
     /// Bytes copied through pinned staging buffers.
     bounced: AtomicU64,
@@ -284,19 +300,35 @@ impl CudaEngine {
             .into());
         }
         gpu.check("cuMemAlloc", r)?;
+        let (mut least, mut greatest) = (0i32, 0i32);
+        // SAFETY: two valid out-pointers; the context is current.
+        let r = unsafe { sys::cuCtxGetStreamPriorityRange(&mut least, &mut greatest) };
+        gpu.check("cuCtxGetStreamPriorityRange", r)?;
+        let flags = sys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32;
         let mut states = Vec::with_capacity(lanes + 2);
+        let mut made: Vec<sys::CUstream> = Vec::new();
         for _ in 0..lanes + 2 {
-            let mut s: sys::CUstream = std::ptr::null_mut();
-            let flags = sys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32;
-            // SAFETY: a valid out-pointer; the context is current.
-            let r = unsafe { sys::cuStreamCreate(&mut s, flags) };
-            if let Err(e) = gpu.check("cuStreamCreate", r) {
-                // SAFETY: allocated above, freed once.
-                unsafe { sys::cuMemFree_v2(base) };
-                return Err(e);
+            let mut pair = [std::ptr::null_mut(); 2];
+            for (s, priority) in pair.iter_mut().zip([least, greatest]) {
+                // SAFETY: a valid out-pointer; the context is current.
+                let r = unsafe { sys::cuStreamCreateWithPriority(s, flags, priority) };
+                if let Err(e) = gpu.check("cuStreamCreateWithPriority", r) {
+                    // SAFETY: made above, each destroyed once; the memory
+                    // allocated above, freed once.
+                    unsafe {
+                        for m in made {
+                            sys::cuStreamDestroy_v2(m);
+                        }
+                        sys::cuMemFree_v2(base);
+                    }
+                    return Err(e);
+                }
+                made.push(*s);
             }
             states.push(Mutex::new(LaneState {
-                stream: Raw(s),
+                normal: Raw(pair[0]),
+                urgent: Raw(pair[1]),
+                stream: Raw(pair[0]),
                 bounce: Bounce::default(),
                 handles: Handles::default(),
             }));
@@ -307,6 +339,7 @@ impl CudaEngine {
             base,
             lanes: states,
             pinned: Mutex::new(HashMap::new()),
+            priorities: (0..lanes + 2).map(|_| AtomicU64::new(0)).collect(),
             bounced: AtomicU64::new(0),
         })
     }
@@ -471,10 +504,15 @@ impl CudaEngine {
             // SAFETY: our stream; what it ran is waited for before anything
             // it used is freed.
             unsafe { sys::cuStreamSynchronize(s.stream.0) };
+            // SAFETY: our stream; as above.
+            unsafe { sys::cuStreamSynchronize(s.urgent.0) };
             s.handles.destroy();
             s.bounce.free();
-            // SAFETY: created in `new`, destroyed once.
-            unsafe { sys::cuStreamDestroy_v2(s.stream.0) };
+            // SAFETY: created in `new`, each destroyed once.
+            unsafe {
+                sys::cuStreamDestroy_v2(s.normal.0);
+                sys::cuStreamDestroy_v2(s.urgent.0);
+            }
         }
         for (_, p) in lock(&self.pinned).drain() {
             if p.registered {
@@ -725,6 +763,27 @@ impl Engine for CudaEngine {
         self.sync(&mut state)
     }
 
+    fn begin(&self, lane: usize, priority: u64) {
+        let Some(mine) = self.priorities.get(lane) else {
+            return;
+        };
+        mine.store(priority, Ordering::Relaxed);
+        let others = (self.priorities.iter().enumerate())
+            .filter(|(i, _)| *i != lane)
+            .map(|(_, p)| p.load(Ordering::Relaxed));
+        let go = urgent(priority, others);
+        let mut state = self.lane(Some(lane));
+        state.stream = if go { state.urgent } else { state.normal };
+    }
+
+    fn end(&self, lane: usize) {
+        if let Some(mine) = self.priorities.get(lane) {
+            mine.store(0, Ordering::Relaxed);
+        }
+        let mut state = self.lane(Some(lane));
+        state.stream = state.normal;
+    }
+
     fn released(&self) {
         if self.gpu.bind().is_ok() {
             sweep(&mut lock(&self.pinned));
@@ -737,5 +796,21 @@ impl Engine for CudaEngine {
 
     fn lost(&self) -> Option<String> {
         self.gpu.lost().map(|e| e.to_string())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::urgent;
+
+    /// The most urgent launch in flight takes the urgent stream; an
+    /// unranked one never does; ties go urgent (the critical path may
+    /// have several tasks ready at once).
+    #[test]
+    fn the_most_urgent_launch_in_flight_goes_first() {
+        assert!(urgent(10, [0, 3, 10].into_iter()));
+        assert!(!urgent(10, [0, 11].into_iter()));
+        assert!(!urgent(0, [0, 0].into_iter()));
+        assert!(urgent(1, std::iter::empty()));
     }
 }

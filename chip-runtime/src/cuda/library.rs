@@ -24,13 +24,23 @@ use crate::kernel::cuda::LibraryCall;
 /// A lane's library handles, made on first use, bound to its stream.
 #[derive(Debug, Default)]
 pub(crate) struct Handles {
-    blas: Option<Raw<blas::cublasHandle_t>>,
-    solver: Option<Raw<solver::cusolverDnHandle_t>>,
+    /// cuBLAS's handle and the stream it is bound to.
+    blas: Option<(Raw<blas::cublasHandle_t>, Raw<sys::CUstream>)>,
+    /// cuSOLVER's handle and the stream it is bound to.
+    solver: Option<(Raw<solver::cusolverDnHandle_t>, Raw<sys::CUstream>)>,
 }
 
 impl Handles {
     fn blas(&mut self, gpu: &Gpu, stream: sys::CUstream) -> Result<blas::cublasHandle_t, Error> {
-        if let Some(h) = self.blas {
+        if let Some((h, bound)) = &mut self.blas {
+            if bound.0 != stream {
+                // SAFETY: our handle, a stream of this context (the lane
+                // moved between its normal and urgent streams).
+                blas_ok(gpu, "cublasSetStream", unsafe {
+                    blas::cublasSetStream_v2(h.0, stream.cast())
+                })?;
+                *bound = Raw(stream);
+            }
             return Ok(h.0);
         }
         require_library(Library::Cublas)?;
@@ -43,7 +53,7 @@ impl Handles {
         blas_ok(gpu, "cublasSetStream", unsafe {
             blas::cublasSetStream_v2(h, stream.cast())
         })?;
-        self.blas = Some(Raw(h));
+        self.blas = Some((Raw(h), Raw(stream)));
         Ok(h)
     }
 
@@ -52,7 +62,14 @@ impl Handles {
         gpu: &Gpu,
         stream: sys::CUstream,
     ) -> Result<solver::cusolverDnHandle_t, Error> {
-        if let Some(h) = self.solver {
+        if let Some((h, bound)) = &mut self.solver {
+            if bound.0 != stream {
+                // SAFETY: as for cuBLAS's.
+                solver_ok(gpu, "cusolverDnSetStream", unsafe {
+                    solver::cusolverDnSetStream(h.0, stream.cast())
+                })?;
+                *bound = Raw(stream);
+            }
             return Ok(h.0);
         }
         require_library(Library::Cusolver)?;
@@ -65,17 +82,17 @@ impl Handles {
         solver_ok(gpu, "cusolverDnSetStream", unsafe {
             solver::cusolverDnSetStream(h, stream.cast())
         })?;
-        self.solver = Some(Raw(h));
+        self.solver = Some((Raw(h), Raw(stream)));
         Ok(h)
     }
 
     /// Destroys the handles (the context is current, the stream idle).
     pub(crate) fn destroy(&mut self) {
-        if let Some(h) = self.blas.take() {
+        if let Some((h, _)) = self.blas.take() {
             // SAFETY: made by us, destroyed once.
             unsafe { blas::cublasDestroy_v2(h.0) };
         }
-        if let Some(h) = self.solver.take() {
+        if let Some((h, _)) = self.solver.take() {
             // SAFETY: made by us, destroyed once.
             unsafe { solver::cusolverDnDestroy(h.0) };
         }

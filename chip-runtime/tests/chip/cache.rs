@@ -254,6 +254,7 @@ impl World {
                 args: launch_args,
                 scalars: scalars.clone(),
                 gate: None,
+                priority: 0,
             },
         )?
         .wait();
@@ -285,6 +286,7 @@ impl World {
                     args: reference,
                     scalars,
                     gate: None,
+                    priority: 0,
                 },
             )
             .unwrap()
@@ -839,6 +841,7 @@ fn a_waiting_launch_has_its_bytes_copied_ahead() {
                     args,
                     scalars: vec![],
                     gate: None,
+                    priority: 0,
                 },
             )
             .unwrap()
@@ -935,6 +938,7 @@ fn dropping_one_buffer_keeps_a_write_to_another() {
             args: vec![cached_arg(d, ArgTag::Output, &hd, 1, 0, 2)],
             scalars: vec![],
             gate: None,
+            priority: 0,
         },
     )
     .unwrap();

@@ -262,6 +262,7 @@ pub(crate) fn run(
             args,
             scalars,
             gate: None,
+            priority: 0,
         },
     )?
     .wait()

@@ -45,6 +45,7 @@ fn launch(
             args,
             scalars,
             gate: None,
+            priority: 0,
         },
     )?
     .wait()

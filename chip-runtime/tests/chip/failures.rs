@@ -591,6 +591,7 @@ fn a_closed_gate_keeps_a_queued_launch_from_starting() {
                 args,
                 scalars,
                 gate,
+                priority: 0,
             },
         )
         .unwrap()

@@ -85,6 +85,7 @@ fn launch(
             args,
             scalars,
             gate: None,
+            priority: 0,
         },
     )
     .unwrap()

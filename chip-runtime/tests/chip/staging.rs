@@ -131,6 +131,7 @@ fn failed_kernel_leaves_host_bytes_alone_in_staged_mode() {
             args: vec![out.arg(ArgTag::Output)],
             scalars: vec![],
             gate: None,
+            priority: 0,
         },
     )
     .unwrap()

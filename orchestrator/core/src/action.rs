@@ -34,6 +34,11 @@ pub enum Action {
         member: usize,
         /// Where.
         worker: WorkerId,
+        /// The task's upward rank when dispatched: its longest modelled
+        /// path to the end of the graph, in ns (0 when the policy does not
+        /// rank). A chip that can favour some work (a CUDA chip's
+        /// high-priority streams) favours the higher.
+        rank: u64,
     },
     /// The task is finished, with this outcome.
     Done {

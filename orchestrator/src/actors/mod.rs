@@ -265,6 +265,9 @@ pub(crate) struct DispatchItem {
     pub(crate) timeout: Option<std::time::Duration>,
     /// Features it needs of its worker, which the worker checks again.
     pub(crate) required_features: strata_proto::convert::Features,
+    /// The task's upward rank when dispatched (ns; 0: not ranked): the
+    /// worker's chip favours higher ones where it can.
+    pub(crate) priority: u64,
     /// Its arguments' use of the worker's device cache.
     pub(crate) cache: Vec<strata_proto::convert::CacheArg>,
     /// Fail it without sending it, with this cause (bytes it uses were

@@ -8,3 +8,4 @@ mod caps;
 mod errors;
 mod grants;
 mod posix;
+mod priority;

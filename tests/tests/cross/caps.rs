@@ -98,6 +98,7 @@ async fn a_task_requiring_an_unknown_feature_is_refused_and_the_worker_serves_on
         inline_inputs: vec![],
         cache: vec![],
         required_features,
+        priority: 0,
     };
     let tasks: Vec<TaskRequest> = [by_hand(1, UNKNOWN | Features::RING.bits()), by_hand(2, 0)]
         .into_iter()

@@ -46,6 +46,7 @@ fn task(id: u64, callable: KernelHandle, tensors: Vec<Tensor>, scalars: Vec<u64>
         staged: Vec::new(),
         cache: Vec::new(),
         required_features: strata_proto::convert::Features::NONE,
+        priority: 0,
     }
 }
 

@@ -200,6 +200,7 @@ async fn hostile_records_fail_their_task_or_end_their_session_never_the_worker()
             inline_inputs: vec![],
             cache: vec![],
             required_features: 0,
+            priority: 0,
         };
         assert!(lane.try_push(&bad.encode_to_vec()).unwrap());
         lane.publish();

@@ -78,6 +78,7 @@ fn fill_task(s: &Session, id: u64, view: Tensor, value: f64) -> TaskRequest {
         staged: Vec::new(),
         cache: Vec::new(),
         required_features: strata_proto::convert::Features::NONE,
+        priority: 0,
     }
 }
 
@@ -357,6 +358,7 @@ async fn a_posix_shm_object_is_copied_and_a_shrink_mid_task_fails_only_that_task
         staged: Vec::new(),
         cache: Vec::new(),
         required_features: strata_proto::convert::Features::NONE,
+        priority: 0,
     };
     // Elements 16..32 filled with 7 (a task's write lands in the object,
     // and only its view: the bytes around it stay zero), then 0..16

@@ -78,6 +78,7 @@ pub(crate) fn task(
         staged: Vec::new(),
         cache: Vec::new(),
         required_features: strata_proto::convert::Features::NONE,
+        priority: 0,
     }
 }
 

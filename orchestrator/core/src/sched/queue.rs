@@ -261,6 +261,7 @@ impl Scheduler {
                         task,
                         member: m,
                         worker: *w,
+                        rank: t.rank.max(0.0) as u64,
                     });
                 }
                 if let State::Queued(ws) = std::mem::replace(&mut t.state, State::Waiting) {

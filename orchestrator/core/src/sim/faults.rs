@@ -157,6 +157,7 @@ pub fn run_engine_with_faults(p: &Program, workers: u32, rng: &mut Rng) -> Fault
                     task,
                     member,
                     worker,
+                    ..
                 } => {
                     assert_capable(task, member, &members[&task], worker, workers);
                     let w = compute(task, &members[&task][member], mem);

@@ -663,6 +663,7 @@ pub fn run_engine(p: &Program, workers: u32, rng: &mut Rng) -> (Memory, RunStats
                     task,
                     member,
                     worker,
+                    ..
                 } => {
                     assert_capable(task, member, &members[&task], worker, workers);
                     // Inputs are read when the task starts.

@@ -655,6 +655,7 @@ impl DagActor {
                     task,
                     member,
                     worker,
+                    rank,
                 } => {
                     let Some(r) = self.records.get_mut(&task) else {
                         continue;
@@ -706,6 +707,7 @@ impl DagActor {
                         required_features: m.required_features,
                         cache,
                         fail: None,
+                        priority: rank,
                     };
                     self.route(worker, item);
                 }

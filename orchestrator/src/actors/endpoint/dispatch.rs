@@ -431,6 +431,7 @@ impl EndpointActor {
                 staged: Vec::new(),
                 cache,
                 required_features: item.required_features,
+                priority: item.priority,
             },
             InFlight {
                 task: item.task,

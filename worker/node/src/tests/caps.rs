@@ -107,6 +107,7 @@ fn a_task_requiring_what_the_session_lacks_is_refused_unrun() {
         staged: Vec::new(),
         cache: Vec::new(),
         required_features: required,
+        priority: 0,
     };
     let unknown = run(
         &f.node,
@@ -174,6 +175,7 @@ fn a_kind_of_buffer_the_session_does_not_take_is_refused() {
         staged: Vec::new(),
         cache: Vec::new(),
         required_features: Features::NONE,
+        priority: 0,
     };
     let window = descriptor(AddressSpace::Device, Backing::VmmWindow { addr });
     unsupported(
@@ -249,6 +251,7 @@ fn a_dtype_the_chip_lacks_is_refused_at_launch() {
         staged: Vec::new(),
         cache: Vec::new(),
         required_features: Features::NONE,
+        priority: 0,
     };
     unsupported(
         &run(&node, &session, task(1, DType::F64)),

@@ -130,6 +130,7 @@ fn submit(
         staged: Vec::new(),
         cache: Vec::new(),
         required_features: strata_proto::convert::Features::NONE,
+        priority: 0,
     };
     exec::execute(
         &f.node,

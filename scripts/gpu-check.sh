@@ -46,7 +46,8 @@ cholesky() { # N TILE DTYPE
         awk -v n="$1" -v t="$2" -v d="$3" '
             /GFlop\/s/ { for (i = 1; i <= NF; i++) if ($i == "GFlop/s,") g = $(i-1); if (g > best) best = g }
             /WRONG|rror/ { print "CHECK tiled_cholesky " n " " d " tile " t ": " $0 }
-            END { printf "RESULT tiled_cholesky_%s_%s_tile%s %.3f TFLOP/s\n", n, d, t, best / 1000 }'
+            END { if (best == "") printf "RESULT tiled_cholesky_%s_%s_tile%s n/a TFLOP/s\n", n, d, t;
+                  else printf "RESULT tiled_cholesky_%s_%s_tile%s %.3f TFLOP/s\n", n, d, t, best / 1000 }'
 }
 {
     for t in 512 1024 2048; do cholesky 16384 $t f32; cholesky 16384 $t f64; done
@@ -56,7 +57,8 @@ demo() { # SPEC
     "$kit/strata" demo --device "$1" 2>&1 | awk -v s="$1" '
         /wall/ { for (i = 1; i <= NF; i++) if ($i == "wall") w = $(i+1) }
         /host->device/ { h = $3 }
-        END { printf "RESULT demo_wall_%s %s ms\nRESULT demo_to_device_%s %s B\n", s, w, s, h }'
+        END { if (w == "") w = "n/a"; if (h == "") h = "n/a";
+              printf "RESULT demo_wall_%s %s ms\nRESULT demo_to_device_%s %s B\n", s, w, s, h }'
 }
 { demo sim; demo cuda:0,mem=8GiB; } >>"$log/bench" 2>&1
 

@@ -254,3 +254,19 @@ fn opening_a_cuda_chip_says_what_is_wrong() {
     .unwrap_err();
     assert!(e.contains("tensor argument 3"), "{e}");
 }
+
+/// A device number the driver does not have is named, with the count it
+/// has.
+#[test]
+fn a_device_that_is_not_there_is_named() {
+    let Some(_) = gpu("a_device_that_is_not_there_is_named", ",mem=64MiB") else {
+        return;
+    };
+    match strata_chip_runtime::open("cuda:4096") {
+        Err(Error::Cuda(CudaError::NoDevice { ordinal, count })) => {
+            assert_eq!(ordinal, 4096);
+            assert!(count >= 1);
+        }
+        other => panic!("not a missing device: {other:?}"),
+    }
+}

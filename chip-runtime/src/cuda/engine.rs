@@ -729,32 +729,39 @@ impl Engine for CudaEngine {
             return Err(CudaError::NoBody { kernel: name() }.into());
         };
         self.gpu.bind()?;
-        let mut state = self.lane(Some(lane));
-        match body {
+        // The lane's lock is not held while the body is queued: a library
+        // body asks for scratch, whose zeroing queues on this lane (and
+        // takes its lock). Only this lane's thread uses its state now.
+        let (stream, mut handles) = {
+            let mut state = self.lane(Some(lane));
+            (state.stream, std::mem::take(&mut state.handles))
+        };
+        let held = match body {
             crate::kernel::cuda::CudaBody::Source(src) => {
                 let chips: Vec<_> = args.iter().map(|a| a.chip).collect();
                 self.functions
-                    .launch(&name(), src, &chips, scalars, state.stream)?;
-                Ok(Vec::new())
+                    .launch(&name(), src, &chips, scalars, stream)
+                    .map(|()| Vec::new())
             }
-            crate::kernel::cuda::CudaBody::Library(call) => {
-                let held = super::library::call(
-                    &self.gpu,
-                    &mut state,
-                    *call,
-                    &name(),
-                    args,
-                    scalars,
-                    scratch,
-                );
-                if held.is_err() {
-                    // What was queued before the failure may still use
-                    // scratch the error drops.
-                    let _ = self.sync(&mut state);
-                }
-                held
-            }
+            crate::kernel::cuda::CudaBody::Library(call) => super::library::call(
+                &self.gpu,
+                stream,
+                &mut handles,
+                *call,
+                &name(),
+                args,
+                scalars,
+                scratch,
+            ),
+        };
+        let mut state = self.lane(Some(lane));
+        state.handles = handles;
+        if held.is_err() {
+            // What was queued before the failure may still use scratch
+            // the error drops.
+            let _ = self.sync(&mut state);
         }
+        held
     }
 
     fn finish(&self, lane: Lane) -> Result<(), Error> {

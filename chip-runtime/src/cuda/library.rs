@@ -13,7 +13,7 @@ use cudarc::cusolver::sys as solver;
 use cudarc::driver::sys;
 use strata_wire::{ChipTensor, DType};
 
-use super::engine::{Gpu, LaneState, Raw};
+use super::engine::{Gpu, Raw};
 use super::probe::{Library, require_library};
 use super::shape::{ColMajor, GemmCall, gemm_call, gemm_on};
 use crate::Error;
@@ -157,16 +157,18 @@ fn layout(t: &ChipTensor, name: &str, kernel: &str) -> Result<ColMajor, Error> {
 }
 
 /// Runs `call` on `args` on the lane's stream.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn call<'a>(
     gpu: &Gpu,
-    state: &mut LaneState,
+    stream: Raw<sys::CUstream>,
+    handles: &mut Handles,
     call: LibraryCall,
     kernel: &str,
     args: &[Placed],
     scalars: &[u64],
     scratch: ScratchFn<'a>,
 ) -> Result<Held<'a>, Error> {
-    let stream = state.stream.0;
+    let stream = stream.0;
     let scalar = |i: usize| scalars.get(i).map_or(0.0, |b| f64::from_bits(*b));
     match call {
         LibraryCall::Matmul { accumulate } => {
@@ -177,7 +179,7 @@ pub(crate) fn call<'a>(
                 }
             })?;
             let beta = if accumulate { 1.0 } else { 0.0 };
-            let h = state.handles.blas(gpu, stream)?;
+            let h = handles.blas(gpu, stream)?;
             gemm(gpu, h, kernel, &g, args, 1.0, beta)?;
             Ok(Vec::new())
         }
@@ -188,7 +190,7 @@ pub(crate) fn call<'a>(
                     reason,
                 }
             })?;
-            let h = state.handles.blas(gpu, stream)?;
+            let h = handles.blas(gpu, stream)?;
             gemm(gpu, h, kernel, &g, args, scalar(0), scalar(1))?;
             Ok(Vec::new())
         }
@@ -201,7 +203,7 @@ pub(crate) fn call<'a>(
             let (m, k) = (a.chip.shape()[0], a.chip.shape()[1]);
             let g = gemm_on(m, m, k, la, la.t(), lc);
             let three = [*a, *a, *c];
-            let h = state.handles.blas(gpu, stream)?;
+            let h = handles.blas(gpu, stream)?;
             gemm(gpu, h, kernel, &g, &three, -1.0, 1.0)?;
             Ok(Vec::new())
         }
@@ -225,7 +227,7 @@ pub(crate) fn call<'a>(
                 // b ← b·l⁻ᵀ: op(stored) = lᵀ.
                 (CUBLAS_SIDE_RIGHT, !ll.transposed, m, n)
             };
-            let h = state.handles.blas(gpu, stream)?;
+            let h = handles.blas(gpu, stream)?;
             let diag = blas::cublasDiagType_t::CUBLAS_DIAG_NON_UNIT;
             let (rows, cols) = (int(rows, kernel)?, int(cols, kernel)?);
             let (lda, ldb) = (int(ll.ld, kernel)?, int(lb.ld, kernel)?);
@@ -267,7 +269,7 @@ pub(crate) fn call<'a>(
             blas_ok(gpu, "cublasTrsm", s)?;
             Ok(Vec::new())
         }
-        LibraryCall::Potrf => potrf(gpu, state, kernel, &args[0], scratch),
+        LibraryCall::Potrf => potrf(gpu, stream, handles, kernel, &args[0], scratch),
     }
 }
 
@@ -429,12 +431,12 @@ fn gemm(
 /// task, naming the order of the failing minor.
 fn potrf<'a>(
     gpu: &Gpu,
-    state: &mut LaneState,
+    stream: sys::CUstream,
+    handles: &mut Handles,
     kernel: &str,
     a: &Placed,
     scratch: ScratchFn<'a>,
 ) -> Result<Held<'a>, Error> {
-    let stream = state.stream.0;
     let la = layout(&a.chip, "a", kernel)?;
     let n = int(a.chip.shape()[0], kernel)?;
     let lda = int(la.ld, kernel)?;
@@ -445,7 +447,7 @@ fn potrf<'a>(
     } else {
         solver::cublasFillMode_t::CUBLAS_FILL_MODE_LOWER
     };
-    let h = state.handles.solver(gpu, stream)?;
+    let h = handles.solver(gpu, stream)?;
     let mut lwork = 0i32;
     let elem = u64::from(a.chip.dtype().bits() / 8);
     // SAFETY: a valid handle and out-pointer; the matrix pointer is only

@@ -376,7 +376,8 @@ impl CudaEngine {
     }
 
     /// Whether `host` is page-locked (registering the memory it is a face
-    /// of on first sight), and drops registrations no one else holds.
+    /// of on first sight), and drops registrations no one else holds. The
+    /// context is current (the caller bound it).
     fn page_locked(&self, host: &Arc<dyn HostMemory>) -> bool {
         let mut root = Arc::clone(host);
         while let Some(under) = root.underlying() {
@@ -392,6 +393,16 @@ impl CudaEngine {
             }
         }
         sweep(&mut pinned);
+        // A larger mapping at the address of a smaller one the table
+        // holds (a face of part of it): the smaller one's registration
+        // goes first, as two may not overlap.
+        if let Some(old) = pinned.remove(&key)
+            && old.registered
+        {
+            // SAFETY: registered by us at this address, still mapped (the
+            // Arc in hand).
+            unsafe { sys::cuMemHostUnregister(old.host.as_ptr().cast()) };
+        }
         let len = root.len();
         let page = page_size();
         // Only whole mappings are registered: a page-aligned start (a
@@ -410,23 +421,13 @@ impl CudaEngine {
             };
             r == CUresult::CUDA_SUCCESS
         };
-        if let Some(old) = pinned.insert(
+        pinned.insert(
             key,
             Pinned {
                 host: root,
-                registered: false,
+                registered,
             },
-        ) {
-            // A larger mapping at the address of a smaller one still held:
-            // the smaller one's registration goes first.
-            if old.registered {
-                // SAFETY: registered by us at this address, still mapped.
-                unsafe { sys::cuMemHostUnregister(old.host.as_ptr().cast()) };
-            }
-        }
-        if let Some(p) = pinned.get_mut(&key) {
-            p.registered = registered;
-        }
+        );
         registered
     }
 
@@ -456,26 +457,47 @@ impl CudaEngine {
                     }
                 }
             } else {
-                // SAFETY: a plain C struct for which all zeroes is valid
-                // (null pointers, memory type 0 is filled in below).
-                let mut p: sys::CUDA_MEMCPY2D = unsafe { std::mem::zeroed() };
-                p.WidthInBytes = r.width as usize;
-                p.Height = r.height as usize;
-                if to_device {
-                    p.srcMemoryType = sys::CUmemorytype::CU_MEMORYTYPE_HOST;
-                    p.srcHost = h.cast();
-                    p.srcPitch = r.host_pitch as usize;
-                    p.dstMemoryType = sys::CUmemorytype::CU_MEMORYTYPE_DEVICE;
-                    p.dstDevice = d;
-                    p.dstPitch = r.dev_pitch as usize;
+                use sys::CUmemorytype::{CU_MEMORYTYPE_DEVICE, CU_MEMORYTYPE_HOST};
+                let (host_side, dev_side) = (h, d);
+                let p = if to_device {
+                    sys::CUDA_MEMCPY2D {
+                        srcXInBytes: 0,
+                        srcY: 0,
+                        srcMemoryType: CU_MEMORYTYPE_HOST,
+                        srcHost: host_side.cast_const().cast(),
+                        srcDevice: 0,
+                        srcArray: std::ptr::null_mut(),
+                        srcPitch: r.host_pitch as usize,
+                        dstXInBytes: 0,
+                        dstY: 0,
+                        dstMemoryType: CU_MEMORYTYPE_DEVICE,
+                        dstHost: std::ptr::null_mut(),
+                        dstDevice: dev_side,
+                        dstArray: std::ptr::null_mut(),
+                        dstPitch: r.dev_pitch as usize,
+                        WidthInBytes: r.width as usize,
+                        Height: r.height as usize,
+                    }
                 } else {
-                    p.srcMemoryType = sys::CUmemorytype::CU_MEMORYTYPE_DEVICE;
-                    p.srcDevice = d;
-                    p.srcPitch = r.dev_pitch as usize;
-                    p.dstMemoryType = sys::CUmemorytype::CU_MEMORYTYPE_HOST;
-                    p.dstHost = h.cast();
-                    p.dstPitch = r.host_pitch as usize;
-                }
+                    sys::CUDA_MEMCPY2D {
+                        srcXInBytes: 0,
+                        srcY: 0,
+                        srcMemoryType: CU_MEMORYTYPE_DEVICE,
+                        srcHost: std::ptr::null(),
+                        srcDevice: dev_side,
+                        srcArray: std::ptr::null_mut(),
+                        srcPitch: r.dev_pitch as usize,
+                        dstXInBytes: 0,
+                        dstY: 0,
+                        dstMemoryType: CU_MEMORYTYPE_HOST,
+                        dstHost: host_side.cast(),
+                        dstDevice: 0,
+                        dstArray: std::ptr::null_mut(),
+                        dstPitch: r.host_pitch as usize,
+                        WidthInBytes: r.width as usize,
+                        Height: r.height as usize,
+                    }
+                };
                 // SAFETY: as above; `p` describes only those ranges.
                 unsafe { sys::cuMemcpy2DAsync_v2(&p, state.stream.0) }
             };
@@ -612,6 +634,8 @@ impl Engine for CudaEngine {
         dev: DeviceAddr,
     ) -> Result<u64, Error> {
         let at = host_at(host.as_ref(), view)?;
+        // Registering needs the context current on this thread.
+        self.gpu.bind()?;
         let locked = self.page_locked(host);
         self.on(lane, |s| {
             if locked {
@@ -650,6 +674,7 @@ impl Engine for CudaEngine {
             });
         }
         let at = host_at(host.as_ref(), view)?;
+        self.gpu.bind()?;
         let locked = self.page_locked(host);
         self.on(lane, |s| {
             if locked {

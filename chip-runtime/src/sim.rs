@@ -8,7 +8,7 @@ use std::sync::Arc;
 use strata_wire::{AddressSpace, Tensor};
 
 use crate::Error;
-use crate::chip::engine::{Engine, Held, Lane, Placed, ScratchFn};
+use crate::chip::engine::{Engine, Held, Lane, Placed, ScratchFn, host_at};
 use crate::chip::{Chip, ChipConfig};
 use crate::device::DeviceAddr;
 use crate::kernel::{Kernel, KernelContext, Materialized, Scratch};
@@ -47,22 +47,6 @@ pub(crate) struct SimEngine {
     memory: DeviceMemory,
 }
 
-impl SimEngine {
-    /// The host pointer of `view`'s first byte in `host` (its extent was
-    /// checked against the mapping by the launch's backing check).
-    fn host_at(host: &dyn HostMemory, view: &Tensor) -> Result<*mut u8, Error> {
-        if view.end_byte() > host.len() as u64 {
-            return Err(Error::OutOfRange {
-                addr: view.byte_offset(),
-                len: view.extent_bytes(),
-                what: "the host mapping",
-            });
-        }
-        // SAFETY: byte_offset ≤ end_byte ≤ the mapping's length (above).
-        Ok(unsafe { host.as_ptr().add(view.byte_offset() as usize) })
-    }
-}
-
 impl Engine for SimEngine {
     fn kind(&self) -> &'static str {
         "sim"
@@ -97,7 +81,7 @@ impl Engine for SimEngine {
         dev: DeviceAddr,
     ) -> Result<u64, Error> {
         let dev = self.memory.ptr(dev, layout.len(view))?;
-        let host = Self::host_at(host.as_ref(), view)?;
+        let host = host_at(host.as_ref(), view)?;
         // SAFETY: `host` holds the view's extent (host_at), `dev` the
         // copy's `len` bytes (ptr); device memory never overlaps a host
         // mapping.
@@ -120,7 +104,7 @@ impl Engine for SimEngine {
             });
         }
         let dev = self.memory.ptr(dev, layout.len(view))?;
-        let host = Self::host_at(host.as_ref(), view)?;
+        let host = host_at(host.as_ref(), view)?;
         // SAFETY: as for copy_in, the other way; the mapping is writable.
         Ok(unsafe { layout.copy_out(view, dev, host) })
     }

@@ -24,6 +24,23 @@ use crate::kernel::Kernel;
 use crate::memory::HostMemory;
 use crate::staging::Layout;
 
+/// The host address of `view`'s first byte in `host` (the whole buffer's
+/// mapping).
+///
+/// # Errors
+/// [`Error::OutOfRange`] when the view reaches past the mapping.
+pub(crate) fn host_at(host: &dyn HostMemory, view: &Tensor) -> Result<*mut u8, Error> {
+    if view.end_byte() > host.len() as u64 {
+        return Err(Error::OutOfRange {
+            addr: view.byte_offset(),
+            len: view.extent_bytes(),
+            what: "the host mapping",
+        });
+    }
+    // SAFETY: byte_offset ≤ end_byte ≤ the mapping's length (above).
+    Ok(unsafe { host.as_ptr().add(view.byte_offset() as usize) })
+}
+
 /// A lane, or `None` for a synchronous operation on the calling thread.
 pub(crate) type Lane = Option<usize>;
 

@@ -20,7 +20,7 @@ use super::kernels::Functions;
 use super::library::Handles;
 use super::plan::{Rect, rects};
 use crate::Error;
-use crate::chip::engine::{Engine, Held, Lane, Placed, ScratchFn};
+use crate::chip::engine::{Engine, Held, Lane, Placed, ScratchFn, host_at};
 use crate::device::DeviceAddr;
 use crate::error::CudaError;
 use crate::kernel::Kernel;
@@ -575,19 +575,6 @@ fn page_size() -> usize {
         .flatten()
         .and_then(|p| usize::try_from(p).ok())
         .unwrap_or(4096)
-}
-
-/// The host address of `view`'s first byte in `host`.
-fn host_at(host: &dyn HostMemory, view: &Tensor) -> Result<*mut u8, Error> {
-    if view.end_byte() > host.len() as u64 {
-        return Err(Error::OutOfRange {
-            addr: view.byte_offset(),
-            len: view.extent_bytes(),
-            what: "the host mapping",
-        });
-    }
-    // SAFETY: byte_offset ≤ end_byte ≤ the mapping's length.
-    Ok(unsafe { host.as_ptr().add(view.byte_offset() as usize) })
 }
 
 impl Engine for CudaEngine {

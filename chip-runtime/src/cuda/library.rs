@@ -100,32 +100,36 @@ impl Handles {
 }
 
 fn blas_ok(gpu: &Gpu, call: &'static str, s: blas::cublasStatus_t) -> Result<(), Error> {
-    if s == blas::cublasStatus_t::CUBLAS_STATUS_SUCCESS {
-        return Ok(());
-    }
-    // An execution failure may be the context's: report that if it is.
-    Err(gpu
-        .lost()
-        .unwrap_or_else(|| CudaError::Call {
-            ordinal: gpu.ordinal,
-            call,
-            name: format!("{s:?}"),
-            code: s as u32,
-        })
-        .into())
+    let ok = s == blas::cublasStatus_t::CUBLAS_STATUS_SUCCESS;
+    status(gpu, call, ok, || (format!("{s:?}"), s as u32))
 }
 
 fn solver_ok(gpu: &Gpu, call: &'static str, s: solver::cusolverStatus_t) -> Result<(), Error> {
-    if s == solver::cusolverStatus_t::CUSOLVER_STATUS_SUCCESS {
+    let ok = s == solver::cusolverStatus_t::CUSOLVER_STATUS_SUCCESS;
+    status(gpu, call, ok, || (format!("{s:?}"), s as u32))
+}
+
+/// A library call's status: an execution failure may be the context's,
+/// reported as that when it is.
+fn status(
+    gpu: &Gpu,
+    call: &'static str,
+    ok: bool,
+    what: impl FnOnce() -> (String, u32),
+) -> Result<(), Error> {
+    if ok {
         return Ok(());
     }
     Err(gpu
         .lost()
-        .unwrap_or_else(|| CudaError::Call {
-            ordinal: gpu.ordinal,
-            call,
-            name: format!("{s:?}"),
-            code: s as u32,
+        .unwrap_or_else(|| {
+            let (name, code) = what();
+            CudaError::Call {
+                ordinal: gpu.ordinal,
+                call,
+                name,
+                code,
+            }
         })
         .into())
 }

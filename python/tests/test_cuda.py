@@ -1,8 +1,11 @@
 """CUDA bodies from Python: kernels with CUDA C source, alone
 (``strata.raw_kernel``) or beside a Python function; which chips offer
 them; the errors of bad source specs and of CUDA chips where there is no
-GPU. The CUDA launches themselves run only where a GPU is (the chip
-tests, scripts/gpu-check.sh)."""
+GPU; and, where a GPU is (or the fake CUDA of scripts/fakecuda.sh),
+the launches themselves against numpy. Without one those say why they
+skip, and fail instead under STRATA_REQUIRE_CUDA=1."""
+
+import os
 
 import numpy as np
 import pytest
@@ -63,3 +66,38 @@ def test_worker_processes_import_a_raw_kernel_by_its_module_variable():
         np.testing.assert_array_equal(x.to_numpy(), np.full(4, 3, dtype=np.float32))
         with pytest.raises(strata.SubmitError, match="test.scale_cu"):
             c.submit("test.scale_cu", x, 2.0)
+
+
+def _on_gpu(**kw):
+    """A cluster on cuda:0, or a skip naming why there is none (a
+    failure under STRATA_REQUIRE_CUDA=1)."""
+    try:
+        return strata.Cluster(device="cuda:0", **kw)
+    except strata.ClusterError as e:
+        if os.environ.get("STRATA_REQUIRE_CUDA") == "1":
+            raise
+        pytest.skip(f"no GPU here: {e}")
+
+
+@pytest.mark.parametrize("where", [{"local": 1}, {"in_process": 1}])
+def test_kernels_run_on_a_gpu_as_numpy_computes(where):
+    rng = np.random.default_rng(3)
+    kernels = [pykernels.scale_cu, pykernels.scale_both]
+    with _on_gpu(kernels=kernels, **where) as c:
+        a0 = rng.standard_normal((48, 40)).astype(np.float32)
+        b0 = rng.standard_normal((40, 24)).astype(np.float32)
+        a, b = c.array(a0), c.array(b0)
+        out = c.array(np.zeros((48, 24), dtype=np.float32))
+        c.submit("matmul", a, b, out)
+        x0 = rng.standard_normal(1000).astype(np.float32)
+        x = c.array(x0)
+        c.submit("test.scale_cu", x, 2.0)
+        c.submit("test.scale_both", x, -0.5)
+        # A strided view: every other column of a, added to itself.
+        s = a[:, ::2]
+        t = c.array(np.zeros((48, 20), dtype=np.float32))
+        c.submit("add", s, s, t)
+        c.wait_all()
+        np.testing.assert_allclose(out.to_numpy(), a0 @ b0, rtol=1e-4, atol=1e-4)
+        np.testing.assert_array_equal(x.to_numpy(), x0 * np.float32(2) * np.float32(-0.5))
+        np.testing.assert_array_equal(t.to_numpy(), a0[:, ::2] + a0[:, ::2])

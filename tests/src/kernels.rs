@@ -38,9 +38,13 @@
 //!   the own tile read and written), the same update as the StarPU peer's
 //!   (`bench/starpu/starpu_bench.c`, `tile_update`), so that the two
 //!   stencils compare runtimes and not kernels: see [`tile_update`].
+//! - `test.cuda_fault`: a CUDA source only (no CPU body) that writes
+//!   through a bad address before it writes element 0 of its F32 view:
+//!   the fault that loses a GPU's context.
 
 use std::sync::Arc;
 
+use strata_chip_runtime::kernel::cuda::{Entry, Grid, SourceKernel};
 use strata_chip_runtime::kernel::{ArgSpec, DTypes, Rank, ScalarKind, ScalarSpec, Signature};
 use strata_chip_runtime::{Kernel, KernelContext, Registry};
 use strata_wire::{Access, ArgTag, DType};
@@ -397,6 +401,32 @@ fn descriptor(name: &str, args: Vec<ArgSpec>, scalars: Vec<ScalarSpec>) -> Signa
     }
 }
 
+/// `test.cuda_fault` (module docs).
+fn cuda_fault() -> Result<SourceKernel, String> {
+    SourceKernel::new(
+        descriptor(
+            "test.cuda_fault",
+            vec![ArgSpec::new(
+                "x",
+                Access::Write,
+                DTypes::OneOf(vec![DType::F32]),
+                Rank::Any,
+            )],
+            vec![],
+        ),
+        r#"extern "C" __global__ void cuda_fault(strata_tensor x) {
+               *reinterpret_cast<volatile float*>(0x10) = 1.0f;
+               *strata_at<float>(x, 0) = 7.0f;
+           }"#,
+        Entry::One("cuda_fault".into()),
+        Grid::Fixed {
+            blocks: [1, 1, 1],
+            threads: [1, 1, 1],
+            shared: 0,
+        },
+    )
+}
+
 fn u64_scalar(name: &str) -> ScalarSpec {
     ScalarSpec {
         name: name.into(),
@@ -539,5 +569,6 @@ pub fn registry_with_hash_delay(delay: std::time::Duration) -> Result<Registry, 
             partial: true,
         }))?;
     }
+    add(Arc::new(cuda_fault()?))?;
     Ok(kernels)
 }

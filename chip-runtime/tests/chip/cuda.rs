@@ -79,8 +79,47 @@ fn faulting() -> Arc<dyn Kernel> {
 /// The faulting kernel's task fails with the lost context, naming the
 /// driver's error; its output keeps its bytes; every launch after it,
 /// of any kernel, fails with the same cause and writes nothing.
+///
+/// In a process of its own: the context lost is the GPU's primary one,
+/// which every chip of that GPU in the process shares (the other tests
+/// here go on using `cuda:0`).
 #[test]
 fn an_illegal_address_loses_the_context_and_nothing_is_written() {
+    in_own_process(
+        "cuda::an_illegal_address_loses_the_context_and_nothing_is_written",
+        illegal_address,
+    );
+}
+
+/// Runs `body` in a child process: this test binary, running only the
+/// test `name` with `STRATA_OWN_PROCESS=1` (in which the test runs
+/// `body` itself). The child's output is printed; its failure fails the
+/// test.
+fn in_own_process(name: &str, body: fn()) {
+    if std::env::var_os("STRATA_OWN_PROCESS").is_some() {
+        body();
+        return;
+    }
+    let exe = std::env::current_exe().unwrap();
+    let out = std::process::Command::new(exe)
+        .args([name, "--exact", "--nocapture", "--test-threads=1"])
+        .env("STRATA_OWN_PROCESS", "1")
+        .output()
+        .unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    print!("{text}");
+    assert!(out.status.success(), "{name} failed in its own process");
+    assert!(
+        text.contains("1 passed"),
+        "{name} did not run in its own process:\n{text}"
+    );
+}
+
+fn illegal_address() {
     let Some(dev) = gpu("an_illegal_address_loses_the_context", ",mem=256MiB") else {
         return;
     };
@@ -171,7 +210,7 @@ fn a_source_that_does_not_compile_names_the_log() {
         vec![2.0f64.to_bits()],
     )
     .unwrap();
-    assert_eq!(out.bytes(), [2f32.to_le_bytes(); 4].concat());
+    assert_eq!(out.bytes()[..16], [2f32.to_le_bytes(); 4].concat());
 }
 
 /// Asking for more device memory than there is: the typed cause, with
@@ -181,9 +220,10 @@ fn more_memory_than_the_device_has_is_out_of_memory() {
     let Some(_) = gpu("more_memory_than_the_device_has", ",mem=64MiB") else {
         return;
     };
-    match strata_chip_runtime::open("cuda:0,mem=64TiB") {
+    // More than any GPU has, within what a spec may ask.
+    match strata_chip_runtime::open("cuda:0,mem=255GiB") {
         Err(Error::Cuda(CudaError::OutOfMemory { asked, .. })) => {
-            assert_eq!(asked, 64 << 40);
+            assert_eq!(asked, 255 << 30);
         }
         other => panic!("not out of memory: {other:?}"),
     }

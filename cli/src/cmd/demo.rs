@@ -198,11 +198,22 @@ pub fn run(args: &DemoArgs) -> ExitCode {
     let result = (|| -> Result<(JobReport, bool), strata_orchestrator::Error> {
         let cluster = builder.start()?;
         let w = cluster.workers();
+        // Each distinct chip once, in worker order (cuda:all: one a GPU).
+        let mut devices: Vec<&str> = Vec::new();
+        for d in w.iter().map(|w| w.device.as_str()) {
+            if !devices.contains(&d) {
+                devices.push(d);
+            }
+        }
         say!(
             "strata demo: {} worker{} ({}), C = A·B for {n}x{n} F32 in {t}x{t} tiles, then row softmax and row sums",
             w.len(),
             if w.len() == 1 { "" } else { "s" },
-            w.first().map(|w| w.device.as_str()).unwrap_or("?"),
+            if devices.is_empty() {
+                "?".to_owned()
+            } else {
+                devices.join("; ")
+            },
             n = args.size,
             t = args.tile,
         );

@@ -5,7 +5,9 @@
 //! rest, which the driver names in its refusal.
 //!
 //! The tests of absence need a machine without a CUDA driver; on one with
-//! a driver each says so on one line and checks nothing else.
+//! a driver each says so on one line and checks nothing else. The tests
+//! on a GPU need one (or the fake CUDA of `scripts/fakecuda.sh`): without,
+//! each says so on one line and passes, unless `STRATA_REQUIRE_CUDA=1`.
 
 use std::path::Path;
 use std::process::{Command, Output};
@@ -28,6 +30,22 @@ fn driver_here(test: &str) -> bool {
         println!("{test}: skipped, a CUDA driver is here and this test shows its absence");
     }
     here
+}
+
+/// Whether `cuda:0` is here; if not, one line saying why, or a failure
+/// under `STRATA_REQUIRE_CUDA=1`.
+fn gpu_here(test: &str) -> bool {
+    let why = match strata_chip_runtime::cuda::device_count() {
+        Ok(n) if n > 0 => return true,
+        Ok(_) => "the CUDA driver sees no GPU".to_owned(),
+        Err(e) => e.to_string(),
+    };
+    assert!(
+        std::env::var("STRATA_REQUIRE_CUDA").map_or(true, |v| v != "1"),
+        "{test}: STRATA_REQUIRE_CUDA=1 and there is no GPU: {why}"
+    );
+    println!("{test}: skipped, {why} (STRATA_REQUIRE_CUDA=1 makes this a failure)");
+    false
 }
 
 fn strata(args: &[&str]) -> (Output, Duration) {
@@ -282,4 +300,56 @@ fn a_lost_chip_fails_its_task_and_its_worker_exits_to_be_replaced() {
     assert!(w.log().contains("chip lost"), "log:\n{}", w.log());
     within(Duration::from_secs(10), || !cluster.is_up(WorkerId(0))).expect("seen down");
     assert_eq!(x.read::<f32>().unwrap(), vec![2.0f32; 4]);
+}
+
+/// The demo on a GPU: every result checked against its reference, the
+/// chip named in the header line.
+#[test]
+fn the_demo_runs_on_a_gpu() {
+    if !gpu_here("the_demo_runs_on_a_gpu") {
+        return;
+    }
+    let (out, _) = strata(&[
+        "demo", "--device", "cuda:0", "--size", "128", "--tile", "32",
+    ]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(text.starts_with("strata demo: 1 worker (cuda:0"), "{text}");
+    assert!(text.contains("result check: passed"), "{text}");
+}
+
+/// A kernel that faults on a GPU loses its context: its task fails naming
+/// the driver's error, nothing it wrote comes back, the worker exits 1 to
+/// be replaced, and the driver sees it down and does not hang.
+#[test]
+fn a_faulting_kernel_loses_the_gpu_and_its_worker_exits() {
+    if !gpu_here("a_faulting_kernel_loses_the_gpu_and_its_worker_exits") {
+        return;
+    }
+    let mut w = WorkerProcess::spawn_unix(test_worker_bin(), &[], &["--device", "cuda:0"]);
+    let cluster = Cluster::builder()
+        .connect(&w.endpoint.to_string(), None)
+        .unwrap()
+        .start()
+        .unwrap();
+    let x = cluster.buffer_from_slice(&[1.0f32; 1024]).unwrap();
+    let x = x.tensor(&[1024], DType::F32).unwrap();
+    cluster
+        .submit(Task::new("fill").output(&x).scalar_f64(2.0))
+        .unwrap();
+    cluster.wait_all().expect("the GPU works before");
+    let h = cluster
+        .submit(Task::new("test.cuda_fault").output(&x))
+        .unwrap();
+    let e = cluster.wait(h).unwrap_err().to_string();
+    assert!(e.contains("CUDA_ERROR_ILLEGAL_ADDRESS"), "{e}");
+    let status = w.wait_exit(Duration::from_secs(10));
+    assert_eq!(status.code(), Some(1), "log:\n{}", w.log());
+    assert!(w.log().contains("chip lost"), "log:\n{}", w.log());
+    within(Duration::from_secs(10), || !cluster.is_up(WorkerId(0))).expect("seen down");
+    assert_eq!(x.read::<f32>().unwrap(), vec![2.0f32; 1024]);
 }

@@ -8,7 +8,8 @@
 //! (one GEMM and one potrf on whole matrices: cuBLAS and cuSOLVER
 //! themselves, through the chip's `gemm` and `potrf` bodies); none: all.
 //! `STRATA_DEVICE` picks the chip (default `cuda:0`; `sim` runs the same
-//! programs on a simulated chip, small). Each figure is printed as
+//! programs on a simulated chip, small; `STRATA_BENCH_SMALL=1` makes them
+//! small on any chip, as `scripts/gpu-check.sh --quick` does). Each figure is printed as
 //! `RESULT name value unit`, with the median of its runs.
 //!
 //! Needs the `strata` binary (`cargo build --release`, or `STRATA_BIN`).
@@ -30,7 +31,8 @@ type Fallible<T> = Result<T, Box<dyn std::error::Error>>;
 fn main() -> ExitCode {
     let sections: Vec<String> = std::env::args().skip(1).collect();
     let spec = std::env::var("STRATA_DEVICE").unwrap_or_else(|_| "cuda:0".into());
-    let small = spec.starts_with("sim");
+    let small =
+        spec.starts_with("sim") || std::env::var("STRATA_BENCH_SMALL").is_ok_and(|v| v == "1");
     let all = sections.is_empty();
     let want = |s: &str| all || sections.iter().any(|a| a == s);
     let run = || -> Fallible<()> {

@@ -4,13 +4,19 @@
 # skipping), then the CUDA benchmarks, and one table of what was measured.
 # Runs from prebuilt binaries (scripts/gpu-kit.sh builds them):
 #
-#   scripts/gpu-check.sh [KIT]     (default: this script's folder if it
-#                                   holds the binaries, else target/gpu-kit)
+#   scripts/gpu-check.sh [--quick] [KIT]   (KIT by default: this script's
+#                                   folder if it holds the binaries, else
+#                                   target/gpu-kit)
+#
+# --quick runs every step on small sizes: a dry run of the kit (on the
+# fake CUDA of scripts/fakecuda.sh, say), whose figures mean nothing.
 #
 # Takes under 4 minutes on one H100/H200. Figures are medians of their
 # runs; nothing is asserted about them here (the conformance suite
 # asserts results).
 set -uo pipefail
+quick=0
+if [ "${1:-}" = --quick ]; then quick=1; shift; export STRATA_BENCH_SMALL=1; fi
 here=$(cd "$(dirname "$0")" && pwd)
 if [ $# -ge 1 ]; then kit=$1
 elif [ -x "$here/strata" ]; then kit=$here
@@ -50,11 +56,17 @@ cholesky() { # N TILE DTYPE
                   else printf "RESULT tiled_cholesky_%s_%s_tile%s %.3f TFLOP/s\n", n, d, t, best / 1000 }'
 }
 {
-    for t in 512 1024 2048; do cholesky 16384 $t f32; cholesky 16384 $t f64; done
-    cholesky 32768 2048 f32
+    if [ $quick = 1 ]; then
+        cholesky 1024 256 f32; cholesky 1024 256 f64
+    else
+        for t in 512 1024 2048; do cholesky 16384 $t f32; cholesky 16384 $t f64; done
+        cholesky 32768 2048 f32
+    fi
 } >>"$log/bench" 2>&1
+size=()
+[ $quick = 1 ] && size=(--size 256)
 demo() { # SPEC
-    "$kit/strata" demo --device "$1" 2>&1 | awk -v s="$1" '
+    "$kit/strata" demo --device "$1" "${size[@]}" 2>&1 | awk -v s="$1" '
         /wall/ { for (i = 1; i <= NF; i++) if ($i == "wall") w = $(i+1) }
         /host->device/ { h = $3 }
         END { if (w == "") w = "n/a"; if (h == "") h = "n/a";

@@ -15,6 +15,7 @@
 //! while making room).
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use strata_wire::{Access, ChipTensor, Tensor};
 
@@ -151,6 +152,23 @@ pub(crate) trait Engine: Send + Sync + std::fmt::Debug {
     /// among it. A no-op for an engine that does everything at once.
     fn finish(&self, lane: Lane) -> Result<(), Error>;
 
+    /// Marks `point` of the launch on `lane` in the lane's queue, to time
+    /// what the device did between marks ([`Engine::stamped`]). Nothing for
+    /// an engine that does its work inside each call (the caller's clock
+    /// times it).
+    fn stamp(&self, lane: usize, point: Stamp) {
+        let _ = (lane, point);
+    }
+
+    /// After [`Engine::finish`] on `lane`: how long the device took from
+    /// [`Stamp::Staging`] to [`Stamp::Kernel`] (the copies in) and from
+    /// there to [`Stamp::Done`] (the kernel), when all three were marked
+    /// since the last `Staging`. `None` where calls do their own work.
+    fn stamped(&self, lane: usize) -> Option<(Duration, Duration)> {
+        let _ = lane;
+        None
+    }
+
     /// Why the chip can run nothing more, once so ([`crate::Device::lost`]).
     fn lost(&self) -> Option<String> {
         None
@@ -166,4 +184,16 @@ pub(crate) trait Engine: Send + Sync + std::fmt::Debug {
     fn bounced(&self) -> u64 {
         0
     }
+}
+
+/// Points of a launch an engine that queues work marks in its queue
+/// ([`Engine::stamp`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Stamp {
+    /// Before its arguments are staged in.
+    Staging,
+    /// Before its kernel.
+    Kernel,
+    /// After its kernel.
+    Done,
 }

@@ -54,7 +54,7 @@ use crate::memory::HostMemory;
 use crate::spec::{DeviceSpec, Mode};
 use crate::staging::Layout;
 use crate::sync::{AtomicU64, Ordering};
-use engine::{Engine, Lane, Placed};
+use engine::{Engine, Lane, Placed, Stamp};
 use lanes::LanePool;
 use prefetch::{Prefetched, Ticket};
 
@@ -908,6 +908,7 @@ impl Inner {
         begun: Instant,
     ) -> Result<(), Error> {
         let desc = launch.kernel.descriptor();
+        self.engine.stamp(lane, Stamp::Staging);
         let mut on_chip: Vec<bool> = Vec::with_capacity(launch.args.len());
         let mut args: Vec<Placed> = Vec::with_capacity(launch.args.len());
         for ((arg, spec), slot) in launch.args.iter().zip(&desc.args).zip(cached.iter_mut()) {
@@ -982,6 +983,7 @@ impl Inner {
         } else {
             // The kernel has ended, well or not, before anything is copied
             // back: a failed task writes nothing to host memory.
+            self.engine.stamp(lane, Stamp::Kernel);
             self.engine
                 .run(
                     lane,
@@ -991,6 +993,7 @@ impl Inner {
                     &scratch,
                 )
                 .and_then(|held| {
+                    self.engine.stamp(lane, Stamp::Done);
                     let done = self.engine.finish(Some(lane));
                     drop(held);
                     done
@@ -998,6 +1001,14 @@ impl Inner {
         };
         report.kernel = started.elapsed();
         ran?;
+        // Where the device works after each call returns, the clock above
+        // timed the queueing: the copies in ran on the device during what
+        // it counted as the kernel. The device's own marks say what each
+        // took.
+        if let Some((copy_in, kernel)) = self.engine.stamped(lane) {
+            report.copy_in = copy_in;
+            report.kernel = kernel;
+        }
         for (((arg, spec), (placed, staged_here)), slot) in launch
             .args
             .iter()

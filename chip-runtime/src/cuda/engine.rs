@@ -12,6 +12,7 @@ use std::collections::HashMap;
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
 
 use cudarc::driver::sys::{self, CUresult};
 use strata_wire::Tensor;
@@ -20,7 +21,7 @@ use super::kernels::Functions;
 use super::library::Handles;
 use super::plan::{Rect, rects};
 use crate::Error;
-use crate::chip::engine::{Engine, Held, Lane, Placed, ScratchFn, host_at};
+use crate::chip::engine::{Engine, Held, Lane, Placed, ScratchFn, Stamp, host_at};
 use crate::device::DeviceAddr;
 use crate::error::CudaError;
 use crate::kernel::Kernel;
@@ -242,6 +243,10 @@ pub(crate) struct LaneState {
     pub(crate) stream: Raw<sys::CUstream>,
     bounce: Bounce,
     pub(crate) handles: Handles,
+    /// The events of [`Stamp`]'s points, in its order, and which of them
+    /// were recorded since the last `Staging` (bit i: point i).
+    events: [Raw<sys::CUevent>; 3],
+    marked: u8,
 }
 
 /// Whether a launch of `priority` goes on an urgent stream, beside
@@ -305,7 +310,7 @@ impl CudaEngine {
         let r = unsafe { sys::cuCtxGetStreamPriorityRange(&mut least, &mut greatest) };
         gpu.check("cuCtxGetStreamPriorityRange", r)?;
         let flags = sys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32;
-        let mut states = Vec::with_capacity(lanes + 2);
+        let mut states: Vec<Mutex<LaneState>> = Vec::with_capacity(lanes + 2);
         let mut made: Vec<sys::CUstream> = Vec::new();
         for _ in 0..lanes + 2 {
             let mut pair = [std::ptr::null_mut(); 2];
@@ -325,12 +330,38 @@ impl CudaEngine {
                 }
                 made.push(*s);
             }
+            let mut events = [Raw(std::ptr::null_mut()); 3];
+            for e in &mut events {
+                // SAFETY: a valid out-pointer; the context is current.
+                let r = unsafe { sys::cuEventCreate(&mut e.0, 0) };
+                if let Err(err) = gpu.check("cuEventCreate", r) {
+                    // SAFETY: as for the streams above; the events made
+                    // so far, each destroyed once.
+                    unsafe {
+                        for st in &states {
+                            for e in &lock(st).events {
+                                sys::cuEventDestroy_v2(e.0);
+                            }
+                        }
+                        for e in events.iter().take_while(|e| !e.0.is_null()) {
+                            sys::cuEventDestroy_v2(e.0);
+                        }
+                        for m in made {
+                            sys::cuStreamDestroy_v2(m);
+                        }
+                        sys::cuMemFree_v2(base);
+                    }
+                    return Err(err);
+                }
+            }
             states.push(Mutex::new(LaneState {
                 normal: Raw(pair[0]),
                 urgent: Raw(pair[1]),
                 stream: Raw(pair[0]),
                 bounce: Bounce::default(),
                 handles: Handles::default(),
+                events,
+                marked: 0,
             }));
         }
         Ok(CudaEngine {
@@ -530,6 +561,10 @@ impl CudaEngine {
             unsafe { sys::cuStreamSynchronize(s.urgent.0) };
             s.handles.destroy();
             s.bounce.free();
+            for e in &s.events {
+                // SAFETY: created in `new`, destroyed once, its stream done.
+                unsafe { sys::cuEventDestroy_v2(e.0) };
+            }
             // SAFETY: created in `new`, each destroyed once.
             unsafe {
                 sys::cuStreamDestroy_v2(s.normal.0);
@@ -801,6 +836,41 @@ impl Engine for CudaEngine {
         }
         let mut state = self.lane(Some(lane));
         state.stream = state.normal;
+    }
+
+    fn stamp(&self, lane: usize, point: Stamp) {
+        if self.gpu.bind().is_err() {
+            return;
+        }
+        let mut state = self.lane(Some(lane));
+        let i = point as usize;
+        if point == Stamp::Staging {
+            state.marked = 0;
+        }
+        // SAFETY: our event and the lane's stream, the context current.
+        let r = unsafe { sys::cuEventRecord(state.events[i].0, state.stream.0) };
+        if r == CUresult::CUDA_SUCCESS {
+            state.marked |= 1 << i;
+        }
+    }
+
+    fn stamped(&self, lane: usize) -> Option<(Duration, Duration)> {
+        self.gpu.bind().ok()?;
+        let state = self.lane(Some(lane));
+        if state.marked != 0b111 {
+            return None;
+        }
+        let between = |a: usize, b: usize| {
+            let mut ms = 0f32;
+            // SAFETY: two recorded events of this context, their stream
+            // finished (the caller's `finish`).
+            let r = unsafe {
+                sys::cuEventElapsedTime_v2(&mut ms, state.events[a].0, state.events[b].0)
+            };
+            (r == CUresult::CUDA_SUCCESS && ms.is_finite() && ms >= 0.0)
+                .then(|| Duration::from_secs_f64(f64::from(ms) / 1e3))
+        };
+        Some((between(0, 1)?, between(1, 2)?))
     }
 
     fn released(&self) {

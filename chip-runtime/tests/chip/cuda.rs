@@ -310,3 +310,36 @@ fn a_device_that_is_not_there_is_named() {
         other => panic!("not a missing device: {other:?}"),
     }
 }
+
+/// A launch's report on a GPU times what the device did, not how soon the
+/// calls that queue its work return: the copies in of 64 MiB from host
+/// memory take at least what 1 TB/s (beyond any host link) would, and
+/// they are counted as copying in, not as the kernel.
+#[test]
+fn a_launch_report_times_the_device_work() {
+    let Some(dev) = gpu("a_launch_report_times_the_device_work", ",mem=512MiB") else {
+        return;
+    };
+    let n = 16u32 << 20;
+    let mut rng = Rng(9);
+    let src = host_tensor(&mut rng, &[n], strata_wire::DType::F32, Layout::RowMajor);
+    let dst = host_tensor(&mut rng, &[n], strata_wire::DType::F32, Layout::RowMajor);
+    let bytes = u64::from(n) * 4;
+    for _ in 0..2 {
+        let r = launch(
+            dev.as_ref(),
+            builtin("copy"),
+            vec![src.arg(ArgTag::Input), dst.arg(ArgTag::Output)],
+            vec![],
+        )
+        .unwrap();
+        assert_eq!(r.staged_in, bytes);
+        let floor = std::time::Duration::from_secs_f64(bytes as f64 / 1e12);
+        assert!(
+            r.copy_in >= floor,
+            "copy in of {bytes} bytes timed {:?} (at least {floor:?})",
+            r.copy_in
+        );
+        assert!(r.busy >= r.copy_in + r.kernel, "{r:?}");
+    }
+}

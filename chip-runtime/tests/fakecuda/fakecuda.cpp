@@ -36,6 +36,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <chrono>
 #include <cmath>
 #include <cstdarg>
 #include <complex>
@@ -116,7 +117,9 @@ struct Ctx {
     int refs = 0;
     std::atomic<int> sticky{0};
     unsigned long long used = 0;
-    std::vector<Stream*> streams;
+    // Shared: a stream destroyed while another thread waits for every
+    // stream of the context lives until that wait ends.
+    std::vector<std::shared_ptr<Stream>> streams;
     Stream* null_stream = nullptr;
 };
 
@@ -269,19 +272,19 @@ static Stream* stream_of(void* s) {
     if (s) return (Stream*)s;
     std::lock_guard<std::mutex> l(g_mu);
     if (!t_current->null_stream) {
-        t_current->null_stream = new Stream(t_current, 0);
-        t_current->streams.push_back(t_current->null_stream);
+        t_current->streams.push_back(std::make_shared<Stream>(t_current, 0));
+        t_current->null_stream = t_current->streams.back().get();
     }
     return t_current->null_stream;
 }
 
 static int sync_all(Ctx* c) {
-    std::vector<Stream*> streams;
+    std::vector<std::shared_ptr<Stream>> streams;
     {
         std::lock_guard<std::mutex> l(g_mu);
         streams = c->streams;
     }
-    for (Stream* s : streams) s->sync();
+    for (const std::shared_ptr<Stream>& s : streams) s->sync();
     return c->sticky.load();
 }
 
@@ -421,10 +424,9 @@ EXPORT CUresult cuGetErrorString(int code, const char** out) {
 
 EXPORT CUresult cuStreamCreateWithPriority(void** s, unsigned int, int priority) {
     NEED_CTX;
-    Stream* st = new Stream(t_current, priority);
     std::lock_guard<std::mutex> l(g_mu);
-    t_current->streams.push_back(st);
-    *s = st;
+    t_current->streams.push_back(std::make_shared<Stream>(t_current, priority));
+    *s = t_current->streams.back().get();
     return CUDA_SUCCESS;
 }
 
@@ -441,21 +443,60 @@ EXPORT CUresult cuStreamSynchronize(void* s) {
 EXPORT CUresult cuStreamDestroy_v2(void* s) {
     NEED_INIT;
     if (t_current == nullptr) return CUDA_ERROR_INVALID_CONTEXT;
-    Stream* st = (Stream*)s;
+    std::shared_ptr<Stream> st;
     {
         std::lock_guard<std::mutex> l(g_mu);
-        auto& v = st->ctx->streams;
-        bool found = false;
-        for (size_t i = 0; i < v.size(); ++i)
-            if (v[i] == st) {
-                v.erase(v.begin() + (long)i);
-                found = true;
-                break;
-            }
-        if (!found) return CUDA_ERROR_INVALID_HANDLE;
+        for (auto& c : g_ctx) {
+            auto& v = c->streams;
+            for (size_t i = 0; i < v.size(); ++i)
+                if (v[i].get() == s) {
+                    st = v[i];
+                    v.erase(v.begin() + (long)i);
+                    break;
+                }
+        }
     }
+    if (!st) return CUDA_ERROR_INVALID_HANDLE;
     st->sync();
-    delete st;
+    return CUDA_SUCCESS;
+}
+
+// ---- Events: the time their stream reached them -----------------------------------
+
+struct Event {
+    std::atomic<bool> done{false};
+    std::chrono::steady_clock::time_point at;
+};
+
+EXPORT CUresult cuEventCreate(Event** e, unsigned int) {
+    NEED_CTX;
+    *e = new Event;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuEventDestroy_v2(Event* e) {
+    NEED_INIT;
+    if (!e) return CUDA_ERROR_INVALID_HANDLE;
+    delete e;  // the caller waited for its stream (as the driver requires)
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuEventRecord(Event* e, void* s) {
+    NEED_CTX;
+    if (!e) return CUDA_ERROR_INVALID_HANDLE;
+    e->done.store(false);
+    stream_of(s)->push([e] {
+        e->at = std::chrono::steady_clock::now();
+        e->done.store(true);
+    });
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuEventElapsedTime_v2(float* ms, Event* a, Event* b) {
+    NEED_CTX;
+    if (!a || !b) return CUDA_ERROR_INVALID_HANDLE;
+    if (!a->done.load() || !b->done.load()) return 600;  // CUDA_ERROR_NOT_READY
+    *ms = std::chrono::duration<float, std::milli>(b->at - a->at).count();
     return CUDA_SUCCESS;
 }
 

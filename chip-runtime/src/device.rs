@@ -294,6 +294,20 @@ pub trait Device: Send + Sync + std::fmt::Debug {
     /// [`Error::UnknownBlock`] for a freed or unknown block.
     fn check_block(&self, block: &DeviceBlock) -> Result<(), Error>;
 
+    /// A new file descriptor for the shared block `block`
+    /// ([`Region::Shared`]), which another process maps
+    /// ([`crate::shared`]); each call gives its own descriptor.
+    ///
+    /// # Errors
+    /// [`Error::Shared`] for a block of another region or a chip that
+    /// cannot share memory; [`Error::UnknownBlock`] for a block that is
+    /// not live.
+    fn export(&self, block: &DeviceBlock) -> Result<crate::shared::SharedMemory, Error> {
+        Err(Error::Shared {
+            reason: format!("this chip cannot export the block at {:#x}", block.addr),
+        })
+    }
+
     /// Copies `src` into `block` at byte `offset`.
     ///
     /// # Errors

@@ -182,6 +182,14 @@ pub enum Error {
     /// The device is shutting down and takes no more work.
     #[error("the device is shut down")]
     ShutDown,
+    /// Device memory that cannot be shared as asked: a chip that cannot
+    /// export it, a block that is not a shared one, memory from another
+    /// process that does not check out.
+    #[error("shared device memory: {reason}")]
+    Shared {
+        /// What is wrong.
+        reason: String,
+    },
     /// A wire-format rule was broken while materializing an argument.
     #[error(transparent)]
     Wire(#[from] strata_wire::Error),
@@ -321,7 +329,8 @@ impl Error {
             | Error::RunEnded { .. }
             | Error::OutOfRange { .. }
             | Error::Spec { .. }
-            | Error::Map { .. } => FailureKind::Device,
+            | Error::Map { .. }
+            | Error::Shared { .. } => FailureKind::Device,
         }
     }
 }

@@ -48,6 +48,7 @@ pub mod device;
 mod error;
 pub mod kernel;
 pub mod memory;
+pub mod shared;
 mod sim;
 pub mod spec;
 pub mod staging;

@@ -59,7 +59,7 @@ pub fn handle(field: &str, bytes: &[u8]) -> Result<KernelHandle, ConvertError> {
     Ok(KernelHandle(h))
 }
 
-/// A region field (persistent or run).
+/// A region field (persistent, run or shared).
 ///
 /// # Errors
 /// For an unspecified or unknown region.
@@ -67,9 +67,10 @@ pub fn region(field: &str, code: i32) -> Result<Region, ConvertError> {
     match pb::Region::try_from(code) {
         Ok(pb::Region::Persistent) => Ok(Region::Persistent),
         Ok(pb::Region::Run) => Ok(Region::Run),
+        Ok(pb::Region::Shared) => Ok(Region::Shared),
         _ => Err(ConvertError::new(
             field,
-            format!("region {code} is not PERSISTENT (1) or RUN (2)"),
+            format!("region {code} is not PERSISTENT (1), RUN (2) or SHARED (3)"),
         )),
     }
 }
@@ -79,6 +80,7 @@ pub fn region_code(r: Region) -> i32 {
     match r {
         Region::Persistent => pb::Region::Persistent as i32,
         Region::Run | Region::Scratch => pb::Region::Run as i32,
+        Region::Shared => pb::Region::Shared as i32,
     }
 }
 

@@ -47,6 +47,10 @@ pub enum Region {
     Run,
     /// Per-kernel temporaries and staged copies.
     Scratch,
+    /// User device buffers each of its own allocation, which can leave
+    /// the process as a file descriptor (another process maps the same
+    /// memory); individually freed.
+    Shared,
 }
 
 impl Region {
@@ -56,6 +60,7 @@ impl Region {
             Region::Persistent => "persistent",
             Region::Run => "run",
             Region::Scratch => "scratch",
+            Region::Shared => "shared",
         }
     }
 }

@@ -117,12 +117,18 @@ impl Arena {
     /// Allocates `nbytes` (at least one 64-byte unit) in `region`.
     ///
     /// # Errors
-    /// [`Error::OutOfMemory`] or [`Error::TooManyBlocks`].
+    /// [`Error::OutOfMemory`] or [`Error::TooManyBlocks`];
+    /// [`Error::Spec`] for the shared region, which is not the arena's
+    /// (each shared block is an allocation of its own).
     pub fn alloc(&self, region: Region, nbytes: u64) -> Result<Block, Error> {
         match region {
             Region::Persistent => self.persistent.alloc(nbytes),
             Region::Run => self.run.alloc(nbytes),
             Region::Scratch => self.scratch.alloc(nbytes),
+            Region::Shared => Err(Error::Spec {
+                spec: "arena".into(),
+                reason: "shared blocks are allocations of their own, not arena blocks".into(),
+            }),
         }
     }
 
@@ -136,7 +142,7 @@ impl Arena {
         match region {
             Region::Persistent => self.persistent.free(offset),
             Region::Scratch => self.scratch.free(offset),
-            Region::Run => Err(Error::UnknownBlock {
+            Region::Run | Region::Shared => Err(Error::UnknownBlock {
                 region,
                 addr: offset,
             }),
@@ -149,6 +155,7 @@ impl Arena {
             Region::Persistent => self.persistent.block_containing(offset),
             Region::Scratch => self.scratch.block_containing(offset),
             Region::Run => self.run.block_containing(offset),
+            Region::Shared => None,
         }
     }
 

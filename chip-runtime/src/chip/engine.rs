@@ -14,10 +14,11 @@
 //! copies, zeroing a block `alloc` hands out, a write-back the cache does
 //! while making room).
 
+use std::os::fd::OwnedFd;
 use std::sync::Arc;
 use std::time::Duration;
 
-use strata_wire::{Access, ChipTensor, Tensor};
+use strata_wire::{Access, ChipTensor, Region, Tensor};
 
 use crate::Error;
 use crate::device::DeviceAddr;
@@ -178,6 +179,42 @@ pub(crate) trait Engine: Send + Sync + std::fmt::Debug {
     /// the engine keeps prepared (page-locked) and no one else holds may
     /// go.
     fn released(&self) {}
+
+    /// Allocates `len` bytes of device memory of their own (not the
+    /// arena's), which [`Engine::export`] can hand to another process: its
+    /// address and the bytes allocated (`len` rounded up to the engine's
+    /// granularity). Not zeroed.
+    fn alloc_shared(&self, len: u64) -> Result<(DeviceAddr, u64), Error> {
+        let _ = len;
+        Err(Error::Shared {
+            reason: format!("a {} chip cannot share device memory", self.kind()),
+        })
+    }
+
+    /// Where memory of [`Engine::alloc_shared`] lives (what a mapping of
+    /// it elsewhere is).
+    fn place(&self) -> crate::shared::Place {
+        crate::shared::Place::Host
+    }
+
+    /// Frees memory of [`Engine::alloc_shared`] (what other processes
+    /// mapped stays theirs until they unmap it).
+    fn free_shared(&self, addr: DeviceAddr) -> Result<(), Error> {
+        Err(Error::UnknownBlock {
+            region: Region::Shared,
+            addr,
+        })
+    }
+
+    /// A new file descriptor for the memory of [`Engine::alloc_shared`] at
+    /// `addr`, which another process maps with
+    /// [`crate::shared::SharedMemory::map`].
+    fn export(&self, addr: DeviceAddr) -> Result<OwnedFd, Error> {
+        Err(Error::UnknownBlock {
+            region: Region::Shared,
+            addr,
+        })
+    }
 
     /// Bytes copied through staging buffers because their host memory
     /// could not be used for DMA in place.

@@ -51,6 +51,7 @@ use crate::device::{
 };
 use crate::kernel::{Kernel, validate_launch};
 use crate::memory::HostMemory;
+use crate::shared::SharedMemory;
 use crate::spec::{DeviceSpec, Mode};
 use crate::staging::Layout;
 use crate::sync::{AtomicU64, Ordering};
@@ -89,6 +90,9 @@ struct Inner {
     arena: Arena,
     cache: Cache,
     counters: Counters,
+    /// Live shared blocks (each an allocation of the engine's own, outside
+    /// the arena): device address → bytes allocated.
+    shared: std::sync::Mutex<std::collections::HashMap<DeviceAddr, u64>>,
 }
 
 /// One argument's use of the cache during a launch.
@@ -193,6 +197,7 @@ impl Chip {
                 arena,
                 cache: Cache::new(),
                 counters: Counters::default(),
+                shared: Default::default(),
             }),
             lanes,
         })
@@ -319,6 +324,9 @@ impl Device for Chip {
     }
 
     fn alloc(&self, region: Region, nbytes: u64) -> Result<DeviceBlock, Error> {
+        if region == Region::Shared {
+            return self.inner.alloc_shared(nbytes);
+        }
         if region == Region::Scratch {
             return Err(Error::Spec {
                 spec: self.inner.label.clone(),
@@ -358,6 +366,9 @@ impl Device for Chip {
     }
 
     fn free(&self, addr: DeviceAddr) -> Result<(), Error> {
+        if lock(&self.inner.shared).remove(&addr).is_some() {
+            return self.inner.engine.free_shared(addr);
+        }
         let unknown = Error::UnknownBlock {
             region: Region::Persistent,
             addr,
@@ -376,6 +387,27 @@ impl Device for Chip {
     fn end_run(&self) -> Result<(), Error> {
         self.inner.arena.reset_run();
         Ok(())
+    }
+
+    fn export(&self, block: &DeviceBlock) -> Result<SharedMemory, Error> {
+        if block.region != Region::Shared {
+            return Err(Error::Shared {
+                reason: format!(
+                    "the block at {:#x} is in the {} region: only shared blocks leave the process",
+                    block.addr, block.region
+                ),
+            });
+        }
+        self.inner.check_block(block)?;
+        let len = lock(&self.inner.shared)
+            .get(&block.addr)
+            .copied()
+            .unwrap_or(block.len);
+        Ok(SharedMemory {
+            fd: self.inner.engine.export(block.addr)?,
+            len,
+            place: self.inner.engine.place(),
+        })
     }
 
     fn check_block(&self, block: &DeviceBlock) -> Result<(), Error> {
@@ -592,6 +624,28 @@ impl Inner {
         Ok(())
     }
 
+    /// A shared block of `nbytes`, zeroed ([`Region::Shared`]).
+    fn alloc_shared(&self, nbytes: u64) -> Result<DeviceBlock, Error> {
+        if nbytes == 0 {
+            return Err(Error::Shared {
+                reason: "a shared block has at least one byte".into(),
+            });
+        }
+        let (addr, len) = self.engine.alloc_shared(nbytes)?;
+        // Fresh memory of the engine's may hold what its last user left.
+        if let Err(e) = self.zero(None, addr, len, false) {
+            let _ = self.engine.free_shared(addr);
+            return Err(e);
+        }
+        lock(&self.shared).insert(addr, len);
+        Ok(DeviceBlock {
+            addr,
+            len: nbytes,
+            region: Region::Shared,
+            epoch: 0,
+        })
+    }
+
     /// Checks that `block` is a live persistent block or a run block of the
     /// current run; errors carry device addresses.
     fn check_block(&self, block: &DeviceBlock) -> Result<(), Error> {
@@ -601,6 +655,12 @@ impl Inner {
         };
         if block.region == Region::Scratch {
             return Err(unknown);
+        }
+        if block.region == Region::Shared {
+            return match lock(&self.shared).get(&block.addr) {
+                Some(&len) if block.len <= len => Ok(()),
+                _ => Err(unknown),
+            };
         }
         let offset = block.addr.checked_sub(self.base).ok_or(unknown.clone())?;
         let arena_block = Block {
@@ -1106,4 +1166,8 @@ fn held_without_copy(arg: &LaunchArg, why: &str) -> Error {
         version: arg.cache.map_or(0, |c| c.version),
         why: why.into(),
     }
+}
+
+fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }

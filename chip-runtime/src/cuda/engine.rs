@@ -275,6 +275,8 @@ pub(crate) struct CudaEngine {
     functions: Functions,
     /// Bytes copied through pinned staging buffers.
     bounced: AtomicU64,
+    /// Shared blocks by device address ([`super::vmm`]).
+    shared: Mutex<HashMap<DeviceAddr, super::vmm::Vmm>>,
 }
 
 impl std::fmt::Debug for CudaEngine {
@@ -372,6 +374,7 @@ impl CudaEngine {
             pinned: Mutex::new(HashMap::new()),
             priorities: (0..lanes + 2).map(|_| AtomicU64::new(0)).collect(),
             bounced: AtomicU64::new(0),
+            shared: Mutex::new(HashMap::new()),
         })
     }
 
@@ -579,6 +582,9 @@ impl CudaEngine {
             }
         }
         self.functions.unload();
+        for (_, v) in lock(&self.shared).drain() {
+            super::vmm::release(&self.gpu, &v);
+        }
         // SAFETY: allocated in `new`, freed once, after every stream ended.
         unsafe { sys::cuMemFree_v2(self.base) };
     }
@@ -881,6 +887,37 @@ impl Engine for CudaEngine {
 
     fn bounced(&self) -> u64 {
         self.bounced.load(Ordering::Relaxed)
+    }
+
+    fn alloc_shared(&self, len: u64) -> Result<(DeviceAddr, u64), Error> {
+        let v = super::vmm::create(&self.gpu, len)?;
+        let (addr, size) = (v.addr, v.size as u64);
+        lock(&self.shared).insert(addr, v);
+        Ok((addr, size))
+    }
+
+    fn place(&self) -> crate::shared::Place {
+        crate::shared::Place::Cuda(self.gpu.ordinal)
+    }
+
+    fn free_shared(&self, addr: DeviceAddr) -> Result<(), Error> {
+        let v = lock(&self.shared)
+            .remove(&addr)
+            .ok_or(Error::UnknownBlock {
+                region: strata_wire::Region::Shared,
+                addr,
+            })?;
+        super::vmm::release(&self.gpu, &v);
+        Ok(())
+    }
+
+    fn export(&self, addr: DeviceAddr) -> Result<std::os::fd::OwnedFd, Error> {
+        let shared = lock(&self.shared);
+        let v = shared.get(&addr).ok_or(Error::UnknownBlock {
+            region: strata_wire::Region::Shared,
+            addr,
+        })?;
+        super::vmm::export(&self.gpu, v)
     }
 
     fn lost(&self) -> Option<String> {

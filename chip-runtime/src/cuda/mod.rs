@@ -17,6 +17,7 @@ pub mod nvrtc;
 mod plan;
 pub mod probe;
 mod shape;
+pub(crate) mod vmm;
 
 pub use device::open;
 pub use probe::{Library, device_count, require_library};

@@ -21,5 +21,6 @@ mod failures;
 mod isolation;
 mod kernels;
 mod nvrtc;
+mod shared;
 mod staging;
 mod timing;

@@ -29,6 +29,7 @@
 // libcusolver.so.12 and their unversioned names) to it.
 
 #include <dlfcn.h>
+#include <fcntl.h>
 #include <setjmp.h>
 #include <signal.h>
 #include <sys/mman.h>
@@ -130,6 +131,7 @@ static thread_local Ctx* t_current = nullptr;
 struct DevAlloc {
     size_t size;
     Ctx* ctx;
+    bool vmm;  // a cuMemMap'd range, not a cuMemAlloc
 };
 struct HostRange {
     size_t size;
@@ -518,7 +520,7 @@ EXPORT CUresult cuMemAlloc_v2(CUdeviceptr* p, size_t size) {
     void* m = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     if (m == MAP_FAILED) return CUDA_ERROR_OUT_OF_MEMORY;
     t_current->used += size;
-    g_dev[(uintptr_t)m] = DevAlloc{size, t_current};
+    g_dev[(uintptr_t)m] = DevAlloc{size, t_current, false};
     *p = (CUdeviceptr)(uintptr_t)m;
     return CUDA_SUCCESS;
 }
@@ -530,7 +532,7 @@ EXPORT CUresult cuMemFree_v2(CUdeviceptr p) {
     sync_all(t_current);
     std::lock_guard<std::mutex> l(g_mu);
     auto it = g_dev.find((uintptr_t)p);
-    if (it == g_dev.end()) {
+    if (it == g_dev.end() || it->second.vmm) {
         complain("cuMemFree of %#llx, which no cuMemAlloc returned", p);
         return CUDA_ERROR_INVALID_VALUE;
     }
@@ -718,6 +720,163 @@ EXPORT CUresult cuMemcpy2DAsync_v2(const Memcpy2D* p, void* s) {
         for (size_t row = 0; row < c.Height; ++row)
             memcpy((void*)(dst + row * c.dstPitch), (const void*)(src + row * c.srcPitch), c.WidthInBytes);
     });
+    return CUDA_SUCCESS;
+}
+
+// ---- Virtual memory management: physical allocations are memfds ---------------------
+//
+// A physical allocation is a memfd named for its device, so that an
+// exported handle (a dup of it) imports in another process as the same
+// memory, and a descriptor of anything else is refused on import.
+
+struct Prop {
+    int type;
+    int handle_types;
+    int location_type;
+    int location_id;
+    void* win32;
+    unsigned char flags[8];
+};
+struct AccessDesc {
+    int location_type;
+    int location_id;
+    int flags;
+};
+struct Phys {
+    int fd;
+    size_t size;
+    int device;
+    bool exportable;
+    bool imported;
+};
+static const size_t GRANULARITY = 2 << 20;
+static std::map<uintptr_t, size_t> g_reserved;
+
+EXPORT CUresult cuMemGetAllocationGranularity(size_t* g, const Prop* p, int) {
+    NEED_CTX;
+    if (!p || p->type != 1 || p->location_type != 1) return CUDA_ERROR_INVALID_VALUE;
+    *g = GRANULARITY;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuMemCreate(unsigned long long* h, size_t size, const Prop* p, unsigned long long flags) {
+    NEED_CTX;
+    if (!p || p->type != 1 || p->location_type != 1 || flags || size == 0 || size % GRANULARITY) {
+        complain("cuMemCreate: size %zu (granularity %zu), type %d, location type %d", size, GRANULARITY,
+                 p ? p->type : -1, p ? p->location_type : -1);
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    if (p->location_id < 0 || (unsigned long long)p->location_id >= g_cfg.devices) return CUDA_ERROR_INVALID_DEVICE;
+    Ctx* dev = g_ctx[(size_t)p->location_id].get();
+    std::lock_guard<std::mutex> l(g_mu);
+    if (dev->used + size > g_cfg.mem) return CUDA_ERROR_OUT_OF_MEMORY;
+    std::string name = "fakecuda-vmm-" + std::to_string(p->location_id);
+    int fd = memfd_create(name.c_str(), MFD_CLOEXEC);
+    if (fd < 0 || ftruncate(fd, (off_t)size) != 0) {
+        if (fd >= 0) close(fd);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    dev->used += size;
+    *h = (unsigned long long)(uintptr_t) new Phys{fd, size, p->location_id, (p->handle_types & 1) != 0, false};
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuMemRelease(unsigned long long h) {
+    NEED_INIT;
+    Phys* ph = (Phys*)(uintptr_t)h;
+    if (!ph) return CUDA_ERROR_INVALID_HANDLE;
+    std::lock_guard<std::mutex> l(g_mu);
+    if (!ph->imported) g_ctx[(size_t)ph->device]->used -= ph->size;
+    close(ph->fd);  // the memory lives on while a mapping or a descriptor holds it
+    delete ph;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuMemAddressReserve(CUdeviceptr* ptr, size_t size, size_t, CUdeviceptr, unsigned long long) {
+    NEED_CTX;
+    if (size == 0 || size % GRANULARITY) return CUDA_ERROR_INVALID_VALUE;
+    void* m = mmap(nullptr, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (m == MAP_FAILED) return CUDA_ERROR_OUT_OF_MEMORY;
+    std::lock_guard<std::mutex> l(g_mu);
+    g_reserved[(uintptr_t)m] = size;
+    *ptr = (CUdeviceptr)(uintptr_t)m;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuMemAddressFree(CUdeviceptr ptr, size_t size) {
+    NEED_INIT;
+    std::lock_guard<std::mutex> l(g_mu);
+    auto it = g_reserved.find((uintptr_t)ptr);
+    if (it == g_reserved.end() || it->second != size) return CUDA_ERROR_INVALID_VALUE;
+    munmap((void*)(uintptr_t)ptr, size);
+    g_reserved.erase(it);
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, unsigned long long h, unsigned long long) {
+    NEED_CTX;
+    Phys* ph = (Phys*)(uintptr_t)h;
+    if (!ph || offset + size > ph->size) return CUDA_ERROR_INVALID_VALUE;
+    std::lock_guard<std::mutex> l(g_mu);
+    auto it = g_reserved.upper_bound((uintptr_t)ptr);
+    if (it == g_reserved.begin()) return CUDA_ERROR_INVALID_VALUE;
+    --it;
+    if (ptr < it->first || ptr + size > it->first + it->second) return CUDA_ERROR_INVALID_VALUE;
+    void* m = mmap((void*)(uintptr_t)ptr, size, PROT_NONE, MAP_SHARED | MAP_FIXED, ph->fd, (off_t)offset);
+    if (m == MAP_FAILED) return CUDA_ERROR_OUT_OF_MEMORY;
+    g_dev[(uintptr_t)ptr] = DevAlloc{size, t_current, true};
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const AccessDesc* d, size_t count) {
+    NEED_CTX;
+    if (count != 1 || d->location_type != 1 || d->flags != 3) return CUDA_ERROR_INVALID_VALUE;
+    std::lock_guard<std::mutex> l(g_mu);
+    auto it = g_dev.find((uintptr_t)ptr);
+    if (it == g_dev.end() || !it->second.vmm || it->second.size != size) return CUDA_ERROR_INVALID_VALUE;
+    return mprotect((void*)(uintptr_t)ptr, size, PROT_READ | PROT_WRITE) == 0 ? CUDA_SUCCESS
+                                                                             : CUDA_ERROR_INVALID_VALUE;
+}
+
+EXPORT CUresult cuMemUnmap(CUdeviceptr ptr, size_t size) {
+    NEED_INIT;
+    if (t_current) sync_all(t_current);
+    std::lock_guard<std::mutex> l(g_mu);
+    auto it = g_dev.find((uintptr_t)ptr);
+    if (it == g_dev.end() || !it->second.vmm || it->second.size != size) return CUDA_ERROR_INVALID_VALUE;
+    g_dev.erase(it);
+    mmap((void*)(uintptr_t)ptr, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE, -1, 0);
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuMemExportToShareableHandle(void* out, unsigned long long h, int type, unsigned long long) {
+    NEED_CTX;
+    Phys* ph = (Phys*)(uintptr_t)h;
+    if (!ph || type != 1 || !ph->exportable) return CUDA_ERROR_INVALID_VALUE;
+    int fd = fcntl(ph->fd, F_DUPFD_CLOEXEC, 0);
+    if (fd < 0) return CUDA_ERROR_OUT_OF_MEMORY;
+    *(int*)out = fd;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuMemImportFromShareableHandle(unsigned long long* h, void* os_handle, int type) {
+    NEED_CTX;
+    if (type != 1) return CUDA_ERROR_INVALID_VALUE;
+    int fd = (int)(intptr_t)os_handle;
+    char link[256] = {0};
+    std::string path = "/proc/self/fd/" + std::to_string(fd);
+    ssize_t n = readlink(path.c_str(), link, sizeof link - 1);
+    const char prefix[] = "/memfd:fakecuda-vmm-";
+    if (n <= 0 || strncmp(link, prefix, strlen(prefix)) != 0) {
+        complain("cuMemImportFromShareableHandle: descriptor %d (%s) is no exported allocation", fd,
+                 n > 0 ? link : "?");
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    struct stat st;
+    if (fstat(fd, &st) != 0) return CUDA_ERROR_INVALID_VALUE;
+    int copy = fcntl(fd, F_DUPFD_CLOEXEC, 0);
+    if (copy < 0) return CUDA_ERROR_OUT_OF_MEMORY;
+    *h = (unsigned long long)(uintptr_t) new Phys{copy, (size_t)st.st_size, atoi(link + strlen(prefix)), false, true};
     return CUDA_SUCCESS;
 }
 

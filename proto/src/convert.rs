@@ -1474,7 +1474,8 @@ mod tests {
             }),
             "cause"
         );
-        assert_eq!(region("region", 3).unwrap_err().field, "region");
+        assert_eq!(region("region", 4).unwrap_err().field, "region");
+        assert_eq!(region("region", 3), Ok(Region::Shared));
         assert_eq!(region("region", 1), Ok(Region::Persistent));
         let end = RunEnd {
             retired: 2,

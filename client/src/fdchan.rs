@@ -10,25 +10,41 @@
 //!    identity: what the buffer is imported as, so that tasks may narrow
 //!    that grant but never widen it, docs/wire-format.md §3);
 //! 3. the worker answers each with an `FdAck`, one result per identity;
-//! 4. closing the channel ends the session on the worker.
+//! 4. an `FdImport` naming a shared device buffer to export instead is
+//!    answered by an `FdAck` that carries the buffer's one fd (device
+//!    memory leaves a worker only this way, [`FdChannel::export`]);
+//! 5. closing the channel ends the session on the worker.
 //!
-//! The client only sends fds; it reads acks with a plain `read`, which
-//! takes no fds in: any the worker attached would be discarded by the
-//! kernel, never installed in this process. So this end needs no `unsafe`.
+//! Import acks are read with a plain `read`, which takes no fds in: any
+//! the worker attached would be discarded by the kernel, never installed
+//! in this process. An export's ack is read with `recvmsg`, its fd owned
+//! at once ([`read_fd_frame`], which the worker's end uses too).
 
-use std::io;
-use std::os::fd::{AsRawFd, BorrowedFd, RawFd};
+use std::io::{self, IoSliceMut};
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::path::Path;
 
-use nix::sys::socket::{ControlMessage, MsgFlags, sendmsg};
+use nix::sys::socket::{ControlMessage, ControlMessageOwned, MsgFlags, recvmsg, sendmsg};
 use prost::Message;
 use strata_boundary::SessionId;
 use strata_proto::fdframe::{self, HEADER_BYTES};
-use strata_proto::{MAX_FDS_PER_MESSAGE, PROTOCOL_VERSION, pb};
+use strata_proto::{MAX_FD_FRAME_BYTES, MAX_FDS_PER_MESSAGE, PROTOCOL_VERSION, pb};
 use strata_wire::{BufferDescriptor, CanonicalIdentity};
 use tokio::io::{AsyncReadExt, AsyncWriteExt, Interest};
 use tokio::net::UnixStream;
 use tracing::debug;
+
+/// A shared device buffer's fd as an export brought it
+/// ([`FdChannel::export`]): unchecked, as any fd from another process.
+#[derive(Debug)]
+pub struct Exported {
+    /// The fd, owned.
+    pub fd: OwnedFd,
+    /// Bytes of the allocation, as the worker says.
+    pub len: u64,
+    /// Where it lives, as the worker names it (`host`, `cuda:N`).
+    pub place: String,
+}
 
 /// The client end of a worker's fd channel.
 #[derive(Debug)]
@@ -99,6 +115,7 @@ impl FdChannel {
             identities: identities.iter().map(|i| i.encode().to_vec()).collect(),
             descriptors: Vec::new(),
             ring: None,
+            export: Vec::new(),
         };
         self.exchange(&msg, fds).await
     }
@@ -127,6 +144,7 @@ impl FdChannel {
                 submit_capacity: submit,
                 complete_capacity: complete,
             }),
+            export: Vec::new(),
         };
         let mut results = self.exchange(&msg, &[fd]).await?;
         Ok(match (results.pop(), results.is_empty()) {
@@ -161,8 +179,71 @@ impl FdChannel {
                 .collect(),
             descriptors: grants.iter().map(|d| d.encode().to_vec()).collect(),
             ring: None,
+            export: Vec::new(),
         };
         self.exchange(&msg, fds).await
+    }
+
+    /// Asks for a file descriptor of the session's shared device buffer
+    /// `identity` (device memory of its own, region SHARED). `Ok(Ok(_))`:
+    /// the fd, the allocation's length and its place as the worker names
+    /// it (`host`, `cuda:N`); `Ok(Err(why))`: the worker refused (no such
+    /// buffer, not a shared one, a chip that cannot share).
+    ///
+    /// # Errors
+    /// As [`FdChannel::import`]; an ack that claims an export with other
+    /// than one fd.
+    ///
+    /// # Cancel safety
+    /// As [`FdChannel::import_as`]: a dropped export may leave its fd
+    /// unread, and the channel is then broken.
+    pub async fn export(
+        &mut self,
+        identity: &CanonicalIdentity,
+    ) -> io::Result<Result<Exported, String>> {
+        if self.broken {
+            return Err(io::Error::new(
+                io::ErrorKind::BrokenPipe,
+                "an earlier exchange on this fd channel failed or was cancelled",
+            ));
+        }
+        let msg = pb::FdImport {
+            identities: Vec::new(),
+            descriptors: Vec::new(),
+            ring: None,
+            export: identity.encode().to_vec(),
+        };
+        self.broken = true;
+        write_frame(&mut self.stream, &msg.encode_to_vec(), &[]).await?;
+        let frame = read_fd_frame(&self.stream).await?.ok_or_else(|| {
+            io::Error::new(io::ErrorKind::UnexpectedEof, "worker closed the fd channel")
+        })?;
+        self.broken = false;
+        let bad = |why: String| io::Error::new(io::ErrorKind::InvalidData, why);
+        let ack =
+            pb::FdAck::decode(frame.payload.as_slice()).map_err(|e| bad(format!("FdAck: {e}")))?;
+        let mut fds = frame.fds;
+        let [result] = ack.results.as_slice() else {
+            return Err(bad(format!(
+                "an export's ack has {} results, not one",
+                ack.results.len()
+            )));
+        };
+        if !result.ok {
+            // Whatever fds came are closed here.
+            return Ok(Err(result.error.clone()));
+        }
+        match (fds.pop(), fds.is_empty()) {
+            (Some(fd), true) => Ok(Ok(Exported {
+                fd,
+                len: ack.export_len,
+                place: ack.export_place,
+            })),
+            _ => Err(bad(format!(
+                "an export's ack came with {} fds, not one",
+                fds.len() + 1
+            ))),
+        }
     }
 
     async fn exchange(
@@ -208,6 +289,92 @@ impl FdChannel {
         );
         Ok(results)
     }
+}
+
+/// One received frame and the fds that came with it.
+#[derive(Debug)]
+pub struct Frame {
+    /// The encoded message.
+    pub payload: Vec<u8>,
+    /// The fds that came with it, owned (close-on-exec).
+    pub fds: Vec<OwnedFd>,
+}
+
+/// Reads one frame and the fds that came with it (close-on-exec, owned at
+/// once); `Ok(None)` on a clean end of stream between frames.
+///
+/// # Errors
+/// A truncated control message (more fds than one frame may carry), a
+/// frame longer than the limit, a stream closed inside a frame.
+pub async fn read_fd_frame(stream: &UnixStream) -> io::Result<Option<Frame>> {
+    let mut buf: Vec<u8> = Vec::with_capacity(256);
+    let mut fds: Vec<OwnedFd> = Vec::new();
+    let mut want = HEADER_BYTES;
+    while buf.len() < want {
+        let mut chunk = vec![0u8; (want - buf.len()).min(MAX_FD_FRAME_BYTES)];
+        let (n, received, truncated) = stream
+            .async_io(Interest::READABLE, || {
+                recv_with_fds(stream.as_raw_fd(), &mut chunk)
+            })
+            .await?;
+        // Own every received fd before looking at anything else, so that
+        // each one is closed on every path out of here.
+        fds.extend(received);
+        if truncated {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                "control message truncated: too many fds in one frame",
+            ));
+        }
+        if n == 0 {
+            if buf.is_empty() {
+                return Ok(None);
+            }
+            return Err(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                "connection closed inside a frame",
+            ));
+        }
+        buf.extend_from_slice(&chunk[..n]);
+        if want == HEADER_BYTES && buf.len() >= HEADER_BYTES {
+            want = HEADER_BYTES + fdframe::payload_len([buf[0], buf[1], buf[2], buf[3]])?;
+        }
+    }
+    Ok(Some(Frame {
+        payload: buf.split_off(HEADER_BYTES),
+        fds,
+    }))
+}
+
+/// One `recvmsg` with room for [`MAX_FDS_PER_MESSAGE`] fds, close-on-exec.
+fn recv_with_fds(fd: RawFd, chunk: &mut [u8]) -> io::Result<(usize, Vec<OwnedFd>, bool)> {
+    let mut cmsg = nix::cmsg_space!([RawFd; MAX_FDS_PER_MESSAGE]);
+    let mut iov = [IoSliceMut::new(chunk)];
+    let msg = recvmsg::<()>(fd, &mut iov, Some(&mut cmsg), MsgFlags::MSG_CMSG_CLOEXEC)?;
+    let mut owned = Vec::new();
+    for c in msg.cmsgs()? {
+        if let ControlMessageOwned::ScmRights(raw) = c {
+            for r in raw {
+                // SAFETY: the kernel just installed this fd in our table for
+                // us; nothing else refers to it, so we take sole ownership.
+                #[allow(unsafe_code)]
+                owned.push(unsafe { OwnedFd::from_raw_fd(r) });
+            }
+        }
+    }
+    Ok((msg.bytes, owned, msg.flags.contains(MsgFlags::MSG_CTRUNC)))
+}
+
+/// Writes one frame, with `fds` attached to its first byte.
+///
+/// # Errors
+/// A payload over the frame limit; the socket's errors.
+pub async fn write_fd_frame(
+    stream: &mut UnixStream,
+    payload: &[u8],
+    fds: &[RawFd],
+) -> io::Result<()> {
+    write_frame(stream, payload, fds).await
 }
 
 /// Writes one frame, with `fds` attached to its first byte.
@@ -284,6 +451,7 @@ mod tests {
                 ok: false,
                 error: "not sealed".into(),
             }],
+            ..Default::default()
         };
         let worker = tokio::spawn(fake_worker(listener, ack));
 
@@ -300,6 +468,69 @@ mod tests {
         );
         assert_eq!(import.identities, vec![grant.identity().encode().to_vec()]);
         assert_eq!(import.descriptors, vec![grant.encode().to_vec()]);
+    }
+
+    /// A stand-in worker end answering each export with `ack` and `fds`
+    /// files attached.
+    async fn exporting_worker(listener: UnixListener, answers: Vec<(pb::FdAck, usize)>) {
+        let (mut s, _) = listener.accept().await.unwrap();
+        read_frame(&mut s).await.unwrap();
+        for (ack, fds) in answers {
+            let import =
+                pb::FdImport::decode(read_frame(&mut s).await.unwrap().as_slice()).unwrap();
+            assert_eq!(import.export.len(), 32);
+            let files: Vec<std::fs::File> =
+                (0..fds).map(|_| tempfile::tempfile().unwrap()).collect();
+            let raw: Vec<RawFd> = files.iter().map(AsRawFd::as_raw_fd).collect();
+            write_frame(&mut s, &ack.encode_to_vec(), &raw)
+                .await
+                .unwrap();
+        }
+    }
+
+    fn export_ack(ok: bool) -> pb::FdAck {
+        pb::FdAck {
+            results: vec![pb::FdResult {
+                identity: vec![],
+                ok,
+                error: if ok {
+                    String::new()
+                } else {
+                    "not a shared buffer".into()
+                },
+            }],
+            export_len: 4096,
+            export_place: "host".into(),
+        }
+    }
+
+    /// An export brings one fd, owned; a refusal brings its reason; an
+    /// ack that claims an export with two fds is refused (both closed).
+    #[tokio::test]
+    async fn an_export_brings_one_fd_or_why_not() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("w.fd");
+        let listener = UnixListener::bind(&path).unwrap();
+        let worker = tokio::spawn(exporting_worker(
+            listener,
+            vec![
+                (export_ack(true), 1),
+                (export_ack(false), 0),
+                (export_ack(true), 2),
+            ],
+        ));
+        let mut ch = FdChannel::connect(&path, SessionId(3)).await.unwrap();
+        let id = *test_buffer(64).identity();
+        let got = ch.export(&id).await.unwrap().unwrap();
+        assert_eq!((got.len, got.place.as_str()), (4096, "host"));
+        assert!(nix::fcntl::fcntl(&got.fd, nix::fcntl::FcntlArg::F_GETFD).unwrap() & 1 == 1);
+        assert_eq!(
+            ch.export(&id).await.unwrap().unwrap_err(),
+            "not a shared buffer"
+        );
+        let e = ch.export(&id).await.unwrap_err();
+        assert!(e.to_string().contains("2 fds, not one"), "{e}");
+        worker.await.unwrap();
     }
 
     #[tokio::test]

@@ -70,11 +70,11 @@
 //! import, are not cancel safe for the session (the worker ends it when
 //! those channels close, and a cancelled import breaks its channel).
 //!
-//! This crate has no `unsafe`: it only *sends* fds (`nix`'s `sendmsg` is
-//! safe) and reads acks without taking fds in; owning received fds is the
-//! worker's side.
+//! `unsafe` lives in one place only, allowed where it is: taking
+//! ownership of fds the kernel installed (`fdchan.rs`), as the worker's
+//! end does with imports and this end with exported device memory.
 
-#![forbid(unsafe_code)]
+#![deny(unsafe_code)]
 
 mod bulk;
 mod client;
@@ -89,7 +89,7 @@ pub use bulk::{Body, DataConnection};
 pub use client::{ClientMeta, ClientTls, WorkerClient};
 pub use endpoint::Endpoint;
 pub use error::ClientError;
-pub use fdchan::FdChannel;
+pub use fdchan::{Exported, FdChannel, Frame, read_fd_frame, write_fd_frame};
 pub use handshake::Handshake;
 pub use strata_boundary::SessionId;
 pub use strata_proto::convert::{DataOffer, InstanceId, SessionState};

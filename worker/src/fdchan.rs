@@ -20,90 +20,25 @@
 //! says why; the session remembers the reason, so a task that names the
 //! identity later fails with it. Closing the channel ends the session.
 
-use std::io::{self, IoSliceMut};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::io;
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::sync::Arc;
 
-use nix::sys::socket::{ControlMessageOwned, MsgFlags, recvmsg};
 use prost::Message;
-use strata_proto::fdframe::{self, HEADER_BYTES};
-use strata_proto::{MAX_FD_FRAME_BYTES, MAX_FDS_PER_MESSAGE, PROTOCOL_VERSION, pb};
+use strata_proto::fdframe;
+use strata_proto::{PROTOCOL_VERSION, pb};
 use strata_wire::{BufferDescriptor, CanonicalIdentity};
 use strata_worker_node::{Node, SessionId};
-use tokio::io::{AsyncWriteExt, Interest};
+use tokio::io::AsyncWriteExt;
 use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::watch;
 use tracing::{debug, info, warn};
 
+use strata_chip_runtime::shared::Place;
 pub use strata_client::FdChannel;
+use strata_client::{read_fd_frame, write_fd_frame};
 
 use crate::listen::peer_is_us;
-
-/// One received frame and the fds that came with it.
-struct Frame {
-    payload: Vec<u8>,
-    fds: Vec<OwnedFd>,
-}
-
-/// Reads one frame; `Ok(None)` on a clean end of stream between frames.
-async fn read_frame(stream: &UnixStream) -> io::Result<Option<Frame>> {
-    let mut buf: Vec<u8> = Vec::with_capacity(256);
-    let mut fds: Vec<OwnedFd> = Vec::new();
-    let mut want = HEADER_BYTES;
-    while buf.len() < want {
-        let mut chunk = vec![0u8; (want - buf.len()).min(MAX_FD_FRAME_BYTES)];
-        let (n, received, truncated) = stream
-            .async_io(Interest::READABLE, || {
-                recv_with_fds(stream.as_raw_fd(), &mut chunk)
-            })
-            .await?;
-        // Own every received fd before looking at anything else, so that
-        // each one is closed on every path out of here.
-        fds.extend(received);
-        if truncated {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidData,
-                "control message truncated: too many fds in one frame",
-            ));
-        }
-        if n == 0 {
-            if buf.is_empty() {
-                return Ok(None);
-            }
-            return Err(io::Error::new(
-                io::ErrorKind::UnexpectedEof,
-                "connection closed inside a frame",
-            ));
-        }
-        buf.extend_from_slice(&chunk[..n]);
-        if want == HEADER_BYTES && buf.len() >= HEADER_BYTES {
-            want = HEADER_BYTES + fdframe::payload_len([buf[0], buf[1], buf[2], buf[3]])?;
-        }
-    }
-    Ok(Some(Frame {
-        payload: buf.split_off(HEADER_BYTES),
-        fds,
-    }))
-}
-
-/// One `recvmsg` with room for [`MAX_FDS_PER_MESSAGE`] fds, close-on-exec.
-fn recv_with_fds(fd: RawFd, chunk: &mut [u8]) -> io::Result<(usize, Vec<OwnedFd>, bool)> {
-    let mut cmsg = nix::cmsg_space!([RawFd; MAX_FDS_PER_MESSAGE]);
-    let mut iov = [IoSliceMut::new(chunk)];
-    let msg = recvmsg::<()>(fd, &mut iov, Some(&mut cmsg), MsgFlags::MSG_CMSG_CLOEXEC)?;
-    let mut owned = Vec::new();
-    for c in msg.cmsgs()? {
-        if let ControlMessageOwned::ScmRights(raw) = c {
-            for r in raw {
-                // SAFETY: the kernel just installed this fd in our table for
-                // us; nothing else refers to it, so we take sole ownership.
-                #[allow(unsafe_code)]
-                owned.push(unsafe { OwnedFd::from_raw_fd(r) });
-            }
-        }
-    }
-    Ok((msg.bytes, owned, msg.flags.contains(MsgFlags::MSG_CTRUNC)))
-}
 
 /// Writes one frame without fds (the acks: only the client sends fds).
 async fn write_frame(stream: &mut UnixStream, payload: &[u8]) -> io::Result<()> {
@@ -143,7 +78,7 @@ pub(crate) async fn serve(
 }
 
 async fn handle(mut stream: UnixStream, node: &Arc<Node>, ring: bool) -> io::Result<()> {
-    let Some(first) = read_frame(&stream).await? else {
+    let Some(first) = read_fd_frame(&stream).await? else {
         return Ok(());
     };
     let hello = pb::FdHello::decode(first.payload.as_slice())
@@ -178,7 +113,14 @@ async fn import_loop(
     ring_offered: bool,
     session: SessionId,
 ) -> io::Result<()> {
-    while let Some(frame) = read_frame(stream).await? {
+    while let Some(frame) = read_fd_frame(stream).await? {
+        if let Ok(pb::FdImport { export, .. }) = pb::FdImport::decode(frame.payload.as_slice())
+            && !export.is_empty()
+        {
+            drop(frame.fds);
+            export_one(stream, node, session, &export).await?;
+            continue;
+        }
         let ack = match pb::FdImport::decode(frame.payload.as_slice()) {
             Ok(pb::FdImport {
                 ring: Some(ring),
@@ -199,6 +141,7 @@ async fn import_loop(
                         ok: outcome.is_ok(),
                         error: outcome.err().unwrap_or_default(),
                     }],
+                    ..Default::default()
                 }
             }
             Ok(import) => import_all(node, session, import, frame.fds),
@@ -208,11 +151,56 @@ async fn import_loop(
                     ok: false,
                     error: format!("FdImport: {e}"),
                 }],
+                ..Default::default()
             },
         };
         write_frame(stream, &ack.encode_to_vec()).await?;
     }
     Ok(())
+}
+
+/// Answers an export: the shared device buffer's fd on the ack frame, or
+/// why not (and no fd).
+async fn export_one(
+    stream: &mut UnixStream,
+    node: &Node,
+    session: SessionId,
+    raw: &[u8],
+) -> io::Result<()> {
+    let outcome = CanonicalIdentity::decode(raw)
+        .map_err(|e| format!("export: identity: {e}"))
+        .and_then(|id| node.export_one(session, &id));
+    let (ack, fd) = match outcome {
+        Ok(shared) => (
+            pb::FdAck {
+                results: vec![pb::FdResult {
+                    identity: raw.to_vec(),
+                    ok: true,
+                    error: String::new(),
+                }],
+                export_len: shared.len,
+                export_place: match shared.place {
+                    Place::Host => "host".into(),
+                    Place::Cuda(n) => format!("cuda:{n}"),
+                },
+            },
+            Some(shared.fd),
+        ),
+        Err(error) => (
+            pb::FdAck {
+                results: vec![pb::FdResult {
+                    identity: raw.to_vec(),
+                    ok: false,
+                    error,
+                }],
+                ..Default::default()
+            },
+            None,
+        ),
+    };
+    let raw_fds: Vec<RawFd> = fd.iter().map(AsRawFd::as_raw_fd).collect();
+    // Our copy of the fd is closed once it is sent (the client has its own).
+    write_fd_frame(stream, &ack.encode_to_vec(), &raw_fds).await
 }
 
 fn import_all(
@@ -261,7 +249,10 @@ fn import_all(
         .collect();
     // Any fds left over are dropped (closed) here.
     drop(fds);
-    pb::FdAck { results }
+    pb::FdAck {
+        results,
+        ..Default::default()
+    }
 }
 
 /// The descriptor `id` is imported as: `None` when the frame lists no

@@ -306,6 +306,11 @@ pub(crate) enum EpCmd {
         region: strata_chip_runtime::Region,
         reply: oneshot::Sender<Result<u64, LinkError>>,
     },
+    /// A new fd of the session's shared device buffer `identity`.
+    Export {
+        identity: CanonicalIdentity,
+        reply: oneshot::Sender<Result<strata_chip_runtime::shared::SharedMemory, LinkError>>,
+    },
     /// Ends the session's run on the worker (its run buffers retire).
     EndRun {
         reply: oneshot::Sender<Result<strata_proto::convert::RunEnd, LinkError>>,

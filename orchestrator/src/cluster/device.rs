@@ -2,6 +2,7 @@
 //! run), written and read by control calls, checked alive before a task
 //! or a call uses them.
 
+use strata_chip_runtime::Region;
 use strata_orchestrator_core::WorkerId;
 use strata_wire::{Access, AddressSpace, Backing as WireBacking, BufferDescriptor};
 
@@ -19,7 +20,44 @@ impl Cluster {
     /// An unknown worker, or the worker's refusal (out of memory names the
     /// region).
     pub fn device_buffer(&self, worker: WorkerId, nbytes: u64) -> Result<Buffer, Error> {
-        self.device_alloc(worker, nbytes, None)
+        self.device_alloc(worker, nbytes, Region::Persistent, None)
+    }
+
+    /// A *shared* device buffer of `nbytes` on `worker`, zeroed: device
+    /// memory of its own (not the worker's arena), which
+    /// [`Cluster::export_device`] hands to this process as a file
+    /// descriptor to map. Tasks use it as any device buffer.
+    ///
+    /// # Errors
+    /// As [`Cluster::device_buffer`]; a chip that cannot share memory
+    /// names itself.
+    pub fn shared_buffer(&self, worker: WorkerId, nbytes: u64) -> Result<Buffer, Error> {
+        self.device_alloc(worker, nbytes, Region::Shared, None)
+    }
+
+    /// A new file descriptor of the shared device buffer `buffer`
+    /// ([`Cluster::shared_buffer`]), from its worker in this process or
+    /// on this host's Unix socket: [`SharedMemory::map`] maps the same
+    /// memory here (host memory for a simulated chip, device memory of
+    /// the same GPU for a CUDA one), so that reads see the tasks' writes
+    /// once they have ended and writes reach the tasks that come after.
+    /// Each call gives a descriptor of its own; the memory stays while
+    /// any mapping or descriptor holds it, even after the buffer is
+    /// dropped.
+    ///
+    /// # Errors
+    /// [`Error::Buffer`] for a host buffer; the worker's refusal for a
+    /// buffer that is not a shared one; a worker over TCP (device memory
+    /// leaves a worker only by fd); a lost worker.
+    ///
+    /// [`SharedMemory::map`]: strata_chip_runtime::shared::SharedMemory::map
+    pub fn export_device(
+        &self,
+        buffer: &Buffer,
+    ) -> Result<strata_chip_runtime::shared::SharedMemory, Error> {
+        let worker = self.device_of(buffer)?;
+        let identity = buffer.identity();
+        self.ask_endpoint(worker, |reply| EpCmd::Export { identity, reply })
     }
 
     /// A device buffer of `nbytes` in `worker`'s *run* region, which lives
@@ -38,7 +76,7 @@ impl Cluster {
         if let Some(used) = self.run_used.get(worker.0 as usize) {
             used.store(true, std::sync::atomic::Ordering::Release);
         }
-        self.device_alloc(worker, nbytes, Some(run))
+        self.device_alloc(worker, nbytes, Region::Run, Some(run))
     }
 
     /// The number of the current run: 0 at the start, one more after each
@@ -51,6 +89,7 @@ impl Cluster {
         &self,
         worker: WorkerId,
         nbytes: u64,
+        region: Region,
         run: Option<u64>,
     ) -> Result<Buffer, Error> {
         let incarnation = self
@@ -59,10 +98,6 @@ impl Cluster {
             .ok_or(SubmitError::NoWorker { worker })?
             .incarnation();
         let identity = self.mint.mint().map_err(BufferError::Identity)?;
-        let region = match run {
-            Some(_) => strata_chip_runtime::Region::Run,
-            None => strata_chip_runtime::Region::Persistent,
-        };
         let addr = self.ask_endpoint(worker, |reply| EpCmd::DeviceAlloc {
             identity,
             nbytes,

@@ -327,6 +327,37 @@ impl WorkerLink for GrpcLink {
         }))
     }
 
+    fn export(
+        &self,
+        identity: CanonicalIdentity,
+    ) -> BoxFuture<'_, Result<strata_chip_runtime::shared::SharedMemory, LinkError>> {
+        Box::pin(self.unless_down(async move {
+            let Some(fd) = &self.fd else {
+                return Err(LinkError::Internal(
+                    "this worker is reached over TCP: device memory leaves a worker only by fd, over its Unix socket".into(),
+                ));
+            };
+            let exported = fd
+                .lock()
+                .await
+                .export(&identity)
+                .await
+                .map_err(|e| LinkError::Unreachable(format!("fd channel: {e}")))?
+                .map_err(|why| LinkError::Refused(Refusal::Invalid(why)))?;
+            let place = parse_place(&exported.place).ok_or_else(|| {
+                LinkError::Internal(format!(
+                    "fd channel: the worker exported memory of unknown place {:?}",
+                    exported.place
+                ))
+            })?;
+            Ok(strata_chip_runtime::shared::SharedMemory {
+                fd: exported.fd,
+                len: exported.len,
+                place,
+            })
+        }))
+    }
+
     fn release_imports(&self, ids: Vec<CanonicalIdentity>) -> BoxFuture<'_, Result<(), LinkError>> {
         let mut c = self.client();
         Box::pin(async move {
@@ -573,5 +604,14 @@ pub(crate) fn link_error(what: &str, e: ClientError) -> LinkError {
             LinkError::Unreachable(format!("{what}: {e}"))
         }
         other => LinkError::Internal(format!("{what}: {other}")),
+    }
+}
+
+/// A place as the fd channel names it: `host` or `cuda:N`.
+fn parse_place(s: &str) -> Option<strata_chip_runtime::shared::Place> {
+    use strata_chip_runtime::shared::Place;
+    match s {
+        "host" => Some(Place::Host),
+        _ => s.strip_prefix("cuda:")?.parse().ok().map(Place::Cuda),
     }
 }

@@ -160,6 +160,13 @@ impl WorkerLink for InProcessLink {
         self.call(move |s| s.device_free(&identity))
     }
 
+    fn export(
+        &self,
+        identity: CanonicalIdentity,
+    ) -> BoxFuture<'_, Result<strata_chip_runtime::shared::SharedMemory, LinkError>> {
+        self.call(move |s| s.device_export(&identity))
+    }
+
     fn end_run(&self) -> BoxFuture<'_, Result<RunEnd, LinkError>> {
         self.call(InProcessSession::end_run)
     }

@@ -261,6 +261,14 @@ pub(crate) trait WorkerLink: Send + Sync + fmt::Debug + 'static {
     /// Frees a device buffer.
     fn device_free(&self, identity: CanonicalIdentity) -> BoxFuture<'_, Result<(), LinkError>>;
 
+    /// A new fd of the session's shared device buffer `identity`, which
+    /// this process maps ([`strata_chip_runtime::shared`]): only from a
+    /// worker in this process or on this host's Unix socket.
+    fn export(
+        &self,
+        identity: CanonicalIdentity,
+    ) -> BoxFuture<'_, Result<strata_chip_runtime::shared::SharedMemory, LinkError>>;
+
     /// Ends the session's run (its run buffers retire).
     fn end_run(&self) -> BoxFuture<'_, Result<RunEnd, LinkError>>;
 

@@ -34,7 +34,7 @@ fn driver_here(test: &str) -> bool {
 
 /// Whether `cuda:0` is here; if not, one line saying why, or a failure
 /// under `STRATA_REQUIRE_CUDA=1`.
-fn gpu_here(test: &str) -> bool {
+pub(crate) fn gpu_here(test: &str) -> bool {
     let why = match strata_chip_runtime::cuda::device_count() {
         Ok(n) if n > 0 => return true,
         Ok(_) => "the CUDA driver sees no GPU".to_owned(),

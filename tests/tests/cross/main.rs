@@ -18,5 +18,6 @@ mod quarantine;
 mod ring;
 mod seals;
 mod sessions;
+mod shared;
 mod timeout;
 mod worker;

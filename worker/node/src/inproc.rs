@@ -240,6 +240,19 @@ impl InProcessSession {
             .device_alloc(&self.session, identity, nbytes, region)
     }
 
+    /// A new fd of the session's shared device buffer `identity`
+    /// ([`Node::device_export`]).
+    ///
+    /// # Errors
+    /// The node's refusal.
+    pub fn device_export(
+        &self,
+        identity: &CanonicalIdentity,
+    ) -> Result<strata_chip_runtime::shared::SharedMemory, NodeError> {
+        self.live()?;
+        self.node.device_export(&self.session, identity)
+    }
+
     /// Frees a device buffer.
     ///
     /// # Errors

@@ -257,6 +257,40 @@ impl Node {
         }
     }
 
+    /// A new fd of `session`'s shared device buffer `identity` (region
+    /// shared): another process on this host maps the same memory
+    /// (`strata_chip_runtime::shared`). Each call gives its own fd.
+    ///
+    /// # Errors
+    /// Why not, for the fd channel's ack: no such session or buffer, a
+    /// buffer of another region, a chip that cannot share.
+    pub fn export_one(
+        &self,
+        session: SessionId,
+        identity: &CanonicalIdentity,
+    ) -> Result<strata_chip_runtime::shared::SharedMemory, String> {
+        let state = self
+            .session(session)
+            .ok_or_else(|| format!("unknown session {session}"))?;
+        self.device_export(&state, identity)
+            .map_err(|e| e.to_string())
+    }
+
+    /// As [`Node::export_one`], for a session in hand.
+    ///
+    /// # Errors
+    /// As [`Node::export_one`].
+    pub fn device_export(
+        &self,
+        session: &Session,
+        identity: &CanonicalIdentity,
+    ) -> Result<strata_chip_runtime::shared::SharedMemory, NodeError> {
+        let buf = session
+            .device_buffer(identity)
+            .map_err(|why| NodeError::missing(why, identity))?;
+        Ok(self.device.export(&buf.block)?)
+    }
+
     /// Imports `fd` for `session` as buffer `identity` (as `grant`, when
     /// given: its descriptor, which tasks may narrow but not widen), after
     /// the arrival checks: tmpfs/shmem, sealed against shrinking unless the

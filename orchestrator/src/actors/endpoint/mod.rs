@@ -332,6 +332,7 @@ impl EndpointActor {
             let gone = LinkError::Lost(self.name.clone());
             match cmd {
                 EpCmd::DeviceAlloc { reply, .. } => drop(reply.send(Err(gone))),
+                EpCmd::Export { reply, .. } => drop(reply.send(Err(gone))),
                 EpCmd::CopyToDevice { reply, .. } => drop(reply.send(Err(gone))),
                 EpCmd::CopyFromDevice { reply, .. } => drop(reply.send(Err(gone))),
                 EpCmd::EndRun { reply } => drop(reply.send(Err(gone))),
@@ -392,6 +393,11 @@ impl EndpointActor {
             } => self.control(reply, move |l| {
                 Box::pin(async move { l.device_alloc(identity, nbytes, region).await })
             }),
+            EpCmd::Export { identity, reply } => {
+                self.control(reply, move |l| {
+                    Box::pin(async move { l.export(identity).await })
+                });
+            }
             EpCmd::EndRun { reply } => {
                 self.control(reply, |l| Box::pin(async move { l.end_run().await }));
             }

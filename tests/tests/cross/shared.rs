@@ -1,0 +1,87 @@
+//! Shared device buffers through the real binaries: allocated on a
+//! worker, written by tasks, handed to this process as a file descriptor
+//! and mapped here to the same memory, both ways; refused for what is not
+//! a shared buffer. On a simulated chip always; on `cuda:0` where a GPU
+//! (or the fake CUDA) is.
+
+use strata_chip_runtime::shared::Place;
+use strata_orchestrator::{Cluster, Task, WorkerId};
+use strata_tests::{WorkerProcess, strata_bin};
+use strata_wire::DType;
+
+/// One worker process on `device`, reached over its Unix socket.
+fn cluster_on(device: &str) -> (WorkerProcess, Cluster) {
+    let w = WorkerProcess::spawn_unix(&strata_bin(), &["worker"], &["--device", device]);
+    let cluster = Cluster::builder()
+        .connect(&w.endpoint.to_string(), None)
+        .unwrap()
+        .start()
+        .unwrap();
+    (w, cluster)
+}
+
+fn shared_round_trip(cluster: &Cluster, place: fn(Place) -> bool) {
+    let n = 1 << 16;
+    let buf = cluster.shared_buffer(WorkerId(0), n * 4).unwrap();
+    let v = buf.tensor(&[n as u32], DType::F32).unwrap();
+    cluster
+        .submit(Task::new("fill").output(&v).scalar_f64(1.5))
+        .unwrap();
+    cluster.wait_all().unwrap();
+    let shared = cluster.export_device(&buf).unwrap();
+    assert!(place(shared.place), "{:?}", shared.place);
+    assert!(shared.len >= n * 4);
+    let mapped = shared.map().unwrap();
+    let mut seen = vec![0u8; (n * 4) as usize];
+    mapped.read(0, &mut seen).unwrap();
+    assert!(
+        seen.chunks(4).all(|c| c == 1.5f32.to_le_bytes()),
+        "the mapping sees what the task wrote"
+    );
+    // Written here; a task after reads it: y = x + x.
+    mapped.write(0, &3f32.to_le_bytes()).unwrap();
+    let out = cluster.buffer(n * 4).unwrap();
+    let o = out.tensor(&[n as u32], DType::F32).unwrap();
+    cluster
+        .submit(Task::new("add").input(&v).input(&v).output(&o))
+        .unwrap();
+    cluster.wait_all().unwrap();
+    let got = o.read::<f32>().unwrap();
+    assert_eq!(got[0], 6.0);
+    assert!(got[1..].iter().all(|&x| x == 3.0));
+    // The driver's own copies see it too.
+    assert_eq!(
+        cluster.read_device(&buf, 0, 4).unwrap(),
+        3f32.to_le_bytes().to_vec()
+    );
+    // Only shared buffers leave their worker.
+    let plain = cluster.device_buffer(WorkerId(0), 64).unwrap();
+    let e = cluster.export_device(&plain).unwrap_err().to_string();
+    assert!(e.contains("only shared blocks"), "{e}");
+    let host = cluster.buffer(64).unwrap();
+    assert!(cluster.export_device(&host).is_err());
+    // The mapping outlives the buffer.
+    drop(buf);
+    cluster.wait_all().unwrap();
+    mapped.read(0, &mut seen[..4]).unwrap();
+    assert_eq!(seen[..4], 3f32.to_le_bytes());
+}
+
+/// A simulated chip's shared buffer maps here as host memory.
+#[test]
+fn a_shared_buffer_maps_in_the_driver_on_a_simulated_chip() {
+    let (_w, cluster) = cluster_on("sim");
+    shared_round_trip(&cluster, |p| p == Place::Host);
+    let inproc = Cluster::builder().in_process(1).start().unwrap();
+    shared_round_trip(&inproc, |p| p == Place::Host);
+}
+
+/// A GPU's shared buffer maps here as device memory of the same GPU.
+#[test]
+fn a_shared_buffer_maps_in_the_driver_on_a_gpu() {
+    if !crate::chips::gpu_here("a_shared_buffer_maps_in_the_driver_on_a_gpu") {
+        return;
+    }
+    let (_w, cluster) = cluster_on("cuda:0,mem=256MiB");
+    shared_round_trip(&cluster, |p| p == Place::Cuda(0));
+}

@@ -677,6 +677,79 @@ impl PyArray {
         py.import("numpy")?.call_method1("asarray", (holder,))
     }
 
+    /// DLPack: a capsule of this view of a *shared* device array
+    /// (``Cluster.device_zeros(..., shared=True)``), mapped into this
+    /// process — host memory for a simulated chip (``numpy.from_dlpack``),
+    /// device memory of the same GPU for a CUDA one (``cupy.from_dlpack``,
+    /// ``torch.from_dlpack``) — read and written in place, no copy. Order
+    /// it against tasks as for ``numpy()``: take it after the writers'
+    /// ``wait``, and write before submitting readers. The mapping lives as
+    /// long as the consumer's tensor. ``copy=True`` is refused (ask
+    /// ``to_numpy()``), as is a ``dl_device`` other than this array's.
+    #[pyo3(signature = (*, stream=None, max_version=None, dl_device=None, copy=None))]
+    fn __dlpack__<'py>(
+        slf: &Bound<'py, Self>,
+        stream: Option<Bound<'py, PyAny>>,
+        max_version: Option<Bound<'py, PyAny>>,
+        dl_device: Option<(i32, i32)>,
+        copy: Option<bool>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        // The bytes are ready once their writers were waited for: no stream
+        // to order against.
+        let _ = stream;
+        let versioned = match max_version {
+            Some(v) => v.extract::<(u32, u32)>()?.0 >= 1,
+            None => false,
+        };
+        let py = slf.py();
+        let me = slf.get();
+        if copy == Some(true) {
+            return Err(pyo3::exceptions::PyBufferError::new_err(
+                "__dlpack__(copy=True): a shared device array is handed out in place; to_numpy() copies",
+            ));
+        }
+        let view = me.view.clone();
+        let core = Arc::clone(&me.core);
+        let shared = py
+            .detach(|| core.run(|c| c.export_device(view.buffer())))
+            .map_err(err)?;
+        let memory = py.detach(|| shared.map()).map_err(|e| {
+            pyo3::exceptions::PyBufferError::new_err(format!("mapping the shared array: {e}"))
+        })?;
+        let here = crate::dlpack::device(memory.place());
+        if let Some(asked) = dl_device
+            && asked != here
+        {
+            return Err(pyo3::exceptions::PyBufferError::new_err(format!(
+                "__dlpack__(dl_device={asked:?}): the array is on device {here:?}"
+            )));
+        }
+        let writable = me.view.tensor().buffer().access().allows_write();
+        crate::dlpack::capsule(py, memory, me.view.tensor(), versioned, writable)
+    }
+
+    /// DLPack: ``(device type, device id)`` of a device array's memory —
+    /// ``(1, 0)`` (CPU) on a simulated chip, ``(2, N)`` (CUDA) on GPU
+    /// ``N`` — and ``(1, 0)`` for a host array.
+    fn __dlpack_device__(&self) -> PyResult<(i32, i32)> {
+        let Some(worker) = self.view.buffer().device_worker() else {
+            return Ok((1, 0));
+        };
+        let spec = self
+            .core
+            .run(|c| Ok(c.workers().get(worker.0 as usize).map(|w| w.device.clone())))
+            .map_err(err)?
+            .unwrap_or_default();
+        let place = match spec.strip_prefix("cuda:") {
+            Some(rest) => {
+                let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
+                strata_chip_runtime::shared::Place::Cuda(digits.parse().unwrap_or(0))
+            }
+            None => strata_chip_runtime::shared::Place::Host,
+        };
+        Ok(crate::dlpack::device(place))
+    }
+
     /// numpy's array interface: ``numpy.asarray(arr)`` is ``arr.numpy()``.
     #[getter]
     fn __array_interface__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {

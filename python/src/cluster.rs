@@ -450,8 +450,13 @@ impl PyCluster {
 
     /// A zero-filled device array in ``worker``'s device memory: tasks that
     /// use it run on that worker. With ``run=True`` it lives in the run
-    /// region and ends at the next ``wait_all()``.
-    #[pyo3(signature = (worker, shape, dtype=None, run=false))]
+    /// region and ends at the next ``wait_all()``. With ``shared=True`` it
+    /// is device memory of its own that this process maps in place
+    /// through DLPack (``Array.__dlpack__``: ``numpy.from_dlpack`` on a
+    /// simulated chip, ``cupy``/``torch.from_dlpack`` on a GPU), from a
+    /// worker in this process or on this host.
+    #[pyo3(signature = (worker, shape, dtype=None, run=false, shared=false))]
+    #[allow(clippy::too_many_arguments)]
     fn device_zeros(
         &self,
         py: Python<'_>,
@@ -459,7 +464,13 @@ impl PyCluster {
         shape: Bound<'_, PyAny>,
         dtype: Option<Bound<'_, PyAny>>,
         run: bool,
+        shared: bool,
     ) -> PyResult<PyArray> {
+        if run && shared {
+            return Err(pyo3::exceptions::PyValueError::new_err(
+                "device_zeros: run=True and shared=True: a shared array is of its own, not of the run region",
+            ));
+        }
         let shape = shape_of(&shape)?;
         let d = dtype_or_f32(dtype)?;
         let n = nbytes(&shape, d)?;
@@ -470,6 +481,8 @@ impl PyCluster {
                     let w = worker_id(worker);
                     let b = if run {
                         c.run_buffer(w, n)?
+                    } else if shared {
+                        c.shared_buffer(w, n)?
                     } else {
                         c.device_buffer(w, n)?
                     };

@@ -12,9 +12,10 @@
 //! pyo3 turns one into `pyo3_runtime.PanicException`, and the driver's
 //! errors become the exception classes of `errors.rs`.
 //!
-//! The crate's only `unsafe` is `kernel::keep_thread_state` (two calls of
-//! CPython's stable API that keep a chip lane's Python thread state for
-//! the thread's life). numpy arrays over a host buffer are built by numpy
+//! The crate's `unsafe` is in two places: `kernel::keep_thread_state` (two
+//! calls of CPython's stable API that keep a chip lane's Python thread
+//! state for the thread's life) and `dlpack` (DLPack's C structures and
+//! CPython's capsule calls, for `Array.__dlpack__`). numpy arrays over a host buffer are built by numpy
 //! from `__array_interface__` (an address and the view's geometry; the
 //! array's base keeps the buffer mapped), and a Python kernel's arguments
 //! likewise.
@@ -34,6 +35,7 @@ static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
 mod array;
 mod cluster;
 mod core;
+mod dlpack;
 mod dtype;
 mod errors;
 mod kernel;

@@ -1,0 +1,111 @@
+"""Shared device arrays through DLPack: mapped into this process in place,
+both ways — numpy on a simulated chip (host memory), the capsule's
+device and bytes on a GPU (CuPy reads it where installed; on the fake
+CUDA of scripts/fakecuda.sh, STRATA_FAKE_CUDA=1, device pointers are
+host memory and the bytes are read directly)."""
+
+import ctypes
+import os
+
+import numpy as np
+import pytest
+
+import strata
+
+
+@pytest.mark.parametrize("where", [{"local": 1}, {"in_process": 1}])
+def test_a_shared_array_is_numpy_memory_in_place(where):
+    with strata.Cluster(**where) as c:
+        a = c.device_zeros(0, (64, 32), np.float32, shared=True)
+        assert a.__dlpack_device__() == (1, 0)
+        c.submit("fill", a, 2.0)
+        c.wait_all()
+        x = np.from_dlpack(a)
+        assert x.shape == (64, 32) and x.dtype == np.float32
+        assert (x == 2).all()
+        # Written here, read by a task.
+        x[0, 0] = 5
+        out = c.zeros((64, 32), np.float32)
+        c.submit("add", a, a, out)
+        c.wait_all()
+        want = np.full((64, 32), 4, np.float32)
+        want[0, 0] = 10
+        np.testing.assert_array_equal(out.numpy(), want)
+        # A strided view maps with its strides.
+        s = np.from_dlpack(a[:, ::2])
+        assert s.shape == (64, 16)
+        np.testing.assert_array_equal(s, x[:, ::2])
+        # Tasks' later writes show in the mapping taken before.
+        c.submit("fill", a, 7.0)
+        c.wait_all()
+        assert (x == 7).all()
+
+
+def test_only_shared_device_arrays_leave_in_place():
+    with strata.Cluster(local=1) as c:
+        d = c.device_zeros(0, (8,), np.float32)
+        with pytest.raises(strata.Error, match="only shared blocks"):
+            np.from_dlpack(d)
+        h = c.zeros((8,), np.float32)
+        assert h.__dlpack_device__() == (1, 0)
+        with pytest.raises(strata.Error):
+            h.__dlpack__()
+        a = c.device_zeros(0, (8,), np.float32, shared=True)
+        with pytest.raises(BufferError, match="copy=True"):
+            a.__dlpack__(copy=True)
+        with pytest.raises(BufferError, match="dl_device"):
+            a.__dlpack__(dl_device=(2, 0))
+        with pytest.raises(ValueError, match="run=True and shared=True"):
+            c.device_zeros(0, (8,), np.float32, run=True, shared=True)
+
+
+class _DLTensor(ctypes.Structure):
+    _fields_ = [
+        ("data", ctypes.c_void_p),
+        ("device_type", ctypes.c_int32),
+        ("device_id", ctypes.c_int32),
+        ("ndim", ctypes.c_int32),
+        ("code", ctypes.c_uint8),
+        ("bits", ctypes.c_uint8),
+        ("lanes", ctypes.c_uint16),
+        ("shape", ctypes.POINTER(ctypes.c_int64)),
+        ("strides", ctypes.POINTER(ctypes.c_int64)),
+        ("byte_offset", ctypes.c_uint64),
+    ]
+
+
+def _tensor_of(capsule):
+    get = ctypes.pythonapi.PyCapsule_GetPointer
+    get.restype = ctypes.c_void_p
+    get.argtypes = [ctypes.py_object, ctypes.c_char_p]
+    return _DLTensor.from_address(get(capsule, b"dltensor"))
+
+
+def test_a_shared_array_on_a_gpu_is_its_device_memory():
+    try:
+        c = strata.Cluster(local=1, device="cuda:0,mem=256MiB")
+    except strata.ClusterError as e:
+        if os.environ.get("STRATA_REQUIRE_CUDA") == "1":
+            raise
+        pytest.skip(f"no GPU here: {e}")
+    with c:
+        a = c.device_zeros(0, (16, 8), np.float32, shared=True)
+        assert a.__dlpack_device__() == (2, 0)
+        c.submit("fill", a, 3.0)
+        c.wait_all()
+        cap = a[2:, ::2].__dlpack__()
+        t = _tensor_of(cap)
+        assert (t.device_type, t.device_id, t.ndim) == (2, 0, 2)
+        assert (t.code, t.bits, t.lanes) == (2, 32, 1)
+        assert [t.shape[i] for i in range(2)] == [14, 4]
+        assert [t.strides[i] for i in range(2)] == [8, 2]
+        assert t.byte_offset == 2 * 8 * 4
+        if os.environ.get("STRATA_FAKE_CUDA") == "1":
+            raw = ctypes.string_at(t.data + t.byte_offset, 4)
+            assert np.frombuffer(raw, np.float32)[0] == 3.0
+        try:
+            import cupy
+        except ImportError:
+            return
+        g = cupy.from_dlpack(a)
+        assert float(g.sum()) == 3.0 * 16 * 8

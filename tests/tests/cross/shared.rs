@@ -85,3 +85,24 @@ fn a_shared_buffer_maps_in_the_driver_on_a_gpu() {
     let (_w, cluster) = cluster_on("cuda:0,mem=256MiB");
     shared_round_trip(&cluster, |p| p == Place::Cuda(0));
 }
+
+/// When its worker is lost, a shared buffer is exported no more (what its
+/// lost tasks may have left is nobody's to hand out); a mapping taken
+/// before keeps the memory it maps.
+#[test]
+fn a_lost_workers_shared_buffer_is_exported_no_more() {
+    let (mut w, cluster) = cluster_on("sim");
+    let buf = cluster.shared_buffer(WorkerId(0), 4096).unwrap();
+    cluster.write_device(&buf, 0, &[9u8; 4096]).unwrap();
+    let mapped = cluster.export_device(&buf).unwrap().map().unwrap();
+    w.kill();
+    crate::faults::within(std::time::Duration::from_secs(10), || {
+        !cluster.is_up(WorkerId(0))
+    })
+    .expect("seen down");
+    let e = cluster.export_device(&buf).unwrap_err().to_string();
+    assert!(e.contains("lost"), "{e}");
+    let mut seen = [0u8; 16];
+    mapped.read(0, &mut seen).unwrap();
+    assert_eq!(seen, [9u8; 16]);
+}

@@ -353,3 +353,56 @@ fn a_faulting_kernel_loses_the_gpu_and_its_worker_exits() {
     within(Duration::from_secs(10), || !cluster.is_up(WorkerId(0))).expect("seen down");
     assert_eq!(x.read::<f32>().unwrap(), vec![2.0f32; 1024]);
 }
+
+/// A spawned GPU worker whose context a kernel lost is replaced (with
+/// `respawn`): a new process on a new context, where the next tasks run
+/// and see the bytes the lost task never wrote.
+#[test]
+fn a_spawned_gpu_worker_that_lost_its_context_is_replaced_and_serves_on() {
+    if !gpu_here("a_spawned_gpu_worker_that_lost_its_context_is_replaced") {
+        return;
+    }
+    let cluster = Cluster::builder()
+        .local(1)
+        .device("cuda:0,mem=256MiB")
+        .worker_binary(test_worker_bin())
+        .respawn(1)
+        .start()
+        .unwrap();
+    let w = WorkerId(0);
+    let first = cluster.worker_pid(w).unwrap();
+    let x = cluster.buffer_from_slice(&[1.0f32; 256]).unwrap();
+    let x = x.tensor(&[256], DType::F32).unwrap();
+    cluster
+        .submit(Task::new("fill").output(&x).scalar_f64(2.0))
+        .unwrap();
+    cluster.wait_all().expect("the GPU works before");
+    let h = cluster
+        .submit(Task::new("test.cuda_fault").output(&x))
+        .unwrap();
+    let e = cluster.wait(h).unwrap_err().to_string();
+    assert!(e.contains("CUDA_ERROR_ILLEGAL_ADDRESS"), "{e}");
+    // The worker sees its chip lost and exits; the cluster starts another.
+    within(Duration::from_secs(20), || {
+        cluster.worker_pid(w).is_some_and(|p| p != first)
+    })
+    .expect("a new process");
+    cluster
+        .wait_up(w, Duration::from_secs(20))
+        .expect("replaced and rejoined");
+    assert!(cluster.wait_all().is_err(), "the run reports the loss");
+    assert_eq!(x.read::<f32>().unwrap(), vec![2.0f32; 256]);
+    // The failed task's output stays poisoned for tasks until a task
+    // writes it whole: here, on the replacement.
+    cluster
+        .submit(Task::new("fill").output(&x).scalar_f64(3.0))
+        .unwrap();
+    let y = cluster.buffer(1024).unwrap();
+    let y = y.tensor(&[256], DType::F32).unwrap();
+    let add = cluster
+        .submit(Task::new("add").input(&x).input(&x).output(&y))
+        .unwrap();
+    cluster.wait(add).expect("the replacement serves");
+    assert_eq!(y.read::<f32>().unwrap(), vec![6.0f32; 256]);
+    assert_eq!(cluster.worker_stats(w).unwrap().tasks_succeeded, 2);
+}

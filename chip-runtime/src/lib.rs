@@ -47,6 +47,7 @@ pub mod cuda;
 pub mod device;
 mod error;
 pub mod kernel;
+mod mapping;
 pub mod memory;
 pub mod shared;
 mod sim;

@@ -23,6 +23,7 @@
 //! refuses what it did not export.
 //!
 //! [`Device::export`]: crate::Device::export
+//! [`Region::Shared`]: crate::Region::Shared
 
 use std::os::fd::{AsFd, OwnedFd};
 
@@ -31,8 +32,6 @@ use nix::sys::stat::fstat;
 use nix::sys::statfs::{TMPFS_MAGIC, fstatfs};
 
 use crate::Error;
-#[allow(unused_imports)] // for the docs
-use crate::Region;
 
 /// Where shared device memory lives, and so what a mapping of it is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -59,35 +58,43 @@ pub struct SharedMemory {
     pub place: Place,
 }
 
-impl SharedMemory {
-    /// Maps the memory in this process, read-write.
-    ///
-    /// # Errors
-    /// [`Error::Shared`] for a descriptor that does not check out (see the
-    /// module docs) or a mapping that fails; a [`crate::CudaError`] where
-    /// the GPU or its driver is missing or refuses the handle.
-    pub fn map(&self) -> Result<MappedMemory, Error> {
-        match self.place {
-            Place::Host => map_host(&self.fd, self.len),
-            Place::Cuda(ordinal) => crate::cuda::vmm::import(&self.fd, self.len, ordinal),
-        }
-    }
-}
-
-/// Shared device memory mapped in this process; unmapped when dropped.
+/// Shared device memory mapped in this process ([`SharedMemory::map`]);
+/// unmapped when dropped.
 #[derive(Debug)]
 pub struct MappedMemory {
     pub(crate) addr: u64,
     pub(crate) len: u64,
     pub(crate) place: Place,
-    pub(crate) _keep: Keep,
+    pub(crate) mapping: Box<dyn Mapping>,
 }
 
-/// What keeps a mapping mapped.
+/// What keeps a mapping mapped, and moves bytes in and out of it.
+pub(crate) trait Mapping: Send + Sync + std::fmt::Debug {
+    /// Copies bytes at `at` (inside the mapping) to `dst`.
+    fn read(&self, at: u64, dst: &mut [u8]) -> Result<(), Error>;
+    /// Copies `src` to bytes at `at` (inside the mapping).
+    fn write(&self, at: u64, src: &[u8]) -> Result<(), Error>;
+}
+
+/// A host mapping: plain memory, mapped while this lives.
 #[derive(Debug)]
-pub(crate) enum Keep {
-    Host(#[allow(dead_code)] memmap2::MmapMut),
-    Cuda(#[allow(dead_code)] crate::cuda::vmm::Imported),
+struct HostMapping {
+    _map: memmap2::MmapMut,
+}
+
+impl Mapping for HostMapping {
+    fn read(&self, at: u64, dst: &mut [u8]) -> Result<(), Error> {
+        // SAFETY: the caller checked `at..at + len` lies in the mapping,
+        // which `self` keeps mapped.
+        unsafe { std::ptr::copy_nonoverlapping(at as *const u8, dst.as_mut_ptr(), dst.len()) };
+        Ok(())
+    }
+
+    fn write(&self, at: u64, src: &[u8]) -> Result<(), Error> {
+        // SAFETY: as in `read`, the other way.
+        unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), at as *mut u8, src.len()) };
+        Ok(())
+    }
 }
 
 impl MappedMemory {
@@ -119,14 +126,7 @@ impl MappedMemory {
     /// [`Error::OutOfRange`] past the end; the driver's error.
     pub fn read(&self, offset: u64, dst: &mut [u8]) -> Result<(), Error> {
         let at = self.range(offset, dst.len())?;
-        match &self._keep {
-            // SAFETY: `at` covers dst.len() bytes of the live mapping.
-            Keep::Host(_) => unsafe {
-                std::ptr::copy_nonoverlapping(at as *const u8, dst.as_mut_ptr(), dst.len());
-            },
-            Keep::Cuda(i) => i.read(at, dst)?,
-        }
-        Ok(())
+        self.mapping.read(at, dst)
     }
 
     /// Copies `src` to `offset` (through the GPU's driver for device
@@ -136,14 +136,7 @@ impl MappedMemory {
     /// As [`MappedMemory::read`].
     pub fn write(&self, offset: u64, src: &[u8]) -> Result<(), Error> {
         let at = self.range(offset, src.len())?;
-        match &self._keep {
-            // SAFETY: as in `read`, the other way.
-            Keep::Host(_) => unsafe {
-                std::ptr::copy_nonoverlapping(src.as_ptr(), at as *mut u8, src.len());
-            },
-            Keep::Cuda(i) => i.write(at, src)?,
-        }
-        Ok(())
+        self.mapping.write(at, src)
     }
 
     fn range(&self, offset: u64, len: usize) -> Result<u64, Error> {
@@ -166,7 +159,7 @@ fn refuse(reason: impl Into<String>) -> Error {
 
 /// Maps a host descriptor of `len` bytes, after the checks of the module
 /// docs.
-fn map_host(fd: &OwnedFd, len: u64) -> Result<MappedMemory, Error> {
+pub(crate) fn map_host(fd: &OwnedFd, len: u64) -> Result<MappedMemory, Error> {
     check_host_fd(fd, len)?;
     let file = std::fs::File::from(fd.try_clone().map_err(|e| refuse(format!("dup: {e}")))?);
     let n = usize::try_from(len).map_err(|_| refuse(format!("{len} bytes do not fit here")))?;
@@ -180,7 +173,7 @@ fn map_host(fd: &OwnedFd, len: u64) -> Result<MappedMemory, Error> {
         addr: map.as_ptr() as u64,
         len,
         place: Place::Host,
-        _keep: Keep::Host(map),
+        mapping: Box::new(HostMapping { _map: map }),
     })
 }
 

@@ -4,13 +4,17 @@
 //! [`strata_proto::fdframe`].
 //!
 //! Framing: each frame is a little-endian u32 length (at most
-//! [`MAX_FD_FRAME_BYTES`]) and that many bytes of an encoded message. The
+//! [`MAX_FD_FRAME_BYTES`](strata_proto::MAX_FD_FRAME_BYTES)) and that many bytes of an encoded message. The
 //! client opens with an `FdHello` naming its session; then each `FdImport`
 //! frame carries, in the same `sendmsg`, exactly as many fds as it lists
 //! identities, and is answered by an `FdAck` with one result per identity.
 //! An `FdImport` may also list one descriptor per identity: what the buffer
 //! is imported as, so that tasks may narrow that grant but never widen it
 //! (docs/wire-format.md §3), whichever task uses the buffer first.
+//!
+//! An `FdImport` that names a shared device buffer to export instead is
+//! answered by an `FdAck` carrying that buffer's one fd (`export_one`):
+//! device memory leaves the worker only this way.
 //!
 //! Received fds are close-on-exec from the moment they arrive
 //! (`MSG_CMSG_CLOEXEC`) and owned (`OwnedFd`) at once; fds beyond what a

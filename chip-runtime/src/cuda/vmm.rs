@@ -13,7 +13,7 @@ use cudarc::driver::sys::{self, CUresult};
 use super::engine::Gpu;
 use crate::Error;
 use crate::error::CudaError;
-use crate::shared::{Keep, MappedMemory, Place};
+use crate::shared::Mapping;
 
 /// A physical allocation mapped in this process.
 #[derive(Debug)]
@@ -167,17 +167,15 @@ pub(crate) struct Imported {
     vmm: Vmm,
 }
 
-impl Imported {
-    /// Copies device bytes at `at` (inside the mapping) to `dst`.
-    pub(crate) fn read(&self, at: u64, dst: &mut [u8]) -> Result<(), Error> {
+impl Mapping for Imported {
+    fn read(&self, at: u64, dst: &mut [u8]) -> Result<(), Error> {
         self.gpu.bind()?;
         // SAFETY: the caller checked `at..at + len` lies in the mapping.
         let r = unsafe { sys::cuMemcpyDtoH_v2(dst.as_mut_ptr().cast(), at, dst.len()) };
         self.gpu.check("cuMemcpyDtoH", r)
     }
 
-    /// Copies `src` to device bytes at `at` (inside the mapping).
-    pub(crate) fn write(&self, at: u64, src: &[u8]) -> Result<(), Error> {
+    fn write(&self, at: u64, src: &[u8]) -> Result<(), Error> {
         self.gpu.bind()?;
         // SAFETY: as in `read`, the other way.
         let r = unsafe { sys::cuMemcpyHtoD_v2(at, src.as_ptr().cast(), src.len()) };
@@ -192,8 +190,8 @@ impl Drop for Imported {
 }
 
 /// Maps the shared block behind `fd` (`len` bytes, on GPU `ordinal`) in
-/// this process.
-pub(crate) fn import(fd: &OwnedFd, len: u64, ordinal: u32) -> Result<MappedMemory, Error> {
+/// this process: its device address here and what keeps it mapped.
+pub(crate) fn import(fd: &OwnedFd, len: u64, ordinal: u32) -> Result<(u64, Imported), Error> {
     let count = super::probe::device_count()?;
     if ordinal >= count {
         return Err(CudaError::NoDevice { ordinal, count }.into());
@@ -217,10 +215,5 @@ pub(crate) fn import(fd: &OwnedFd, len: u64, ordinal: u32) -> Result<MappedMemor
         // SAFETY: imported above, released once.
         unsafe { sys::cuMemRelease(handle) };
     })?;
-    Ok(MappedMemory {
-        addr: vmm.addr,
-        len,
-        place: Place::Cuda(ordinal),
-        _keep: Keep::Cuda(Imported { gpu, vmm }),
-    })
+    Ok((vmm.addr, Imported { gpu, vmm }))
 }

@@ -378,3 +378,75 @@ fn a_graph_task_past_its_timeout_fails_the_run_saying_so() {
     );
     assert!(took < std::time::Duration::from_secs(4), "took {took:?}");
 }
+
+/// Every example graph gives on a GPU what it gives on a simulated chip
+/// (the oracle): the same bytes, but for floating-point results of
+/// library calls, which may round differently (within 1e-12 of the
+/// largest magnitude).
+#[test]
+fn every_example_graph_gives_on_a_gpu_what_it_gives_on_a_simulated_chip() {
+    if !crate::chips::gpu_here("every_example_graph_gives_on_a_gpu_what_it_gives_on_sim") {
+        return;
+    }
+    let dir = repo().join("examples/graphs");
+    let mut graphs: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "json"))
+        .collect();
+    graphs.sort();
+    let tmp = tempfile::tempdir().unwrap();
+    let on = |device: &str, out: &Path| {
+        for g in &graphs {
+            let o = strata(
+                &[
+                    "run",
+                    g.to_str().unwrap(),
+                    "--local",
+                    "1",
+                    "--device",
+                    device,
+                    "--out-dir",
+                    out.to_str().unwrap(),
+                ],
+                tmp.path(),
+            );
+            assert!(
+                o.status.success(),
+                "{} on {device}: {}\n{}",
+                g.display(),
+                String::from_utf8_lossy(&o.stdout),
+                String::from_utf8_lossy(&o.stderr)
+            );
+        }
+    };
+    let (sim, gpu) = (tmp.path().join("sim"), tmp.path().join("gpu"));
+    on("sim", &sim);
+    on("cuda:0,mem=512MiB", &gpu);
+    let mut compared = 0;
+    for e in std::fs::read_dir(sim.join("out")).unwrap() {
+        let path = e.unwrap().path();
+        let other = gpu.join("out").join(path.file_name().unwrap());
+        let (a, b) = (
+            std::fs::read(&path).unwrap(),
+            std::fs::read(&other).unwrap(),
+        );
+        compared += 1;
+        if a == b {
+            continue;
+        }
+        let ((sa, va), (sb, vb)) = (npy_f64(&path), npy_f64(&other));
+        assert_eq!(sa, sb, "{}", path.display());
+        let scale = va.iter().fold(0f64, |m, v| m.max(v.abs())).max(1.0);
+        let worst = va
+            .iter()
+            .zip(&vb)
+            .fold(0f64, |m, (x, y)| m.max((x - y).abs()));
+        assert!(
+            worst <= 1e-12 * scale,
+            "{}: differs by {worst} on a GPU",
+            path.display()
+        );
+    }
+    assert!(compared >= 10, "{compared} outputs compared");
+}

@@ -256,20 +256,23 @@ pub trait Device: Send + Sync + std::fmt::Debug {
     /// What it is.
     fn info(&self) -> DeviceInfo;
 
-    /// Allocates `nbytes` in the persistent or the run region, zeroed: a
-    /// block never shows bytes of the block's earlier owner (a freed
-    /// buffer, an ended run), whoever reads it.
+    /// Allocates `nbytes` in the persistent, the run or the shared region,
+    /// zeroed: a block never shows bytes of the block's earlier owner (a
+    /// freed buffer, an ended run), whoever reads it. A shared block is an
+    /// allocation of its own that [`Device::export`] hands out.
     ///
     /// # Errors
     /// [`Error::OutOfMemory`] naming the region; [`Error::Spec`] for the
-    /// scratch region, which only kernels allocate from.
+    /// scratch region, which only kernels allocate from; [`Error::Shared`]
+    /// (or the driver's error) for a shared block the chip cannot make.
     fn alloc(&self, region: Region, nbytes: u64) -> Result<DeviceBlock, Error>;
 
-    /// Frees a persistent block by its address.
+    /// Frees a persistent or shared block by its address (a shared block's
+    /// memory stays while another process maps it).
     ///
     /// # Errors
-    /// [`Error::UnknownBlock`] when no live persistent block starts there
-    /// (including a second free).
+    /// [`Error::UnknownBlock`] when no live persistent or shared block
+    /// starts there (including a second free).
     fn free(&self, addr: DeviceAddr) -> Result<(), Error>;
 
     /// Ends the current run: releases every run block at once (the run
@@ -286,8 +289,8 @@ pub trait Device: Send + Sync + std::fmt::Debug {
     /// When the device is shut down.
     fn end_run(&self) -> Result<(), Error>;
 
-    /// Whether `block` is live: a persistent block not freed, or a run
-    /// block of the current run.
+    /// Whether `block` is live: a persistent or shared block not freed (and
+    /// no longer than allocated), or a run block of the current run.
     ///
     /// # Errors
     /// [`Error::RunEnded`] for a run block of an ended run,

@@ -646,8 +646,8 @@ impl Inner {
         })
     }
 
-    /// Checks that `block` is a live persistent block or a run block of the
-    /// current run; errors carry device addresses.
+    /// Checks that `block` is a live persistent or shared block or a run
+    /// block of the current run; errors carry device addresses.
     fn check_block(&self, block: &DeviceBlock) -> Result<(), Error> {
         let unknown = Error::UnknownBlock {
             region: block.region,

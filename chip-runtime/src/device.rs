@@ -232,6 +232,9 @@ pub struct DeviceStats {
     /// host memory could not be page-locked in place for DMA (a CUDA chip;
     /// 0 on a simulated one).
     pub bounced: u64,
+    /// Bytes of live shared blocks ([`Region::Shared`]: allocations of
+    /// their own, outside the arena's regions).
+    pub shared: u64,
     /// Total time lanes spent on launches.
     pub busy: Duration,
     /// The device cache ([`crate::cache`]).

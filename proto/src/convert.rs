@@ -828,6 +828,9 @@ pub struct WorkerStats {
     /// Bytes staged through page-locked staging buffers because their
     /// host memory could not be page-locked in place (a CUDA chip).
     pub bounced: u64,
+    /// Bytes of live shared blocks (allocations of their own, outside the
+    /// regions).
+    pub shared: u64,
     /// The device cache.
     pub cache: CacheCounters,
 }
@@ -947,6 +950,7 @@ impl TryFrom<pb::StatsReply> for WorkerStats {
             tasks_in_flight: s.tasks_in_flight,
             zeroed: s.zeroed,
             bounced: s.bounced,
+            shared: s.shared,
             cache: s.cache.map(CacheCounters::from).unwrap_or_default(),
         })
     }
@@ -978,6 +982,7 @@ impl From<WorkerStats> for pb::StatsReply {
             tasks_in_flight: s.tasks_in_flight,
             zeroed: s.zeroed,
             bounced: s.bounced,
+            shared: s.shared,
             cache: Some(s.cache.into()),
         }
     }

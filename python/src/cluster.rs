@@ -726,6 +726,7 @@ impl PyCluster {
         d.set_item("tasks_in_flight", s.tasks_in_flight)?;
         d.set_item("zeroed", s.zeroed)?;
         d.set_item("bounced", s.bounced)?;
+        d.set_item("shared", s.shared)?;
         d.set_item("imports", s.imports)?;
         d.set_item("sessions", s.sessions)?;
         d.set_item("staged_to_device", s.staged_to_device)?;

@@ -482,6 +482,7 @@ impl Device for Chip {
             busy: Duration::from_nanos(get(&c.busy_ns)),
             zeroed: get(&c.zeroed),
             bounced: self.inner.engine.bounced(),
+            shared: lock(&self.inner.shared).values().sum(),
             cache: self.inner.cache.stats(),
         }
     }

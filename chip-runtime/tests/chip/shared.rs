@@ -68,8 +68,10 @@ fn fill(dev: &dyn Device, reg: &Registry, block: DeviceBlock, value: f32) {
 fn a_shared_block_maps_elsewhere_to_the_same_bytes() {
     each_chip(11, &MODES, CUDA_KEYS, &["fill"], |dev, reg, _| {
         let len = (1 << 20) + 64;
+        let before = dev.stats().shared;
         let block = dev.alloc(Region::Shared, len).unwrap();
         assert_eq!(block.region, Region::Shared);
+        assert!(dev.stats().shared >= before + len, "counted while live");
         let mut back = vec![1u8; len as usize];
         dev.copy_from_device(&block, 0, &mut back).unwrap();
         assert!(back.iter().all(|&b| b == 0), "a shared block is zeroed");
@@ -97,6 +99,7 @@ fn a_shared_block_maps_elsewhere_to_the_same_bytes() {
         assert!(mapped.read(mapped.len() - 4, &mut [0u8; 8]).is_err());
         drop(again);
         dev.free(block.addr).unwrap();
+        assert_eq!(dev.stats().shared, before, "no longer counted once freed");
         // The chip let go; the mapping holds the memory still.
         mapped.read(0, &mut seen[..16]).unwrap();
         assert_eq!(seen[..16], [2.5f32.to_le_bytes(); 4].concat());

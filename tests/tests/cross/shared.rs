@@ -28,6 +28,7 @@ fn shared_round_trip(cluster: &Cluster, place: fn(Place) -> bool) {
         .submit(Task::new("fill").output(&v).scalar_f64(1.5))
         .unwrap();
     cluster.wait_all().unwrap();
+    assert!(cluster.worker_stats(WorkerId(0)).unwrap().shared >= n * 4);
     let shared = cluster.export_device(&buf).unwrap();
     assert!(place(shared.place), "{:?}", shared.place);
     assert!(shared.len >= n * 4);

@@ -244,6 +244,7 @@ impl Node {
             tasks_in_flight: self.tasks_in_flight(),
             zeroed: s.zeroed,
             bounced: s.bounced,
+            shared: s.shared,
             cache: crate::exec::cache_counters(s.cache),
         }
     }

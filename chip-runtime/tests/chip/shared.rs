@@ -7,14 +7,12 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::sync::Arc;
 
 use strata_chip_runtime::shared::{Place, SharedMemory};
-use strata_chip_runtime::{
-    ArgBacking, Device, DeviceBlock, Error, Launch, LaunchArg, Region, Registry, device,
-};
+use strata_chip_runtime::{ArgBacking, Device, DeviceBlock, Error, LaunchArg, Region, Registry};
 use strata_wire::{
     Access, AddressSpace, ArgTag, Backing, BufferDescriptor, CanonicalIdentity, DType, Tensor,
 };
 
-use crate::common::{CUDA_KEYS, MODES};
+use crate::common::{CUDA_KEYS, MODES, run};
 use crate::conformance::each_chip;
 
 fn pattern(len: usize, salt: u8) -> Vec<u8> {
@@ -39,24 +37,18 @@ fn fill(dev: &dyn Device, reg: &Registry, block: DeviceBlock, value: f32) {
     .unwrap();
     let n = (block.len / 4) as u32;
     let view = Tensor::new(desc, 0, &[n], &[1], DType::F32).unwrap();
-    let kernel = reg.get(reg.find("fill", 1).unwrap()).unwrap();
-    device::launch(
+    run(
         dev,
-        Launch {
-            kernel,
-            args: vec![LaunchArg {
-                tensor: view,
-                tag: ArgTag::Output,
-                backing: ArgBacking::Device(block),
-                cache: None,
-            }],
-            scalars: vec![f64::from(value).to_bits()],
-            gate: None,
-            priority: 0,
-        },
+        reg,
+        "fill",
+        vec![LaunchArg {
+            tensor: view,
+            tag: ArgTag::Output,
+            backing: ArgBacking::Device(block),
+            cache: None,
+        }],
+        vec![f64::from(value).to_bits()],
     )
-    .unwrap()
-    .wait()
     .unwrap();
 }
 

@@ -1227,6 +1227,16 @@ struct BlasHandle {
 
 enum { BLAS_OK = 0, BLAS_NOT_INITIALIZED = 1, BLAS_INVALID_VALUE = 7, BLAS_EXECUTION_FAILED = 13 };
 
+// The stream a library handle queues on: its own, or its context's
+// default one.
+static Stream* handle_stream(BlasHandle* h) {
+    Ctx* saved = t_current;
+    t_current = h->ctx;
+    Stream* st = stream_of(h->stream);
+    t_current = saved;
+    return st;
+}
+
 EXPORT int cublasCreate_v2(BlasHandle** h) {
     if (!t_current) return BLAS_NOT_INITIALIZED;
     *h = new BlasHandle{t_current};
@@ -1328,10 +1338,7 @@ static int gemm(BlasHandle* h, const char* call, int ta, int tb, int m, int n, i
                  ldb, ldc);
         return BLAS_EXECUTION_FAILED;
     }
-    Ctx* saved = t_current;
-    t_current = h->ctx;
-    Stream* st = stream_of(h->stream);
-    t_current = saved;
+    Stream* st = handle_stream(h);
     st->push([=] {
         const T* A = (const T*)a;
         const T* B = (const T*)b;
@@ -1412,10 +1419,7 @@ static int trsm(BlasHandle* h, const char* call, int side, int uplo, int trans, 
         complain("%s: a matrix is not inside device memory", call);
         return BLAS_EXECUTION_FAILED;
     }
-    Ctx* saved = t_current;
-    t_current = h->ctx;
-    Stream* st = stream_of(h->stream);
-    t_current = saved;
+    Stream* st = handle_stream(h);
     st->push([=] {
         bool tr = trans != 0;
         // op(A), dense, with the other triangle zero.
@@ -1478,23 +1482,13 @@ EXPORT int cublasDtrsm_v2(BlasHandle* h, int side, int uplo, int trans, int diag
 
 enum { SOLVER_OK = 0, SOLVER_NOT_INITIALIZED = 1, SOLVER_INVALID_VALUE = 3, SOLVER_EXECUTION_FAILED = 6 };
 
-EXPORT int cusolverDnCreate(BlasHandle** h) {
-    if (!t_current) return SOLVER_NOT_INITIALIZED;
-    *h = new BlasHandle{t_current};
-    return SOLVER_OK;
-}
+// A cuSOLVER handle is a cuBLAS one here (their success and
+// not-initialized codes agree).
+EXPORT int cusolverDnCreate(BlasHandle** h) { return cublasCreate_v2(h); }
 
-EXPORT int cusolverDnDestroy(BlasHandle* h) {
-    if (!h) return SOLVER_NOT_INITIALIZED;
-    delete h;
-    return SOLVER_OK;
-}
+EXPORT int cusolverDnDestroy(BlasHandle* h) { return cublasDestroy_v2(h); }
 
-EXPORT int cusolverDnSetStream(BlasHandle* h, void* s) {
-    if (!h) return SOLVER_NOT_INITIALIZED;
-    h->stream = s;
-    return SOLVER_OK;
-}
+EXPORT int cusolverDnSetStream(BlasHandle* h, void* s) { return cublasSetStream_v2(h, s); }
 
 EXPORT int cusolverDnSpotrf_bufferSize(BlasHandle* h, int, int n, float*, int, int* lwork) {
     if (!h) return SOLVER_NOT_INITIALIZED;
@@ -1524,10 +1518,7 @@ static int potrf(BlasHandle* h, int uplo, int n, T* a, int lda, T* work, int lwo
             return SOLVER_EXECUTION_FAILED;
         }
     }
-    Ctx* saved = t_current;
-    t_current = h->ctx;
-    Stream* st = stream_of(h->stream);
-    t_current = saved;
+    Stream* st = handle_stream(h);
     st->push([=] {
         // L(i, j) for i >= j, stored at (i, j) (lower) or (j, i) (upper).
         auto el = [&](int i, int j) -> T& {

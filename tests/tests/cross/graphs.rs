@@ -59,6 +59,21 @@ fn npy_f64(path: &Path) -> (Vec<u64>, Vec<f64>) {
     (shape, values)
 }
 
+/// `strata run GRAPH ARGS --out-dir OUT` from `tmp`, which must succeed.
+fn run_graph(graph: &Path, args: &[&str], out: &Path, tmp: &Path) {
+    let mut all = vec!["run", graph.to_str().unwrap()];
+    all.extend_from_slice(args);
+    all.extend(["--out-dir", out.to_str().unwrap()]);
+    let o = strata(&all, tmp);
+    assert!(
+        o.status.success(),
+        "{} {args:?}: {}\n{}",
+        graph.display(),
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+}
+
 #[test]
 fn every_example_graph_runs_and_its_outputs_check_out() {
     let dir = repo().join("examples/graphs");
@@ -72,24 +87,7 @@ fn every_example_graph_runs_and_its_outputs_check_out() {
     let tmp = tempfile::tempdir().unwrap();
     let out = tmp.path().join("out");
     for g in &graphs {
-        let o = strata(
-            &[
-                "run",
-                g.to_str().unwrap(),
-                "--local",
-                "2",
-                "--out-dir",
-                out.to_str().unwrap(),
-            ],
-            tmp.path(),
-        );
-        assert!(
-            o.status.success(),
-            "{}: {}\n{}",
-            g.display(),
-            String::from_utf8_lossy(&o.stdout),
-            String::from_utf8_lossy(&o.stderr)
-        );
+        run_graph(g, &["--local", "2"], &out, tmp.path());
     }
     // The outputs, checked here too (not only by the graphs' expectations).
     let (shape, z) = npy_f64(&out.join("out/elementwise_z.npy"));
@@ -398,26 +396,7 @@ fn every_example_graph_gives_on_a_gpu_what_it_gives_on_a_simulated_chip() {
     let tmp = tempfile::tempdir().unwrap();
     let on = |device: &str, out: &Path| {
         for g in &graphs {
-            let o = strata(
-                &[
-                    "run",
-                    g.to_str().unwrap(),
-                    "--local",
-                    "1",
-                    "--device",
-                    device,
-                    "--out-dir",
-                    out.to_str().unwrap(),
-                ],
-                tmp.path(),
-            );
-            assert!(
-                o.status.success(),
-                "{} on {device}: {}\n{}",
-                g.display(),
-                String::from_utf8_lossy(&o.stdout),
-                String::from_utf8_lossy(&o.stderr)
-            );
+            run_graph(g, &["--local", "1", "--device", device], out, tmp.path());
         }
     };
     let (sim, gpu) = (tmp.path().join("sim"), tmp.path().join("gpu"));

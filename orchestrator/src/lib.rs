@@ -57,7 +57,7 @@ pub mod trace;
 #[cfg(test)]
 mod tests;
 
-pub use buffer::{Buffer, PoolStats, View};
+pub use buffer::{Buffer, DeviceExport, DeviceMapping, PoolStats, View};
 pub use chips::worker_chips;
 pub use cluster::{Cluster, Scope, ScopeGuard};
 pub use error::{

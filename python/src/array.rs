@@ -713,9 +713,13 @@ impl PyArray {
         let shared = py
             .detach(|| core.run(|c| c.export_device(view.buffer())))
             .map_err(err)?;
-        let memory = py.detach(|| shared.map()).map_err(|e| {
+        let mapping = py.detach(|| shared.map()).map_err(|e| {
             pyo3::exceptions::PyBufferError::new_err(format!("mapping the shared array: {e}"))
         })?;
+        // No quarantine to check: a lost worker's buffer is exported no
+        // more, and a capsule taken before the loss is, like an ndarray
+        // taken before it, not checked later.
+        let memory = mapping.into_memory();
         let here = crate::dlpack::device(memory.place());
         if let Some(asked) = dl_device
             && asked != here

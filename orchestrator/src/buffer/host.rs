@@ -7,7 +7,6 @@ use std::io;
 use std::os::fd::{AsFd, BorrowedFd};
 use std::os::unix::fs::MetadataExt;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 
 use bytes::Bytes;
 
@@ -17,9 +16,10 @@ use strata_orchestrator_core::{Holders, WorkerId};
 use strata_wire::{BufferDescriptor, CanonicalIdentity, Tensor};
 use tokio::sync::mpsc;
 
+use super::marks::{Loss, Marks};
 use super::pool::{Pool, Returning};
 use super::{Recycler, Released};
-use crate::error::{BufferError, Error, QuarantinedBytes};
+use crate::error::{BufferError, Error};
 use crate::mapping::{self, SharedMapping};
 
 /// A sealed memfd and the driver's mapping of it: the memory behind a
@@ -195,15 +195,8 @@ pub(crate) struct HostShared {
     imported_on: Holders,
     notify: mpsc::UnboundedSender<Released>,
     /// Views written by tasks lost without a fence, until their quarantine
-    /// lifts: the driver's own reads and writes of those bytes are refused
-    /// (docs/reliability.md, quarantine). Empty but for the rare loss; the DAG actor marks and
-    /// lifts, driver threads check.
-    quarantine: std::sync::Mutex<Vec<Mark>>,
-    /// Whether `quarantine` holds any mark, so that the driver's checks
-    /// (every `numpy()` of the Python binding among them) cost one load
-    /// when nothing is quarantined. Written under the lock; a check that
-    /// races a new mark may pass, as one just before the loss would.
-    any_marked: std::sync::atomic::AtomicBool,
+    /// lifts: the driver's own reads and writes of those bytes are refused.
+    marks: Marks,
     /// Whether the driver has written the bytes or been handed their
     /// memory since the buffer was made: the DAG actor then cannot see
     /// every write, and trusts a chip's copy of its bytes only while
@@ -214,24 +207,6 @@ pub(crate) struct HostShared {
     /// through [`crate::Buffer::write_bytes`] (the usual way to fill an
     /// input) hides nothing from the device cache and does not expose it.
     used: std::sync::atomic::AtomicBool,
-}
-
-/// A view of a host buffer quarantined by a lost task.
-#[derive(Debug)]
-struct Mark {
-    view: Tensor,
-    loss: Loss,
-}
-
-/// A task lost without a fence, as the quarantine of its views names it.
-#[derive(Debug, Clone)]
-pub(crate) struct Loss {
-    pub(crate) task: strata_orchestrator_core::TaskId,
-    /// Its callable, `name@version`.
-    pub(crate) callable: String,
-    pub(crate) worker: WorkerId,
-    /// The worker's address, when known.
-    pub(crate) address: Option<String>,
 }
 
 impl std::fmt::Debug for HostShared {
@@ -285,8 +260,7 @@ impl HostShared {
             pool,
             imported_on: Holders::new(),
             notify,
-            quarantine: std::sync::Mutex::new(Vec::new()),
-            any_marked: std::sync::atomic::AtomicBool::new(false),
+            marks: Marks::default(),
             exposed: std::sync::atomic::AtomicBool::new(false),
             used: std::sync::atomic::AtomicBool::new(false),
         })
@@ -399,59 +373,27 @@ impl HostShared {
         }
     }
 
-    fn marks(&self) -> std::sync::MutexGuard<'_, Vec<Mark>> {
-        self.quarantine.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
     /// Quarantines `view`: the lost task writes it.
     pub(crate) fn quarantine(&self, view: Tensor, loss: Loss) {
-        let mut marks = self.marks();
-        marks.push(Mark { view, loss });
-        self.any_marked.store(true, Ordering::Release);
+        self.marks.mark(view, loss);
     }
 
     /// Lifts what `task` quarantined: it can no longer write.
     pub(crate) fn lift(&self, task: strata_orchestrator_core::TaskId) {
-        let mut marks = self.marks();
-        marks.retain(|m| m.loss.task != task);
-        self.any_marked.store(!marks.is_empty(), Ordering::Release);
-    }
-
-    /// Whether no byte is quarantined (no lock taken).
-    fn none_marked(&self) -> bool {
-        !self.any_marked.load(Ordering::Acquire)
+        self.marks.lift(task);
     }
 
     /// Refuses a driver access to `view`'s bytes while any of them is
     /// quarantined.
     pub(super) fn check_view(&self, view: &Tensor) -> Result<(), Error> {
-        if self.none_marked() {
-            return Ok(());
-        }
-        let marks = self.marks();
-        match marks
-            .iter()
-            .find(|m| strata_wire::overlap(&m.view, view) != strata_wire::Overlap::Disjoint)
-        {
-            None => Ok(()),
-            Some(m) => Err(quarantined(self, m).into()),
-        }
+        Ok(self.marks.check_view(self.desc.identity(), view)?)
     }
 
     /// As [`HostShared::check_view`], for `len` bytes at `offset`.
     fn check_range(&self, offset: u64, len: usize) -> Result<(), Error> {
-        if self.none_marked() {
-            return Ok(());
-        }
-        let end = offset.saturating_add(len as u64);
-        let marks = self.marks();
-        match marks.iter().find(|m| {
-            let start = m.view.byte_offset();
-            start < end && offset < start.saturating_add(m.view.extent_bytes())
-        }) {
-            None => Ok(()),
-            Some(m) => Err(quarantined(self, m).into()),
-        }
+        Ok(self
+            .marks
+            .check_range(self.desc.identity(), offset, len as u64)?)
     }
 
     pub(crate) fn read(&self, offset: u64, len: usize) -> Result<Vec<u8>, Error> {
@@ -511,18 +453,6 @@ impl HostShared {
     }
 }
 
-fn quarantined(h: &HostShared, m: &Mark) -> QuarantinedBytes {
-    let start = m.view.byte_offset();
-    QuarantinedBytes {
-        buffer: *h.desc.identity(),
-        bytes: start..start.saturating_add(m.view.extent_bytes()),
-        task: m.loss.task,
-        callable: m.loss.callable.clone(),
-        worker: m.loss.worker,
-        address: m.loss.address.clone(),
-    }
-}
-
 pub(super) fn too_big() -> BufferError {
     BufferError::AddressSpace
 }
@@ -541,7 +471,7 @@ impl Drop for HostShared {
         // Bytes still quarantined may yet be written by a lost task: such
         // a memfd is never handed to anyone else.
         let returning = self.pool.take().map(|pool| {
-            let clean = self.none_marked();
+            let clean = self.marks.none();
             Returning::new(pool, Arc::clone(&self.mem), &identity, clean)
         });
         // After the cluster is gone nobody listens; the workers are gone too

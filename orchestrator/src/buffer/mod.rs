@@ -31,12 +31,16 @@ use tokio::sync::mpsc;
 use crate::error::{BufferError, Error, ViewError};
 use crate::mapping;
 
+mod exported;
 mod host;
+mod marks;
 pub(crate) mod pool;
 pub(crate) mod scoped;
 mod view;
 
-pub(crate) use host::{HostShared, Loss, Memfd};
+pub use exported::{DeviceExport, DeviceMapping};
+pub(crate) use host::{HostShared, Memfd};
+pub(crate) use marks::{Loss, Marks};
 pub use pool::PoolStats;
 pub(crate) use pool::{Pool, PoolLimits, Returning};
 pub(crate) use scoped::{Lease, ScopeLife, Scoped};
@@ -74,6 +78,9 @@ pub(crate) struct DeviceShared {
     /// For a run buffer, the cluster's run it belongs to (ended by
     /// `wait_all`); `None` for a persistent device buffer.
     pub(crate) run: Option<u64>,
+    /// Views written by tasks lost without a fence, shared with every
+    /// mapping of a shared buffer taken here ([`DeviceMapping`]).
+    pub(crate) marks: Arc<Marks>,
     pub(crate) notify: mpsc::UnboundedSender<Released>,
 }
 

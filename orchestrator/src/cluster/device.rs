@@ -8,7 +8,7 @@ use strata_wire::{Access, AddressSpace, Backing as WireBacking, BufferDescriptor
 
 use super::Cluster;
 use crate::actors::EpCmd;
-use crate::buffer::{Backing, Buffer, DeviceShared};
+use crate::buffer::{Backing, Buffer, DeviceExport, DeviceShared};
 use crate::error::{BufferError, Error, SubmitError};
 use crate::link::LinkError;
 
@@ -51,13 +51,24 @@ impl Cluster {
     /// leaves a worker only by fd); a lost worker.
     ///
     /// [`SharedMemory::map`]: strata_chip_runtime::shared::SharedMemory::map
-    pub fn export_device(
-        &self,
-        buffer: &Buffer,
-    ) -> Result<strata_chip_runtime::shared::SharedMemory, Error> {
-        let worker = self.device_of(buffer)?;
+    pub fn export_device(&self, buffer: &Buffer) -> Result<DeviceExport, Error> {
+        let d = match buffer.backing()? {
+            Backing::Device(d) => d,
+            Backing::Host(_) => {
+                return Err(BufferError::OnHost {
+                    buffer: buffer.identity(),
+                }
+                .into());
+            }
+        };
+        self.check_alive(&d)?;
         let identity = buffer.identity();
-        self.ask_endpoint(worker, |reply| EpCmd::Export { identity, reply })
+        let memory = self.ask_endpoint(d.worker, |reply| EpCmd::Export { identity, reply })?;
+        Ok(DeviceExport::new(
+            memory,
+            identity,
+            std::sync::Arc::clone(&d.marks),
+        ))
     }
 
     /// A device buffer of `nbytes` in `worker`'s *run* region, which lives
@@ -130,6 +141,7 @@ impl Cluster {
             path,
             incarnation,
             run,
+            marks: std::sync::Arc::default(),
             notify: self.released.clone(),
         }))
     }

@@ -82,6 +82,16 @@ pub enum BufferError {
         /// The buffer.
         buffer: CanonicalIdentity,
     },
+    /// A shared device buffer's memory that could not be mapped or moved
+    /// here (the descriptor refused, or the GPU's driver failed).
+    #[error("shared buffer {buffer}: {source}")]
+    Shared {
+        /// The buffer.
+        buffer: CanonicalIdentity,
+        /// What the chip runtime said.
+        #[source]
+        source: Box<strata_chip_runtime::Error>,
+    },
     /// A run buffer of a run that has ended.
     #[error(
         "run buffer {buffer} on {worker} ({path}) belonged to run {run}, which ended at wait_all (this is run {current}): its device memory went with the run (allocate a new run buffer)"

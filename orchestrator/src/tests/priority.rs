@@ -8,7 +8,7 @@
 //! given: the handling of the rank by the driver and the worker is what
 //! is tested, on a machine without a GPU.
 
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
 
 use strata_chip_runtime::device::{Completion, DeviceAddr};
 use strata_chip_runtime::{
@@ -19,11 +19,13 @@ use strata_worker_node::InProcessWorker;
 
 use crate::{Cluster, SchedulerPolicy, Task};
 
-/// A simulated chip that records each launch's kernel and priority.
+/// A simulated chip that records each launch's kernel and priority, and
+/// holds launches back while `hold` says so.
 #[derive(Debug)]
 struct Recording {
     chip: SimDevice,
     seen: Arc<Mutex<Vec<(String, u64)>>>,
+    hold: Arc<(Mutex<bool>, Condvar)>,
 }
 
 impl Device for Recording {
@@ -63,6 +65,12 @@ impl Device for Recording {
         self.chip.copy_from_device(block, offset, dst)
     }
     fn launch(&self, launch: Launch, done: Completion) -> Result<(), strata_chip_runtime::Error> {
+        let (held, cv) = &*self.hold;
+        let mut h = held.lock().unwrap();
+        while *h {
+            h = cv.wait(h).unwrap();
+        }
+        drop(h);
         self.seen
             .lock()
             .unwrap()
@@ -79,12 +87,16 @@ impl Device for Recording {
 
 /// Runs a chain of `n` `axpy` tasks (each on the last one's output) under
 /// `policy`, twice (the first run teaches the models the kernel's time);
-/// the priorities of the second run's launches, in order.
+/// the priorities of the second run's launches, in order. The chip holds
+/// the first launch of a run until the whole chain is submitted, so that
+/// every later task leaves knowing the rest of the chain.
 fn chain(policy: SchedulerPolicy, n: usize) -> Vec<u64> {
     let seen = Arc::new(Mutex::new(Vec::new()));
+    let hold = Arc::new((Mutex::new(false), Condvar::new()));
     let chip = Recording {
         chip: SimDevice::from_spec("sim:mem=1MiB").unwrap(),
         seen: Arc::clone(&seen),
+        hold: Arc::clone(&hold),
     };
     let worker = InProcessWorker::on_device(0, Arc::new(chip), Registry::with_builtins());
     let c = Cluster::builder()
@@ -96,10 +108,13 @@ fn chain(policy: SchedulerPolicy, n: usize) -> Vec<u64> {
     let y = c.buffer(64).unwrap().tensor(&[16], DType::F32).unwrap();
     for _ in 0..2 {
         seen.lock().unwrap().clear();
+        *hold.0.lock().unwrap() = true;
         for _ in 0..n {
             c.submit(Task::new("axpy").input(&x).inout(&y).scalar_f64(1.0))
                 .unwrap();
         }
+        *hold.0.lock().unwrap() = false;
+        hold.1.notify_all();
         c.wait_all().unwrap();
     }
     let got = seen.lock().unwrap().clone();

@@ -30,8 +30,8 @@ fn shared_round_trip(cluster: &Cluster, place: fn(Place) -> bool) {
     cluster.wait_all().unwrap();
     assert!(cluster.worker_stats(WorkerId(0)).unwrap().shared >= n * 4);
     let shared = cluster.export_device(&buf).unwrap();
-    assert!(place(shared.place), "{:?}", shared.place);
-    assert!(shared.len >= n * 4);
+    assert!(place(shared.place()), "{:?}", shared.place());
+    assert!(shared.len() >= n * 4);
     let mapped = shared.map().unwrap();
     let mut seen = vec![0u8; (n * 4) as usize];
     mapped.read(0, &mut seen).unwrap();
@@ -106,4 +106,73 @@ fn a_lost_workers_shared_buffer_is_exported_no_more() {
     let mut seen = [0u8; 16];
     mapped.read(0, &mut seen).unwrap();
     assert_eq!(seen, [9u8; 16]);
+}
+
+/// A mapping outlives its worker, and a task lost without a fence while
+/// it writes the buffer may still write the mapped bytes: they are
+/// refused here (reads and writes, and `check`) until the loss is fenced,
+/// then readable again — with what the late task wrote, which the
+/// mapping's memory received though the worker's session had ended.
+#[test]
+fn a_mapping_refuses_bytes_a_lost_task_may_still_write_until_the_fence() {
+    use nix::sys::signal::{Signal, kill};
+    use nix::unistd::Pid;
+    use std::time::Duration;
+    use strata_orchestrator::{Error, Quarantine};
+
+    const LATE: f32 = 2311.0;
+    let w = WorkerProcess::spawn_unix(crate::faults::test_worker_bin(), &[], &[]);
+    let cluster = Cluster::builder()
+        .quarantine(Quarantine::Wait(Duration::from_secs(60)))
+        .connect(&w.endpoint.to_string(), None)
+        .unwrap()
+        .start()
+        .unwrap();
+    // 1024 F32 values: the first 256 the lost task writes, the rest not.
+    let buf = cluster.shared_buffer(WorkerId(0), 4096).unwrap();
+    cluster.write_device(&buf, 0, &[0u8; 4096]).unwrap();
+    let head = buf.tensor(&[256], DType::F32).unwrap();
+    let mapped = cluster.export_device(&buf).unwrap().map().unwrap();
+    let late = cluster
+        .submit(
+            Task::new("test.late_fill")
+                .output(&head)
+                .scalar_u64(1500)
+                .scalar_u64(LATE as u64),
+        )
+        .unwrap();
+    crate::faults::within(Duration::from_secs(10), || {
+        cluster
+            .worker_stats(WorkerId(0))
+            .is_ok_and(|s| s.tasks_in_flight > 0)
+    })
+    .expect("the late task started");
+    let pid = Pid::from_raw(i32::try_from(w.pid()).unwrap());
+    kill(pid, Signal::SIGSTOP).unwrap();
+    let e = cluster.wait(late).unwrap_err().to_string();
+    assert!(e.contains("quarantined"), "{e}");
+    let mut seen = [0u8; 16];
+    let e = mapped.read(0, &mut seen).unwrap_err();
+    assert!(
+        matches!(&e, Error::Quarantined(q) if q.callable.contains("test.late_fill") && q.bytes == (0..1024)),
+        "{e}"
+    );
+    assert!(matches!(
+        mapped.write(1020, &[1u8; 8]),
+        Err(Error::Quarantined(_))
+    ));
+    assert!(mapped.check(0, 1).is_err());
+    // Bytes the lost task does not write stay usable.
+    mapped.read(1024, &mut seen).unwrap();
+    assert_eq!(seen, [0u8; 16]);
+    mapped.check(1024, 3072).unwrap();
+    kill(pid, Signal::SIGCONT).unwrap();
+    crate::faults::within(Duration::from_secs(15), || mapped.check(0, 1024).is_ok())
+        .unwrap_or_else(|| panic!("never fenced; the worker's log:\n{}", w.log()));
+    let mut head_bytes = vec![0u8; 1024];
+    mapped.read(0, &mut head_bytes).unwrap();
+    assert!(
+        head_bytes.chunks(4).all(|c| c == LATE.to_le_bytes()),
+        "the late write landed in the mapped memory"
+    );
 }

@@ -719,8 +719,9 @@ impl DagActor {
                 Action::Lifted { task } => {
                     for args in self.quarantined.remove(&task).unwrap_or_default() {
                         for a in args.iter().filter(|a| a.tag.writes()) {
-                            if let crate::buffer::Backing::Host(h) = &a.backing {
-                                h.lift(task);
+                            match &a.backing {
+                                crate::buffer::Backing::Host(h) => h.lift(task),
+                                crate::buffer::Backing::Device(d) => d.marks.lift(task),
                             }
                             // It may have written them until its fence.
                             if let Some(dir) = &mut self.directory {
@@ -819,7 +820,8 @@ impl DagActor {
     }
 
     /// A task was running on a worker lost without a fence: its written
-    /// host views are refused to the driver, and its buffers held, until
+    /// views (of host buffers, and of device buffers for their mappings)
+    /// are refused to the driver, and its buffers held, until
     /// the quarantine lifts.
     fn quarantine(&mut self, task: TaskId, loss: strata_orchestrator_core::Loss) {
         let Some(r) = self.records.get(&task) else {
@@ -849,8 +851,10 @@ impl DagActor {
             .flat_map(|a| a.iter())
             .filter(|a| a.tag.writes())
         {
-            if let crate::buffer::Backing::Host(h) = &a.backing {
-                h.quarantine(a.tensor, lost.clone());
+            match &a.backing {
+                crate::buffer::Backing::Host(h) => h.quarantine(a.tensor, lost.clone()),
+                // A mapping of a shared buffer may outlive its worker.
+                crate::buffer::Backing::Device(d) => d.marks.mark(a.tensor, lost.clone()),
             }
         }
         self.quarantined.insert(task, args);

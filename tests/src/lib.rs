@@ -75,7 +75,24 @@ impl WorkerProcess {
         let dir = tempfile::tempdir().expect("tempdir");
         let sock = dir.path().join("w.sock");
         let listen = format!("unix:{}", sock.display());
-        Self::spawn(binary, prefix, &["--listen", &listen], extra, dir)
+        Self::spawn(binary, prefix, &["--listen", &listen], extra, &[], dir)
+    }
+
+    /// As [`WorkerProcess::spawn_unix`], with `env` added to the worker's
+    /// environment.
+    ///
+    /// # Panics
+    /// When it does not become ready within 20 s.
+    pub fn spawn_unix_with(
+        binary: &Path,
+        prefix: &[&str],
+        extra: &[&str],
+        env: &[(&str, &str)],
+    ) -> Self {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let sock = dir.path().join("w.sock");
+        let listen = format!("unix:{}", sock.display());
+        Self::spawn(binary, prefix, &["--listen", &listen], extra, env, dir)
     }
 
     /// Starts `binary` listening on TCP loopback (port chosen by the OS).
@@ -84,7 +101,14 @@ impl WorkerProcess {
     /// When it does not become ready within 20 s.
     pub fn spawn_tcp(binary: &Path, prefix: &[&str], extra: &[&str]) -> Self {
         let dir = tempfile::tempdir().expect("tempdir");
-        Self::spawn(binary, prefix, &["--listen", "tcp:127.0.0.1:0"], extra, dir)
+        Self::spawn(
+            binary,
+            prefix,
+            &["--listen", "tcp:127.0.0.1:0"],
+            extra,
+            &[],
+            dir,
+        )
     }
 
     /// Starts `binary` listening on `listen` (`unix:PATH` or
@@ -95,7 +119,7 @@ impl WorkerProcess {
     /// When it does not become ready within 20 s.
     pub fn spawn_listening(binary: &Path, prefix: &[&str], listen: &str, extra: &[&str]) -> Self {
         let dir = tempfile::tempdir().expect("tempdir");
-        Self::spawn(binary, prefix, &["--listen", listen], extra, dir)
+        Self::spawn(binary, prefix, &["--listen", listen], extra, &[], dir)
     }
 
     /// Sends SIGKILL and reaps it.
@@ -109,6 +133,7 @@ impl WorkerProcess {
         prefix: &[&str],
         listen: &[&str],
         extra: &[&str],
+        env: &[(&str, &str)],
         dir: TempDir,
     ) -> Self {
         let log_path = dir.path().join("worker.log");
@@ -117,6 +142,7 @@ impl WorkerProcess {
             .args(prefix)
             .args(listen)
             .args(extra)
+            .envs(env.iter().copied())
             .env("RUST_LOG", "info")
             .stdout(Stdio::piped())
             .stderr(log)

@@ -406,3 +406,106 @@ fn a_spawned_gpu_worker_that_lost_its_context_is_replaced_and_serves_on() {
     assert_eq!(y.read::<f32>().unwrap(), vec![6.0f32; 256]);
     assert_eq!(cluster.worker_stats(w).unwrap().tasks_succeeded, 2);
 }
+
+/// How many of `n` unpinned 64×64 F32 matmuls a node of a simulated chip
+/// (worker 0, `--device sim_spec`) and a GPU (worker 1, its worker's
+/// environment `gpu_env`) each ran, after three pinned ones on each taught
+/// the performance models their times; and whether every output equals
+/// the product computed here (inputs of small integers: exact in F32).
+fn mixed_node(sim_spec: &str, gpu_env: &[(&str, &str)], k: usize, n: usize) -> (u64, u64, bool) {
+    let sim = WorkerProcess::spawn_unix(&strata_bin(), &["worker"], &["--device", sim_spec]);
+    let gpu = WorkerProcess::spawn_unix_with(
+        &strata_bin(),
+        &["worker"],
+        &["--device", "cuda:0,mem=256MiB"],
+        gpu_env,
+    );
+    let cluster = Cluster::builder()
+        .connect(&sim.endpoint.to_string(), None)
+        .unwrap()
+        .connect(&gpu.endpoint.to_string(), None)
+        .unwrap()
+        .start()
+        .unwrap();
+    let t0 = Instant::now();
+    let a_vals: Vec<f32> = (0..k * k).map(|i| (i % 3) as f32).collect();
+    let b_vals: Vec<f32> = (0..k * k).map(|i| (i % 5) as f32 - 2.0).collect();
+    let a = cluster.alloc(&[k as u32, k as u32], DType::F32).unwrap();
+    let b = cluster.alloc(&[k as u32, k as u32], DType::F32).unwrap();
+    a.write(&a_vals).unwrap();
+    b.write(&b_vals).unwrap();
+    let mut want = vec![0f32; k * k];
+    for i in 0..k {
+        for j in 0..k {
+            want[i * k + j] = (0..k).map(|l| a_vals[i * k + l] * b_vals[l * k + j]).sum();
+        }
+    }
+    let out = |c: &Cluster| {
+        c.buffer((k * k * 4) as u64)
+            .unwrap()
+            .tensor(&[k as u32, k as u32], DType::F32)
+            .unwrap()
+    };
+    let matmul = |c: &strata_orchestrator::View| Task::new("matmul").input(&a).input(&b).output(c);
+    let mut outs = Vec::new();
+    for w in [
+        WorkerId(0),
+        WorkerId(1),
+        WorkerId(0),
+        WorkerId(1),
+        WorkerId(0),
+        WorkerId(1),
+    ] {
+        let c = out(&cluster);
+        cluster.submit(matmul(&c).on(w)).unwrap();
+        cluster.wait_all().unwrap();
+        outs.push(c);
+    }
+    let ran = |w| cluster.worker_stats(w).unwrap().tasks_succeeded;
+    let (s0, g0) = (ran(WorkerId(0)), ran(WorkerId(1)));
+    for _ in 0..n {
+        let c = out(&cluster);
+        cluster.submit(matmul(&c)).unwrap();
+        outs.push(c);
+    }
+    cluster.wait_all().unwrap();
+    let exact = outs.iter().all(|c| c.read::<f32>().unwrap() == want);
+    println!("{n} tasks on a mixed node in {:.0?}", t0.elapsed());
+    (ran(WorkerId(0)) - s0, ran(WorkerId(1)) - g0, exact)
+}
+
+/// A node with a simulated chip and a GPU places each task where its
+/// models say it finishes first, from the GPU's own (device-timed)
+/// reports. A GPU made slow (the fake CUDA's 20 ms per stream operation)
+/// gets almost none of the tasks: were its reports to understate the
+/// device's time (a kernel timed as its queueing), it would look fast and
+/// get them all, and were the models blind to the kind of chip, the split
+/// would be even (both checked by breaking them). A
+/// simulated chip made slow (a timing chip of 1 GFlop/s: 34 ms per
+/// 256×256 product, about what the fake GPU's CPU takes) does not keep
+/// them all: the split follows the times (25 to 15 here). On a real GPU
+/// the second case alone runs, and the GPU gets most. Without a fake or
+/// real GPU it says so and passes.
+#[test]
+fn a_node_with_a_gpu_and_a_cpu_chip_places_each_task_where_it_finishes_first() {
+    if !gpu_here("a_node_with_a_gpu_and_a_cpu_chip_places_each_task_where_it_finishes_first") {
+        return;
+    }
+    let fake = std::env::var("STRATA_FAKE_CUDA").is_ok_and(|v| v == "1");
+    if fake {
+        let (sim, gpu, exact) = mixed_node("sim", &[("FAKECUDA_DELAY_US", "20000")], 64, 40);
+        println!("a slow GPU: the simulated chip ran {sim}, the GPU {gpu} of 40");
+        assert!(exact, "every product is right");
+        assert!(
+            sim >= 30,
+            "the faster chip ran {sim} of 40 ({gpu} on the slow GPU)"
+        );
+    }
+    let (sim, gpu, _) = mixed_node("sim:timing=on,gflops=1", &[], 256, 40);
+    println!("a slow simulated chip: it ran {sim}, the GPU {gpu} of 40");
+    let least = if fake { 4 } else { 30 };
+    assert!(
+        gpu >= least,
+        "the GPU ran {gpu} of 40 ({sim} on the slow chip)"
+    );
+}

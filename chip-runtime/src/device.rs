@@ -314,6 +314,26 @@ pub trait Device: Send + Sync + std::fmt::Debug {
         })
     }
 
+    /// Maps shared memory that another chip of this host exported
+    /// ([`Device::export`], perhaps in another process) so that kernels
+    /// here use it in place, as a shared block of this chip: host memory
+    /// on a simulated chip, memory of the same GPU on a CUDA one. Not
+    /// zeroed: the bytes are the exporter's. [`Device::free`] unmaps it;
+    /// the memory stays while its other holders keep it.
+    ///
+    /// # Errors
+    /// [`Error::Shared`] for memory this chip cannot map (another place, a
+    /// descriptor that does not check out, a chip that cannot share), or
+    /// the GPU driver's refusal.
+    fn import(&self, memory: crate::shared::SharedMemory) -> Result<DeviceBlock, Error> {
+        Err(Error::Shared {
+            reason: format!(
+                "this chip cannot map shared memory ({} of {} bytes)",
+                memory.place, memory.len
+            ),
+        })
+    }
+
     /// Copies `src` into `block` at byte `offset`.
     ///
     /// # Errors

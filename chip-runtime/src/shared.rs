@@ -44,6 +44,15 @@ pub enum Place {
     Cuda(u32),
 }
 
+impl std::fmt::Display for Place {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Place::Host => f.write_str("host memory"),
+            Place::Cuda(n) => write!(f, "memory of GPU {n}"),
+        }
+    }
+}
+
 /// Shared device memory as it leaves a chip: its descriptor, its length
 /// and where it lives.
 #[derive(Debug)]

@@ -16,6 +16,7 @@ use crate::chip::{Chip, ChipConfig};
 use crate::device::DeviceAddr;
 use crate::kernel::{Kernel, KernelContext, Materialized, Scratch};
 use crate::memory::{DEVICE_BASE, DeviceMemory, HostMemory};
+use crate::shared::{Place, SharedMemory, check_host_fd};
 use crate::spec::DeviceSpec;
 use crate::staging::Layout;
 
@@ -72,6 +73,16 @@ struct SharedBlock {
 }
 
 impl SimEngine {
+    /// Gives a mapped shared block its device address.
+    fn adopt(&self, file: std::fs::File, map: memmap2::MmapMut) -> DeviceAddr {
+        // 64 KiB apart, whatever the length: a neighbour's address is
+        // never inside another block.
+        let span = (map.len() as u64).next_multiple_of(1 << 16) + (1 << 16);
+        let addr = self.next_shared.fetch_add(span, Ordering::Relaxed);
+        lock(&self.shared).insert(addr, SharedBlock { file, map });
+        addr
+    }
+
     /// The host pointer of `[addr, addr + len)`: in the arena or in one
     /// shared block.
     fn ptr(&self, addr: DeviceAddr, len: u64) -> Result<*mut u8, Error> {
@@ -165,12 +176,28 @@ impl Engine for SimEngine {
         // SAFETY: a memfd of ours sealed against shrinking: its pages stay.
         let map = unsafe { memmap2::MmapOptions::new().len(n).map_mut(&file) }
             .map_err(|e| fail("mmap", &e))?;
-        // 64 KiB apart, whatever the length: a neighbour's address is
-        // never inside another block.
-        let span = len.next_multiple_of(1 << 16) + (1 << 16);
-        let addr = self.next_shared.fetch_add(span, Ordering::Relaxed);
-        lock(&self.shared).insert(addr, SharedBlock { file, map });
-        Ok((addr, len))
+        Ok((self.adopt(file, map), len))
+    }
+
+    fn import_shared(&self, memory: &SharedMemory) -> Result<(DeviceAddr, u64), Error> {
+        if memory.place != Place::Host {
+            return Err(Error::Shared {
+                reason: format!("a simulated chip maps host memory, not {}", memory.place),
+            });
+        }
+        check_host_fd(&memory.fd, memory.len)?;
+        let len = memory.len;
+        let fail = |step: &str, e: &dyn std::fmt::Display| Error::Shared {
+            reason: format!("mapping another chip's shared block of {len} bytes: {step}: {e}"),
+        };
+        let n = usize::try_from(len).map_err(|e| fail("length", &e))?;
+        let file = std::fs::File::from(memory.fd.try_clone().map_err(|e| fail("dup", &e))?);
+        // SAFETY: checked above: on tmpfs, sealed against shrinking and at
+        // least `len` bytes long, so every page of the mapping stays
+        // backed. Its other holders write it too, ordered by their users.
+        let map = unsafe { memmap2::MmapOptions::new().len(n).map_mut(&file) }
+            .map_err(|e| fail("mmap", &e))?;
+        Ok((self.adopt(file, map), len))
     }
 
     fn free_shared(&self, addr: DeviceAddr) -> Result<(), Error> {

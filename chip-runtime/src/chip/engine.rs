@@ -216,6 +216,22 @@ pub(crate) trait Engine: Send + Sync + std::fmt::Debug {
         })
     }
 
+    /// Maps `memory`, exported by a chip of this host, so that kernels
+    /// here use it in place: its address and bytes, freed as memory of
+    /// [`Engine::alloc_shared`] is ([`Engine::free_shared`] unmaps it).
+    fn import_shared(
+        &self,
+        memory: &crate::shared::SharedMemory,
+    ) -> Result<(DeviceAddr, u64), Error> {
+        Err(Error::Shared {
+            reason: format!(
+                "a {} chip cannot map shared memory ({})",
+                self.kind(),
+                memory.place
+            ),
+        })
+    }
+
     /// Bytes copied through staging buffers because their host memory
     /// could not be used for DMA in place.
     fn bounced(&self) -> u64 {

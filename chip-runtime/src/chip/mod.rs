@@ -410,6 +410,17 @@ impl Device for Chip {
         })
     }
 
+    fn import(&self, memory: SharedMemory) -> Result<DeviceBlock, Error> {
+        let (addr, len) = self.inner.engine.import_shared(&memory)?;
+        lock(&self.inner.shared).insert(addr, len);
+        Ok(DeviceBlock {
+            addr,
+            len: memory.len.min(len),
+            region: Region::Shared,
+            epoch: 0,
+        })
+    }
+
     fn check_block(&self, block: &DeviceBlock) -> Result<(), Error> {
         self.inner.check_block(block)
     }

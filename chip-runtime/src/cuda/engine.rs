@@ -900,6 +900,24 @@ impl Engine for CudaEngine {
         crate::shared::Place::Cuda(self.gpu.ordinal)
     }
 
+    fn import_shared(
+        &self,
+        memory: &crate::shared::SharedMemory,
+    ) -> Result<(DeviceAddr, u64), Error> {
+        if memory.place != self.place() {
+            return Err(Error::Shared {
+                reason: format!(
+                    "GPU {} maps memory of its own, not {}",
+                    self.gpu.ordinal, memory.place
+                ),
+            });
+        }
+        let v = super::vmm::import_into(&self.gpu, &memory.fd, memory.len)?;
+        let (addr, size) = (v.addr, v.size as u64);
+        lock(&self.shared).insert(addr, v);
+        Ok((addr, size))
+    }
+
     fn free_shared(&self, addr: DeviceAddr) -> Result<(), Error> {
         let v = lock(&self.shared)
             .remove(&addr)

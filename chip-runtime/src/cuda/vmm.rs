@@ -197,8 +197,15 @@ pub(crate) fn import(fd: &OwnedFd, len: u64, ordinal: u32) -> Result<(u64, Impor
         return Err(CudaError::NoDevice { ordinal, count }.into());
     }
     let gpu = Arc::new(Gpu::open(ordinal)?);
+    let vmm = import_into(&gpu, fd, len)?;
+    Ok((vmm.addr, Imported { gpu, vmm }))
+}
+
+/// Imports the shared block behind `fd` (`len` bytes) into `gpu`'s
+/// context and maps it there; [`release`] undoes it.
+pub(crate) fn import_into(gpu: &Gpu, fd: &OwnedFd, len: u64) -> Result<Vmm, Error> {
     gpu.bind()?;
-    let size = rounded(&gpu, len)?;
+    let size = rounded(gpu, len)?;
     let mut handle: sys::CUmemGenericAllocationHandle = 0;
     // SAFETY: for a POSIX handle the descriptor's number goes in the
     // pointer; the driver refuses a descriptor it did not export (and
@@ -211,9 +218,8 @@ pub(crate) fn import(fd: &OwnedFd, len: u64, ordinal: u32) -> Result<(u64, Impor
         )
     };
     gpu.check("cuMemImportFromShareableHandle", r)?;
-    let vmm = map(&gpu, handle, size).inspect_err(|_| {
+    map(gpu, handle, size).inspect_err(|_| {
         // SAFETY: imported above, released once.
         unsafe { sys::cuMemRelease(handle) };
-    })?;
-    Ok((vmm.addr, Imported { gpu, vmm }))
+    })
 }

@@ -102,6 +102,108 @@ fn a_shared_block_maps_elsewhere_to_the_same_bytes() {
     });
 }
 
+/// A chip maps an exported block (here its own export: the same memory
+/// at another address) and uses it in place: kernels there write the
+/// exporter's bytes and copies see them, both ways; freeing the import
+/// leaves the block, and freeing the block leaves the import.
+#[test]
+fn an_imported_block_is_the_exporters_memory_in_place() {
+    each_chip(14, &MODES, CUDA_KEYS, &["fill"], |dev, reg, _| {
+        let len = (1 << 20) + 64;
+        let block = dev.alloc(Region::Shared, len).unwrap();
+        dev.copy_to_device(&block, 0, &pattern(len as usize, 5))
+            .unwrap();
+        let before = dev.stats().shared;
+        let imported = dev.import(dev.export(&block).unwrap()).unwrap();
+        assert_eq!(imported.region, Region::Shared);
+        assert_ne!(imported.addr, block.addr);
+        assert!(imported.len >= len);
+        assert!(dev.stats().shared > before, "an import is counted");
+        let mut seen = vec![0u8; len as usize];
+        dev.copy_from_device(&imported, 0, &mut seen).unwrap();
+        assert_eq!(
+            seen,
+            pattern(len as usize, 5),
+            "not zeroed: the exporter's bytes"
+        );
+        fill(dev, reg, imported, 4.0);
+        dev.copy_from_device(&block, 0, &mut seen[..16]).unwrap();
+        assert_eq!(
+            seen[..16],
+            [4f32.to_le_bytes(); 4].concat(),
+            "a kernel wrote in place"
+        );
+        dev.copy_to_device(&block, 64, &[9u8; 8]).unwrap();
+        dev.copy_from_device(&imported, 64, &mut seen[..8]).unwrap();
+        assert_eq!(seen[..8], [9u8; 8]);
+        // Memory of another kind of place is refused, naming both.
+        let export = dev.export(&block).unwrap();
+        let elsewhere = match export.place {
+            Place::Host => Place::Cuda(0),
+            Place::Cuda(_) => Place::Host,
+        };
+        let e = dev
+            .import(SharedMemory {
+                place: elsewhere,
+                ..export
+            })
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains(&format!("not {elsewhere}")), "{e}");
+        dev.free(block.addr).unwrap();
+        fill(dev, reg, imported, 6.0);
+        dev.copy_from_device(&imported, 0, &mut seen[..4]).unwrap();
+        assert_eq!(seen[..4], 6f32.to_le_bytes(), "the import holds the memory");
+        dev.free(imported.addr).unwrap();
+        assert!(dev.check_block(&imported).is_err());
+    });
+}
+
+/// What a chip cannot map is refused before it is used, naming why:
+/// memory of another kind of place, a host descriptor that does not check
+/// out; a block one simulated chip exports maps on another.
+#[test]
+fn an_import_a_chip_cannot_map_is_refused() {
+    let a = strata_chip_runtime::SimDevice::from_spec("sim:mem=1MiB").unwrap();
+    let b = strata_chip_runtime::SimDevice::from_spec("sim:mem=1MiB,mode=unified").unwrap();
+    let block = a.alloc(Region::Shared, 4096).unwrap();
+    a.copy_to_device(&block, 0, &[3u8; 4096]).unwrap();
+    let theirs = b.import(a.export(&block).unwrap()).unwrap();
+    let mut seen = [0u8; 4096];
+    b.copy_from_device(&theirs, 0, &mut seen).unwrap();
+    assert_eq!(seen, [3u8; 4096], "another chip's block, mapped");
+    b.copy_to_device(&theirs, 0, &[8u8; 16]).unwrap();
+    a.copy_from_device(&block, 0, &mut seen[..16]).unwrap();
+    assert_eq!(seen[..16], [8u8; 16]);
+
+    let gpu = SharedMemory {
+        place: Place::Cuda(0),
+        ..a.export(&block).unwrap()
+    };
+    let e = b.import(gpu).unwrap_err().to_string();
+    assert!(e.contains("maps host memory, not memory of GPU 0"), "{e}");
+    let unsealed = memfd::MemfdOptions::default()
+        .allow_sealing(true)
+        .create("t")
+        .unwrap();
+    unsealed.as_file().set_len(4096).unwrap();
+    let e = b
+        .import(SharedMemory {
+            fd: OwnedFd::from(unsealed.into_file()),
+            len: 4096,
+            place: Place::Host,
+        })
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("not sealed against shrinking"), "{e}");
+    let long = SharedMemory {
+        len: 1 << 20,
+        ..a.export(&block).unwrap()
+    };
+    let e = b.import(long).unwrap_err().to_string();
+    assert!(e.contains("fewer than"), "{e}");
+}
+
 /// Only a shared block leaves the chip; a freed one is gone.
 #[test]
 fn only_shared_blocks_are_exported() {

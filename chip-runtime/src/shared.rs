@@ -44,6 +44,24 @@ pub enum Place {
     Cuda(u32),
 }
 
+impl Place {
+    /// Its name between processes (the fd channel's): `host` or `cuda:N`.
+    pub fn tag(&self) -> String {
+        match self {
+            Place::Host => "host".into(),
+            Place::Cuda(n) => format!("cuda:{n}"),
+        }
+    }
+
+    /// The place a [`Place::tag`] names; `None` for anything else.
+    pub fn from_tag(tag: &str) -> Option<Place> {
+        match tag {
+            "host" => Some(Place::Host),
+            _ => tag.strip_prefix("cuda:")?.parse().ok().map(Place::Cuda),
+        }
+    }
+}
+
 impl std::fmt::Display for Place {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {

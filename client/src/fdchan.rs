@@ -116,6 +116,7 @@ impl FdChannel {
             descriptors: Vec::new(),
             ring: None,
             export: Vec::new(),
+            shared: None,
         };
         self.exchange(&msg, fds).await
     }
@@ -145,6 +146,7 @@ impl FdChannel {
                 complete_capacity: complete,
             }),
             export: Vec::new(),
+            shared: None,
         };
         let mut results = self.exchange(&msg, &[fd]).await?;
         Ok(match (results.pop(), results.is_empty()) {
@@ -180,6 +182,7 @@ impl FdChannel {
             descriptors: grants.iter().map(|d| d.encode().to_vec()).collect(),
             ring: None,
             export: Vec::new(),
+            shared: None,
         };
         self.exchange(&msg, fds).await
     }
@@ -212,6 +215,7 @@ impl FdChannel {
             descriptors: Vec::new(),
             ring: None,
             export: identity.encode().to_vec(),
+            shared: None,
         };
         self.broken = true;
         write_frame(&mut self.stream, &msg.encode_to_vec(), &[]).await?;
@@ -243,6 +247,42 @@ impl FdChannel {
                 "an export's ack came with {} fds, not one",
                 fds.len() + 1
             ))),
+        }
+    }
+
+    /// Sends another worker's shared device buffer `identity` — its
+    /// export's `fd`, `len` and `place` (`host`, `cuda:N`) — for this
+    /// session's tasks to use in place, as a device buffer of this worker
+    /// until freed. `Ok(Err(why))`: the worker refused (memory its chip
+    /// cannot map, an identity it already holds).
+    ///
+    /// # Errors
+    /// As [`FdChannel::import`]; an ack with other than one result.
+    ///
+    /// # Cancel safety
+    /// As [`FdChannel::import_as`].
+    pub async fn import_shared(
+        &mut self,
+        identity: &CanonicalIdentity,
+        len: u64,
+        place: &str,
+        fd: BorrowedFd<'_>,
+    ) -> io::Result<Result<(), String>> {
+        let msg = pb::FdImport {
+            shared: Some(pb::FdShared {
+                identity: identity.encode().to_vec(),
+                len,
+                place: place.to_owned(),
+            }),
+            ..Default::default()
+        };
+        let mut results = self.exchange(&msg, &[fd]).await?;
+        match (results.pop(), results.is_empty()) {
+            (Some(r), true) => Ok(r),
+            _ => Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                "a shared import's ack has other than one result",
+            )),
         }
     }
 

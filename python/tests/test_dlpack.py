@@ -41,6 +41,23 @@ def test_a_shared_array_is_numpy_memory_in_place(where):
         assert (x == 7).all()
 
 
+@pytest.mark.parametrize("where", [{"local": 2}, {"in_process": 2}])
+def test_another_worker_uses_a_shared_array_in_place(where):
+    with strata.Cluster(**where) as c:
+        a = c.device_zeros(0, (256,), np.float32, shared=True)
+        x = np.from_dlpack(a)
+        x[:] = np.arange(256, dtype=np.float32)
+        # A task with worker 1's own array runs there, on worker 0's
+        # memory mapped in place.
+        out = c.device_zeros(1, (256,), np.float32)
+        c.submit("add", a, a, out)
+        c.wait_all()
+        np.testing.assert_array_equal(out.to_numpy(), 2 * np.arange(256, dtype=np.float32))
+        c.submit("fill", a, 3.0, on=1)
+        c.wait_all()
+        assert (x == 3).all(), "worker 1's write is in the memory numpy maps"
+
+
 def test_only_shared_device_arrays_leave_in_place():
     with strata.Cluster(local=1) as c:
         d = c.device_zeros(0, (8,), np.float32)

@@ -38,7 +38,7 @@ use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::watch;
 use tracing::{debug, info, warn};
 
-use strata_chip_runtime::shared::Place;
+use strata_chip_runtime::shared::{Place, SharedMemory};
 pub use strata_client::FdChannel;
 use strata_client::{read_fd_frame, write_fd_frame};
 
@@ -127,6 +127,12 @@ async fn import_loop(
         }
         let ack = match pb::FdImport::decode(frame.payload.as_slice()) {
             Ok(pb::FdImport {
+                shared: Some(shared),
+                identities,
+                ring: None,
+                ..
+            }) if identities.is_empty() => import_shared(node, session, shared, frame.fds),
+            Ok(pb::FdImport {
                 ring: Some(ring),
                 identities,
                 ..
@@ -183,10 +189,7 @@ async fn export_one(
                     error: String::new(),
                 }],
                 export_len: shared.len,
-                export_place: match shared.place {
-                    Place::Host => "host".into(),
-                    Place::Cuda(n) => format!("cuda:{n}"),
-                },
+                export_place: shared.place.tag(),
             },
             Some(shared.fd),
         ),
@@ -205,6 +208,48 @@ async fn export_one(
     let raw_fds: Vec<RawFd> = fd.iter().map(AsRawFd::as_raw_fd).collect();
     // Our copy of the fd is closed once it is sent (the client has its own).
     write_fd_frame(stream, &ack.encode_to_vec(), &raw_fds).await
+}
+
+/// Maps another worker's shared device buffer, the frame's one fd, for
+/// the session's tasks: one result, saying whether it was.
+fn import_shared(
+    node: &Node,
+    session: SessionId,
+    shared: pb::FdShared,
+    fds: Vec<OwnedFd>,
+) -> pb::FdAck {
+    let mut fds = fds.into_iter();
+    let outcome = match (fds.next(), fds.next()) {
+        (Some(fd), None) => CanonicalIdentity::decode(&shared.identity)
+            .map_err(|e| format!("shared import: identity: {e}"))
+            .and_then(|id| {
+                let place = Place::from_tag(&shared.place).ok_or_else(|| {
+                    format!(
+                        "shared import: place {:?} is neither \"host\" nor \"cuda:N\"",
+                        shared.place
+                    )
+                })?;
+                node.import_shared_one(
+                    session,
+                    id,
+                    SharedMemory {
+                        fd,
+                        len: shared.len,
+                        place,
+                    },
+                )
+            }),
+        (None, _) => Err("shared import: no fd arrived".to_owned()),
+        (Some(_), Some(_)) => Err("shared import: more than one fd arrived".to_owned()),
+    };
+    pb::FdAck {
+        results: vec![pb::FdResult {
+            identity: shared.identity,
+            ok: outcome.is_ok(),
+            error: outcome.err().unwrap_or_default(),
+        }],
+        ..Default::default()
+    }
 }
 
 fn import_all(
@@ -280,4 +325,82 @@ fn import_grant(
         ));
     }
     Ok(Some(grant))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use strata_chip_runtime::{Device, Region, Registry, SimDevice};
+    use strata_worker_node::{Limits, Node};
+
+    use super::*;
+
+    fn new_node() -> (Arc<Node>, SessionId, Arc<SimDevice>) {
+        let device = Arc::new(SimDevice::from_spec("sim:mem=1MiB").unwrap());
+        let node = Arc::new(Node::new(
+            0,
+            Arc::clone(&device) as Arc<dyn strata_chip_runtime::Device>,
+            Registry::with_builtins(),
+            Limits::default(),
+        ));
+        let id = node.open_session(node.capabilities);
+        (node, id, device)
+    }
+
+    fn frame(identity: &CanonicalIdentity, len: u64, place: &str) -> pb::FdShared {
+        pb::FdShared {
+            identity: identity.encode().to_vec(),
+            len,
+            place: place.into(),
+        }
+    }
+
+    fn refusal(ack: &pb::FdAck) -> &str {
+        let [r] = ack.results.as_slice() else {
+            panic!("{} results", ack.results.len())
+        };
+        assert!(!r.ok);
+        &r.error
+    }
+
+    /// A shared import is hostile until checked: no fd, two fds, a place
+    /// that names nothing, memory the chip cannot map and an identity the
+    /// session holds are each refused, naming why; a good one is mapped
+    /// and is the exporter's memory.
+    #[test]
+    fn a_shared_import_is_checked_before_it_is_mapped() {
+        let (node, session, _) = new_node();
+        let (owner, _, exporter) = new_node();
+        let id = CanonicalIdentity::new(*b"fdchtest", 1, 1).unwrap();
+        let block = exporter.alloc(Region::Shared, 4096).unwrap();
+        exporter.copy_to_device(&block, 0, &[5u8; 16]).unwrap();
+        let fd = || exporter.export(&block).unwrap().fd;
+        drop(owner);
+
+        let ack = import_shared(&node, session, frame(&id, 4096, "host"), vec![]);
+        assert!(refusal(&ack).contains("no fd"), "{ack:?}");
+        let ack = import_shared(&node, session, frame(&id, 4096, "host"), vec![fd(), fd()]);
+        assert!(refusal(&ack).contains("more than one fd"), "{ack:?}");
+        let ack = import_shared(&node, session, frame(&id, 4096, "mars"), vec![fd()]);
+        assert!(refusal(&ack).contains("\"mars\""), "{ack:?}");
+        let ack = import_shared(&node, session, frame(&id, 4096, "cuda:0"), vec![fd()]);
+        assert!(
+            refusal(&ack).contains("maps host memory, not memory of GPU 0"),
+            "{ack:?}"
+        );
+        let ack = import_shared(&node, session, frame(&id, 1 << 20, "host"), vec![fd()]);
+        assert!(refusal(&ack).contains("fewer than"), "{ack:?}");
+        let bad = pb::FdShared {
+            identity: vec![1, 2, 3],
+            ..frame(&id, 4096, "host")
+        };
+        let ack = import_shared(&node, session, bad, vec![fd()]);
+        assert!(refusal(&ack).contains("identity"), "{ack:?}");
+
+        let ack = import_shared(&node, session, frame(&id, 4096, "host"), vec![fd()]);
+        assert!(ack.results[0].ok, "{ack:?}");
+        let ack = import_shared(&node, session, frame(&id, 4096, "host"), vec![fd()]);
+        assert!(refusal(&ack).contains("already"), "{ack:?}");
+    }
 }

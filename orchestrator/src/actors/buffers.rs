@@ -82,7 +82,14 @@ pub(crate) async fn run(
                         }
                     }
                 },
-                Released::Device { identity, worker } => frees.push((worker, identity)),
+                Released::Device {
+                    identity,
+                    worker,
+                    importers,
+                } => {
+                    frees.push((worker, identity));
+                    frees.extend(importers.into_iter().map(|w| (w, identity)));
+                }
             }
             next = released.try_recv().ok();
         }

@@ -311,6 +311,12 @@ pub(crate) enum EpCmd {
         identity: CanonicalIdentity,
         reply: oneshot::Sender<Result<strata_chip_runtime::shared::SharedMemory, LinkError>>,
     },
+    /// Maps another worker's shared device buffer (its export) here.
+    ImportShared {
+        identity: CanonicalIdentity,
+        memory: strata_chip_runtime::shared::SharedMemory,
+        reply: oneshot::Sender<Result<(), LinkError>>,
+    },
     /// Ends the session's run on the worker (its run buffers retire).
     EndRun {
         reply: oneshot::Sender<Result<strata_proto::convert::RunEnd, LinkError>>,

@@ -57,10 +57,12 @@ pub(crate) enum Released {
         workers: Vec<WorkerId>,
         returning: Option<Returning>,
     },
-    /// A device buffer on `worker`.
+    /// A device buffer on `worker`, and the workers that mapped it (a
+    /// shared one).
     Device {
         identity: CanonicalIdentity,
         worker: WorkerId,
+        importers: Vec<WorkerId>,
     },
 }
 
@@ -81,14 +83,28 @@ pub(crate) struct DeviceShared {
     /// Views written by tasks lost without a fence, shared with every
     /// mapping of a shared buffer taken here ([`DeviceMapping`]).
     pub(crate) marks: Arc<Marks>,
+    /// A shared buffer (region SHARED): other local workers may map it
+    /// and run tasks on it in place.
+    pub(crate) shared: bool,
+    /// The workers that mapped it, with their incarnation then (a worker
+    /// lost since holds it no more). Locked while one maps it.
+    pub(crate) importers: std::sync::Mutex<Vec<(WorkerId, u64)>>,
     pub(crate) notify: mpsc::UnboundedSender<Released>,
 }
 
 impl Drop for DeviceShared {
     fn drop(&mut self) {
+        let importers = self
+            .importers
+            .get_mut()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .iter()
+            .map(|(w, _)| *w)
+            .collect();
         let _ = self.notify.send(Released::Device {
             identity: *self.desc.identity(),
             worker: self.worker,
+            importers,
         });
     }
 }

@@ -142,8 +142,40 @@ impl Cluster {
             incarnation,
             run,
             marks: std::sync::Arc::default(),
+            shared: region == Region::Shared,
+            importers: std::sync::Mutex::default(),
             notify: self.released.clone(),
         }))
+    }
+
+    /// Maps the shared buffer `d` on `worker` (its owner exports it, the
+    /// worker imports the descriptor), unless the worker mapped it in its
+    /// present incarnation already.
+    pub(super) fn import_on(&self, d: &DeviceShared, worker: WorkerId) -> Result<(), Error> {
+        let incarnation = self
+            .lives
+            .get(worker.0 as usize)
+            .ok_or(SubmitError::NoWorker { worker })?
+            .incarnation();
+        let mut importers = d
+            .importers
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if importers.contains(&(worker, incarnation)) {
+            return Ok(());
+        }
+        let identity = *d.desc.identity();
+        let memory = self.ask_endpoint(d.worker, |reply| EpCmd::Export { identity, reply })?;
+        // A worker lost and back holds nothing of its old session: its
+        // entry goes; its old mapping went with that session.
+        importers.retain(|(w, _)| *w != worker);
+        self.ask_endpoint(worker, |reply| EpCmd::ImportShared {
+            identity,
+            memory,
+            reply,
+        })?;
+        importers.push((worker, incarnation));
+        Ok(())
     }
 
     fn device_of(&self, buffer: &Buffer) -> Result<WorkerId, Error> {

@@ -110,6 +110,8 @@ impl Cluster {
         // worker's path.
         let mut device_on: Option<(usize, WorkerId, crate::paths::WorkerPath)> = None;
         let mut device_buffers = Vec::new();
+        // Shared device buffers: each maps wherever the task runs.
+        let mut shared = Vec::new();
         let mut args = Vec::with_capacity(task.args.len());
         let mut needs = Capabilities {
             features: task.required_features,
@@ -134,6 +136,15 @@ impl Cluster {
                         source: Box::new(source),
                     })?;
                 device_buffers.push(*d.desc.identity());
+                if d.shared {
+                    shared.push((i, std::sync::Arc::clone(d)));
+                    args.push(ArgRef {
+                        tensor: view.tensor,
+                        tag,
+                        backing,
+                    });
+                    continue;
+                }
                 match &device_on {
                     Some((j, worker, path)) if *worker != d.worker => {
                         return Err(SubmitError::DevicesDiffer {
@@ -168,8 +179,24 @@ impl Cluster {
                 .into());
             }
             (Some(w), _) | (None, Some((_, w, _))) => Placement::On(w),
-            (None, None) => Placement::Any,
+            // Where its first shared buffer lives, unless placed.
+            (None, None) => shared
+                .first()
+                .map_or(Placement::Any, |(_, d)| Placement::On(d.worker)),
         };
+        if let Placement::On(w) = placement {
+            for (i, d) in shared.iter().filter(|(_, d)| d.worker != w) {
+                self.import_on(d, w)
+                    .map_err(|source| SubmitError::SharedImport {
+                        callable: name.to_string(),
+                        arg: *i,
+                        buffer: *d.desc.identity(),
+                        owner: d.worker,
+                        worker: w,
+                        source: Box::new(source),
+                    })?;
+            }
+        }
         let work = work_of(&args, task.flops);
         Ok((
             MemberSpec {

@@ -106,6 +106,26 @@ pub enum SubmitError {
         /// That worker's path, as the buffer's descriptor names it.
         device_path: WorkerPath,
     },
+    /// A shared device buffer could not be mapped on the worker a task
+    /// was placed on.
+    #[error(
+        "{callable}: argument {arg}, shared buffer {buffer} of {owner}, could not be mapped on {worker}, where the task runs: {source}"
+    )]
+    SharedImport {
+        /// The task's callable.
+        callable: String,
+        /// The argument.
+        arg: usize,
+        /// The buffer.
+        buffer: strata_wire::CanonicalIdentity,
+        /// The worker whose device it lives on.
+        owner: WorkerId,
+        /// The worker it was to be mapped on.
+        worker: WorkerId,
+        /// Why not: the exporter's or the importer's refusal.
+        #[source]
+        source: Box<crate::Error>,
+    },
     /// No worker the member may go to can take it: one lacks the kind of
     /// buffer or the dtype of an argument, or a feature the task requires
     /// ([`crate::Task::require`]). Each [`Lack`] names the argument, what

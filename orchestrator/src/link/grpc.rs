@@ -344,7 +344,7 @@ impl WorkerLink for GrpcLink {
                 .await
                 .map_err(|e| LinkError::Unreachable(format!("fd channel: {e}")))?
                 .map_err(|why| LinkError::Refused(Refusal::Invalid(why)))?;
-            let place = parse_place(&exported.place).ok_or_else(|| {
+            let place = strata_chip_runtime::shared::Place::from_tag(&exported.place).ok_or_else(|| {
                 LinkError::Internal(format!(
                     "fd channel: the worker exported memory of unknown place {:?}",
                     exported.place
@@ -355,6 +355,26 @@ impl WorkerLink for GrpcLink {
                 len: exported.len,
                 place,
             })
+        }))
+    }
+
+    fn import_shared(
+        &self,
+        identity: CanonicalIdentity,
+        memory: strata_chip_runtime::shared::SharedMemory,
+    ) -> BoxFuture<'_, Result<(), LinkError>> {
+        Box::pin(self.unless_down(async move {
+            let Some(fd) = &self.fd else {
+                return Err(LinkError::Internal(
+                    "this worker is reached over TCP: another worker's device memory reaches a worker only by fd, over its Unix socket".into(),
+                ));
+            };
+            fd.lock()
+                .await
+                .import_shared(&identity, memory.len, &memory.place.tag(), std::os::fd::AsFd::as_fd(&memory.fd))
+                .await
+                .map_err(|e| LinkError::Unreachable(format!("fd channel: {e}")))?
+                .map_err(|why| LinkError::Refused(Refusal::Invalid(why)))
         }))
     }
 
@@ -604,14 +624,5 @@ pub(crate) fn link_error(what: &str, e: ClientError) -> LinkError {
             LinkError::Unreachable(format!("{what}: {e}"))
         }
         other => LinkError::Internal(format!("{what}: {other}")),
-    }
-}
-
-/// A place as the fd channel names it: `host` or `cuda:N`.
-fn parse_place(s: &str) -> Option<strata_chip_runtime::shared::Place> {
-    use strata_chip_runtime::shared::Place;
-    match s {
-        "host" => Some(Place::Host),
-        _ => s.strip_prefix("cuda:")?.parse().ok().map(Place::Cuda),
     }
 }

@@ -167,6 +167,14 @@ impl WorkerLink for InProcessLink {
         self.call(move |s| s.device_export(&identity))
     }
 
+    fn import_shared(
+        &self,
+        identity: CanonicalIdentity,
+        memory: strata_chip_runtime::shared::SharedMemory,
+    ) -> BoxFuture<'_, Result<(), LinkError>> {
+        self.call(move |s| s.device_import(identity, memory).map(drop))
+    }
+
     fn end_run(&self) -> BoxFuture<'_, Result<RunEnd, LinkError>> {
         self.call(InProcessSession::end_run)
     }

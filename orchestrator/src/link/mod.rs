@@ -269,6 +269,16 @@ pub(crate) trait WorkerLink: Send + Sync + fmt::Debug + 'static {
         identity: CanonicalIdentity,
     ) -> BoxFuture<'_, Result<strata_chip_runtime::shared::SharedMemory, LinkError>>;
 
+    /// Maps another worker's shared device buffer `identity` (`memory`,
+    /// its export) into this worker's chip for this session's tasks, as a
+    /// device buffer of this worker until freed ([`WorkerLink::device_free`]):
+    /// only for a worker in this process or on this host's Unix socket.
+    fn import_shared(
+        &self,
+        identity: CanonicalIdentity,
+        memory: strata_chip_runtime::shared::SharedMemory,
+    ) -> BoxFuture<'_, Result<(), LinkError>>;
+
     /// Ends the session's run (its run buffers retire).
     fn end_run(&self) -> BoxFuture<'_, Result<RunEnd, LinkError>>;
 

@@ -176,3 +176,233 @@ fn a_mapping_refuses_bytes_a_lost_task_may_still_write_until_the_fence() {
         "the late write landed in the mapped memory"
     );
 }
+
+/// Two workers of `device` on this host, reached over their Unix sockets.
+fn two_on(device: &str) -> (WorkerProcess, WorkerProcess, Cluster) {
+    let w0 = WorkerProcess::spawn_unix(&strata_bin(), &["worker"], &["--device", device]);
+    let w1 = WorkerProcess::spawn_unix(&strata_bin(), &["worker"], &["--device", device]);
+    let cluster = Cluster::builder()
+        .connect(&w0.endpoint.to_string(), None)
+        .unwrap()
+        .connect(&w1.endpoint.to_string(), None)
+        .unwrap()
+        .start()
+        .unwrap();
+    (w0, w1, cluster)
+}
+
+/// Worker 0's shared buffer used in place by tasks on worker 1: a fill
+/// there is seen by worker 0's copies and tasks and by this process's
+/// mapping, and worker 0's writes by worker 1's tasks; a task that also
+/// names worker 1's own device buffer goes there, one with nothing else
+/// to its owner; once the buffer is dropped worker 1 lets its mapping go.
+fn shared_between_workers(cluster: &Cluster) {
+    let (w0, w1) = (WorkerId(0), WorkerId(1));
+    let n = 1u32 << 14;
+    let buf = cluster.shared_buffer(w0, u64::from(n) * 4).unwrap();
+    let v = buf.tensor(&[n], DType::F32).unwrap();
+    let before = cluster.worker_stats(w1).unwrap().shared;
+    cluster
+        .submit(Task::new("fill").output(&v).scalar_f64(2.5).on(w1))
+        .unwrap();
+    cluster.wait_all().unwrap();
+    assert!(
+        cluster.worker_stats(w1).unwrap().shared > before,
+        "worker 1 maps it"
+    );
+    assert_eq!(
+        cluster.read_device(&buf, 0, 4).unwrap(),
+        2.5f32.to_le_bytes().to_vec(),
+        "worker 0 sees worker 1's write"
+    );
+    let mapped = cluster.export_device(&buf).unwrap().map().unwrap();
+    let mut seen = [0u8; 8];
+    mapped.read(u64::from(n) * 4 - 8, &mut seen).unwrap();
+    assert_eq!(seen, [2.5f32.to_le_bytes(); 2].concat()[..]);
+    // Worker 0's write, read by worker 1 into its own device buffer.
+    cluster.write_device(&buf, 0, &7f32.to_le_bytes()).unwrap();
+    let own = cluster.device_buffer(w1, u64::from(n) * 4).unwrap();
+    let o = own.tensor(&[n], DType::F32).unwrap();
+    let t = cluster
+        .submit(Task::new("add").input(&v).input(&v).output(&o))
+        .unwrap();
+    cluster.wait(t).unwrap();
+    let got = cluster.read_device(&own, 0, 8).unwrap();
+    assert_eq!(got, [14f32.to_le_bytes(), 5f32.to_le_bytes()].concat());
+    // Nothing else named: the owner runs it.
+    let host = cluster.buffer(u64::from(n) * 4).unwrap();
+    let h = host.tensor(&[n], DType::F32).unwrap();
+    let ran0 = cluster.worker_stats(w0).unwrap().tasks_succeeded;
+    cluster
+        .submit(Task::new("copy").input(&v).output(&h))
+        .unwrap();
+    cluster.wait_all().unwrap();
+    assert_eq!(cluster.worker_stats(w0).unwrap().tasks_succeeded, ran0 + 1);
+    assert_eq!(h.read::<f32>().unwrap()[..2], [7.0, 2.5]);
+    // Dropped: worker 1 unmaps it.
+    drop((buf, v));
+    cluster.wait_all().unwrap();
+    crate::faults::within(std::time::Duration::from_secs(10), || {
+        cluster.worker_stats(w1).unwrap().shared == before
+    })
+    .expect("worker 1 let its mapping go");
+}
+
+/// Between two `strata worker` processes of simulated chips, and two
+/// workers in this process.
+#[test]
+fn a_shared_buffer_is_used_in_place_by_another_worker() {
+    let (_w0, _w1, cluster) = two_on("sim");
+    shared_between_workers(&cluster);
+    let inproc = Cluster::builder().in_process(2).start().unwrap();
+    shared_between_workers(&inproc);
+}
+
+/// Between two worker processes on the same GPU.
+#[test]
+fn a_shared_buffer_is_used_in_place_by_another_worker_on_the_same_gpu() {
+    if !crate::chips::gpu_here("a_shared_buffer_is_used_in_place_by_another_worker_on_the_same_gpu")
+    {
+        return;
+    }
+    let (_w0, _w1, cluster) = two_on("cuda:0,mem=256MiB");
+    shared_between_workers(&cluster);
+    // A simulated chip cannot map a GPU's memory: refused at submit.
+    let gpu = WorkerProcess::spawn_unix(
+        &strata_bin(),
+        &["worker"],
+        &["--device", "cuda:0,mem=256MiB"],
+    );
+    let sim = WorkerProcess::spawn_unix(&strata_bin(), &["worker"], &["--device", "sim"]);
+    let mixed = Cluster::builder()
+        .connect(&gpu.endpoint.to_string(), None)
+        .unwrap()
+        .connect(&sim.endpoint.to_string(), None)
+        .unwrap()
+        .start()
+        .unwrap();
+    let buf = mixed.shared_buffer(WorkerId(0), 64).unwrap();
+    let v = buf.tensor(&[16], DType::F32).unwrap();
+    let e = mixed
+        .submit(Task::new("fill").output(&v).scalar_f64(1.0).on(WorkerId(1)))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("maps host memory, not memory of GPU 0"), "{e}");
+}
+
+/// Where another worker cannot map a shared buffer, the task is refused
+/// at submit naming the buffer, both workers and why: a worker over TCP
+/// (device memory travels only by fd).
+#[test]
+fn a_worker_that_cannot_map_a_shared_buffer_refuses_the_task_naming_why() {
+    use crate::faults::{TOKEN, token_file};
+    let dir = tempfile::tempdir().unwrap();
+    let token = token_file(dir.path());
+    let w0 = WorkerProcess::spawn_unix(&strata_bin(), &["worker"], &["--device", "sim"]);
+    let w1 = WorkerProcess::spawn_tcp(
+        &strata_bin(),
+        &["worker"],
+        &["--device", "sim", "--token-file", token.as_str()],
+    );
+    let cluster = Cluster::builder()
+        .connect(&w0.endpoint.to_string(), None)
+        .unwrap()
+        .connect(&w1.endpoint.to_string(), Some(TOKEN))
+        .unwrap()
+        .start()
+        .unwrap();
+    let buf = cluster.shared_buffer(WorkerId(0), 64).unwrap();
+    let v = buf.tensor(&[16], DType::F32).unwrap();
+    let e = cluster
+        .submit(Task::new("fill").output(&v).scalar_f64(1.0).on(WorkerId(1)))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("could not be mapped on worker 1")
+            && e.contains("of worker 0")
+            && e.contains("over TCP"),
+        "{e}"
+    );
+    // The owner still runs it.
+    cluster
+        .submit(Task::new("fill").output(&v).scalar_f64(1.0))
+        .unwrap();
+    cluster.wait_all().unwrap();
+}
+
+/// The quarantine across workers: worker 1 writes worker 0's shared
+/// buffer in place and hangs mid-task (SIGSTOP). Until the loss is fenced
+/// the mapping here refuses the bytes and worker 0's overwrite waits; when
+/// worker 1 wakes, its late write lands first, and the overwrite after it
+/// holds for good.
+#[test]
+fn a_hung_importer_s_late_write_never_lands_on_the_owner_s_later_result() {
+    use nix::sys::signal::{Signal, kill};
+    use nix::unistd::Pid;
+    use std::time::Duration;
+    use strata_orchestrator::{Error, Quarantine};
+
+    const LATE: f32 = 2311.0;
+    let bin = crate::faults::test_worker_bin();
+    let w0 = WorkerProcess::spawn_unix(bin, &[], &[]);
+    let w1 = WorkerProcess::spawn_unix(bin, &[], &[]);
+    let cluster = Cluster::builder()
+        .quarantine(Quarantine::Wait(Duration::from_secs(60)))
+        .connect(&w0.endpoint.to_string(), None)
+        .unwrap()
+        .connect(&w1.endpoint.to_string(), None)
+        .unwrap()
+        .start()
+        .unwrap();
+    let buf = cluster.shared_buffer(WorkerId(0), 4096).unwrap();
+    let x = buf.tensor(&[1024], DType::F32).unwrap();
+    let mapped = cluster.export_device(&buf).unwrap().map().unwrap();
+    let late = cluster
+        .submit(
+            Task::new("test.late_fill")
+                .output(&x)
+                .scalar_u64(1500)
+                .scalar_u64(LATE as u64)
+                .on(WorkerId(1)),
+        )
+        .unwrap();
+    crate::faults::within(Duration::from_secs(10), || {
+        cluster
+            .worker_stats(WorkerId(1))
+            .is_ok_and(|s| s.tasks_in_flight > 0)
+    })
+    .expect("the late task started");
+    let pid = Pid::from_raw(i32::try_from(w1.pid()).unwrap());
+    kill(pid, Signal::SIGSTOP).unwrap();
+    let over = cluster
+        .submit(Task::new("fill").output(&x).scalar_f64(7.0).on(WorkerId(0)))
+        .unwrap();
+    let e = cluster.wait(late).unwrap_err().to_string();
+    assert!(e.contains("quarantined"), "{e}");
+    let e = mapped.read(0, &mut [0u8; 4]).unwrap_err();
+    assert!(
+        matches!(&e, Error::Quarantined(q) if q.worker == WorkerId(1)),
+        "{e}"
+    );
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(
+        cluster.worker_stats(WorkerId(0)).unwrap().tasks_succeeded,
+        0,
+        "the owner's overwrite ran during the quarantine"
+    );
+    kill(pid, Signal::SIGCONT).unwrap();
+    cluster
+        .wait(over)
+        .unwrap_or_else(|e| panic!("{e}; worker 1's log:\n{}", w1.log()));
+    let all_seven = |m: &strata_orchestrator::DeviceMapping| {
+        let mut b = vec![0u8; 4096];
+        m.read(0, &mut b).unwrap();
+        b.chunks(4).all(|c| c == 7f32.to_le_bytes())
+    };
+    assert!(all_seven(&mapped));
+    std::thread::sleep(Duration::from_millis(2000));
+    assert!(
+        all_seven(&mapped),
+        "a late write landed on a reported result"
+    );
+}

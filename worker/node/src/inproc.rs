@@ -253,6 +253,20 @@ impl InProcessSession {
         self.node.device_export(&self.session, identity)
     }
 
+    /// Maps another worker's shared device buffer `identity` (its export)
+    /// for this session's tasks ([`Node::device_import`]).
+    ///
+    /// # Errors
+    /// The node's refusal.
+    pub fn device_import(
+        &self,
+        identity: CanonicalIdentity,
+        memory: strata_chip_runtime::shared::SharedMemory,
+    ) -> Result<u64, NodeError> {
+        self.live()?;
+        self.node.device_import(&self.session, identity, memory)
+    }
+
     /// Frees a device buffer.
     ///
     /// # Errors

@@ -292,6 +292,49 @@ impl Node {
         Ok(self.device.export(&buf.block)?)
     }
 
+    /// Maps another worker's shared device buffer `identity` (its export,
+    /// `memory`) into this chip for `session`'s tasks, as the session's
+    /// device buffer of that identity until it is freed or the session
+    /// ends; `session` as the fd channel names it.
+    ///
+    /// # Errors
+    /// As [`Node::device_import`], as text.
+    pub fn import_shared_one(
+        &self,
+        session: SessionId,
+        identity: CanonicalIdentity,
+        memory: strata_chip_runtime::shared::SharedMemory,
+    ) -> Result<(), String> {
+        let state = self
+            .session(session)
+            .ok_or_else(|| format!("unknown session {session}"))?;
+        self.device_import(&state, identity, memory)
+            .map(drop)
+            .map_err(|e| e.to_string())
+    }
+
+    /// As [`Node::import_shared_one`], for a session in hand: the block's
+    /// address on this chip.
+    ///
+    /// # Errors
+    /// An identity the session already holds; the chip's refusal (memory
+    /// of another place, a descriptor that does not check out).
+    pub fn device_import(
+        &self,
+        session: &Session,
+        identity: CanonicalIdentity,
+        memory: strata_chip_runtime::shared::SharedMemory,
+    ) -> Result<u64, NodeError> {
+        let mut buffers = session.device_buffers();
+        if buffers.contains_key(&identity) {
+            return Err(NodeError::AlreadyAllocated(identity));
+        }
+        let block = self.device.import(memory)?;
+        let buffer = DeviceBuffer::persistent(Arc::clone(&self.device), block);
+        buffers.insert(identity, Arc::new(buffer));
+        Ok(block.addr)
+    }
+
     /// Imports `fd` for `session` as buffer `identity` (as `grant`, when
     /// given: its descriptor, which tasks may narrow but not widen), after
     /// the arrival checks: tmpfs/shmem, sealed against shrinking unless the

@@ -333,6 +333,7 @@ impl EndpointActor {
             match cmd {
                 EpCmd::DeviceAlloc { reply, .. } => drop(reply.send(Err(gone))),
                 EpCmd::Export { reply, .. } => drop(reply.send(Err(gone))),
+                EpCmd::ImportShared { reply, .. } => drop(reply.send(Err(gone))),
                 EpCmd::CopyToDevice { reply, .. } => drop(reply.send(Err(gone))),
                 EpCmd::CopyFromDevice { reply, .. } => drop(reply.send(Err(gone))),
                 EpCmd::EndRun { reply } => drop(reply.send(Err(gone))),
@@ -398,6 +399,13 @@ impl EndpointActor {
                     Box::pin(async move { l.export(identity).await })
                 });
             }
+            EpCmd::ImportShared {
+                identity,
+                memory,
+                reply,
+            } => self.control(reply, move |l| {
+                Box::pin(async move { l.import_shared(identity, memory).await })
+            }),
             EpCmd::EndRun { reply } => {
                 self.control(reply, |l| Box::pin(async move { l.end_run().await }));
             }

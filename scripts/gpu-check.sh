@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # On a machine with an NVIDIA GPU: the chip conformance suite on cuda:0
 # (STRATA_REQUIRE_CUDA=1: a missing GPU or library fails it rather than
-# skipping), then the CUDA benchmarks, and one table of what was measured.
+# skipping), the cross-process tests of workers on the GPU (demo, faults,
+# shared device memory between processes, a mixed node's placement), then
+# the CUDA benchmarks, and one table of what was measured.
 # Runs from prebuilt binaries (scripts/gpu-kit.sh builds them):
 #
 #   scripts/gpu-check.sh [--quick] [KIT]   (KIT by default: this script's
@@ -23,7 +25,7 @@ elif [ -x "$here/strata" ]; then kit=$here
 else kit=$here/../target/gpu-kit
 fi
 kit=$(cd "$kit" && pwd)
-for bin in strata chip-tests gpu_bench cholesky; do
+for bin in strata chip-tests cross-tests strata-test-worker gpu_bench cholesky; do
     [ -x "$kit/$bin" ] || { echo "gpu-check: $kit/$bin missing: run scripts/gpu-kit.sh first" >&2; exit 2; }
 done
 # The CUDA toolkit's libraries (NVRTC, cuBLAS, cuSOLVER) where a toolkit
@@ -44,6 +46,12 @@ echo "== conformance (chip tests on sim and cuda:0)"
 "$kit/chip-tests" --test-threads 4 >"$log/conformance" 2>&1
 conf=$?
 grep -E "^test result|FAILED|panicked" "$log/conformance" | head -20
+
+echo "== worker processes on cuda:0 (cross tests chips:: and shared::)"
+STRATA_TEST_WORKER="$kit/strata-test-worker" "$kit/cross-tests" --test-threads 2 chips:: shared:: \
+    >"$log/cross" 2>&1
+cross=$?
+grep -E "^test result|FAILED|panicked|^a slow" "$log/cross" | head -20
 
 echo "== benchmarks"
 STRATA_DEVICE=cuda:0 "$kit/gpu_bench" >"$log/bench" 2>&1 || { echo "gpu_bench failed:"; tail -5 "$log/bench"; }
@@ -81,4 +89,5 @@ grep '^RESULT' "$log/bench" | while read -r _ name value unit; do
 done
 grep -v '^RESULT' "$log/bench" | grep -iE "^CHECK|error|fail|panic" | head -10
 echo "conformance: $([ $conf -eq 0 ] && echo passed || echo "FAILED (log: $log/conformance)")"
-exit $conf
+echo "cross tests: $([ $cross -eq 0 ] && echo passed || echo "FAILED (log: $log/cross)")"
+[ $conf -eq 0 ] && [ $cross -eq 0 ]

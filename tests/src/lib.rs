@@ -26,12 +26,16 @@ use strata_client::Endpoint;
 use strata_wire::{Access, AddressSpace, Backing, BufferDescriptor, IdentityMint};
 use tempfile::TempDir;
 
-/// The `strata` binary of this build (next to the test executable's
-/// `deps` folder; `cargo test --workspace` builds it).
+/// The `strata` binary: `STRATA_BIN` when it is set, else this build's
+/// (next to the test executable's `deps` folder; `cargo test --workspace`
+/// builds it).
 ///
 /// # Panics
 /// When it has not been built.
 pub fn strata_bin() -> PathBuf {
+    if let Some(bin) = std::env::var_os("STRATA_BIN") {
+        return PathBuf::from(bin);
+    }
     let exe = std::env::current_exe().expect("current exe");
     let dir = exe.parent().and_then(Path::parent).expect("target dir");
     let bin = dir.join("strata");
@@ -41,6 +45,17 @@ pub fn strata_bin() -> PathBuf {
         bin.display()
     );
     bin
+}
+
+/// The `strata-test-worker` binary: `STRATA_TEST_WORKER` when it is set
+/// (a kit of prebuilt binaries run on another machine, as
+/// `scripts/gpu-check.sh` does), else `built`, the build's own
+/// (`env!("CARGO_BIN_EXE_strata-test-worker")` in the caller).
+pub fn test_worker(built: &'static str) -> &'static Path {
+    static PATH: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    PATH.get_or_init(|| {
+        std::env::var_os("STRATA_TEST_WORKER").map_or_else(|| PathBuf::from(built), PathBuf::from)
+    })
 }
 
 /// A worker process on a private socket, killed when dropped.

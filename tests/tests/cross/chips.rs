@@ -9,6 +9,7 @@
 //! on a GPU need one (or the fake CUDA of `scripts/fakecuda.sh`): without,
 //! each says so on one line and passes, unless `STRATA_REQUIRE_CUDA=1`.
 
+use crate::faults::test_worker_bin;
 use std::path::Path;
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
@@ -18,10 +19,6 @@ use strata_tests::{WorkerProcess, strata_bin};
 
 use crate::faults::within;
 use strata_wire::DType;
-
-fn test_worker_bin() -> &'static Path {
-    Path::new(env!("CARGO_BIN_EXE_strata-test-worker"))
-}
 
 /// Whether this machine has a CUDA driver (then absence cannot be shown).
 fn driver_here(test: &str) -> bool {

@@ -2,6 +2,7 @@
 //! differential test through real workers, a worker killed mid-run,
 //! device-buffer pipelines and zero-copy hand-off.
 
+use crate::faults::test_worker_bin;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
@@ -14,10 +15,6 @@ use strata_tests::kernels::hash_callable;
 use strata_tests::{WorkerProcess, strata_bin};
 use strata_wire::check::Rng;
 use strata_wire::{Access, DType};
-
-fn test_worker_bin() -> &'static Path {
-    Path::new(env!("CARGO_BIN_EXE_strata-test-worker"))
-}
 
 fn local(n: usize, binary: &Path) -> Cluster {
     Cluster::builder()

@@ -12,7 +12,7 @@ use strata_wire::DType;
 use strata_wire::check::Rng;
 
 pub(crate) fn test_worker_bin() -> &'static Path {
-    Path::new(env!("CARGO_BIN_EXE_strata-test-worker"))
+    strata_tests::test_worker(env!("CARGO_BIN_EXE_strata-test-worker"))
 }
 
 pub(crate) const TOKEN: &str = "faults-token";

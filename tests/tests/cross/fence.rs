@@ -3,7 +3,7 @@
 //! worker ends at once; the old session's queued tasks never start, and
 //! the client can watch its running tasks drain to zero.
 
-use std::path::Path;
+use crate::faults::test_worker_bin;
 use std::time::{Duration, Instant};
 
 use nix::sys::signal::{Signal, kill};
@@ -14,10 +14,6 @@ use strata_proto::TaskId;
 use strata_proto::convert::{TaskCompletion, TaskOutcome, TaskRequest};
 use strata_tests::{SharedBuffer, WorkerProcess};
 use strata_wire::{Access, ArgTag, DType, IdentityMint, TaskArgs, Tensor};
-
-fn test_worker_bin() -> &'static Path {
-    Path::new(env!("CARGO_BIN_EXE_strata-test-worker"))
-}
 
 fn mint() -> IdentityMint {
     let t = std::time::SystemTime::now()

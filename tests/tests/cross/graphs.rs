@@ -336,11 +336,8 @@ fn demo_trace_has_one_slice_per_task_within_the_run() {
 /// task by its place in the file, long before the kernel would end.
 #[test]
 fn a_graph_task_past_its_timeout_fails_the_run_saying_so() {
-    let worker = strata_tests::WorkerProcess::spawn_unix(
-        Path::new(env!("CARGO_BIN_EXE_strata-test-worker")),
-        &[],
-        &[],
-    );
+    let worker =
+        strata_tests::WorkerProcess::spawn_unix(crate::faults::test_worker_bin(), &[], &[]);
     let tmp = tempfile::tempdir().unwrap();
     let graph = tmp.path().join("timeout.json");
     std::fs::write(

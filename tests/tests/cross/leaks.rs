@@ -4,7 +4,7 @@
 //! writers on the same workers, and no buffer B can read holds a byte of
 //! the secret.
 
-use std::path::Path;
+use crate::faults::test_worker_bin;
 use std::time::{Duration, Instant};
 
 use strata_orchestrator::{Buffer, Cluster, Task, WorkerId};
@@ -13,10 +13,6 @@ use strata_wire::DType;
 
 /// The secret: a word no random buffer of these sizes holds by chance.
 const SECRET: u64 = 0x5EC2_E7A5_5EC2_E7A5;
-
-fn test_worker_bin() -> &'static Path {
-    Path::new(env!("CARGO_BIN_EXE_strata-test-worker"))
-}
 
 /// Where in `bytes` four consecutive bytes of the secret (at any phase)
 /// appear, if anywhere.

@@ -5,7 +5,7 @@
 //! travel) and in-process workers, with two clients sharing the workers.
 //! And no byte of one session's reaches another's.
 
-use std::path::Path;
+use crate::faults::test_worker_bin;
 
 use strata_orchestrator::{Cluster, Task};
 use strata_orchestrator_core::sim::{self, Program};
@@ -14,10 +14,6 @@ use strata_tests::kernels::{partial_callable, partially_writes};
 use strata_wire::check::Rng;
 
 use crate::cluster::{remap_with, submit_program, without_fp4};
-
-fn test_worker_bin() -> &'static Path {
-    Path::new(env!("CARGO_BIN_EXE_strata-test-worker"))
-}
 
 /// Runs `seeds` random programs of partial writers on `cluster`, each
 /// checked byte for byte against one-by-one execution. Returns the tasks

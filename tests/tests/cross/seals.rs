@@ -13,7 +13,6 @@
 
 use std::collections::HashMap;
 use std::os::fd::{AsFd, OwnedFd};
-use std::path::Path;
 use std::time::Duration;
 
 use nix::errno::Errno;
@@ -334,7 +333,7 @@ fn posix_object(prefix: &str, nbytes: u64) -> (OwnedFd, BufferDescriptor) {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_posix_shm_object_is_copied_and_a_shrink_mid_task_fails_only_that_task() {
     let w = WorkerProcess::spawn_unix(
-        Path::new(env!("CARGO_BIN_EXE_strata-test-worker")),
+        crate::faults::test_worker_bin(),
         &[],
         &["--device", "sim:mem=64MiB,lanes=2"],
     );

@@ -1,9 +1,9 @@
 //! `strata worker` against a test client that speaks the protocol as an
 //! orchestrator would.
 
+use crate::faults::test_worker_bin;
 use std::collections::HashMap;
 use std::os::unix::process::CommandExt;
-use std::path::Path;
 use std::time::Duration;
 
 use strata_chip_runtime::KernelHandle;
@@ -23,10 +23,6 @@ fn rand_owner() -> [u8; 8] {
         .unwrap()
         .as_nanos();
     (t as u64 ^ u64::from(std::process::id())).to_le_bytes()
-}
-
-fn test_worker_bin() -> &'static Path {
-    Path::new(env!("CARGO_BIN_EXE_strata-test-worker"))
 }
 
 pub(crate) async fn session(w: &WorkerProcess) -> (WorkerClient, Handshake) {

@@ -247,6 +247,11 @@ pub(crate) struct LaneState {
     /// were recorded since the last `Staging` (bit i: point i).
     events: [Raw<sys::CUevent>; 3],
     marked: u8,
+    /// Whether anything may have been queued on `stream` since its last
+    /// synchronize: a `finish` with nothing queued makes no driver call
+    /// (a launch on device buffers alone would otherwise wait three times
+    /// for one kernel: after it, after the copies out, after the launch).
+    queued: bool,
 }
 
 /// Whether a launch of `priority` goes on an urgent stream, beside
@@ -364,6 +369,7 @@ impl CudaEngine {
                 handles: Handles::default(),
                 events,
                 marked: 0,
+                queued: false,
             }));
         }
         Ok(CudaEngine {
@@ -394,6 +400,7 @@ impl CudaEngine {
     ) -> Result<R, Error> {
         self.gpu.bind()?;
         let mut state = self.lane(lane);
+        state.queued = true;
         let r = f(&mut state);
         if lane.is_none() {
             let done = self.sync(&mut state);
@@ -406,7 +413,17 @@ impl CudaEngine {
         // SAFETY: a stream of this context, current on this thread.
         let r = unsafe { sys::cuStreamSynchronize(state.stream.0) };
         state.bounce.reset();
+        state.queued = false;
         self.gpu.check("cuStreamSynchronize", r)
+    }
+
+    /// [`CudaEngine::sync`] when anything may be queued.
+    fn sync_queued(&self, state: &mut LaneState) -> Result<(), Error> {
+        if state.queued {
+            return self.sync(state);
+        }
+        state.bounce.reset();
+        Ok(())
     }
 
     /// Whether `host` is page-locked (registering the memory it is a face
@@ -787,6 +804,7 @@ impl Engine for CudaEngine {
         // takes its lock). Only this lane's thread uses its state now.
         let (stream, mut handles) = {
             let mut state = self.lane(Some(lane));
+            state.queued = true;
             (state.stream, std::mem::take(&mut state.handles))
         };
         let held = match body {
@@ -820,7 +838,7 @@ impl Engine for CudaEngine {
     fn finish(&self, lane: Lane) -> Result<(), Error> {
         self.gpu.bind()?;
         let mut state = self.lane(lane);
-        self.sync(&mut state)
+        self.sync_queued(&mut state)
     }
 
     fn begin(&self, lane: usize, priority: u64) {
@@ -833,6 +851,11 @@ impl Engine for CudaEngine {
             .map(|(_, p)| p.load(Ordering::Relaxed));
         let go = urgent(priority, others);
         let mut state = self.lane(Some(lane));
+        // What `queued` speaks of is the stream in use: none is left
+        // behind unwaited.
+        if state.queued && self.gpu.bind().is_ok() {
+            let _ = self.sync(&mut state);
+        }
         state.stream = if go { state.urgent } else { state.normal };
     }
 
@@ -841,6 +864,9 @@ impl Engine for CudaEngine {
             mine.store(0, Ordering::Relaxed);
         }
         let mut state = self.lane(Some(lane));
+        if state.queued && self.gpu.bind().is_ok() {
+            let _ = self.sync(&mut state);
+        }
         state.stream = state.normal;
     }
 
@@ -853,6 +879,7 @@ impl Engine for CudaEngine {
         if point == Stamp::Staging {
             state.marked = 0;
         }
+        state.queued = true;
         // SAFETY: our event and the lane's stream, the context current.
         let r = unsafe { sys::cuEventRecord(state.events[i].0, state.stream.0) };
         if r == CUresult::CUDA_SUCCESS {

@@ -33,9 +33,12 @@ fn a_recycled_buffer_comes_back_zeroed_under_a_new_generation_once_released() {
     assert_eq!(t.buffer().nbytes(), 4096, "a page: the smallest class");
     assert_eq!(t.read::<f32>().unwrap(), vec![0.0; 256]);
     let first = t.buffer().identity();
-    c.submit(Task::new("fill").output(&t).scalar_f64(5.0))
+    let fill = c
+        .submit(Task::new("fill").output(&t).scalar_f64(5.0))
         .unwrap();
     c.submit(Task::new("t.gate").inout(&t)).unwrap();
+    // The task in flight is the gate only once the fill has ended.
+    c.wait(fill).unwrap();
     eventually("the gate task runs", || in_flight(&c, 0) == 1);
     assert_eq!(t.read::<f32>().unwrap(), vec![5.0; 256]);
     // The driver lets go while a task still uses it: nothing comes back.

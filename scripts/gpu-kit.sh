@@ -19,19 +19,18 @@ out=${1:-target/gpu-kit}
 mkdir -p "$out"
 cargo build --release --locked -p strata-cli
 cargo build --release --locked -p strata-examples --example gpu_bench --example cholesky
-chip=$(cargo test --release --locked -p strata-chip-runtime --test chip --no-run --message-format=json 2>/dev/null |
-    python3 -c 'import json,sys
+# The path of the release test binary TEST of package PKG, built.
+test_binary() { # PKG TEST
+    cargo test --release --locked -p "$1" --test "$2" --no-run --message-format=json 2>/dev/null |
+        python3 -c 'import json,sys
 for line in sys.stdin:
     m = json.loads(line)
-    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] == "chip":
-        print(m["executable"])')
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] == sys.argv[1]:
+        print(m["executable"])' "$2"
+}
+chip=$(test_binary strata-chip-runtime chip)
 [ -n "$chip" ] || { echo "gpu-kit: the chip test binary was not built" >&2; exit 1; }
-cross=$(cargo test --release --locked -p strata-tests --test cross --no-run --message-format=json 2>/dev/null |
-    python3 -c 'import json,sys
-for line in sys.stdin:
-    m = json.loads(line)
-    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] == "cross":
-        print(m["executable"])')
+cross=$(test_binary strata-tests cross)
 [ -n "$cross" ] || { echo "gpu-kit: the cross test binary was not built" >&2; exit 1; }
 cp target/release/strata "$out/strata"
 cp target/release/examples/gpu_bench "$out/gpu_bench"

@@ -5,19 +5,64 @@
 //! (or the fake CUDA) is.
 
 use strata_chip_runtime::shared::Place;
-use strata_orchestrator::{Cluster, Task, WorkerId};
+use strata_orchestrator::{Cluster, ClusterBuilder, Task, WorkerId};
 use strata_tests::{WorkerProcess, strata_bin};
 use strata_wire::DType;
 
+/// A `strata worker` process on `device`, on a Unix socket.
+fn strata_worker(device: &str) -> WorkerProcess {
+    WorkerProcess::spawn_unix(&strata_bin(), &["worker"], &["--device", device])
+}
+
+/// A cluster of `builder` connected to `workers` over their Unix sockets,
+/// worker `i` being `workers[i]`.
+fn connected(builder: ClusterBuilder, workers: &[&WorkerProcess]) -> Cluster {
+    workers
+        .iter()
+        .fold(builder, |b, w| {
+            b.connect(&w.endpoint.to_string(), None).unwrap()
+        })
+        .start()
+        .unwrap()
+}
+
 /// One worker process on `device`, reached over its Unix socket.
 fn cluster_on(device: &str) -> (WorkerProcess, Cluster) {
-    let w = WorkerProcess::spawn_unix(&strata_bin(), &["worker"], &["--device", device]);
-    let cluster = Cluster::builder()
-        .connect(&w.endpoint.to_string(), None)
-        .unwrap()
-        .start()
-        .unwrap();
+    let w = strata_worker(device);
+    let cluster = connected(Cluster::builder(), &[&w]);
     (w, cluster)
+}
+
+/// What the late task of the quarantine tests writes.
+const LATE: f32 = 2311.0;
+
+/// `test.late_fill(view)` (1.5 s, then [`LATE`]) on `worker`, whose process
+/// `w` is stopped (SIGSTOP) once the task runs; the task and the pid to
+/// wake.
+fn late_fill_stopped(
+    cluster: &Cluster,
+    view: &strata_orchestrator::View,
+    worker: WorkerId,
+    w: &WorkerProcess,
+) -> (strata_orchestrator::TaskHandle, nix::unistd::Pid) {
+    let late = cluster
+        .submit(
+            Task::new("test.late_fill")
+                .output(view)
+                .scalar_u64(1500)
+                .scalar_u64(LATE as u64)
+                .on(worker),
+        )
+        .unwrap();
+    crate::faults::within(std::time::Duration::from_secs(10), || {
+        cluster
+            .worker_stats(worker)
+            .is_ok_and(|s| s.tasks_in_flight > 0)
+    })
+    .expect("the late task started");
+    let pid = nix::unistd::Pid::from_raw(i32::try_from(w.pid()).unwrap());
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGSTOP).unwrap();
+    (late, pid)
 }
 
 fn shared_round_trip(cluster: &Cluster, place: fn(Place) -> bool) {
@@ -116,39 +161,20 @@ fn a_lost_workers_shared_buffer_is_exported_no_more() {
 #[test]
 fn a_mapping_refuses_bytes_a_lost_task_may_still_write_until_the_fence() {
     use nix::sys::signal::{Signal, kill};
-    use nix::unistd::Pid;
     use std::time::Duration;
     use strata_orchestrator::{Error, Quarantine};
 
-    const LATE: f32 = 2311.0;
     let w = WorkerProcess::spawn_unix(crate::faults::test_worker_bin(), &[], &[]);
-    let cluster = Cluster::builder()
-        .quarantine(Quarantine::Wait(Duration::from_secs(60)))
-        .connect(&w.endpoint.to_string(), None)
-        .unwrap()
-        .start()
-        .unwrap();
+    let cluster = connected(
+        Cluster::builder().quarantine(Quarantine::Wait(Duration::from_secs(60))),
+        &[&w],
+    );
     // 1024 F32 values: the first 256 the lost task writes, the rest not.
     let buf = cluster.shared_buffer(WorkerId(0), 4096).unwrap();
     cluster.write_device(&buf, 0, &[0u8; 4096]).unwrap();
     let head = buf.tensor(&[256], DType::F32).unwrap();
     let mapped = cluster.export_device(&buf).unwrap().map().unwrap();
-    let late = cluster
-        .submit(
-            Task::new("test.late_fill")
-                .output(&head)
-                .scalar_u64(1500)
-                .scalar_u64(LATE as u64),
-        )
-        .unwrap();
-    crate::faults::within(Duration::from_secs(10), || {
-        cluster
-            .worker_stats(WorkerId(0))
-            .is_ok_and(|s| s.tasks_in_flight > 0)
-    })
-    .expect("the late task started");
-    let pid = Pid::from_raw(i32::try_from(w.pid()).unwrap());
-    kill(pid, Signal::SIGSTOP).unwrap();
+    let (late, pid) = late_fill_stopped(&cluster, &head, WorkerId(0), &w);
     let e = cluster.wait(late).unwrap_err().to_string();
     assert!(e.contains("quarantined"), "{e}");
     let mut seen = [0u8; 16];
@@ -179,15 +205,8 @@ fn a_mapping_refuses_bytes_a_lost_task_may_still_write_until_the_fence() {
 
 /// Two workers of `device` on this host, reached over their Unix sockets.
 fn two_on(device: &str) -> (WorkerProcess, WorkerProcess, Cluster) {
-    let w0 = WorkerProcess::spawn_unix(&strata_bin(), &["worker"], &["--device", device]);
-    let w1 = WorkerProcess::spawn_unix(&strata_bin(), &["worker"], &["--device", device]);
-    let cluster = Cluster::builder()
-        .connect(&w0.endpoint.to_string(), None)
-        .unwrap()
-        .connect(&w1.endpoint.to_string(), None)
-        .unwrap()
-        .start()
-        .unwrap();
+    let (w0, w1) = (strata_worker(device), strata_worker(device));
+    let cluster = connected(Cluster::builder(), &[&w0, &w1]);
     (w0, w1, cluster)
 }
 
@@ -268,19 +287,8 @@ fn a_shared_buffer_is_used_in_place_by_another_worker_on_the_same_gpu() {
     let (_w0, _w1, cluster) = two_on("cuda:0,mem=256MiB");
     shared_between_workers(&cluster);
     // A simulated chip cannot map a GPU's memory: refused at submit.
-    let gpu = WorkerProcess::spawn_unix(
-        &strata_bin(),
-        &["worker"],
-        &["--device", "cuda:0,mem=256MiB"],
-    );
-    let sim = WorkerProcess::spawn_unix(&strata_bin(), &["worker"], &["--device", "sim"]);
-    let mixed = Cluster::builder()
-        .connect(&gpu.endpoint.to_string(), None)
-        .unwrap()
-        .connect(&sim.endpoint.to_string(), None)
-        .unwrap()
-        .start()
-        .unwrap();
+    let (gpu, sim) = (strata_worker("cuda:0,mem=256MiB"), strata_worker("sim"));
+    let mixed = connected(Cluster::builder(), &[&gpu, &sim]);
     let buf = mixed.shared_buffer(WorkerId(0), 64).unwrap();
     let v = buf.tensor(&[16], DType::F32).unwrap();
     let e = mixed
@@ -298,7 +306,7 @@ fn a_worker_that_cannot_map_a_shared_buffer_refuses_the_task_naming_why() {
     use crate::faults::{TOKEN, token_file};
     let dir = tempfile::tempdir().unwrap();
     let token = token_file(dir.path());
-    let w0 = WorkerProcess::spawn_unix(&strata_bin(), &["worker"], &["--device", "sim"]);
+    let w0 = strata_worker("sim");
     let w1 = WorkerProcess::spawn_tcp(
         &strata_bin(),
         &["worker"],
@@ -338,42 +346,20 @@ fn a_worker_that_cannot_map_a_shared_buffer_refuses_the_task_naming_why() {
 #[test]
 fn a_hung_importer_s_late_write_never_lands_on_the_owner_s_later_result() {
     use nix::sys::signal::{Signal, kill};
-    use nix::unistd::Pid;
     use std::time::Duration;
     use strata_orchestrator::{Error, Quarantine};
 
-    const LATE: f32 = 2311.0;
     let bin = crate::faults::test_worker_bin();
     let w0 = WorkerProcess::spawn_unix(bin, &[], &[]);
     let w1 = WorkerProcess::spawn_unix(bin, &[], &[]);
-    let cluster = Cluster::builder()
-        .quarantine(Quarantine::Wait(Duration::from_secs(60)))
-        .connect(&w0.endpoint.to_string(), None)
-        .unwrap()
-        .connect(&w1.endpoint.to_string(), None)
-        .unwrap()
-        .start()
-        .unwrap();
+    let cluster = connected(
+        Cluster::builder().quarantine(Quarantine::Wait(Duration::from_secs(60))),
+        &[&w0, &w1],
+    );
     let buf = cluster.shared_buffer(WorkerId(0), 4096).unwrap();
     let x = buf.tensor(&[1024], DType::F32).unwrap();
     let mapped = cluster.export_device(&buf).unwrap().map().unwrap();
-    let late = cluster
-        .submit(
-            Task::new("test.late_fill")
-                .output(&x)
-                .scalar_u64(1500)
-                .scalar_u64(LATE as u64)
-                .on(WorkerId(1)),
-        )
-        .unwrap();
-    crate::faults::within(Duration::from_secs(10), || {
-        cluster
-            .worker_stats(WorkerId(1))
-            .is_ok_and(|s| s.tasks_in_flight > 0)
-    })
-    .expect("the late task started");
-    let pid = Pid::from_raw(i32::try_from(w1.pid()).unwrap());
-    kill(pid, Signal::SIGSTOP).unwrap();
+    let (late, pid) = late_fill_stopped(&cluster, &x, WorkerId(1), &w1);
     let over = cluster
         .submit(Task::new("fill").output(&x).scalar_f64(7.0).on(WorkerId(0)))
         .unwrap();

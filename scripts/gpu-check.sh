@@ -2,8 +2,11 @@
 # On a machine with an NVIDIA GPU: the chip conformance suite on cuda:0
 # (STRATA_REQUIRE_CUDA=1: a missing GPU or library fails it rather than
 # skipping), the cross-process tests of workers on the GPU (demo, faults,
-# shared device memory between processes, a mixed node's placement), then
-# the CUDA benchmarks, and one table of what was measured.
+# shared device memory between processes, a mixed node's placement), the
+# Python package's GPU tests (with CuPy and PyTorch reading a shared
+# array through DLPack, where installed), then the CUDA benchmarks (with
+# PyTorch's or CuPy's dense Cholesky beside the tiled one), and one table
+# of what was measured.
 # Runs from prebuilt binaries (scripts/gpu-kit.sh builds them):
 #
 #   scripts/gpu-check.sh [--quick] [KIT]   (KIT by default: this script's
@@ -12,6 +15,9 @@
 #
 # --quick runs every step on small sizes: a dry run of the kit (on the
 # fake CUDA of scripts/fakecuda.sh, say), whose figures mean nothing.
+# GPU_CHECK_LOG=DIR keeps every step's full log there (default: a fresh
+# temporary folder, named at the end). Each step has a time limit, so a
+# step that hangs costs its limit and the rest still run.
 #
 # Takes under 4 minutes on one H100/H200. Figures are medians of their
 # runs; nothing is asserted about them here (the conformance suite
@@ -25,38 +31,86 @@ elif [ -x "$here/strata" ]; then kit=$here
 else kit=$here/../target/gpu-kit
 fi
 kit=$(cd "$kit" && pwd)
-for bin in strata chip-tests cross-tests strata-test-worker gpu_bench cholesky; do
-    [ -x "$kit/$bin" ] || { echo "gpu-check: $kit/$bin missing: run scripts/gpu-kit.sh first" >&2; exit 2; }
+for bin in strata chip-tests cross-tests strata-test-worker gpu_bench cholesky gpu_dense.py py pytests; do
+    [ -e "$kit/$bin" ] || { echo "gpu-check: $kit/$bin missing: run scripts/gpu-kit.sh first" >&2; exit 2; }
 done
 # The CUDA toolkit's libraries (NVRTC, cuBLAS, cuSOLVER) where a toolkit
-# is installed; the driver's libcuda.so.1 is on the default path.
-for d in /usr/local/cuda/targets/x86_64-linux/lib /usr/local/cuda-*/targets/x86_64-linux/lib /usr/local/cuda/lib64; do
-    if [ -e "$d/libcublas.so.13" ] || [ -e "$d/libnvrtc.so.13" ]; then
-        export LD_LIBRARY_PATH="$d${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-        break
-    fi
+# is installed, else where pip's nvidia-* packages put them (PyTorch
+# brings those); the driver's libcuda.so.1 is on the default path.
+for lib in libnvrtc.so.13 libcublas.so.13 libcusolver.so.12; do
+    for d in /usr/local/cuda/targets/x86_64-linux/lib /usr/local/cuda-*/targets/x86_64-linux/lib \
+             /usr/local/cuda/lib64 $(python3 -c 'import site; print(*site.getsitepackages())' 2>/dev/null |
+             xargs -n1 -I{} sh -c 'ls -d {}/nvidia/*/lib 2>/dev/null'); do
+        if [ -e "$d/$lib" ]; then
+            case ":${LD_LIBRARY_PATH:-}:" in *":$d:"*) ;; *)
+                export LD_LIBRARY_PATH="$d${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}";; esac
+            break
+        fi
+    done
 done
 export STRATA_REQUIRE_CUDA=1 STRATA_REQUIRE_NVRTC=1 STRATA_BIN="$kit/strata"
 export STRATA_PTX_CACHE=${STRATA_PTX_CACHE:-$(mktemp -d)/ptx}
-log=$(mktemp -d)
+log=${GPU_CHECK_LOG:-$(mktemp -d)}
+mkdir -p "$log"
 start=$(date +%s)
+# `limited SECONDS CMD...`: CMD, killed (with what it started in its
+# process group) past SECONDS; its status, 124 when it ran out of time.
+limited() {
+    local t=$1; shift
+    timeout -k 5 "$t" "$@"
+    local rc=$?
+    [ $rc -eq 124 ] || [ $rc -eq 137 ] && echo "gpu-check: $* ran past ${t} s and was stopped" >&2
+    return $rc
+}
 command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+echo "libraries: LD_LIBRARY_PATH=${LD_LIBRARY_PATH:-}"
+for lib in libcuda.so.1 libnvrtc.so.13 libcublas.so.13 libcusolver.so.12; do
+    python3 -c "import ctypes, sys; ctypes.CDLL(sys.argv[1])" "$lib" 2>/dev/null &&
+        echo "  $lib loads" || echo "  $lib DOES NOT LOAD"
+done
 
 echo "== conformance (chip tests on sim and cuda:0)"
-"$kit/chip-tests" --test-threads 4 >"$log/conformance" 2>&1
+limited 180 "$kit/chip-tests" --test-threads 4 >"$log/conformance" 2>&1
 conf=$?
 grep -E "^test result|FAILED|panicked" "$log/conformance" | head -20
 
 echo "== worker processes on cuda:0 (cross tests chips:: and shared::)"
-STRATA_TEST_WORKER="$kit/strata-test-worker" "$kit/cross-tests" --test-threads 2 chips:: shared:: \
-    >"$log/cross" 2>&1
+STRATA_TEST_WORKER="$kit/strata-test-worker" limited 150 "$kit/cross-tests" --test-threads 2 \
+    chips:: shared:: >"$log/cross" 2>&1
 cross=$?
 grep -E "^test result|FAILED|panicked|^a slow" "$log/cross" | head -20
 
+echo "== python on cuda:0 (raw kernels, DLPack to CuPy and PyTorch)"
+pyrc=0
+if ! command -v python3 >/dev/null; then
+    echo "python: skipped: no python3 here"
+elif ! python3 -c 'import numpy' 2>/dev/null; then
+    echo "python: skipped: this python3 has no numpy"
+else
+    site=$(mktemp -d)
+    python3 - "$kit/py" "$site" <<'PY' || pyrc=$?
+import glob, sys, zipfile
+for w in glob.glob(sys.argv[1] + "/*.whl"):
+    zipfile.ZipFile(w).extractall(sys.argv[2])
+PY
+    for lib in cupy torch; do
+        v=$(python3 -c "import $lib; print($lib.__version__)" 2>/dev/null) && echo "$lib $v here" ||
+            echo "$lib: not installed here (its DLPack test skips)"
+    done
+    (cd "$kit/pytests" && PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}" \
+        limited 120 python3 -m pytest -q -rs -p no:cacheprovider . >"$log/python" 2>&1) || pyrc=$?
+    grep -E "passed|failed|SKIPPED|FAILED|Error" "$log/python" | head -20
+    dense=()
+    [ $quick = 1 ] && dense=(--quick)
+    PYTHONPATH="$site" limited 120 python3 "$kit/gpu_dense.py" "${dense[@]}" >>"$log/bench" 2>&1
+fi
+
 echo "== benchmarks"
-STRATA_DEVICE=cuda:0 "$kit/gpu_bench" >"$log/bench" 2>&1 || { echo "gpu_bench failed:"; tail -5 "$log/bench"; }
+STRATA_DEVICE=cuda:0 limited 200 "$kit/gpu_bench" >"$log/gpu_bench" 2>&1 ||
+    { echo "gpu_bench failed:"; tail -5 "$log/gpu_bench"; }
+cat "$log/gpu_bench" >>"$log/bench"
 cholesky() { # N TILE DTYPE
-    STRATA_DEVICE=cuda:0 "$kit/cholesky" "$1" "$2" 1 "$3" 3 2>&1 |
+    STRATA_DEVICE=cuda:0 limited 90 "$kit/cholesky" "$1" "$2" 1 "$3" 3 2>&1 | tee -a "$log/cholesky" |
         awk -v n="$1" -v t="$2" -v d="$3" '
             /GFlop\/s/ { for (i = 1; i <= NF; i++) if ($i == "GFlop/s,") g = $(i-1); if (g > best) best = g }
             /WRONG|rror/ { print "CHECK tiled_cholesky " n " " d " tile " t ": " $0 }
@@ -74,7 +128,7 @@ cholesky() { # N TILE DTYPE
 size=()
 [ $quick = 1 ] && size=(--size 256)
 demo() { # SPEC
-    "$kit/strata" demo --device "$1" "${size[@]}" 2>&1 | awk -v s="$1" '
+    limited 90 "$kit/strata" demo --device "$1" "${size[@]}" 2>&1 | tee -a "$log/demo" | awk -v s="$1" '
         /wall/ { for (i = 1; i <= NF; i++) if ($i == "wall") w = $(i+1) }
         /host->device/ { h = $3 }
         END { if (w == "") w = "n/a"; if (h == "") h = "n/a";
@@ -90,4 +144,6 @@ done
 grep -v '^RESULT' "$log/bench" | grep -iE "^CHECK|error|fail|panic" | head -10
 echo "conformance: $([ $conf -eq 0 ] && echo passed || echo "FAILED (log: $log/conformance)")"
 echo "cross tests: $([ $cross -eq 0 ] && echo passed || echo "FAILED (log: $log/cross)")"
-[ $conf -eq 0 ] && [ $cross -eq 0 ]
+echo "python tests: $([ $pyrc -eq 0 ] && echo "passed or skipped" || echo "FAILED (log: $log/python)")"
+echo "logs: $log"
+[ $conf -eq 0 ] && [ $cross -eq 0 ] && [ $pyrc -eq 0 ]

@@ -3,7 +3,8 @@
 # toolchain: the release `strata` binary, the chip test binary (the
 # conformance suite), the cross-process test binary and the test worker
 # it starts, the `gpu_bench` and `cholesky` examples, stripped, in one
-# folder (default target/gpu-kit), with gpu-check.sh beside them.
+# folder (default target/gpu-kit), with gpu-check.sh beside them; and the
+# Python package's wheel with the Python tests that use a GPU.
 #
 #   scripts/gpu-kit.sh [DIR]
 #   scp -r target/gpu-kit gpu-host:   # or any copy; then, there:
@@ -38,7 +39,20 @@ cp target/release/examples/cholesky "$out/cholesky"
 cp "$chip" "$out/chip-tests"
 cp "$cross" "$out/cross-tests"
 cp target/release/strata-test-worker "$out/strata-test-worker"
-cp scripts/gpu-check.sh "$out/gpu-check.sh"
+cp scripts/gpu-check.sh scripts/gpu_dense.py "$out/"
+# The Python package as a wheel (abi3: any CPython 3.9+ there), pytest
+# and what it needs as pure-Python wheels (the GPU machine may have no
+# network), and the Python tests that use a GPU. gpu-check.sh unpacks
+# the wheels onto PYTHONPATH: no pip, no venv needed there; numpy (and
+# CuPy or PyTorch, for DLPack) come from that machine's Python.
+venv=target/kit-venv
+[ -x "$venv/bin/maturin" ] || { python3 -m venv "$venv" && "$venv/bin/pip" install --quiet "maturin>=1.5,<2"; }
+rm -rf "$out/py" "$out/pytests"
+mkdir -p "$out/py" "$out/pytests"
+"$venv/bin/maturin" build --release --strip -m python/Cargo.toml -o "$out/py"
+"$venv/bin/pip" download --quiet --only-binary :all: -d "$out/py" pytest
+cp python/tests/conftest.py python/tests/pykernels.py python/tests/test_cuda.py \
+    python/tests/test_dlpack.py "$out/pytests/"
 strip "$out/strata" "$out/gpu_bench" "$out/cholesky" "$out/chip-tests" "$out/cross-tests" \
     "$out/strata-test-worker"
 # One archive of it too, a quarter of the size, for a copy with a limit.

@@ -72,7 +72,9 @@ def _on_gpu(**kw):
     """A cluster on cuda:0, or a skip naming why there is none (a
     failure under STRATA_REQUIRE_CUDA=1)."""
     try:
-        return strata.Cluster(device="cuda:0", **kw)
+        # A small arena: on a real GPU other processes (other tests'
+        # workers) share the device.
+        return strata.Cluster(device="cuda:0,mem=1GiB", **kw)
     except strata.ClusterError as e:
         if os.environ.get("STRATA_REQUIRE_CUDA") == "1":
             raise

@@ -1,8 +1,9 @@
 """Shared device arrays through DLPack: mapped into this process in place,
 both ways — numpy on a simulated chip (host memory), the capsule's
-device and bytes on a GPU (CuPy reads it where installed; on the fake
-CUDA of scripts/fakecuda.sh, STRATA_FAKE_CUDA=1, device pointers are
-host memory and the bytes are read directly)."""
+device and bytes on a GPU (on the fake CUDA of scripts/fakecuda.sh,
+STRATA_FAKE_CUDA=1, device pointers are host memory and the bytes are
+read directly), and CuPy and PyTorch reading and writing it on a real
+GPU where they are installed."""
 
 import ctypes
 import os
@@ -120,9 +121,41 @@ def test_a_shared_array_on_a_gpu_is_its_device_memory():
         if os.environ.get("STRATA_FAKE_CUDA") == "1":
             raw = ctypes.string_at(t.data + t.byte_offset, 4)
             assert np.frombuffer(raw, np.float32)[0] == 3.0
-        try:
-            import cupy
-        except ImportError:
-            return
-        g = cupy.from_dlpack(a)
-        assert float(g.sum()) == 3.0 * 16 * 8
+
+
+@pytest.mark.parametrize("lib", ["cupy", "torch"])
+def test_cupy_and_torch_use_a_shared_gpu_array_in_place(lib):
+    """A real GPU's consumers: the library's tensor is the worker's device
+    memory — a task's fill is read there, the library's write is read
+    back by the worker — for a strided view too."""
+    if os.environ.get("STRATA_FAKE_CUDA") == "1":
+        pytest.skip(f"{lib} needs a real GPU, not the fake CUDA")
+    mod = pytest.importorskip(lib)
+    if lib == "torch" and not mod.cuda.is_available():
+        pytest.skip("torch sees no GPU")
+    try:
+        c = strata.Cluster(local=1, device="cuda:0,mem=256MiB")
+    except strata.ClusterError as e:
+        if os.environ.get("STRATA_REQUIRE_CUDA") == "1":
+            raise
+        pytest.skip(f"no GPU here: {e}")
+    with c:
+        a = c.device_zeros(0, (64, 32), np.float32, shared=True)
+        c.submit("fill", a, 3.0)
+        c.wait_all()
+        g = mod.from_dlpack(a[2:, ::2])
+        assert tuple(g.shape) == (62, 16)
+        assert float(g.sum()) == 3.0 * 62 * 16
+        g *= 2
+        if lib == "torch":
+            mod.cuda.synchronize()
+        else:
+            mod.cuda.Device(0).synchronize()
+        want = np.full((64, 32), 3, np.float32)
+        want[2:, ::2] = 6
+        np.testing.assert_array_equal(a.to_numpy(), want)
+        # And a task's later write is what the library reads.
+        c.submit("fill", a, 5.0)
+        c.wait_all()
+        assert float(g.sum()) == 5.0 * 62 * 16
+        del g

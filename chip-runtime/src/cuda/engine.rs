@@ -64,6 +64,8 @@ fn sticky(code: CUresult) -> bool {
             | CUDA_ERROR_ASSERT
             | CUDA_ERROR_ECC_UNCORRECTABLE
             | CUDA_ERROR_CONTEXT_IS_DESTROYED
+            | CUDA_ERROR_LAUNCH_TIMEOUT
+            | CUDA_ERROR_EXTERNAL_DEVICE
     )
 }
 
@@ -146,6 +148,21 @@ impl Gpu {
         } else {
             Err(self.fail(call, code))
         }
+    }
+
+    /// Copies `src` to device memory at `addr`, landed when this returns.
+    /// A synchronous copy from pageable memory returns once the bytes are
+    /// staged, before the DMA to the device has ended, and the lanes'
+    /// streams (non-blocking) do not wait for the legacy stream it ran
+    /// on: so that one waits too, and a kernel queued next reads the new
+    /// bytes. The context is current (the caller bound it).
+    pub(crate) fn write_sync(&self, addr: u64, src: &[u8]) -> Result<(), Error> {
+        // SAFETY: `src` is a live slice; the caller vouches for the range.
+        let r = unsafe { sys::cuMemcpyHtoD_v2(addr, src.as_ptr().cast(), src.len()) };
+        self.check("cuMemcpyHtoD", r)?;
+        // SAFETY: the legacy stream of the current context.
+        let r = unsafe { sys::cuStreamSynchronize(std::ptr::null_mut()) };
+        self.check("cuStreamSynchronize", r)
     }
 
     /// The lost context's error, if it is lost.
@@ -445,15 +462,15 @@ impl CudaEngine {
         }
         sweep(&mut pinned);
         // A larger mapping at the address of a smaller one the table
-        // holds (a face of part of it): the smaller one's registration
-        // goes first, as two may not overlap.
-        if let Some(old) = pinned.remove(&key)
-            && old.registered
-        {
-            // SAFETY: registered by us at this address, still mapped (the
-            // Arc in hand).
-            unsafe { sys::cuMemHostUnregister(old.host.as_ptr().cast()) };
+        // holds (a face of part of it), which someone still holds (after
+        // the sweep): a copy may be queued from its registration, which
+        // must outlive it, and two registrations may not overlap. This
+        // one bounces; once the smaller one is let go, the next sight of
+        // this one registers it.
+        if pinned.get(&key).is_some_and(|old| old.registered) {
+            return false;
         }
+        pinned.remove(&key);
         let len = root.len();
         let page = page_size();
         // Only whole mappings are registered: a page-aligned start (a
@@ -553,10 +570,10 @@ impl CudaEngine {
                 unsafe { sys::cuMemcpy2DAsync_v2(&p, state.stream.0) }
             };
             self.gpu.check(
-                if to_device {
-                    "cuMemcpyHtoDAsync"
-                } else {
-                    "cuMemcpyDtoHAsync"
+                match (r.height == 1, to_device) {
+                    (true, true) => "cuMemcpyHtoDAsync",
+                    (true, false) => "cuMemcpyDtoHAsync",
+                    (false, _) => "cuMemcpy2DAsync",
                 },
                 code,
             )?;
@@ -658,9 +675,8 @@ impl Engine for CudaEngine {
 
     fn write(&self, addr: DeviceAddr, src: &[u8]) -> Result<(), Error> {
         self.gpu.bind()?;
-        // SAFETY: `src` is a live slice; the range is a live block's.
-        let r = unsafe { sys::cuMemcpyHtoD_v2(addr, src.as_ptr().cast(), src.len()) };
-        self.gpu.check("cuMemcpyHtoD", r)
+        // The range is a live block's.
+        self.gpu.write_sync(addr, src)
     }
 
     fn read(&self, addr: DeviceAddr, dst: &mut [u8]) -> Result<(), Error> {
@@ -767,19 +783,44 @@ impl Engine for CudaEngine {
             };
             let mut moved = 0;
             for r in runs {
-                for row in 0..r.height {
-                    let off = r.dev + row * r.dev_pitch;
+                let (from, to) = (src + r.dev, dst + r.dev);
+                // One call a rectangle: its rows at the same pitch on both
+                // sides.
+                let c = if r.height == 1 {
                     // SAFETY: both live blocks of the copy's length.
-                    let c = unsafe {
-                        sys::cuMemcpyDtoDAsync_v2(
-                            dst + off,
-                            src + off,
-                            r.width as usize,
-                            s.stream.0,
-                        )
+                    unsafe { sys::cuMemcpyDtoDAsync_v2(to, from, r.width as usize, s.stream.0) }
+                } else {
+                    use sys::CUmemorytype::CU_MEMORYTYPE_DEVICE;
+                    let p = sys::CUDA_MEMCPY2D {
+                        srcXInBytes: 0,
+                        srcY: 0,
+                        srcMemoryType: CU_MEMORYTYPE_DEVICE,
+                        srcHost: std::ptr::null(),
+                        srcDevice: from,
+                        srcArray: std::ptr::null_mut(),
+                        srcPitch: r.dev_pitch as usize,
+                        dstXInBytes: 0,
+                        dstY: 0,
+                        dstMemoryType: CU_MEMORYTYPE_DEVICE,
+                        dstHost: std::ptr::null_mut(),
+                        dstDevice: to,
+                        dstArray: std::ptr::null_mut(),
+                        dstPitch: r.dev_pitch as usize,
+                        WidthInBytes: r.width as usize,
+                        Height: r.height as usize,
                     };
-                    self.gpu.check("cuMemcpyDtoDAsync", c)?;
-                }
+                    // SAFETY: both live blocks hold every row of the
+                    // rectangle (rects); `p` outlives the call.
+                    unsafe { sys::cuMemcpy2DAsync_v2(&p, s.stream.0) }
+                };
+                self.gpu.check(
+                    if r.height == 1 {
+                        "cuMemcpyDtoDAsync"
+                    } else {
+                        "cuMemcpy2DAsync"
+                    },
+                    c,
+                )?;
                 moved += r.bytes();
             }
             Ok(moved)
@@ -827,10 +868,14 @@ impl Engine for CudaEngine {
         };
         let mut state = self.lane(Some(lane));
         state.handles = handles;
-        if held.is_err() {
+        if let Err(e) = held {
             // What was queued before the failure may still use scratch
-            // the error drops.
+            // the error drops. The wait also brings up a fault of the
+            // context behind a library's failure (cuBLAS answers
+            // "execution failed"): the task fails with that, and the chip
+            // is lost.
             let _ = self.sync(&mut state);
+            return Err(self.gpu.lost().map_or(e, Error::from));
         }
         held
     }

@@ -12,7 +12,11 @@ use super::engine::{Gpu, Raw, lock};
 use super::shape::dims;
 use crate::Error;
 use crate::error::CudaError;
-use crate::kernel::cuda::{CudaSource, MAX_PARAM_BYTES, TENSOR_PARAM_BYTES};
+use crate::kernel::cuda::{CudaSource, DEFAULT_SHARED_BYTES, MAX_PARAM_BYTES, TENSOR_PARAM_BYTES};
+
+/// A loaded function and the dynamic shared memory its launches may ask
+/// so far (the driver's default, or what was asked for it).
+type Loaded = (Raw<sys::CUfunction>, u32);
 
 /// The functions of loaded modules, by kernel and symbol.
 #[derive(Debug)]
@@ -20,8 +24,9 @@ pub(crate) struct Functions {
     gpu: Arc<Gpu>,
     /// Kernel (`name@version`) → its module, loaded once.
     modules: Mutex<HashMap<String, Raw<sys::CUmodule>>>,
-    /// (kernel, symbol) → function.
-    functions: Mutex<HashMap<(String, String), Raw<sys::CUfunction>>>,
+    /// (kernel, symbol) → function, and the dynamic shared memory its
+    /// launches may ask so far.
+    functions: Mutex<HashMap<(String, String), Loaded>>,
 }
 
 impl Functions {
@@ -43,17 +48,55 @@ impl Functions {
     }
 
     /// The function `symbol` of `kernel`'s source, compiling and loading
-    /// the source the first time.
+    /// the source the first time, allowed `shared` bytes of dynamic shared
+    /// memory (beyond 48 KiB the driver must be asked first).
     fn function(
         &self,
         kernel: &str,
         src: &CudaSource,
         symbol: &str,
+        shared: u32,
     ) -> Result<sys::CUfunction, Error> {
         let key = (kernel.to_owned(), symbol.to_owned());
-        if let Some(f) = lock(&self.functions).get(&key) {
-            return Ok(f.0);
-        }
+        let known = lock(&self.functions).get(&key).copied();
+        let f = match known {
+            Some((f, allowed)) if shared <= allowed => return Ok(f.0),
+            Some((f, _)) => f.0,
+            None => self.load(kernel, src, symbol)?,
+        };
+        let allowed = if shared > DEFAULT_SHARED_BYTES {
+            let value = i32::try_from(shared).unwrap_or(i32::MAX);
+            // SAFETY: a function of a loaded module; the context is
+            // current (the engine bound it).
+            let r = unsafe {
+                sys::cuFuncSetAttribute(
+                    f,
+                    sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                    value,
+                )
+            };
+            if r == sys::CUresult::CUDA_ERROR_INVALID_VALUE {
+                return Err(Error::KernelFailed {
+                    kernel: kernel.into(),
+                    reason: format!(
+                        "its grid asks {shared} bytes of dynamic shared memory, more than this GPU gives a block"
+                    ),
+                });
+            }
+            self.gpu.check("cuFuncSetAttribute", r)?;
+            shared
+        } else {
+            DEFAULT_SHARED_BYTES
+        };
+        let mut functions = lock(&self.functions);
+        let entry = functions.entry(key).or_insert((Raw(f), allowed));
+        entry.1 = entry.1.max(allowed);
+        Ok(f)
+    }
+
+    /// Loads `symbol` of `kernel`'s source, compiling and loading the
+    /// module the first time.
+    fn load(&self, kernel: &str, src: &CudaSource, symbol: &str) -> Result<sys::CUfunction, Error> {
         let module = {
             let mut modules = lock(&self.modules);
             match modules.get(kernel) {
@@ -70,6 +113,16 @@ impl Functions {
                     // SAFETY: a NUL-terminated PTX image; the context is
                     // current (the engine bound it).
                     let r = unsafe { sys::cuModuleLoadData(&mut m, image.as_ptr().cast()) };
+                    if r == sys::CUresult::CUDA_ERROR_UNSUPPORTED_PTX_VERSION {
+                        let inv = super::probe::inventory();
+                        return Err(CudaError::Compile {
+                            kernel: kernel.into(),
+                            log: inv.mismatch().unwrap_or_else(|| {
+                                "the driver cannot load the PTX NVRTC wrote (CUDA_ERROR_UNSUPPORTED_PTX_VERSION): NVRTC is newer than the driver".into()
+                            }),
+                        }
+                        .into());
+                    }
                     self.gpu.check("cuModuleLoadData", r)?;
                     modules.insert(kernel.to_owned(), Raw(m));
                     m
@@ -91,7 +144,6 @@ impl Functions {
             .into());
         }
         self.gpu.check("cuModuleGetFunction", r)?;
-        lock(&self.functions).insert(key, Raw(f));
         Ok(f)
     }
 
@@ -123,7 +175,7 @@ impl Functions {
             return Ok(());
         };
         let symbol = src.entry.symbol(args.first().map(ChipTensor::dtype));
-        let f = self.function(kernel, src, &symbol)?;
+        let f = self.function(kernel, src, &symbol, d.shared)?;
         // Each parameter is a pointer to its value: the tensors (128-byte
         // ChipTensors, the prelude's strata_tensor) then the scalars.
         let mut params: Vec<*mut c_void> = Vec::with_capacity(args.len() + scalars.len());

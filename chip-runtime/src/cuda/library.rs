@@ -517,5 +517,11 @@ fn potrf<'a>(
             ),
         });
     }
+    if minor < 0 {
+        return Err(Error::KernelFailed {
+            kernel: kernel.into(),
+            reason: format!("cuSOLVER's potrf refused its parameter {}", -minor),
+        });
+    }
     Ok(held)
 }

@@ -20,4 +20,4 @@ mod shape;
 pub(crate) mod vmm;
 
 pub use device::open;
-pub use probe::{Library, device_count, require_library};
+pub use probe::{Found, GpuFound, Inventory, Library, device_count, inventory, require_library};

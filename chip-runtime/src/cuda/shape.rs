@@ -69,6 +69,7 @@ pub(crate) fn dims(grid: Grid, args: &[ChipTensor]) -> Result<Option<Dims>, Stri
             if blocks.contains(&0) || threads.contains(&0) {
                 return Ok(None);
             }
+            grid.check()?;
             Ok(Some(Dims {
                 blocks,
                 threads,

@@ -177,9 +177,8 @@ impl Mapping for Imported {
 
     fn write(&self, at: u64, src: &[u8]) -> Result<(), Error> {
         self.gpu.bind()?;
-        // SAFETY: as in `read`, the other way.
-        let r = unsafe { sys::cuMemcpyHtoD_v2(at, src.as_ptr().cast(), src.len()) };
-        self.gpu.check("cuMemcpyHtoD", r)
+        // The caller checked `at..at + len` lies in the mapping.
+        self.gpu.write_sync(at, src)
     }
 }
 

@@ -131,7 +131,9 @@ pub enum Grid {
     /// row for a rank-1 view). The block's threads share the row.
     Rows(usize),
     /// Exactly these blocks and threads (x, y, z), with `shared` bytes of
-    /// dynamic shared memory.
+    /// dynamic shared memory, within what every CUDA GPU launches
+    /// ([`Grid::check`]); beyond 48 KiB of shared memory the chip asks the
+    /// driver for it, up to what the GPU has.
     Fixed {
         /// Blocks along x, y, z.
         blocks: [u32; 3],
@@ -140,6 +142,59 @@ pub enum Grid {
         /// Dynamic shared memory, bytes.
         shared: u32,
     },
+}
+
+/// Most threads of a block, all axes together, on every CUDA GPU.
+pub const MAX_BLOCK_THREADS: u32 = 1024;
+
+/// Dynamic shared memory a launch gets without asking: more needs the
+/// function's attribute raised first (the chip does).
+pub const DEFAULT_SHARED_BYTES: u32 = 48 << 10;
+
+impl Grid {
+    /// Whether every CUDA GPU launches this shape: a [`Grid::Fixed`] block
+    /// of at most [`MAX_BLOCK_THREADS`] threads (x and y at most 1024, z
+    /// at most 64) and a grid of at most 2³¹ − 1 blocks along x and 65,535
+    /// along y and z. The other grids are worked out within those.
+    ///
+    /// # Errors
+    /// What exceeds which limit.
+    pub fn check(&self) -> Result<(), String> {
+        let Grid::Fixed {
+            blocks, threads, ..
+        } = *self
+        else {
+            return Ok(());
+        };
+        let total: u64 = threads.iter().map(|&t| u64::from(t)).product();
+        if total > u64::from(MAX_BLOCK_THREADS) {
+            return Err(format!(
+                "a block of {threads:?} threads is {total}; a CUDA block holds at most {MAX_BLOCK_THREADS}"
+            ));
+        }
+        for (axis, (&n, most)) in ["x", "y", "z"]
+            .iter()
+            .zip(threads.iter().zip([1024, 1024, 64]))
+        {
+            if n > most {
+                return Err(format!(
+                    "{n} threads along {axis}; a CUDA block takes at most {most}"
+                ));
+            }
+        }
+        for (axis, (&n, most)) in
+            ["x", "y", "z"]
+                .iter()
+                .zip(blocks.iter().zip([i32::MAX as u32, 65_535, 65_535]))
+        {
+            if n > most {
+                return Err(format!(
+                    "{n} blocks along {axis}; a CUDA grid takes at most {most}"
+                ));
+            }
+        }
+        Ok(())
+    }
 }
 
 /// The library calls of the built-in matrix kernels, on column-major
@@ -215,7 +270,8 @@ impl SourceKernel {
     /// # Errors
     /// A message naming what is wrong: an empty source or one with a NUL
     /// byte, an entry that is not a C identifier, a grid naming a tensor
-    /// argument the signature does not have, or more parameters than a
+    /// argument the signature does not have or beyond a CUDA launch's
+    /// limits ([`Grid::check`]), or more parameters than a
     /// CUDA kernel takes ([`MAX_PARAM_BYTES`]). A source that does not
     /// compile fails its first launch on a GPU ([`crate::CudaError::Compile`]).
     pub fn new(
@@ -251,6 +307,9 @@ impl SourceKernel {
             return bad(format!(
                 "the grid follows tensor argument {n}, and the signature has {tensors}"
             ));
+        }
+        if let Err(why) = grid.check() {
+            return bad(format!("grid: {why}"));
         }
         let bytes = tensors * TENSOR_PARAM_BYTES + desc.scalars.len() * 8;
         if bytes > MAX_PARAM_BYTES {

@@ -343,3 +343,112 @@ fn a_launch_report_times_the_device_work() {
         assert!(r.busy >= r.copy_in + r.kernel, "{r:?}");
     }
 }
+
+/// A kernel writing `7.0` to `x[0]`, launched with `shared` bytes of
+/// dynamic shared memory (which it does not touch).
+fn with_shared(shared: u32) -> Arc<dyn Kernel> {
+    Arc::new(
+        SourceKernel::new(
+            Signature::parse("big_shared@1(x:W:F32:*;)").unwrap(),
+            r#"extern "C" __global__ void big_shared(strata_tensor x) {
+                   *strata_at<float>(x, 0) = 7.0f;
+               }"#,
+            Entry::One("big_shared".into()),
+            Grid::Fixed {
+                blocks: [1, 1, 1],
+                threads: [1, 1, 1],
+                shared,
+            },
+        )
+        .unwrap(),
+    )
+}
+
+/// Beyond 48 KiB of dynamic shared memory a launch needs the function's
+/// attribute raised first: the chip asks for it, and a launch asking more
+/// than the GPU gives a block fails that task, naming it, not the chip.
+#[test]
+fn a_launch_with_more_than_48_kib_of_shared_memory_asks_the_driver_first() {
+    let Some(dev) = gpu(
+        "a_launch_with_more_than_48_kib_of_shared_memory",
+        ",mem=64MiB",
+    ) else {
+        return;
+    };
+    let mut rng = Rng(8);
+    for shared in [4 << 10, 64 << 10, 100 << 10] {
+        let out = host_tensor(&mut rng, &[4], strata_wire::DType::F32, Layout::RowMajor);
+        launch(
+            dev.as_ref(),
+            with_shared(shared),
+            vec![out.arg(ArgTag::Output)],
+            vec![],
+        )
+        .unwrap_or_else(|e| panic!("{shared} bytes: {e}"));
+        assert_eq!(out.bytes()[..4], 7f32.to_le_bytes(), "{shared} bytes");
+    }
+    let out = host_tensor(&mut rng, &[4], strata_wire::DType::F32, Layout::RowMajor);
+    let before = out.bytes();
+    let e = launch(
+        dev.as_ref(),
+        with_shared(1 << 20),
+        vec![out.arg(ArgTag::Output)],
+        vec![],
+    )
+    .unwrap_err();
+    assert!(
+        e.to_string().contains("more than this GPU gives a block"),
+        "{e}"
+    );
+    assert_eq!(out.bytes(), before);
+    // The chip serves on.
+    launch(
+        dev.as_ref(),
+        with_shared(64 << 10),
+        vec![out.arg(ArgTag::Output)],
+        vec![],
+    )
+    .unwrap();
+    assert_eq!(out.bytes()[..4], 7f32.to_le_bytes());
+}
+
+/// A fixed grid beyond what any CUDA GPU launches is refused when the
+/// kernel is made, naming the limit (everywhere: no GPU needed).
+#[test]
+fn a_fixed_grid_beyond_cuda_s_limits_is_refused_naming_the_limit() {
+    let make = |blocks, threads| {
+        SourceKernel::new(
+            Signature::parse("k@1(x:W:F32:*;)").unwrap(),
+            r#"extern "C" __global__ void k(strata_tensor x) {}"#,
+            Entry::One("k".into()),
+            Grid::Fixed {
+                blocks,
+                threads,
+                shared: 0,
+            },
+        )
+    };
+    for (blocks, threads, why) in [
+        ([1, 1, 1], [2048, 1, 1], "at most 1024"),
+        ([1, 1, 1], [32, 32, 2], "is 2048"),
+        (
+            [1, 1, 1],
+            [1, 1, 65],
+            "along z; a CUDA block takes at most 64",
+        ),
+        (
+            [1, 70_000, 1],
+            [32, 1, 1],
+            "along y; a CUDA grid takes at most 65535",
+        ),
+        ([1 << 31, 1, 1], [32, 1, 1], "along x"),
+    ] {
+        let e = make(blocks, threads).unwrap_err();
+        assert!(
+            e.contains("grid: ") && e.contains(why),
+            "{blocks:?} {threads:?}: {e}"
+        );
+    }
+    make([65_535, 65_535, 65_535], [1024, 1, 1]).unwrap();
+    make([1, 1, 1], [16, 16, 4]).unwrap();
+}

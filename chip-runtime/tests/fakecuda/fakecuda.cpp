@@ -78,6 +78,7 @@ enum {
     CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES = 701,
     CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED = 712,
     CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED = 713,
+    CUDA_ERROR_NOT_SUPPORTED = 801,
 };
 
 static const char KERNEL_H[] =
@@ -618,9 +619,25 @@ static CUresult check_copy(const char* call, const void* host, size_t host_len, 
     return CUDA_SUCCESS;
 }
 
+// A synchronous copy from pageable host memory returns once the bytes are
+// staged, before the DMA to the device has ended: the fake stages them and
+// lands them on the legacy stream, which only a wait on it (or another
+// synchronous copy, ordered after it) waits for. The lanes' non-blocking
+// streams do not.
 EXPORT CUresult cuMemcpyHtoD_v2(CUdeviceptr dst, const void* src, size_t n) {
     NEED_CTX;
     if (CUresult r = check_copy("cuMemcpyHtoD", src, n, false, false, dst, n)) return r;
+    bool pageable;
+    {
+        std::lock_guard<std::mutex> l(g_mu);
+        pageable = host_range(src, n) == nullptr;
+    }
+    if (pageable) {
+        auto staged = std::make_shared<std::vector<char>>((const char*)src, (const char*)src + n);
+        stream_of(nullptr)->push([=] { memcpy((void*)(uintptr_t)dst, staged->data(), n); });
+        return CUDA_SUCCESS;
+    }
+    if (int r = stream_of(nullptr)->sync()) return (CUresult)r;
     memcpy((void*)(uintptr_t)dst, src, n);
     return CUDA_SUCCESS;
 }
@@ -628,6 +645,7 @@ EXPORT CUresult cuMemcpyHtoD_v2(CUdeviceptr dst, const void* src, size_t n) {
 EXPORT CUresult cuMemcpyDtoH_v2(void* dst, CUdeviceptr src, size_t n) {
     NEED_CTX;
     if (CUresult r = check_copy("cuMemcpyDtoH", dst, n, true, false, src, n)) return r;
+    if (int r = stream_of(nullptr)->sync()) return (CUresult)r;
     memcpy(dst, (void*)(uintptr_t)src, n);
     return CUDA_SUCCESS;
 }
@@ -1114,7 +1132,12 @@ struct Function {
     std::string name;
     EntryFn entry;
     SizesFn sizes;
+    // Dynamic shared memory a launch may ask (raised by cuFuncSetAttribute).
+    unsigned int max_dynamic_shared = 48u << 10;
 };
+
+// What an H100/H200 gives a block: 227 KiB of shared memory when asked.
+static const unsigned int k_max_shared_optin = 227u << 10;
 struct Module {
     void* so;
     RunFn run;
@@ -1175,6 +1198,17 @@ EXPORT CUresult cuModuleGetFunction(Function** out, Module* m, const char* name)
     return CUDA_SUCCESS;
 }
 
+EXPORT CUresult cuFuncSetAttribute(Function* f, int attrib, int value) {
+    NEED_CTX;
+    if (!f) return CUDA_ERROR_INVALID_HANDLE;
+    if (attrib != 8) return CUDA_ERROR_NOT_SUPPORTED;  // only MAX_DYNAMIC_SHARED_SIZE_BYTES is modelled
+    // The kernels' static shared memory is not known here: the whole
+    // opt-in size is the bound.
+    if (value < 0 || (unsigned int)value > k_max_shared_optin) return CUDA_ERROR_INVALID_VALUE;
+    f->max_dynamic_shared = (unsigned int)value;
+    return CUDA_SUCCESS;
+}
+
 EXPORT CUresult cuLaunchKernel(Function* f, unsigned int gx, unsigned int gy, unsigned int gz, unsigned int bx,
                                unsigned int by, unsigned int bz, unsigned int shared, void* s, void** params,
                                void** extra) {
@@ -1182,7 +1216,12 @@ EXPORT CUresult cuLaunchKernel(Function* f, unsigned int gx, unsigned int gy, un
     if (!f) return CUDA_ERROR_INVALID_HANDLE;
     if (extra) return CUDA_ERROR_INVALID_VALUE;  // not modelled
     if (!gx || !gy || !gz || !bx || !by || !bz) return CUDA_ERROR_INVALID_VALUE;
-    if ((unsigned long long)bx * by * bz > 1024 || shared > (228u << 10)) return CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES;
+    // The driver's limits: a block's threads and axes, the grid's y and z,
+    // and dynamic shared memory beyond 48 KiB only once the function's
+    // attribute allows it.
+    if ((unsigned long long)bx * by * bz > 1024 || bx > 1024 || by > 1024 || bz > 64) return CUDA_ERROR_INVALID_VALUE;
+    if (gx > 0x7fffffffu || gy > 65535 || gz > 65535) return CUDA_ERROR_INVALID_VALUE;
+    if (shared > f->max_dynamic_shared) return CUDA_ERROR_INVALID_VALUE;
     // The parameters are copied now, as the driver copies them.
     size_t sizes[64];
     int n = f->sizes(sizes);
@@ -1235,6 +1274,21 @@ static Stream* handle_stream(BlasHandle* h) {
     Stream* st = stream_of(h->stream);
     t_current = saved;
     return st;
+}
+
+// The libraries' versions, as CUDA 13.0's (cuSOLVER keeps its 12).
+EXPORT int cublasGetProperty(int type, int* value) {
+    static const int v[] = {13, 0, 0};
+    if (type < 0 || type > 2) return 7;  // CUBLAS_STATUS_INVALID_VALUE
+    *value = v[type];
+    return 0;
+}
+
+EXPORT int cusolverGetProperty(int type, int* value) {
+    static const int v[] = {12, 0, 0};
+    if (type < 0 || type > 2) return 3;  // CUSOLVER_STATUS_INVALID_VALUE
+    *value = v[type];
+    return 0;
 }
 
 EXPORT int cublasCreate_v2(BlasHandle** h) {

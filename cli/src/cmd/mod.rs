@@ -15,6 +15,7 @@ macro_rules! say {
 }
 
 pub mod demo;
+pub mod devices;
 pub mod inspect;
 mod progress;
 pub mod run;
@@ -162,6 +163,14 @@ pub enum Command {
     /// ready line to stdout once serving; stops on SIGTERM after finishing
     /// the tasks in flight.
     Worker(strata_worker::cli::WorkerArgs),
+    /// List the chips this machine offers: the simulated chip, and CUDA's
+    /// driver, GPUs (memory, compute capability, compute mode) and
+    /// libraries (NVRTC, cuBLAS, cuSOLVER), each with its version and the
+    /// file loaded, or what is missing.
+    ///
+    /// Exits 0 when a cuda:N chip opens here, 1 when a piece CUDA needs is
+    /// missing.
+    Devices,
 }
 
 /// Runs a parsed command line and returns the process exit status.
@@ -179,6 +188,7 @@ pub fn run(cli: Cli) -> ExitCode {
         Command::Worker(args) => {
             strata_worker::cli::run(args, strata_chip_runtime::Registry::with_builtins())
         }
+        Command::Devices => devices::run(),
     }
 }
 

@@ -52,7 +52,7 @@ pub(crate) async fn run(
         };
         let mut imports: BTreeMap<WorkerId, (Vec<CanonicalIdentity>, Vec<CanonicalIdentity>)> =
             BTreeMap::new();
-        let mut frees: Vec<(WorkerId, CanonicalIdentity)> = Vec::new();
+        let mut frees: Vec<((WorkerId, u64), CanonicalIdentity)> = Vec::new();
         let mut next = Some(first);
         while let Some(r) = next {
             match r {
@@ -115,9 +115,14 @@ pub(crate) async fn run(
             ids.extend(pooled);
             let _ = ep.send(EpCmd::Release { ids, clean }).await;
         }
-        for (w, id) in frees {
+        for ((w, incarnation), identity) in frees {
             if let Some(ep) = endpoints.get(w.0 as usize) {
-                let _ = ep.send(EpCmd::DeviceFree(id)).await;
+                let _ = ep
+                    .send(EpCmd::DeviceFree {
+                        identity,
+                        incarnation,
+                    })
+                    .await;
             }
         }
     }

@@ -321,7 +321,13 @@ pub(crate) enum EpCmd {
     EndRun {
         reply: oneshot::Sender<Result<strata_proto::convert::RunEnd, LinkError>>,
     },
-    DeviceFree(CanonicalIdentity),
+    /// Frees a device block, or a shared block's mapping, the worker took
+    /// in `incarnation`; nothing when it was lost since (what it held
+    /// went with that session).
+    DeviceFree {
+        identity: CanonicalIdentity,
+        incarnation: u64,
+    },
     CopyToDevice {
         identity: CanonicalIdentity,
         offset: u64,

@@ -58,11 +58,12 @@ pub(crate) enum Released {
         returning: Option<Returning>,
     },
     /// A device buffer on `worker`, and the workers that mapped it (a
-    /// shared one).
+    /// shared one), each with its incarnation when it took the block (a
+    /// worker lost since holds it no more: nothing to free there).
     Device {
         identity: CanonicalIdentity,
-        worker: WorkerId,
-        importers: Vec<WorkerId>,
+        worker: (WorkerId, u64),
+        importers: Vec<(WorkerId, u64)>,
     },
 }
 
@@ -94,16 +95,14 @@ pub(crate) struct DeviceShared {
 
 impl Drop for DeviceShared {
     fn drop(&mut self) {
-        let importers = self
-            .importers
-            .get_mut()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .iter()
-            .map(|(w, _)| *w)
-            .collect();
+        let importers = std::mem::take(
+            self.importers
+                .get_mut()
+                .unwrap_or_else(std::sync::PoisonError::into_inner),
+        );
         let _ = self.notify.send(Released::Device {
             identity: *self.desc.identity(),
-            worker: self.worker,
+            worker: (self.worker, self.incarnation),
             importers,
         });
     }

@@ -299,6 +299,47 @@ fn a_lost_chip_fails_its_task_and_its_worker_exits_to_be_replaced() {
     assert_eq!(x.read::<f32>().unwrap(), vec![2.0f32; 4]);
 }
 
+/// `strata devices` says what is here: without a CUDA driver, the
+/// simulated chip, the driver's absence naming the library, and exit 1;
+/// with a GPU (or the fake), each GPU with its compute capability and
+/// mode, each library with its version, and exit 0.
+#[test]
+fn strata_devices_lists_the_chips_and_what_cuda_lacks() {
+    let (out, took) = strata(&["devices"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(took < Duration::from_secs(10), "took {took:?}");
+    assert!(text.starts_with("sim: the simulated chip"), "{text}");
+    if strata_chip_runtime::cuda::device_count().is_err() {
+        assert_eq!(out.status.code(), Some(1), "{text}");
+        assert!(
+            text.contains("CUDA driver: no CUDA driver: libcuda.so.1 could not be loaded"),
+            "{text}"
+        );
+        assert!(
+            text.trim_end().ends_with("no cuda chip opens here"),
+            "{text}"
+        );
+        return;
+    }
+    if !gpu_here("strata_devices_lists_the_chips_and_what_cuda_lacks") {
+        return;
+    }
+    assert_eq!(out.status.code(), Some(0), "{text}");
+    assert!(text.contains("CUDA driver: CUDA 13."), "{text}");
+    let gpu = text
+        .lines()
+        .find(|l| l.starts_with("cuda:0: "))
+        .unwrap_or_else(|| panic!("no cuda:0 line: {text}"));
+    assert!(
+        gpu.contains("compute capability") && gpu.contains("compute mode"),
+        "{gpu}"
+    );
+    for lib in ["NVRTC: ", "cuBLAS: 13.", "cuSOLVER: "] {
+        assert!(text.lines().any(|l| l.starts_with(lib)), "{lib}: {text}");
+    }
+    assert!(text.contains("chips that open here: sim, cuda:0"), "{text}");
+}
+
 /// The demo on a GPU: every result checked against its reference, the
 /// chip named in the header line.
 #[test]
@@ -307,7 +348,13 @@ fn the_demo_runs_on_a_gpu() {
         return;
     }
     let (out, _) = strata(&[
-        "demo", "--device", "cuda:0", "--size", "128", "--tile", "32",
+        "demo",
+        "--device",
+        "cuda:0,mem=1GiB",
+        "--size",
+        "128",
+        "--tile",
+        "32",
     ]);
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(
@@ -327,7 +374,8 @@ fn a_faulting_kernel_loses_the_gpu_and_its_worker_exits() {
     if !gpu_here("a_faulting_kernel_loses_the_gpu_and_its_worker_exits") {
         return;
     }
-    let mut w = WorkerProcess::spawn_unix(test_worker_bin(), &[], &["--device", "cuda:0"]);
+    let mut w =
+        WorkerProcess::spawn_unix(test_worker_bin(), &[], &["--device", "cuda:0,mem=256MiB"]);
     let cluster = Cluster::builder()
         .connect(&w.endpoint.to_string(), None)
         .unwrap()

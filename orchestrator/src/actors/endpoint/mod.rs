@@ -378,7 +378,17 @@ impl EndpointActor {
                     }),
                 );
             }
-            EpCmd::DeviceFree(identity) => {
+            EpCmd::DeviceFree {
+                identity,
+                incarnation,
+            } => {
+                if incarnation != self.life.incarnation() {
+                    tracing::debug!(
+                        "{}: device free of {identity}: held by a lost session, nothing to free",
+                        self.id
+                    );
+                    return;
+                }
                 let what = format!("{}: device free of {identity}", self.id);
                 let link = Arc::clone(&self.link);
                 self.detached(

@@ -37,10 +37,11 @@ done
 # The CUDA toolkit's libraries (NVRTC, cuBLAS, cuSOLVER) where a toolkit
 # is installed, else where pip's nvidia-* packages put them (PyTorch
 # brings those); the driver's libcuda.so.1 is on the default path.
+pip_nvidia=$(python3 -c 'import glob, site
+print(*[d for s in site.getsitepackages() for d in sorted(glob.glob(s + "/nvidia/*/lib"))])' 2>/dev/null)
 for lib in libnvrtc.so.13 libcublas.so.13 libcusolver.so.12; do
     for d in /usr/local/cuda/targets/x86_64-linux/lib /usr/local/cuda-*/targets/x86_64-linux/lib \
-             /usr/local/cuda/lib64 $(python3 -c 'import site; print(*site.getsitepackages())' 2>/dev/null |
-             xargs -n1 -I{} sh -c 'ls -d {}/nvidia/*/lib 2>/dev/null'); do
+             /usr/local/cuda/lib64 $pip_nvidia; do
         if [ -e "$d/$lib" ]; then
             case ":${LD_LIBRARY_PATH:-}:" in *":$d:"*) ;; *)
                 export LD_LIBRARY_PATH="$d${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}";; esac
@@ -52,6 +53,9 @@ export STRATA_REQUIRE_CUDA=1 STRATA_REQUIRE_NVRTC=1 STRATA_BIN="$kit/strata"
 export STRATA_PTX_CACHE=${STRATA_PTX_CACHE:-$(mktemp -d)/ptx}
 log=${GPU_CHECK_LOG:-$(mktemp -d)}
 mkdir -p "$log"
+: >"$log/bench"
+: >"$log/cholesky"
+: >"$log/demo"
 start=$(date +%s)
 # `limited SECONDS CMD...`: CMD, killed (with what it started in its
 # process group) past SECONDS; its status, 124 when it ran out of time.
@@ -62,12 +66,11 @@ limited() {
     [ $rc -eq 124 ] || [ $rc -eq 137 ] && echo "gpu-check: $* ran past ${t} s and was stopped" >&2
     return $rc
 }
-command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
-echo "libraries: LD_LIBRARY_PATH=${LD_LIBRARY_PATH:-}"
-for lib in libcuda.so.1 libnvrtc.so.13 libcublas.so.13 libcusolver.so.12; do
-    python3 -c "import ctypes, sys; ctypes.CDLL(sys.argv[1])" "$lib" 2>/dev/null &&
-        echo "  $lib loads" || echo "  $lib DOES NOT LOAD"
-done
+command -v nvidia-smi >/dev/null &&
+    nvidia-smi --query-gpu=name,driver_version,memory.total,compute_mode --format=csv,noheader
+echo "LD_LIBRARY_PATH=${LD_LIBRARY_PATH:-}"
+# What strata finds: the driver, each GPU, each library's version and file.
+"$kit/strata" devices
 
 echo "== conformance (chip tests on sim and cuda:0)"
 limited 180 "$kit/chip-tests" --test-threads 4 >"$log/conformance" 2>&1
@@ -102,7 +105,9 @@ PY
     grep -E "passed|failed|SKIPPED|FAILED|Error" "$log/python" | head -20
     dense=()
     [ $quick = 1 ] && dense=(--quick)
-    PYTHONPATH="$site" limited 120 python3 "$kit/gpu_dense.py" "${dense[@]}" >>"$log/bench" 2>&1
+    PYTHONPATH="$site" limited 120 python3 "$kit/gpu_dense.py" "${dense[@]}" >"$log/dense" 2>&1
+    grep -v '^RESULT' "$log/dense"
+    grep '^RESULT' "$log/dense" >>"$log/bench"
 fi
 
 echo "== benchmarks"

@@ -41,7 +41,7 @@ def with_torch(quick):
         # A residual on a few columns: L @ L.T reproduces A.
         cols = slice(0, 8)
         err = (l @ l[cols].T - a[:, cols]).abs().max().item()
-        ok = err <= (1e-3 if dt == "f32" else 1e-10)
+        ok = err <= (2e-2 if dt == "f32" else 1e-9)
         yield n, dt, best, err, ok
         del a, l
         torch.cuda.empty_cache()
@@ -66,7 +66,7 @@ def with_cupy(quick):
             if i > 0:
                 best = dt_s if best is None else min(best, dt_s)
         err = float(cupy.abs(l @ l[:8].T - a[:, :8]).max())
-        ok = err <= (1e-3 if dt == "f32" else 1e-10)
+        ok = err <= (2e-2 if dt == "f32" else 1e-9)
         yield n, dt, best, err, ok
         del a, l
 

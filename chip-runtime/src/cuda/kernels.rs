@@ -102,24 +102,25 @@ impl Functions {
             match modules.get(kernel) {
                 Some(m) => m.0,
                 None => {
+                    // Machine code for this GPU: it loads whatever NVRTC of
+                    // the driver's major version wrote, with nothing for
+                    // the driver to compile.
                     let (major, minor) = self.gpu.capability()?;
-                    let arch = format!("compute_{major}{minor}");
-                    let ptx = super::nvrtc::compile(kernel, &src.code, Some(&arch))?;
-                    let image = CString::new(ptx.into_text()).map_err(|_| CudaError::Compile {
-                        kernel: kernel.into(),
-                        log: "NVRTC returned PTX with a NUL byte".into(),
-                    })?;
+                    let arch = format!("sm_{major}{minor}");
+                    let cubin = super::nvrtc::compile_cubin(kernel, &src.code, &arch)?;
                     let mut m: sys::CUmodule = std::ptr::null_mut();
-                    // SAFETY: a NUL-terminated PTX image; the context is
-                    // current (the engine bound it).
-                    let r = unsafe { sys::cuModuleLoadData(&mut m, image.as_ptr().cast()) };
-                    if r == sys::CUresult::CUDA_ERROR_UNSUPPORTED_PTX_VERSION {
-                        let inv = super::probe::inventory();
+                    // SAFETY: a whole CUBIN image, alive across the call
+                    // (the driver copies it); the context is current (the
+                    // engine bound it).
+                    let r = unsafe { sys::cuModuleLoadData(&mut m, cubin.bytes().as_ptr().cast()) };
+                    // Code the driver does not take: NVRTC of a newer CUDA
+                    // than the driver's, said with both versions.
+                    if r != sys::CUresult::CUDA_SUCCESS
+                        && let Some(why) = super::probe::inventory().mismatch()
+                    {
                         return Err(CudaError::Compile {
                             kernel: kernel.into(),
-                            log: inv.mismatch().unwrap_or_else(|| {
-                                "the driver cannot load the PTX NVRTC wrote (CUDA_ERROR_UNSUPPORTED_PTX_VERSION): NVRTC is newer than the driver".into()
-                            }),
+                            log: format!("the driver refused the module ({r:?}): {why}"),
                         }
                         .into());
                     }

@@ -1,8 +1,12 @@
-//! Kernel sources to PTX with NVRTC, cached on disk.
+//! Kernel sources to PTX or CUBIN with NVRTC, cached on disk.
 //!
 //! [`compile`] takes a kernel's CUDA source, puts
-//! [`CUDA_PRELUDE`] in front of it and compiles it for one
-//! architecture (or NVRTC's default), in these steps:
+//! [`CUDA_PRELUDE`] in front of it and compiles it to PTX for one
+//! architecture (or NVRTC's default); [`compile_cubin`] compiles it to
+//! machine code for one GPU architecture (`sm_90`), which is what a chip
+//! loads: a CUBIN from any NVRTC of the driver's major version loads
+//! without the driver compiling anything, while PTX newer than the
+//! driver does not load at all. Both go in these steps:
 //!
 //! 1. ask whether `libnvrtc.so.13` loads ([`require_library`]): the loader
 //!    panics on a missing library, so absence must be a typed error first;
@@ -41,6 +45,36 @@ pub const OPTIONS: &[&str] = &["--std=c++17", "--fmad=false", "--no-source-inclu
 
 /// The first line of a cached file, before the SHA-256 of the PTX.
 const HEADER: &str = "// strata ptx cache 1 sha256:";
+
+/// The first line of a cached CUBIN, before the SHA-256 of its bytes.
+const CUBIN_HEADER: &str = "// strata cubin cache 1 sha256:";
+
+/// Machine code for one GPU architecture, as NVRTC wrote it (an ELF
+/// image): what `cuModuleLoadData` takes as it is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Cubin(Vec<u8>);
+
+impl Cubin {
+    /// The image.
+    pub fn bytes(&self) -> &[u8] {
+        &self.0
+    }
+
+    /// Whether it is an ELF image (NVRTC's CUBINs are).
+    pub fn is_elf(&self) -> bool {
+        self.0.starts_with(b"\x7fELF")
+    }
+
+    /// Whether its string table names `symbol` (a whole, NUL-delimited
+    /// name, as an ELF symbol table holds each kernel's).
+    pub fn names(&self, symbol: &str) -> bool {
+        let mut want = Vec::with_capacity(symbol.len() + 2);
+        want.push(0);
+        want.extend_from_slice(symbol.as_bytes());
+        want.push(0);
+        self.0.windows(want.len()).any(|w| w == want.as_slice())
+    }
+}
 
 /// PTX text, as NVRTC wrote it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -130,11 +164,60 @@ pub fn compile_cached(
     if let Some(ptx) = cache.and_then(|c| c.load(&key)) {
         return Ok(Compiled { ptx, cached: true });
     }
-    let ptx = run_nvrtc(kernel, code, options).map_err(refuse)?;
+    let bytes = run_nvrtc(kernel, code, &options, Output::Ptx).map_err(refuse)?;
+    let ptx = Ptx(String::from_utf8_lossy(&bytes).into_owned());
     if let Some(c) = cache {
         c.store(&key, &ptx);
     }
     Ok(Compiled { ptx, cached: false })
+}
+
+/// Compiles `code` (a source without the prelude) to machine code for
+/// `arch`, a real architecture (`sm_90`), through the cache directory
+/// the environment names (module docs; a CUBIN is kept beside the PTX
+/// under the same key, as `<key>.cubin`).
+///
+/// # Errors
+/// As [`compile`]; also when `arch` is a virtual architecture
+/// (`compute_90`: PTX only).
+pub fn compile_cubin(kernel: &str, code: &str, arch: &str) -> Result<Cubin, CudaError> {
+    compile_cubin_cached(kernel, code, arch, PtxCache::from_env().as_ref()).map(|(c, _)| c)
+}
+
+/// [`compile_cubin`] through `cache` (`None`: no cache); also says
+/// whether the CUBIN came from the cache.
+///
+/// # Errors
+/// As [`compile_cubin`].
+pub fn compile_cubin_cached(
+    kernel: &str,
+    code: &str,
+    arch: &str,
+    cache: Option<&PtxCache>,
+) -> Result<(Cubin, bool), CudaError> {
+    require_library(Library::Nvrtc)?;
+    let refuse = |log: String| CudaError::Compile {
+        kernel: kernel.to_owned(),
+        log,
+    };
+    if !arch.starts_with("sm_") {
+        return Err(refuse(format!(
+            "a CUBIN is machine code for a real architecture (sm_90), not {arch:?}"
+        )));
+    }
+    let options = options(Some(arch)).map_err(refuse)?;
+    if let Some(at) = code.find('\0') {
+        return Err(refuse(format!("the source holds a NUL byte at byte {at}")));
+    }
+    let key = cache_key(CUDA_PRELUDE, code, &options, &nvrtc_version());
+    if let Some(cubin) = cache.and_then(|c| c.load_cubin(&key)) {
+        return Ok((cubin, true));
+    }
+    let cubin = Cubin(run_nvrtc(kernel, code, &options, Output::Cubin).map_err(refuse)?);
+    if let Some(c) = cache {
+        c.store_cubin(&key, &cubin);
+    }
+    Ok((cubin, false))
 }
 
 /// Compiles a kernel's source body for `arch` ([`compile`]) and checks
@@ -212,34 +295,86 @@ fn nvrtc_version() -> String {
     }
 }
 
+/// What a compilation hands back.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Output {
+    /// The PTX text (without its closing NUL).
+    Ptx,
+    /// The CUBIN image.
+    Cubin,
+}
+
 /// Compiles the prelude and `code` with NVRTC; on failure, its log.
-fn run_nvrtc(kernel: &str, code: &str, options: Vec<String>) -> Result<Ptx, String> {
-    use cudarc::nvrtc::CompileError as E;
-    let source = format!("{CUDA_PRELUDE}\n{code}");
-    // The program's name appears in NVRTC's log, before each line number.
+fn run_nvrtc(
+    kernel: &str,
+    code: &str,
+    options: &[String],
+    output: Output,
+) -> Result<Vec<u8>, String> {
+    use cudarc::nvrtc::{result, sys};
+    let source = std::ffi::CString::new(format!("{CUDA_PRELUDE}\n{code}"))
+        .map_err(|_| "the source holds a NUL byte".to_owned())?;
+    // The program's name appears in NVRTC's log, before each line number
+    // (graphic characters only: no NUL).
     let name: String = kernel
         .chars()
         .filter(|c| c.is_ascii_graphic())
         .chain(".cu".chars())
         .collect();
-    let opts = cudarc::nvrtc::CompileOptions {
-        options,
-        name: Some(name),
-        ..Default::default()
-    };
-    match cudarc::nvrtc::compile_ptx_with_opts(source, opts) {
-        Ok(ptx) => Ok(Ptx(ptx.to_src())),
-        Err(E::CompileError { nvrtc, log, .. }) => {
-            let log = log.to_string_lossy();
-            let log = log.trim_end();
-            Err(if log.is_empty() {
-                format!("{:?}", nvrtc.0)
-            } else {
-                log.to_owned()
-            })
-        }
-        Err(other) => Err(format!("NVRTC failed: {other:?}")),
+    let name = std::ffi::CString::new(name).map_err(|_| "a NUL in the kernel's name".to_owned())?;
+    let prog = result::create_program(&source, Some(&name))
+        .map_err(|e| format!("nvrtcCreateProgram: {:?}", e.0))?;
+    // SAFETY: `prog` is live from its creation to the destroy below, and
+    // `source` and `name`, which it may point into, outlive it; every
+    // buffer passed is as long as NVRTC said.
+    unsafe {
+        let out = match result::compile_program(prog, options) {
+            Err(e) => {
+                let log = result::get_program_log(prog)
+                    .map(|l| c_text(&l).trim_end().to_owned())
+                    .unwrap_or_default();
+                Err(if log.is_empty() {
+                    format!("{:?}", e.0)
+                } else {
+                    log
+                })
+            }
+            Ok(()) => match output {
+                Output::Ptx => result::get_ptx(prog)
+                    .map(|p| c_text(&p).into_bytes())
+                    .map_err(|e| format!("nvrtcGetPTX: {:?}", e.0)),
+                Output::Cubin => {
+                    let mut size = 0usize;
+                    let r = sys::nvrtcGetCUBINSize(prog, &mut size);
+                    if r != sys::nvrtcResult::NVRTC_SUCCESS || size == 0 {
+                        Err(format!(
+                            "NVRTC gave no CUBIN ({r:?}, {size} bytes): a CUBIN needs a real architecture"
+                        ))
+                    } else {
+                        let mut image = vec![0u8; size];
+                        let r = sys::nvrtcGetCUBIN(prog, image.as_mut_ptr().cast());
+                        if r == sys::nvrtcResult::NVRTC_SUCCESS {
+                            Ok(image)
+                        } else {
+                            Err(format!("nvrtcGetCUBIN: {r:?}"))
+                        }
+                    }
+                }
+            },
+        };
+        let _ = result::destroy_program(prog);
+        out
     }
+}
+
+/// The text of a NUL-terminated C string NVRTC wrote.
+fn c_text(chars: &[std::ffi::c_char]) -> String {
+    let bytes: Vec<u8> = chars
+        .iter()
+        .map(|&c| c as u8)
+        .take_while(|&b| b != 0)
+        .collect();
+    String::from_utf8_lossy(&bytes).into_owned()
 }
 
 /// The cache key of a compilation: the hex SHA-256 of its inputs, each
@@ -287,17 +422,36 @@ impl PtxCache {
         self.dir.join(format!("{key}.ptx"))
     }
 
+    /// Where the CUBIN of `key` is kept.
+    pub fn cubin_path(&self, key: &str) -> PathBuf {
+        self.dir.join(format!("{key}.cubin"))
+    }
+
     /// The PTX stored under `key`, if a whole, intact file is there.
     pub fn load(&self, key: &str) -> Option<Ptx> {
-        let text = fs::read_to_string(self.path(key)).ok()?;
-        let (first, body) = text.split_once('\n')?;
-        let sum = first.strip_prefix(HEADER)?;
-        (sum == hex(&Sha256::digest(body.as_bytes()))).then(|| Ptx(body.to_owned()))
+        let body = load_checked(&self.path(key), HEADER)?;
+        String::from_utf8(body).ok().map(Ptx)
+    }
+
+    /// The CUBIN stored under `key`, if a whole, intact file is there.
+    pub fn load_cubin(&self, key: &str) -> Option<Cubin> {
+        load_checked(&self.cubin_path(key), CUBIN_HEADER).map(Cubin)
     }
 
     /// Stores `ptx` under `key`; a failure leaves no file behind and is
     /// otherwise ignored (the next compilation compiles again).
     pub fn store(&self, key: &str, ptx: &Ptx) {
+        self.store_checked(key, &self.path(key), HEADER, ptx.0.as_bytes());
+    }
+
+    /// Stores `cubin` under `key`, as [`PtxCache::store`].
+    pub fn store_cubin(&self, key: &str, cubin: &Cubin) {
+        self.store_checked(key, &self.cubin_path(key), CUBIN_HEADER, &cubin.0);
+    }
+
+    /// Writes `header`, the SHA-256 of `body`, a newline and `body` to a
+    /// temporary file, then renames it to `path`.
+    fn store_checked(&self, key: &str, path: &Path, header: &str, body: &[u8]) {
         static NEXT: AtomicU64 = AtomicU64::new(0);
         if fs::create_dir_all(&self.dir).is_err() {
             return;
@@ -307,19 +461,26 @@ impl PtxCache {
             std::process::id(),
             NEXT.fetch_add(1, Ordering::Relaxed)
         ));
-        let sum = hex(&Sha256::digest(ptx.0.as_bytes()));
+        let sum = hex(&Sha256::digest(body));
         let written = fs::File::create(&tmp).and_then(|mut f| {
-            f.write_all(format!("{HEADER}{sum}\n").as_bytes())?;
-            f.write_all(ptx.0.as_bytes())?;
+            f.write_all(format!("{header}{sum}\n").as_bytes())?;
+            f.write_all(body)?;
             f.sync_all()
         });
-        if written
-            .and_then(|()| fs::rename(&tmp, self.path(key)))
-            .is_err()
-        {
+        if written.and_then(|()| fs::rename(&tmp, path)).is_err() {
             let _ = fs::remove_file(&tmp);
         }
     }
+}
+
+/// The body of the file at `path` if its first line is `header` and the
+/// SHA-256 of what follows that line.
+fn load_checked(path: &Path, header: &str) -> Option<Vec<u8>> {
+    let bytes = fs::read(path).ok()?;
+    let at = bytes.iter().position(|&b| b == b'\n')?;
+    let (first, body) = (&bytes[..at], &bytes[at + 1..]);
+    let sum = std::str::from_utf8(first).ok()?.strip_prefix(header)?;
+    (sum == hex(&Sha256::digest(body))).then(|| body.to_vec())
 }
 
 /// The cache directory from `$STRATA_PTX_CACHE`, `$XDG_CACHE_HOME` and
@@ -406,6 +567,20 @@ mod tests {
         );
         cache.store(&key, &p);
         assert_eq!(cache.load(&key), Some(p), "storing again repairs it");
+
+        // A CUBIN is binary, kept beside the PTX under the same key.
+        let c = Cubin(b"\x7fELF\0k\0\n\xff\n".to_vec());
+        assert_eq!(cache.load_cubin(&key), None);
+        cache.store_cubin(&key, &c);
+        assert_eq!(cache.load_cubin(&key), Some(c.clone()));
+        assert!(cache.load(&key).is_some(), "the PTX is still there");
+        let path = cache.cubin_path(&key);
+        let mut whole = fs::read(&path).unwrap();
+        let last = whole.len() - 1;
+        whole[last] ^= 1;
+        fs::write(&path, &whole).unwrap();
+        assert_eq!(cache.load_cubin(&key), None, "a changed byte is not used");
+        assert!(c.is_elf() && c.names("k") && !c.names("K"));
     }
 
     #[test]

@@ -144,8 +144,10 @@ impl Inventory {
             && self.libraries.iter().all(|(_, l)| l.is_ok())
     }
 
-    /// Why kernels compiled here would not load, if they would not:
-    /// NVRTC newer than the driver writes PTX the driver cannot read.
+    /// Why kernels compiled here would not load, if they would not: an
+    /// NVRTC of a newer major CUDA version than the driver's writes
+    /// machine code the driver does not take (within one major version
+    /// a chip's CUBINs load whichever is newer).
     pub fn mismatch(&self) -> Option<String> {
         let driver = self.driver.as_ref().ok()?;
         let nvrtc = self
@@ -160,10 +162,10 @@ impl Inventory {
             Some((it.next()?.ok()?, it.next()?.ok()?))
         };
         let (d, n) = (parse(&driver.version)?, parse(&nvrtc.version)?);
-        (n > d).then(|| {
+        (n.0 > d.0).then(|| {
             format!(
-                "NVRTC {} writes PTX newer than the driver's CUDA {} loads: put an NVRTC no newer than the driver first on LD_LIBRARY_PATH",
-                nvrtc.version, driver.version
+                "NVRTC {} is of a newer CUDA than the driver's {}, which does not load its code: put an NVRTC of CUDA {}.x first on LD_LIBRARY_PATH",
+                nvrtc.version, driver.version, d.0
             )
         })
     }
@@ -323,8 +325,12 @@ mod tests {
         };
         assert_eq!(with("13.0", "13.0").mismatch(), None);
         assert_eq!(with("13.1", "13.0.2").mismatch(), None);
-        let m = with("13.0", "13.2").mismatch().unwrap();
-        assert!(m.contains("NVRTC 13.2") && m.contains("CUDA 13.0"), "{m}");
+        assert_eq!(with("13.0", "13.2").mismatch(), None, "a newer minor loads");
+        let m = with("13.0", "14.1").mismatch().unwrap();
+        assert!(
+            m.contains("NVRTC 14.1") && m.contains("driver's 13.0"),
+            "{m}"
+        );
         assert_eq!(loaded_from("no-such-library.so"), None);
     }
 

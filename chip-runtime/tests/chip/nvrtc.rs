@@ -1,8 +1,9 @@
 //! Every built-in kernel's CUDA source compiles with NVRTC, for
 //! compute_80, compute_90 and sm_90 (through the assembler), into PTX that
-//! defines every entry its signature's dtypes launch; a broken source is
-//! a compile error carrying NVRTC's log; the PTX cache hands back what
-//! was compiled.
+//! defines every entry its signature's dtypes launch, and into the CUBIN
+//! a chip loads (machine code for sm_80 and sm_90, naming every entry); a
+//! broken source is a compile error carrying NVRTC's log; the cache hands
+//! back what was compiled.
 //!
 //! Needs `libnvrtc.so.13` on the loader path. Without it these tests
 //! print one line saying so and pass, unless `STRATA_REQUIRE_NVRTC=1`
@@ -114,6 +115,47 @@ fn every_builtin_source_compiles_with_every_entry() {
         "nvrtc: {kernels} kernels, {} entries compiled for {ARCHS:?}",
         entries / ARCHS.len()
     );
+}
+
+/// What a chip loads: a CUBIN per real architecture, an ELF image that
+/// names every entry, from the cache the second time; a virtual
+/// architecture has no CUBIN.
+#[test]
+fn every_builtin_source_compiles_to_a_cubin_naming_every_entry() {
+    if !have_nvrtc() {
+        return;
+    }
+    let cache_dir = tempfile::tempdir().unwrap();
+    let cache = PtxCache::at(cache_dir.path());
+    let mut kernels = 0;
+    for (desc, source) in sources() {
+        let kernel = desc.qualified_name();
+        kernels += 1;
+        for arch in ["sm_80", "sm_90"] {
+            let (cubin, cached) =
+                nvrtc::compile_cubin_cached(&kernel, &source.code, arch, Some(&cache))
+                    .unwrap_or_else(|e| panic!("{kernel} for {arch}: {e}"));
+            assert!(
+                !cached,
+                "{kernel} for {arch}: first compile came from the cache"
+            );
+            assert!(cubin.is_elf(), "{kernel} for {arch}: not an ELF image");
+            for s in source.symbols(&desc) {
+                assert!(cubin.names(&s), "{kernel} for {arch}: no symbol {s}");
+            }
+            assert!(!cubin.names("no_such_kernel"), "{kernel}: names anything");
+            let (again, cached) =
+                nvrtc::compile_cubin_cached(&kernel, &source.code, arch, Some(&cache)).unwrap();
+            assert!(cached, "{kernel} for {arch}: not found in the cache");
+            assert_eq!(again, cubin, "{kernel} for {arch}: cached CUBIN differs");
+        }
+    }
+    assert_eq!(kernels, 9, "the built-ins with a source body");
+    let (_, source) = sources().remove(0);
+    match nvrtc::compile_cubin_cached("k@1", &source.code, "compute_90", None) {
+        Err(CudaError::Compile { log, .. }) => assert!(log.contains("real architecture"), "{log}"),
+        other => panic!("a CUBIN for a virtual architecture: {other:?}"),
+    }
 }
 
 #[test]

@@ -17,8 +17,9 @@
 // - a kernel that touches memory it may not (SIGSEGV, SIGBUS) loses the
 //   context: CUDA_ERROR_ILLEGAL_ADDRESS from then on, for every call;
 // - kernel sources are compiled by the host C++ compiler (kernel.h in
-//   front), NVRTC's "PTX" is the source with its entries named, and a
-//   module is the shared library built from it (cached by hash in
+//   front), NVRTC's "PTX" is the source with its entries named (its
+//   "CUBIN", for a real architecture only, that PTX behind an ELF magic),
+//   and a module is the shared library built from it (cached by hash in
 //   $FAKECUDA_CACHE, else /tmp/strata-fakecuda-<uid>).
 //
 // Devices: FAKECUDA_DEVICES (default 1), each of FAKECUDA_MEM_MIB MiB
@@ -1025,7 +1026,13 @@ static const char PTX_SOURCE[] = "// strata fakecuda source\n";
 
 struct Program {
     std::string src, name, ptx, log;
+    // Compiled for a real architecture (sm_XY): a CUBIN is there too.
+    bool real = false;
 };
+
+// The fake's CUBIN: an ELF magic, a line, then the PTX (with its entries
+// named, as an ELF's symbol table names them).
+static const char CUBIN_MAGIC[] = "\x7f" "ELF strata fakecuda cubin 1\n";
 
 EXPORT int nvrtcVersion(int* major, int* minor) {
     // Not a real NVRTC's version: its PTX is not a real NVRTC's.
@@ -1075,6 +1082,7 @@ EXPORT int nvrtcCompileProgram(Program* prog, int n, const char* const* opts) {
                 return 5;
             }
             target = "sm_" + a.substr(a.find('_') + 1);
+            prog->real = a.compare(0, 3, "sm_") == 0;
         } else if (o != "--std=c++17" && o != "--fmad=false" && o != "--no-source-include" && o != "-default-device") {
             prog->log = "nvrtc: error: unrecognized option " + o + "\n";
             return 5;
@@ -1105,6 +1113,23 @@ EXPORT int nvrtcGetPTXSize(Program* prog, size_t* size) {
 EXPORT int nvrtcGetPTX(Program* prog, char* out) {
     if (!prog) return 4;
     memcpy(out, prog->ptx.c_str(), prog->ptx.size() + 1);
+    return 0;
+}
+
+// As NVRTC: a CUBIN only for a real architecture (sm_XY); for a virtual
+// one the call is refused.
+EXPORT int nvrtcGetCUBINSize(Program* prog, size_t* size) {
+    if (!prog) return 4;
+    if (!prog->real || prog->ptx.empty()) return 3;  // NVRTC_ERROR_INVALID_INPUT
+    *size = strlen(CUBIN_MAGIC) + prog->ptx.size() + 1;
+    return 0;
+}
+
+EXPORT int nvrtcGetCUBIN(Program* prog, char* out) {
+    if (!prog) return 4;
+    if (!prog->real || prog->ptx.empty()) return 3;
+    memcpy(out, CUBIN_MAGIC, strlen(CUBIN_MAGIC));
+    memcpy(out + strlen(CUBIN_MAGIC), prog->ptx.c_str(), prog->ptx.size() + 1);
     return 0;
 }
 
@@ -1146,7 +1171,10 @@ struct Module {
 
 EXPORT CUresult cuModuleLoadData(Module** out, const void* image) {
     NEED_CTX;
-    std::string text = (const char*)image;
+    // A CUBIN of the fake NVRTC carries its PTX after the magic line.
+    const char* start = (const char*)image;
+    if (strncmp(start, CUBIN_MAGIC, strlen(CUBIN_MAGIC)) == 0) start += strlen(CUBIN_MAGIC);
+    std::string text = start;
     size_t at = text.find(PTX_SOURCE);
     if (text.compare(0, strlen(PTX_HEADER), PTX_HEADER) != 0 || at == std::string::npos) {
         complain("cuModuleLoadData: not an image of the fake NVRTC");

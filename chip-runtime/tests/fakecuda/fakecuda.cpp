@@ -18,7 +18,8 @@
 //   context: CUDA_ERROR_ILLEGAL_ADDRESS from then on, for every call;
 // - kernel sources are compiled by the host C++ compiler (kernel.h in
 //   front), NVRTC's "PTX" is the source with its entries named (its
-//   "CUBIN", for a real architecture only, that PTX behind an ELF magic),
+//   "CUBIN", for a real architecture only, that PTX behind an ELF magic
+//   and before the entries' names),
 //   and a module is the shared library built from it (cached by hash in
 //   $FAKECUDA_CACHE, else /tmp/strata-fakecuda-<uid>).
 //
@@ -1028,10 +1029,11 @@ struct Program {
     std::string src, name, ptx, log;
     // Compiled for a real architecture (sm_XY): a CUBIN is there too.
     bool real = false;
+    std::vector<std::string> entries;
 };
 
-// The fake's CUBIN: an ELF magic, a line, then the PTX (with its entries
-// named, as an ELF's symbol table names them).
+// The fake's CUBIN: an ELF magic and a line, the PTX and its NUL, then
+// each entry's name and a NUL (as an ELF's string table names them).
 static const char CUBIN_MAGIC[] = "\x7f" "ELF strata fakecuda cubin 1\n";
 
 EXPORT int nvrtcVersion(int* major, int* minor) {
@@ -1101,7 +1103,19 @@ EXPORT int nvrtcCompileProgram(Program* prog, int n, const char* const* opts) {
     ptx += prog->src;
     prog->ptx = ptx;
     prog->log = log;
+    prog->entries = entries;
     return 0;
+}
+
+static std::string fake_cubin(const Program* prog) {
+    std::string out = CUBIN_MAGIC;
+    out += prog->ptx;
+    out.push_back('\0');
+    for (const std::string& e : prog->entries) {
+        out += e;
+        out.push_back('\0');
+    }
+    return out;
 }
 
 EXPORT int nvrtcGetPTXSize(Program* prog, size_t* size) {
@@ -1121,15 +1135,15 @@ EXPORT int nvrtcGetPTX(Program* prog, char* out) {
 EXPORT int nvrtcGetCUBINSize(Program* prog, size_t* size) {
     if (!prog) return 4;
     if (!prog->real || prog->ptx.empty()) return 3;  // NVRTC_ERROR_INVALID_INPUT
-    *size = strlen(CUBIN_MAGIC) + prog->ptx.size() + 1;
+    *size = fake_cubin(prog).size();
     return 0;
 }
 
 EXPORT int nvrtcGetCUBIN(Program* prog, char* out) {
     if (!prog) return 4;
     if (!prog->real || prog->ptx.empty()) return 3;
-    memcpy(out, CUBIN_MAGIC, strlen(CUBIN_MAGIC));
-    memcpy(out + strlen(CUBIN_MAGIC), prog->ptx.c_str(), prog->ptx.size() + 1);
+    std::string image = fake_cubin(prog);
+    memcpy(out, image.data(), image.size());
     return 0;
 }
 

@@ -99,13 +99,19 @@ def _tensor_of(capsule):
     return _DLTensor.from_address(get(capsule, b"dltensor"))
 
 
-def test_a_shared_array_on_a_gpu_is_its_device_memory():
+def _gpu_cluster():
+    """One worker on cuda:0, or a skip naming why there is none (a failure
+    under STRATA_REQUIRE_CUDA=1)."""
     try:
-        c = strata.Cluster(local=1, device="cuda:0,mem=256MiB")
+        return strata.Cluster(local=1, device="cuda:0,mem=256MiB")
     except strata.ClusterError as e:
         if os.environ.get("STRATA_REQUIRE_CUDA") == "1":
             raise
         pytest.skip(f"no GPU here: {e}")
+
+
+def test_a_shared_array_on_a_gpu_is_its_device_memory():
+    c = _gpu_cluster()
     with c:
         a = c.device_zeros(0, (16, 8), np.float32, shared=True)
         assert a.__dlpack_device__() == (2, 0)
@@ -133,12 +139,7 @@ def test_cupy_and_torch_use_a_shared_gpu_array_in_place(lib):
     mod = pytest.importorskip(lib)
     if lib == "torch" and not mod.cuda.is_available():
         pytest.skip("torch sees no GPU")
-    try:
-        c = strata.Cluster(local=1, device="cuda:0,mem=256MiB")
-    except strata.ClusterError as e:
-        if os.environ.get("STRATA_REQUIRE_CUDA") == "1":
-            raise
-        pytest.skip(f"no GPU here: {e}")
+    c = _gpu_cluster()
     with c:
         a = c.device_zeros(0, (64, 32), np.float32, shared=True)
         c.submit("fill", a, 3.0)

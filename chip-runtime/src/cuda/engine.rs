@@ -525,46 +525,14 @@ impl CudaEngine {
                     }
                 }
             } else {
-                use sys::CUmemorytype::{CU_MEMORYTYPE_DEVICE, CU_MEMORYTYPE_HOST};
-                let (host_side, dev_side) = (h, d);
+                let (host_side, dev_side) = (
+                    Side::Host(h, r.host_pitch as usize),
+                    Side::Device(d, r.dev_pitch as usize),
+                );
                 let p = if to_device {
-                    sys::CUDA_MEMCPY2D {
-                        srcXInBytes: 0,
-                        srcY: 0,
-                        srcMemoryType: CU_MEMORYTYPE_HOST,
-                        srcHost: host_side.cast_const().cast(),
-                        srcDevice: 0,
-                        srcArray: std::ptr::null_mut(),
-                        srcPitch: r.host_pitch as usize,
-                        dstXInBytes: 0,
-                        dstY: 0,
-                        dstMemoryType: CU_MEMORYTYPE_DEVICE,
-                        dstHost: std::ptr::null_mut(),
-                        dstDevice: dev_side,
-                        dstArray: std::ptr::null_mut(),
-                        dstPitch: r.dev_pitch as usize,
-                        WidthInBytes: r.width as usize,
-                        Height: r.height as usize,
-                    }
+                    copy_2d(host_side, dev_side, r)
                 } else {
-                    sys::CUDA_MEMCPY2D {
-                        srcXInBytes: 0,
-                        srcY: 0,
-                        srcMemoryType: CU_MEMORYTYPE_DEVICE,
-                        srcHost: std::ptr::null(),
-                        srcDevice: dev_side,
-                        srcArray: std::ptr::null_mut(),
-                        srcPitch: r.dev_pitch as usize,
-                        dstXInBytes: 0,
-                        dstY: 0,
-                        dstMemoryType: CU_MEMORYTYPE_HOST,
-                        dstHost: host_side.cast(),
-                        dstDevice: 0,
-                        dstArray: std::ptr::null_mut(),
-                        dstPitch: r.host_pitch as usize,
-                        WidthInBytes: r.width as usize,
-                        Height: r.height as usize,
-                    }
+                    copy_2d(dev_side, host_side, r)
                 };
                 // SAFETY: as above; `p` describes only those ranges.
                 unsafe { sys::cuMemcpy2DAsync_v2(&p, state.stream.0) }
@@ -642,6 +610,45 @@ fn sweep(pinned: &mut HashMap<usize, Pinned>) {
         }
         false
     });
+}
+
+/// One side of a 2D copy: host or device memory, and its pitch in bytes.
+#[derive(Clone, Copy)]
+enum Side {
+    Host(*mut u8, usize),
+    Device(DeviceAddr, usize),
+}
+
+/// The driver's description of copying rectangle `r` (its width and
+/// height) from `src` to `dst`.
+fn copy_2d(src: Side, dst: Side, r: &Rect) -> sys::CUDA_MEMCPY2D {
+    use sys::CUmemorytype::{CU_MEMORYTYPE_DEVICE, CU_MEMORYTYPE_HOST};
+    let (src_type, src_host, src_device, src_pitch) = match src {
+        Side::Host(p, pitch) => (CU_MEMORYTYPE_HOST, p.cast_const().cast(), 0, pitch),
+        Side::Device(a, pitch) => (CU_MEMORYTYPE_DEVICE, std::ptr::null(), a, pitch),
+    };
+    let (dst_type, dst_host, dst_device, dst_pitch) = match dst {
+        Side::Host(p, pitch) => (CU_MEMORYTYPE_HOST, p.cast(), 0, pitch),
+        Side::Device(a, pitch) => (CU_MEMORYTYPE_DEVICE, std::ptr::null_mut(), a, pitch),
+    };
+    sys::CUDA_MEMCPY2D {
+        srcXInBytes: 0,
+        srcY: 0,
+        srcMemoryType: src_type,
+        srcHost: src_host,
+        srcDevice: src_device,
+        srcArray: std::ptr::null_mut(),
+        srcPitch: src_pitch,
+        dstXInBytes: 0,
+        dstY: 0,
+        dstMemoryType: dst_type,
+        dstHost: dst_host,
+        dstDevice: dst_device,
+        dstArray: std::ptr::null_mut(),
+        dstPitch: dst_pitch,
+        WidthInBytes: r.width as usize,
+        Height: r.height as usize,
+    }
 }
 
 fn page_size() -> usize {
@@ -790,25 +797,8 @@ impl Engine for CudaEngine {
                     // SAFETY: both live blocks of the copy's length.
                     unsafe { sys::cuMemcpyDtoDAsync_v2(to, from, r.width as usize, s.stream.0) }
                 } else {
-                    use sys::CUmemorytype::CU_MEMORYTYPE_DEVICE;
-                    let p = sys::CUDA_MEMCPY2D {
-                        srcXInBytes: 0,
-                        srcY: 0,
-                        srcMemoryType: CU_MEMORYTYPE_DEVICE,
-                        srcHost: std::ptr::null(),
-                        srcDevice: from,
-                        srcArray: std::ptr::null_mut(),
-                        srcPitch: r.dev_pitch as usize,
-                        dstXInBytes: 0,
-                        dstY: 0,
-                        dstMemoryType: CU_MEMORYTYPE_DEVICE,
-                        dstHost: std::ptr::null_mut(),
-                        dstDevice: to,
-                        dstArray: std::ptr::null_mut(),
-                        dstPitch: r.dev_pitch as usize,
-                        WidthInBytes: r.width as usize,
-                        Height: r.height as usize,
-                    };
+                    let pitch = r.dev_pitch as usize;
+                    let p = copy_2d(Side::Device(from, pitch), Side::Device(to, pitch), &r);
                     // SAFETY: both live blocks hold every row of the
                     // rectangle (rects); `p` outlives the call.
                     unsafe { sys::cuMemcpy2DAsync_v2(&p, s.stream.0) }

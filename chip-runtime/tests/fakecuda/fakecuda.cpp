@@ -224,7 +224,13 @@ struct Stream {
             stop = true;
             cv.notify_all();
         }
-        th.join();
+        // At process exit the thread may be gone already (the join then
+        // fails with ESRCH): nothing is left to wait for, and a throw
+        // from a destructor would abort the exiting process.
+        try {
+            if (th.joinable()) th.join();
+        } catch (const std::system_error&) {
+        }
     }
 };
 

@@ -8,8 +8,8 @@
 //! (one GEMM and one potrf on whole matrices: cuBLAS and cuSOLVER
 //! themselves, through the chip's `gemm` and `potrf` bodies); none: all.
 //! `STRATA_DEVICE` picks the chip (default `cuda:0`; `sim` runs the same
-//! programs on a simulated chip, small; `STRATA_BENCH_SMALL=1` makes them
-//! small on any chip, as `scripts/gpu-check.sh --quick` does). Each figure is printed as
+//! programs on a simulated chip, small unless `STRATA_BENCH_SMALL=0`;
+//! `STRATA_BENCH_SMALL=1` makes them small on any chip, as `scripts/gpu-check.sh --quick` does). Each figure is printed as
 //! `RESULT name value unit`, with the median of its runs.
 //!
 //! Needs the `strata` binary (`cargo build --release`, or `STRATA_BIN`).
@@ -26,13 +26,22 @@ use strata_wire::{
     Access, AddressSpace, ArgTag, Backing, BufferDescriptor, CanonicalIdentity, DType, Tensor,
 };
 
+/// The driver allocates per task from several threads, as the `strata`
+/// binary's and the Python package's do: the same allocator here, so the
+/// figures are the ones those drivers get (glibc's malloc was a quarter of
+/// this driver's instructions per task).
+#[global_allocator]
+static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 type Fallible<T> = Result<T, Box<dyn std::error::Error>>;
 
 fn main() -> ExitCode {
     let sections: Vec<String> = std::env::args().skip(1).collect();
     let spec = std::env::var("STRATA_DEVICE").unwrap_or_else(|_| "cuda:0".into());
-    let small =
-        spec.starts_with("sim") || std::env::var("STRATA_BENCH_SMALL").is_ok_and(|v| v == "1");
+    let small = match std::env::var("STRATA_BENCH_SMALL") {
+        Ok(v) => v == "1",
+        Err(_) => spec.starts_with("sim"),
+    };
     let all = sections.is_empty();
     let want = |s: &str| all || sections.iter().any(|a| a == s);
     let run = || -> Fallible<()> {

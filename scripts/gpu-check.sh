@@ -135,9 +135,11 @@ if want bench; then
         { echo "gpu_bench failed:"; tail -5 "$log/gpu_bench"; }
     cat "$log/gpu_bench" >>"$log/bench"
 fi
-cholesky() { # N TILE DTYPE
-    STRATA_DEVICE=cuda:0 limited 90 "$kit/cholesky" "$1" "$2" 1 "$3" 3 2>&1 | tee -a "$log/cholesky" |
-        awk -v n="$1" -v t="$2" -v d="$3" '
+cholesky() { # N TILE DTYPE [STREAMS]: on cuda:0 (with that many streams)
+    local spec=cuda:0 tag=
+    [ -n "${4:-}" ] && { spec=cuda:0,streams=$4; tag=_streams$4; }
+    STRATA_DEVICE=$spec limited 90 "$kit/cholesky" "$1" "$2" 1 "$3" 3 2>&1 | tee -a "$log/cholesky" |
+        awk -v n="$1" -v t="$2$tag" -v d="$3" '
             /GFlop\/s/ { for (i = 1; i <= NF; i++) if ($i == "GFlop/s,") g = $(i-1); if (g > best) best = g }
             /WRONG|rror/ { print "CHECK tiled_cholesky " n " " d " tile " t ": " $0 }
             END { if (best == "") printf "RESULT tiled_cholesky_%s_%s_tile%s n/a TFLOP/s\n", n, d, t;
@@ -145,10 +147,13 @@ cholesky() { # N TILE DTYPE
 }
 want cholesky && {
     if [ $quick = 1 ]; then
-        cholesky 1024 256 f32; cholesky 1024 256 f64
+        cholesky 1024 256 f32; cholesky 1024 256 f64; cholesky 1024 128 f32 8
     else
         for t in 512 1024 2048; do cholesky 16384 $t f32; cholesky 16384 $t f64; done
         cholesky 32768 2048 f32
+        # Small tiles are many short tasks: twice the default streams
+        # (4), to see whether more launches in flight pay.
+        cholesky 16384 512 f32 8; cholesky 16384 1024 f32 8
     fi
 } >>"$log/bench" 2>&1
 size=()

@@ -306,7 +306,6 @@ impl Cluster {
     /// the capabilities each worker reported at the start: a member goes
     /// only to a worker that offers its callable and has what it needs.
     fn check_placement(&self, spec: &TaskSpec) -> Result<(), Error> {
-        let mut named = rustc_hash::FxHashSet::default();
         for (m, member) in spec.members.iter().enumerate() {
             match member.placement {
                 Placement::On(w) => {
@@ -341,7 +340,12 @@ impl Cluster {
                         }
                         .into());
                     }
-                    if !named.insert(w) {
+                    // Members are few (at most one per worker, checked
+                    // below): a scan of the earlier ones allocates nothing.
+                    if spec.members[..m]
+                        .iter()
+                        .any(|e| e.placement == Placement::On(w))
+                    {
                         return Err(SubmitError::WorkerTaken {
                             member: m,
                             worker: w,

@@ -146,6 +146,31 @@ fn a_worker_that_does_not_exist_is_named() {
 }
 
 #[test]
+fn a_group_with_two_members_on_one_worker_names_the_later_member() {
+    let c = Cluster::builder().in_process(2).start().unwrap();
+    let view = || c.buffer(64).unwrap().tensor(&[16], DType::F32).unwrap();
+    let fill = |w: u32| {
+        Task::new("fill")
+            .output(&view())
+            .scalar_f64(1.0)
+            .on(WorkerId(w))
+    };
+    for (places, member) in [(vec![0, 0], 1), (vec![1, 0, 1], 2)] {
+        let r = c.submit_group(places.iter().map(|&w| fill(w)).collect());
+        assert!(
+            matches!(
+                &r,
+                Err(Error::Submit(SubmitError::WorkerTaken { member: m, worker }))
+                    if *m == member && *worker == WorkerId(places[member])
+            ),
+            "{places:?}: {r:?}"
+        );
+    }
+    let g = c.submit_group(vec![fill(1), fill(0)]).unwrap();
+    c.wait(g).unwrap();
+}
+
+#[test]
 fn buffers_refuse_by_kind_and_range() {
     let c = one();
     let b = c.buffer(64).unwrap();

@@ -456,7 +456,6 @@ impl Scheduler {
     /// # Errors
     /// Why not, naming the member.
     pub fn check_placeable(&self, members: &[MemberInfo]) -> Result<(), PlacementError> {
-        let mut named = HashSet::default();
         for (m, info) in members.iter().enumerate() {
             match info.placement {
                 Placement::On(w) => {
@@ -478,7 +477,9 @@ impl Scheduler {
                             missing: worker.capabilities.missing(&info.needs),
                         });
                     }
-                    if !named.insert(w) {
+                    // A scan of the earlier members allocates nothing (a
+                    // set per task did, on the DAG actor's thread).
+                    if members[..m].iter().any(|e| e.placement == Placement::On(w)) {
                         return Err(PlacementError::WorkerTaken {
                             member: m,
                             worker: w,

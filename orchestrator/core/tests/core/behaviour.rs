@@ -824,6 +824,59 @@ fn groups_launch_all_or_nothing_on_distinct_workers() {
         task: TaskId(2),
         outcome: Outcome::Success
     }));
+    // Two members placed on one worker are refused, naming the later one,
+    // whichever members they are; placed on distinct workers they run.
+    for (places, taken) in [
+        ([0, 0, 9], Some(1)),
+        ([0, 1, 0], Some(2)),
+        ([1, 0, 9], None),
+    ] {
+        let members = places.iter().filter(|&&w| w != 9).count();
+        let group = Sub {
+            task: NewTask {
+                id: TaskId(10 + places[0] + 2 * places[1]),
+                members: (0..members as u64)
+                    .map(|m| {
+                        vec![Arg {
+                            tensor: row(b, 20 + m),
+                            tag: ArgTag::Output,
+                        }]
+                    })
+                    .collect(),
+                scalars: vec![0; members],
+                after: vec![],
+            },
+            members: places[..members]
+                .iter()
+                .map(|&w| MemberInfo {
+                    callable: K,
+                    placement: Placement::On(WorkerId(w as u32)),
+                    device_buffers: vec![],
+                    needs: Capabilities::NONE,
+                    work: Default::default(),
+                })
+                .collect(),
+            retries: 0,
+        };
+        let r = e.submit(group);
+        match taken {
+            Some(m) => assert!(
+                matches!(
+                    &r,
+                    Err(Refusal::Submit(strata_orchestrator_core::SubmitError {
+                        reason: SubmitReason::Unplaceable(PlacementError::WorkerTaken {
+                            member,
+                            worker: WorkerId(0),
+                        }),
+                        ..
+                    })) if *member == m
+                ),
+                "{places:?}: {r:?}"
+            ),
+            None => assert!(r.is_ok(), "{places:?}: {r:?}"),
+        }
+    }
+    e.scheduler().check_invariants().unwrap();
 }
 
 #[test]

@@ -135,10 +135,14 @@ if want bench; then
         { echo "gpu_bench failed:"; tail -5 "$log/gpu_bench"; }
     cat "$log/gpu_bench" >>"$log/bench"
 fi
-cholesky() { # N TILE DTYPE [STREAMS]: on cuda:0 (with that many streams)
-    local spec=cuda:0 tag=
-    [ -n "${4:-}" ] && { spec=cuda:0,streams=$4; tag=_streams$4; }
-    STRATA_DEVICE=$spec limited 90 "$kit/cholesky" "$1" "$2" 1 "$3" 3 2>&1 | tee -a "$log/cholesky" |
+# The matrix in device memory, as cuSOLVER's is (loaded before each run
+# and read back after it); with HOME `host` in a host buffer, its tiles
+# copied to the GPU and each written one back inside the run.
+cholesky() { # N TILE DTYPE [STREAMS|-] [HOME]: on cuda:0 (with that many streams)
+    local spec=cuda:0 tag= home=${5:-device}
+    [ -n "${4:-}" ] && [ "$4" != - ] && { spec=cuda:0,streams=$4; tag=_streams$4; }
+    [ "$home" = host ] && tag=${tag}_host
+    STRATA_DEVICE=$spec limited 90 "$kit/cholesky" "$1" "$2" 1 "$3" 3 "$home" 2>&1 | tee -a "$log/cholesky" |
         awk -v n="$1" -v t="$2$tag" -v d="$3" '
             /GFlop\/s/ { for (i = 1; i <= NF; i++) if ($i == "GFlop/s,") g = $(i-1); if (g > best) best = g }
             /WRONG|rror/ { print "CHECK tiled_cholesky " n " " d " tile " t ": " $0 }
@@ -148,12 +152,15 @@ cholesky() { # N TILE DTYPE [STREAMS]: on cuda:0 (with that many streams)
 want cholesky && {
     if [ $quick = 1 ]; then
         cholesky 1024 256 f32; cholesky 1024 256 f64; cholesky 1024 128 f32 8
+        cholesky 1024 256 f32 - host
     else
         for t in 512 1024 2048; do cholesky 16384 $t f32; cholesky 16384 $t f64; done
         cholesky 32768 2048 f32
         # Small tiles are many short tasks: twice the default streams
         # (4), to see whether more launches in flight pay.
         cholesky 16384 512 f32 8; cholesky 16384 1024 f32 8
+        # What a host buffer's traffic costs (each written tile goes back).
+        cholesky 16384 2048 f32 - host; cholesky 16384 1024 f32 - host
     fi
 } >>"$log/bench" 2>&1
 size=()

@@ -290,16 +290,6 @@ pub fn cholesky_matrix_element(n: u32, i: usize, j: usize) -> f64 {
     1.0 / (i + j + 1) as f64 + if i == j { f64::from(n) } else { 0.0 }
 }
 
-/// A right-looking tiled Cholesky of [`cholesky_matrix_element`]'s matrix,
-/// `n × n` in `T` (f32 or f64) cut into `tile × tile` tiles of one
-/// row-major buffer: for each column `k` of tiles, `potrf` on the diagonal
-/// tile, `trsm` on the tiles below it, then `syrk` on the diagonal tiles
-/// and `gemm` (α = −1, β = 1, the second operand a transposed view) on the
-/// tiles below the diagonal of the trailing matrix — `T(T+1)(T+2)/6` tasks
-/// for `T = n/tile`, submitted in that order, their dependencies inferred.
-///
-/// Checked without an O(n³) product: for a random `x`, `L·(Lᵀ·x)` against
-/// `A·x`; `max_abs_err` is the relative residual
 /// [`cholesky_matrix_element`]'s `n × n` matrix in `T`, row-major, its
 /// row bands filled on every core (an n = 32768 matrix is 10⁹ elements,
 /// seconds on one core).
@@ -323,6 +313,16 @@ fn cholesky_matrix<T: strata_chip_runtime::kernel::Element>(n: u32) -> Vec<T> {
     host
 }
 
+/// A right-looking tiled Cholesky of [`cholesky_matrix_element`]'s matrix,
+/// `n × n` in `T` (f32 or f64) cut into `tile × tile` tiles of one
+/// row-major buffer: for each column `k` of tiles, `potrf` on the diagonal
+/// tile, `trsm` on the tiles below it, then `syrk` on the diagonal tiles
+/// and `gemm` (α = −1, β = 1, the second operand a transposed view) on the
+/// tiles below the diagonal of the trailing matrix — `T(T+1)(T+2)/6` tasks
+/// for `T = n/tile`, submitted in that order, their dependencies inferred.
+///
+/// Checked without an O(n³) product: for a random `x`, `L·(Lᵀ·x)` against
+/// `A·x`; `max_abs_err` is the relative residual
 /// `‖L·Lᵀ·x − A·x‖∞ / ‖A·x‖∞`.
 ///
 /// # Errors
@@ -338,6 +338,20 @@ pub fn cholesky<T: strata_chip_runtime::kernel::Element>(
         .ok_or_else(|| Error::Submit(crate::SubmitError::Job("no run".into())))
 }
 
+/// Where the Cholesky job's matrix lives while it is factored.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MatrixHome {
+    /// A host buffer: each task's tiles go to its chip and, written, back
+    /// as the cluster's write-back policy says, inside the timed run.
+    Host,
+    /// A device buffer of this worker's chip, as a GPU library's matrix
+    /// lives in GPU memory: loaded from a host buffer before each run and
+    /// read back after it (each a `copy` task outside the timed part);
+    /// every tile task runs on that worker, in place, moving no byte
+    /// between host and chip.
+    Device(WorkerId),
+}
+
 /// [`cholesky`] `runs` times on one matrix buffer, its values written
 /// afresh before each run: the first run maps the buffer into each worker
 /// and teaches the performance models the kernels' durations (as StarPU's
@@ -351,6 +365,21 @@ pub fn cholesky_runs<T: strata_chip_runtime::kernel::Element>(
     tile: u32,
     runs: usize,
 ) -> Result<Vec<JobReport>, Error> {
+    cholesky_runs_in::<T>(cluster, n, tile, runs, MatrixHome::Host)
+}
+
+/// [`cholesky_runs`] with the matrix where `home` says. Each report's
+/// wall time and summary cover the tile tasks only.
+///
+/// # Errors
+/// As [`cholesky`]; a device buffer the worker cannot allocate.
+pub fn cholesky_runs_in<T: strata_chip_runtime::kernel::Element>(
+    cluster: &Cluster,
+    n: u32,
+    tile: u32,
+    runs: usize,
+    home: MatrixHome,
+) -> Result<Vec<JobReport>, Error> {
     let job = |why: String| Error::Submit(crate::SubmitError::Job(why));
     if tile == 0 || n % tile != 0 {
         return Err(job(format!("{n} is not a multiple of the tile {tile}")));
@@ -362,8 +391,26 @@ pub fn cholesky_runs<T: strata_chip_runtime::kernel::Element>(
         )));
     }
     let host = cholesky_matrix::<T>(n);
-    let a = cluster.buffer_from_slice(&host)?;
+    // The matrix, or for a device home where it is loaded from and read
+    // back into.
+    let staging = cluster.buffer_from_slice(&host)?;
     let elem = u64::from(T::DTYPE.bits() / 8);
+    let device = match home {
+        MatrixHome::Host => None,
+        MatrixHome::Device(w) => {
+            Some(cluster.device_buffer(w, u64::from(n) * u64::from(n) * elem)?)
+        }
+    };
+    let a = device.as_ref().unwrap_or(&staging);
+    // One copy task of the whole matrix, waited for.
+    let copy = |from: &crate::Buffer, to: &crate::Buffer| -> Result<(), Error> {
+        cluster.submit(
+            Task::new("copy")
+                .input(&from.tensor(&[n, n], T::DTYPE)?)
+                .output(&to.tensor(&[n, n], T::DTYPE)?),
+        )?;
+        cluster.wait_all().map(|_| ())
+    };
     let tiles = n / tile;
     // Tile (i, j) and its transpose, as views of the row-major matrix.
     let offset =
@@ -375,7 +422,10 @@ pub fn cholesky_runs<T: strata_chip_runtime::kernel::Element>(
     let mut reports = Vec::with_capacity(runs);
     for run in 0..runs {
         if run > 0 {
-            a.write_slice(0, &host)?;
+            staging.write_slice(0, &host)?;
+        }
+        if let Some(d) = &device {
+            copy(&staging, d)?;
         }
         let start = Instant::now();
         let mut tasks = 0u64;
@@ -414,7 +464,10 @@ pub fn cholesky_runs<T: strata_chip_runtime::kernel::Element>(
         }
         let summary = cluster.wait_all()?;
         let wall = start.elapsed();
-        let l = a.to_vec::<T>()?;
+        if let Some(d) = &device {
+            copy(d, &staging)?;
+        }
+        let l = staging.to_vec::<T>()?;
         reports.push(JobReport {
             tasks,
             wall,

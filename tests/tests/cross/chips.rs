@@ -366,6 +366,48 @@ fn the_demo_runs_on_a_gpu() {
     assert!(text.contains("result check: passed"), "{text}");
 }
 
+/// The tiled Cholesky with its matrix in device memory, as a GPU library
+/// keeps it: right in F32 and F64, and its tile tasks move no byte
+/// between host and chip nor copy one on the chip (the host-buffer run of the same job moves its
+/// tiles in and every written one back) — on a simulated chip, and on
+/// `cuda:0` where there is one.
+#[test]
+fn a_cholesky_in_device_memory_moves_no_tile_between_host_and_chip() {
+    use strata_orchestrator::demo::{MatrixHome, cholesky_runs_in};
+    let mut chips = vec!["sim"];
+    if gpu_here("a_cholesky_in_device_memory_moves_no_tile_between_host_and_chip") {
+        chips.push("cuda:0,mem=512MiB");
+    }
+    for device in chips {
+        let cluster = Cluster::builder()
+            .local(1)
+            .worker_binary(strata_bin())
+            .device(device)
+            .start()
+            .expect("cluster");
+        for home in [MatrixHome::Host, MatrixHome::Device(WorkerId(0))] {
+            let runs = [
+                (cholesky_runs_in::<f32>(&cluster, 256, 64, 2, home), 1e-5),
+                (cholesky_runs_in::<f64>(&cluster, 256, 64, 2, home), 1e-12),
+            ];
+            for (r, tol) in runs {
+                for r in r.unwrap_or_else(|e| panic!("{device}, {home:?}: {e}")) {
+                    let s = &r.summary;
+                    assert_eq!((r.tasks, s.succeeded), (20, 20), "{device}, {home:?}");
+                    assert!(r.ok(tol), "{device}, {home:?}: residual {}", r.max_abs_err);
+                    let moved = (s.to_device_bytes, s.from_device_bytes, s.on_chip_bytes);
+                    if home == MatrixHome::Host {
+                        assert!(moved.0 > 0 && moved.1 > 0, "{device}: {moved:?}");
+                    } else {
+                        assert_eq!(moved, (0, 0, 0), "{device}: tiles moved or copied");
+                    }
+                }
+            }
+        }
+        cluster.shutdown().expect("shutdown");
+    }
+}
+
 /// A kernel that faults on a GPU loses its context: its task fails naming
 /// the driver's error, nothing it wrote comes back, the worker exits 1 to
 /// be replaced, and the driver sees it down and does not hang.

@@ -274,7 +274,9 @@ fn opening_a_cuda_chip_says_what_is_wrong() {
     assert!(e.to_string().contains("unknown key \"lanes\""), "{e}");
     let e = strata_chip_runtime::open("cuda:zero").unwrap_err();
     assert!(e.to_string().contains("not a device number"), "{e}");
-    if let Err(Error::Cuda(CudaError::NoDriver { lib })) = strata_chip_runtime::open("cuda:0") {
+    if let Err(Error::Cuda(CudaError::NoDriver { lib })) =
+        strata_chip_runtime::open("cuda:0,mem=64MiB")
+    {
         assert_eq!(lib, "libcuda.so.1");
     }
     let e = SourceKernel::new(

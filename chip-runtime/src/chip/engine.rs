@@ -162,9 +162,11 @@ pub(crate) trait Engine: Send + Sync + std::fmt::Debug {
     }
 
     /// After [`Engine::finish`] on `lane`: how long the device took from
-    /// [`Stamp::Staging`] to [`Stamp::Kernel`] (the copies in) and from
-    /// there to [`Stamp::Done`] (the kernel), when all three were marked
-    /// since the last `Staging`. `None` where calls do their own work.
+    /// [`Stamp::Staging`] to [`Stamp::Kernel`] (the copies in; zero when
+    /// the launch marked no `Staging`, having nothing to copy in) and from
+    /// there to [`Stamp::Done`] (the kernel), when the launch (since
+    /// [`Engine::begin`]) marked them. `None` where calls do their own
+    /// work.
     fn stamped(&self, lane: usize) -> Option<(Duration, Duration)> {
         let _ = lane;
         None

@@ -980,7 +980,14 @@ impl Inner {
         begun: Instant,
     ) -> Result<(), Error> {
         let desc = launch.kernel.descriptor();
-        self.engine.stamp(lane, Stamp::Staging);
+        // A launch on device memory alone has nothing to copy in: no mark
+        // (a driver call per launch on a GPU) for copies that do not
+        // happen.
+        if self.spec.mode == Mode::Staged
+            && (launch.args.iter()).any(|a| matches!(a.backing, ArgBacking::Host(_)))
+        {
+            self.engine.stamp(lane, Stamp::Staging);
+        }
         let mut on_chip: Vec<bool> = Vec::with_capacity(launch.args.len());
         let mut args: Vec<Placed> = Vec::with_capacity(launch.args.len());
         for ((arg, spec), slot) in launch.args.iter().zip(&desc.args).zip(cached.iter_mut()) {

@@ -261,7 +261,8 @@ pub(crate) struct LaneState {
     bounce: Bounce,
     pub(crate) handles: Handles,
     /// The events of [`Stamp`]'s points, in its order, and which of them
-    /// were recorded since the last `Staging` (bit i: point i).
+    /// were recorded for the current launch (bit i: point i; cleared when
+    /// it begins). A launch with nothing to stage in marks no `Staging`.
     events: [Raw<sys::CUevent>; 3],
     marked: u8,
     /// Whether anything may have been queued on `stream` since its last
@@ -886,6 +887,7 @@ impl Engine for CudaEngine {
             .map(|(_, p)| p.load(Ordering::Relaxed));
         let go = urgent(priority, others);
         let mut state = self.lane(Some(lane));
+        state.marked = 0;
         // What `queued` speaks of is the stream in use: none is left
         // behind unwaited.
         if state.queued && self.gpu.bind().is_ok() {
@@ -911,9 +913,6 @@ impl Engine for CudaEngine {
         }
         let mut state = self.lane(Some(lane));
         let i = point as usize;
-        if point == Stamp::Staging {
-            state.marked = 0;
-        }
         state.queued = true;
         // SAFETY: our event and the lane's stream, the context current.
         let r = unsafe { sys::cuEventRecord(state.events[i].0, state.stream.0) };
@@ -925,9 +924,12 @@ impl Engine for CudaEngine {
     fn stamped(&self, lane: usize) -> Option<(Duration, Duration)> {
         self.gpu.bind().ok()?;
         let state = self.lane(Some(lane));
-        if state.marked != 0b111 {
-            return None;
-        }
+        // Nothing staged in (no `Staging` mark): no copy time.
+        let staged = match state.marked {
+            0b111 => true,
+            0b110 => false,
+            _ => return None,
+        };
         let between = |a: usize, b: usize| {
             let mut ms = 0f32;
             // SAFETY: two recorded events of this context, their stream
@@ -938,7 +940,12 @@ impl Engine for CudaEngine {
             (r == CUresult::CUDA_SUCCESS && ms.is_finite() && ms >= 0.0)
                 .then(|| Duration::from_secs_f64(f64::from(ms) / 1e3))
         };
-        Some((between(0, 1)?, between(1, 2)?))
+        let copy_in = if staged {
+            between(0, 1)?
+        } else {
+            Duration::ZERO
+        };
+        Some((copy_in, between(1, 2)?))
     }
 
     fn released(&self) {

@@ -344,6 +344,42 @@ fn a_launch_report_times_the_device_work() {
         );
         assert!(r.busy >= r.copy_in + r.kernel, "{r:?}");
     }
+    // On device memory alone nothing is copied in, and the kernel is
+    // still timed by the device's marks.
+    use strata_wire::{Access, AddressSpace, Backing, BufferDescriptor, CanonicalIdentity};
+    let block = dev
+        .alloc(strata_chip_runtime::Region::Persistent, bytes)
+        .unwrap();
+    let desc = BufferDescriptor::new(
+        CanonicalIdentity::new(*b"timedevb", block.addr, 1).unwrap(),
+        block.len,
+        AddressSpace::Device,
+        Access::ReadWrite,
+        Backing::DeviceMalloc {
+            addr: std::num::NonZeroU64::new(block.addr).unwrap(),
+        },
+    )
+    .unwrap();
+    let t = strata_wire::Tensor::new(desc, 0, &[n], &[1], strata_wire::DType::F32).unwrap();
+    let r = launch(
+        dev.as_ref(),
+        builtin("fill"),
+        vec![strata_chip_runtime::LaunchArg {
+            tensor: t,
+            tag: ArgTag::Output,
+            backing: strata_chip_runtime::ArgBacking::Device(block),
+            cache: None,
+        }],
+        vec![1f64.to_bits()],
+    )
+    .unwrap();
+    assert_eq!(
+        (r.staged_in, r.copy_in),
+        (0, std::time::Duration::ZERO),
+        "{r:?}"
+    );
+    assert!(r.kernel > std::time::Duration::ZERO, "{r:?}");
+    dev.free(block.addr).unwrap();
 }
 
 /// A kernel writing `7.0` to `x[0]`, launched with `shared` bytes of

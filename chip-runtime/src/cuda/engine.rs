@@ -843,7 +843,7 @@ impl Engine for CudaEngine {
             crate::kernel::cuda::CudaBody::Source(src) => {
                 let chips: Vec<_> = args.iter().map(|a| a.chip).collect();
                 self.functions
-                    .launch(&name(), src, &chips, scalars, stream)
+                    .launch(kernel.descriptor(), src, &chips, scalars, stream)
                     .map(|()| Vec::new())
             }
             crate::kernel::cuda::CudaBody::Library(call) => super::library::call(

@@ -6,17 +6,25 @@ use std::ffi::{CString, c_void};
 use std::sync::{Arc, Mutex};
 
 use cudarc::driver::sys;
-use strata_wire::ChipTensor;
+use rustc_hash::FxHashMap;
+use strata_wire::{ChipTensor, DType};
 
 use super::engine::{Gpu, Raw, lock};
 use super::shape::dims;
 use crate::Error;
 use crate::error::CudaError;
-use crate::kernel::cuda::{CudaSource, DEFAULT_SHARED_BYTES, MAX_PARAM_BYTES, TENSOR_PARAM_BYTES};
+use crate::kernel::Signature;
+use crate::kernel::cuda::{
+    CudaSource, DEFAULT_SHARED_BYTES, Entry, MAX_PARAM_BYTES, TENSOR_PARAM_BYTES,
+};
 
 /// A loaded function and the dynamic shared memory its launches may ask
 /// so far (the driver's default, or what was asked for it).
 type Loaded = (Raw<sys::CUfunction>, u32);
+
+/// One kernel's loaded functions: (version, the dtype its symbol was
+/// chosen by) → function.
+type Versions = smallvec::SmallVec<[(u32, Option<DType>, Loaded); 2]>;
 
 /// The functions of loaded modules, by kernel and symbol.
 #[derive(Debug)]
@@ -24,9 +32,12 @@ pub(crate) struct Functions {
     gpu: Arc<Gpu>,
     /// Kernel (`name@version`) → its module, loaded once.
     modules: Mutex<HashMap<String, Raw<sys::CUmodule>>>,
-    /// (kernel, symbol) → function, and the dynamic shared memory its
-    /// launches may ask so far.
-    functions: Mutex<HashMap<(String, String), Loaded>>,
+    /// Kernel name → its loaded functions. A kernel's source, and so the
+    /// symbol a dtype picks, is fixed by its name and version in a
+    /// registry, so a launch finds its function by those and the dtype of
+    /// its first tensor, with no string built or hashed but the name (a
+    /// launch is a few microseconds on a GPU).
+    functions: Mutex<FxHashMap<String, Versions>>,
 }
 
 impl Functions {
@@ -34,7 +45,7 @@ impl Functions {
         Functions {
             gpu,
             modules: Mutex::new(HashMap::new()),
-            functions: Mutex::new(HashMap::new()),
+            functions: Mutex::new(FxHashMap::default()),
         }
     }
 
@@ -47,22 +58,28 @@ impl Functions {
         }
     }
 
-    /// The function `symbol` of `kernel`'s source, compiling and loading
-    /// the source the first time, allowed `shared` bytes of dynamic shared
-    /// memory (beyond 48 KiB the driver must be asked first).
+    /// The function `kernel`'s source calls for a first tensor of `dtype`,
+    /// compiling and loading the source the first time, allowed `shared`
+    /// bytes of dynamic shared memory (beyond 48 KiB the driver must be
+    /// asked first).
     fn function(
         &self,
-        kernel: &str,
+        kernel: &Signature,
         src: &CudaSource,
-        symbol: &str,
+        dtype: Option<DType>,
         shared: u32,
     ) -> Result<sys::CUfunction, Error> {
-        let key = (kernel.to_owned(), symbol.to_owned());
-        let known = lock(&self.functions).get(&key).copied();
+        let known = lock(&self.functions)
+            .get(kernel.name.as_str())
+            .and_then(|v| {
+                v.iter()
+                    .find(|(version, d, _)| *version == kernel.version && *d == dtype)
+                    .map(|(_, _, loaded)| *loaded)
+            });
         let f = match known {
             Some((f, allowed)) if shared <= allowed => return Ok(f.0),
             Some((f, _)) => f.0,
-            None => self.load(kernel, src, symbol)?,
+            None => self.load(&kernel.qualified_name(), src, &src.entry.symbol(dtype))?,
         };
         let allowed = if shared > DEFAULT_SHARED_BYTES {
             let value = i32::try_from(shared).unwrap_or(i32::MAX);
@@ -77,7 +94,7 @@ impl Functions {
             };
             if r == sys::CUresult::CUDA_ERROR_INVALID_VALUE {
                 return Err(Error::KernelFailed {
-                    kernel: kernel.into(),
+                    kernel: kernel.qualified_name(),
                     reason: format!(
                         "its grid asks {shared} bytes of dynamic shared memory, more than this GPU gives a block"
                     ),
@@ -89,8 +106,13 @@ impl Functions {
             DEFAULT_SHARED_BYTES
         };
         let mut functions = lock(&self.functions);
-        let entry = functions.entry(key).or_insert((Raw(f), allowed));
-        entry.1 = entry.1.max(allowed);
+        let versions = functions.entry(kernel.name.clone()).or_default();
+        match (versions.iter_mut())
+            .find(|(version, d, _)| *version == kernel.version && *d == dtype)
+        {
+            Some((_, _, loaded)) => loaded.1 = loaded.1.max(allowed),
+            None => versions.push((kernel.version, dtype, (Raw(f), allowed))),
+        }
         Ok(f)
     }
 
@@ -148,10 +170,11 @@ impl Functions {
         Ok(f)
     }
 
-    /// Queues `src` on `stream` with `args` and `scalars` as parameters.
+    /// Queues `src`, the source of `kernel`, on `stream` with `args` and
+    /// `scalars` as parameters.
     pub(crate) fn launch(
         &self,
-        kernel: &str,
+        kernel: &Signature,
         src: &CudaSource,
         args: &[ChipTensor],
         scalars: &[u64],
@@ -160,7 +183,7 @@ impl Functions {
         let bytes = args.len() * TENSOR_PARAM_BYTES + scalars.len() * 8;
         if bytes > MAX_PARAM_BYTES {
             return Err(Error::KernelFailed {
-                kernel: kernel.into(),
+                kernel: kernel.qualified_name(),
                 reason: format!(
                     "{} tensors and {} scalars take {bytes} bytes of parameters; a CUDA kernel takes at most {MAX_PARAM_BYTES}",
                     args.len(),
@@ -169,17 +192,22 @@ impl Functions {
             });
         }
         let Some(d) = dims(src.grid, args).map_err(|reason| Error::KernelFailed {
-            kernel: kernel.into(),
+            kernel: kernel.qualified_name(),
             reason,
         })?
         else {
             return Ok(());
         };
-        let symbol = src.entry.symbol(args.first().map(ChipTensor::dtype));
-        let f = self.function(kernel, src, &symbol, d.shared)?;
+        // The symbol depends on the dtype only for a per-dtype entry.
+        let dtype = match src.entry {
+            Entry::One(_) => None,
+            Entry::PerDType(_) => args.first().map(ChipTensor::dtype),
+        };
+        let f = self.function(kernel, src, dtype, d.shared)?;
         // Each parameter is a pointer to its value: the tensors (128-byte
         // ChipTensors, the prelude's strata_tensor) then the scalars.
-        let mut params: Vec<*mut c_void> = Vec::with_capacity(args.len() + scalars.len());
+        let mut params: smallvec::SmallVec<[*mut c_void; 16]> =
+            smallvec::SmallVec::with_capacity(args.len() + scalars.len());
         for a in args {
             params.push(std::ptr::from_ref(a).cast_mut().cast());
         }

@@ -450,6 +450,66 @@ fn a_launch_with_more_than_48_kib_of_shared_memory_asks_the_driver_first() {
     assert_eq!(out.bytes()[..4], 7f32.to_le_bytes());
 }
 
+/// Two versions of one kernel name, and one per-dtype source launched on
+/// two dtypes, each run their own function on one chip, whatever order
+/// they come in (the chip finds a launch's function by name, version and
+/// dtype).
+#[test]
+fn versions_and_dtypes_of_one_kernel_each_run_their_own_function() {
+    let Some(dev) = gpu("versions_and_dtypes_of_one_kernel", ",mem=64MiB") else {
+        return;
+    };
+    let twin = |version: u32, value: &str| -> Arc<dyn Kernel> {
+        Arc::new(
+            SourceKernel::new(
+                Signature::parse(&format!("twin@{version}(x:W:F32|F64:*;)")).unwrap(),
+                &format!(
+                    r#"extern "C" __global__ void twin_f32(strata_tensor x) {{
+                           *strata_at<float>(x, 0) = {value}f;
+                       }}
+                       extern "C" __global__ void twin_f64(strata_tensor x) {{
+                           *strata_at<double>(x, 0) = 10.0 * {value};
+                       }}"#
+                ),
+                Entry::PerDType("twin".into()),
+                Grid::Fixed {
+                    blocks: [1, 1, 1],
+                    threads: [1, 1, 1],
+                    shared: 0,
+                },
+            )
+            .unwrap(),
+        )
+    };
+    let (one, two) = (twin(1, "1.0"), twin(2, "2.0"));
+    let mut rng = Rng(12);
+    for (kernel, dtype, want) in [
+        (&one, strata_wire::DType::F32, 1.0),
+        (&two, strata_wire::DType::F32, 2.0),
+        (&one, strata_wire::DType::F64, 10.0),
+        (&two, strata_wire::DType::F64, 20.0),
+        (&one, strata_wire::DType::F32, 1.0),
+        (&two, strata_wire::DType::F64, 20.0),
+    ] {
+        let out = host_tensor(&mut rng, &[1], dtype, Layout::RowMajor);
+        launch(
+            dev.as_ref(),
+            Arc::clone(kernel),
+            vec![out.arg(ArgTag::Output)],
+            vec![],
+        )
+        .unwrap();
+        let got = match dtype {
+            strata_wire::DType::F32 => {
+                f64::from(f32::from_le_bytes(out.bytes()[..4].try_into().unwrap()))
+            }
+            _ => f64::from_le_bytes(out.bytes()[..8].try_into().unwrap()),
+        };
+        let version = kernel.descriptor().version;
+        assert_eq!(got, want, "twin@{version} on {dtype}");
+    }
+}
+
 /// A fixed grid beyond what any CUDA GPU launches is refused when the
 /// kernel is made, naming the limit (everywhere: no GPU needed).
 #[test]

@@ -463,7 +463,7 @@ fn versions_and_dtypes_of_one_kernel_each_run_their_own_function() {
         Arc::new(
             SourceKernel::new(
                 Signature::parse(&format!("twin@{version}(x:W:F32|F64:*;)")).unwrap(),
-                &format!(
+                format!(
                     r#"extern "C" __global__ void twin_f32(strata_tensor x) {{
                            *strata_at<float>(x, 0) = {value}f;
                        }}

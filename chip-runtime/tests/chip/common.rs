@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use half::{bf16, f16};
 use strata_chip_runtime::{
-    ArgBacking, Device, HostBuffer, Launch, LaunchArg, LaunchReport, Registry, device,
+    ArgBacking, Device, DeviceBlock, HostBuffer, Launch, LaunchArg, LaunchReport, Registry, device,
 };
 use strata_wire::check::Rng;
 use strata_wire::{
@@ -266,4 +266,26 @@ pub(crate) fn run(
         },
     )?
     .wait()
+}
+
+/// Every F32 element of device `block`, as a launch argument tagged `tag`
+/// (the block's descriptor names it by its address).
+pub(crate) fn device_f32_arg(block: DeviceBlock, tag: ArgTag) -> LaunchArg {
+    let desc = BufferDescriptor::new(
+        CanonicalIdentity::new(*b"devblock", block.addr, 1).unwrap(),
+        block.len,
+        AddressSpace::Device,
+        Access::ReadWrite,
+        Backing::DeviceMalloc {
+            addr: std::num::NonZeroU64::new(block.addr).unwrap(),
+        },
+    )
+    .unwrap();
+    let n = (block.len / 4) as u32;
+    LaunchArg {
+        tensor: Tensor::new(desc, 0, &[n], &[1], DType::F32).unwrap(),
+        tag,
+        backing: ArgBacking::Device(block),
+        cache: None,
+    }
 }

@@ -14,7 +14,7 @@ use strata_chip_runtime::{CudaError, Device, Error, Launch, Registry, device};
 use strata_wire::ArgTag;
 use strata_wire::check::Rng;
 
-use crate::common::{Layout, host_tensor};
+use crate::common::{Layout, device_f32_arg, host_tensor};
 
 /// `cuda:0` with `keys`, or `None` (after one line saying why) where
 /// there is none; `STRATA_REQUIRE_CUDA=1` turns that into a failure.
@@ -346,30 +346,13 @@ fn a_launch_report_times_the_device_work() {
     }
     // On device memory alone nothing is copied in, and the kernel is
     // still timed by the device's marks.
-    use strata_wire::{Access, AddressSpace, Backing, BufferDescriptor, CanonicalIdentity};
     let block = dev
         .alloc(strata_chip_runtime::Region::Persistent, bytes)
         .unwrap();
-    let desc = BufferDescriptor::new(
-        CanonicalIdentity::new(*b"timedevb", block.addr, 1).unwrap(),
-        block.len,
-        AddressSpace::Device,
-        Access::ReadWrite,
-        Backing::DeviceMalloc {
-            addr: std::num::NonZeroU64::new(block.addr).unwrap(),
-        },
-    )
-    .unwrap();
-    let t = strata_wire::Tensor::new(desc, 0, &[n], &[1], strata_wire::DType::F32).unwrap();
     let r = launch(
         dev.as_ref(),
         builtin("fill"),
-        vec![strata_chip_runtime::LaunchArg {
-            tensor: t,
-            tag: ArgTag::Output,
-            backing: strata_chip_runtime::ArgBacking::Device(block),
-            cache: None,
-        }],
+        vec![device_f32_arg(block, ArgTag::Output)],
         vec![1f64.to_bits()],
     )
     .unwrap();

@@ -7,12 +7,10 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::sync::Arc;
 
 use strata_chip_runtime::shared::{Place, SharedMemory};
-use strata_chip_runtime::{ArgBacking, Device, DeviceBlock, Error, LaunchArg, Region, Registry};
-use strata_wire::{
-    Access, AddressSpace, ArgTag, Backing, BufferDescriptor, CanonicalIdentity, DType, Tensor,
-};
+use strata_chip_runtime::{Device, DeviceBlock, Error, Region, Registry};
+use strata_wire::ArgTag;
 
-use crate::common::{CUDA_KEYS, MODES, run};
+use crate::common::{CUDA_KEYS, MODES, device_f32_arg, run};
 use crate::conformance::each_chip;
 
 fn pattern(len: usize, salt: u8) -> Vec<u8> {
@@ -24,29 +22,11 @@ fn pattern(len: usize, salt: u8) -> Vec<u8> {
 /// A fill of `value` over the F32 elements of `block`, as a task's
 /// device-buffer argument.
 fn fill(dev: &dyn Device, reg: &Registry, block: DeviceBlock, value: f32) {
-    let id = CanonicalIdentity::new(*b"sharetst", block.addr, 1).unwrap();
-    let desc = BufferDescriptor::new(
-        id,
-        block.len,
-        AddressSpace::Device,
-        Access::ReadWrite,
-        Backing::DeviceMalloc {
-            addr: std::num::NonZeroU64::new(block.addr).unwrap(),
-        },
-    )
-    .unwrap();
-    let n = (block.len / 4) as u32;
-    let view = Tensor::new(desc, 0, &[n], &[1], DType::F32).unwrap();
     run(
         dev,
         reg,
         "fill",
-        vec![LaunchArg {
-            tensor: view,
-            tag: ArgTag::Output,
-            backing: ArgBacking::Device(block),
-            cache: None,
-        }],
+        vec![device_f32_arg(block, ArgTag::Output)],
         vec![f64::from(value).to_bits()],
     )
     .unwrap();

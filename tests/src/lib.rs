@@ -200,6 +200,12 @@ impl WorkerProcess {
         self.child.id()
     }
 
+    /// Hangs the worker (SIGSTOP) and returns once all its threads have
+    /// stopped: see [`hang_process`].
+    pub fn hang(&self) {
+        hang_process(self.pid());
+    }
+
     /// Everything the worker logged so far.
     pub fn log(&self) -> String {
         std::fs::read_to_string(&self.log_path).unwrap_or_default()
@@ -273,6 +279,49 @@ impl WorkerProcess {
             std::thread::sleep(Duration::from_millis(20));
         }
     }
+}
+
+/// Hangs process `pid` (SIGSTOP) and returns once every one of its threads
+/// has stopped.
+///
+/// `kill(2)` only queues the signal: one thread takes it and stops the
+/// others when it is next scheduled, and until then they run on. On a
+/// loaded machine that is long enough for a worker to take a task sent
+/// after the signal and run it, so a test that hangs a worker "before"
+/// something waits here first.
+///
+/// # Panics
+/// When the process does not stop within 20 s (or `pid` does not fit).
+pub fn hang_process(pid: u32) {
+    let target = Pid::from_raw(i32::try_from(pid).expect("pid"));
+    kill(target, Signal::SIGSTOP).expect("SIGSTOP");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let states = thread_states(pid);
+        // Exited threads (`Z`, `X`) take no part in the stop.
+        if !states.is_empty() && states.iter().all(|s| matches!(s, 'T' | 'Z' | 'X')) {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "process {pid} not stopped 20 s after SIGSTOP; its threads' states: {states:?}"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+/// The state letter (`R`, `S`, `T`, ...) of each thread of `pid`, from
+/// `/proc`; empty when it is gone.
+fn thread_states(pid: u32) -> Vec<char> {
+    let Ok(dir) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return Vec::new();
+    };
+    dir.filter_map(Result::ok)
+        .filter_map(|t| std::fs::read_to_string(t.path().join("stat")).ok())
+        // The state follows the command name, which is in parentheses
+        // and may itself hold any character.
+        .filter_map(|stat| stat[stat.rfind(')')? + 1..].trim_start().chars().next())
+        .collect()
 }
 
 impl Drop for WorkerProcess {

@@ -890,8 +890,8 @@ fn a_stopped_worker_is_lost_at_its_health_deadline() {
         )
         .unwrap();
     std::thread::sleep(Duration::from_millis(50));
+    strata_tests::hang_process(victim.pid.unwrap());
     let stopped = Instant::now();
-    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGSTOP).unwrap();
     let e = cluster.wait(h).unwrap_err();
     let detected = stopped.elapsed();
     assert!(e.to_string().contains("no health beat"), "{e}");
@@ -1237,13 +1237,7 @@ fn a_control_call_to_a_hung_worker_returns_at_the_health_deadline() {
         .start()
         .unwrap();
     let pid = nix::unistd::Pid::from_raw(w.pid() as i32);
-    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGSTOP).unwrap();
-    let stopped = || {
-        std::fs::read_to_string(format!("/proc/{}/stat", w.pid()))
-            .map(|s| s[s.rfind(')').unwrap() + 2..].starts_with('T'))
-            .unwrap_or(false)
-    };
-    assert!(eventually(stopped), "the worker stopped");
+    w.hang();
     let t0 = Instant::now();
     // On its own thread, so that a hang fails the test instead of
     // hanging it (SIGCONT then lets the call finish).

@@ -262,7 +262,7 @@ fn lost_while_hung(
     );
     let b = WorkerId(1);
     let pid = nix::unistd::Pid::from_raw(i32::try_from(w.pid()).unwrap());
-    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGSTOP).unwrap();
+    w.hang();
     let stopped = Instant::now();
     let task = submit(&cluster, b);
     let e = cluster.wait(task).unwrap_err().to_string();
@@ -366,8 +366,8 @@ fn a_hung_worker_that_wakes_up_rejoins() {
         cluster.worker_stats(b).is_ok_and(|s| s.tasks_in_flight > 0)
     })
     .expect("task started");
+    w.hang();
     let stopped = Instant::now();
-    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGSTOP).unwrap();
     let e = cluster.wait(busy).unwrap_err().to_string();
     let detected = stopped.elapsed();
     assert!(e.contains("no health beat"), "{e}");

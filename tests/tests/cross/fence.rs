@@ -148,7 +148,7 @@ async fn a_lost_session_is_ended_on_reconnect_and_its_queued_tasks_never_start()
     }
 
     // Stopped, cut off, woken.
-    signal(&w, Signal::SIGSTOP);
+    w.hang();
     drop(a_stream);
     drop(a_fds);
     drop(a);

@@ -107,8 +107,8 @@ fn stop_mid_task(cluster: &Cluster, w0_pid: u32) -> Scenario {
     // A running task cannot be cancelled: its successors wait for it.
     let e = cluster.cancel(late).unwrap_err().to_string();
     assert!(e.contains("running"), "{e}");
+    strata_tests::hang_process(w0_pid);
     let stopped = Instant::now();
-    signal(w0_pid, Signal::SIGSTOP);
     let over = overwrite(cluster, &x);
     Scenario {
         x,
@@ -350,7 +350,7 @@ fn a_retry_of_a_quarantined_task_waits_for_the_fence() {
             .is_ok_and(|s| s.tasks_in_flight > 0)
     })
     .expect("the late task started on worker 0");
-    signal(w0.pid(), Signal::SIGSTOP);
+    w0.hang();
     within(Duration::from_secs(5), || !cluster.is_up(W0)).expect("loss seen");
     cluster.wait(busy).unwrap();
     std::thread::sleep(Duration::from_millis(300));
@@ -434,7 +434,7 @@ fn stopped_worker_differential(write_back: strata_orchestrator::WriteBack) {
                 within(Duration::from_secs(5), || {
                     cluster.worker_stats(b).is_ok_and(|s| s.tasks_in_flight > 0)
                 });
-                signal(stopped.pid(), Signal::SIGSTOP);
+                stopped.hang();
             }
         });
         // Even seeds wake it within the deadline, odd ones after it.

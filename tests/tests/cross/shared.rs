@@ -60,8 +60,8 @@ fn late_fill_stopped(
             .is_ok_and(|s| s.tasks_in_flight > 0)
     })
     .expect("the late task started");
+    w.hang();
     let pid = nix::unistd::Pid::from_raw(i32::try_from(w.pid()).unwrap());
-    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGSTOP).unwrap();
     (late, pid)
 }
 

@@ -27,6 +27,7 @@ use tempfile::TempDir;
 use tracing::{debug, info};
 
 use crate::error::ClusterError;
+use crate::procfs;
 
 const PREFIX: &str = "strata-";
 
@@ -117,30 +118,15 @@ fn read_marker(path: &Path) -> Option<(u32, u64)> {
 }
 
 /// Whether process `pid` runs and is the one that started at `start`
-/// (a zombie has ended: it runs nothing and holds no pipe).
+/// (one whose every thread exited runs nothing and holds no pipe; its
+/// main thread's zombie alone proves nothing: see [`crate::procfs`]).
 fn running(pid: u32, start: u64) -> bool {
-    match stat_fields(pid) {
-        Some((state, s)) => state != 'Z' && state != 'X' && s == start,
-        None => false,
-    }
+    procfs::stat(pid).is_some_and(|(_, s)| s == start) && !procfs::exited(pid)
 }
 
 /// The start time of process `pid` (clock ticks after boot).
 fn start_time(pid: u32) -> Option<u64> {
-    stat_fields(pid).map(|(_, start)| start)
-}
-
-/// The state and start time fields of `/proc/<pid>/stat`.
-fn stat_fields(pid: u32) -> Option<(char, u64)> {
-    let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // The command name (field 2) is in parentheses and may hold spaces and
-    // parentheses: the fields that follow start after the last ')'.
-    let (_, rest) = text.rsplit_once(')')?;
-    let mut fields = rest.split_whitespace();
-    // Field 3 is the state; the start time is field 22.
-    let state = fields.next()?.chars().next()?;
-    let start = fields.nth(18)?.parse().ok()?;
-    Some((state, start))
+    procfs::stat(pid).map(|(_, start)| start)
 }
 
 #[cfg(test)]

@@ -49,6 +49,7 @@ pub mod npy;
 mod paths;
 mod perf_models;
 mod policy;
+mod procfs;
 mod start;
 mod summary;
 mod task;

@@ -32,11 +32,20 @@ def alive(pid):
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    # A zombie is dead for our purposes.
+    # Dead for our purposes once every thread is a zombie: the main
+    # thread's entry shows one as soon as that thread exits, while others
+    # may still run.
     try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(")")[-1].split()[0] != "Z"
+        threads = os.listdir(f"/proc/{pid}/task")
     except (FileNotFoundError, ProcessLookupError):
-        # Gone between the signal and the read (reading a vanished
-        # process's stat raises ESRCH).
         return False
+    for t in threads:
+        try:
+            with open(f"/proc/{pid}/task/{t}/stat") as f:
+                if f.read().split(")")[-1].split()[0] not in ("Z", "X"):
+                    return True
+        except (FileNotFoundError, ProcessLookupError):
+            # Gone between the listing and the read (reading a vanished
+            # thread's stat raises ESRCH).
+            continue
+    return False

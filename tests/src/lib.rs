@@ -310,6 +310,14 @@ pub fn hang_process(pid: u32) {
     }
 }
 
+/// Whether every thread of process `pid` has exited: it is gone, or only
+/// zombies (`Z`, `X`) are left of it. Not its main thread's state alone:
+/// that shows a zombie as soon as the main thread exits, while the others
+/// may still run.
+pub fn process_exited(pid: u32) -> bool {
+    thread_states(pid).iter().all(|s| matches!(s, 'Z' | 'X'))
+}
+
 /// The state letter (`R`, `S`, `T`, ...) of each thread of `pid`, from
 /// `/proc`; empty when it is gone.
 fn thread_states(pid: u32) -> Vec<char> {

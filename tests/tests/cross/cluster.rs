@@ -1211,11 +1211,7 @@ fn workers_spawned_by_a_killed_driver_exit_on_their_own() {
     driver.wait().unwrap();
     let killed = Instant::now();
     // Orphans are re-parented; they see their stdin close and shut down.
-    let gone = |pid: &u32| {
-        std::fs::read_to_string(format!("/proc/{pid}/stat"))
-            .map(|s| s[s.rfind(')').unwrap() + 2..].starts_with('Z'))
-            .unwrap_or(true)
-    };
+    let gone = |pid: &u32| strata_tests::process_exited(*pid);
     assert!(
         eventually(|| workers.iter().all(gone)),
         "workers {workers:?} outlived their driver"

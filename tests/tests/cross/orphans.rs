@@ -91,16 +91,11 @@ fn pid(p: u32) -> Pid {
     Pid::from_raw(i32::try_from(p).expect("a pid fits i32"))
 }
 
-/// Whether process `p` has ended (a zombie, waiting for whoever inherited
-/// it to reap it, has ended: it runs nothing and holds nothing open).
+/// Whether process `p` has ended (every thread a zombie, waiting for
+/// whoever inherited it to reap it, or gone: it runs nothing and holds
+/// nothing open).
 fn gone(p: u32) -> bool {
-    match std::fs::read_to_string(format!("/proc/{p}/stat")) {
-        Ok(stat) => stat
-            .rsplit_once(')')
-            .and_then(|(_, rest)| rest.split_whitespace().next())
-            .is_some_and(|state| state == "Z" || state == "X"),
-        Err(_) => true,
-    }
+    strata_tests::process_exited(p)
 }
 
 /// Waits up to `limit` for every process of `pids` to end; how long it took.

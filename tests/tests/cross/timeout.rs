@@ -86,12 +86,9 @@ fn timed_out_cause(cluster: &Cluster, task: TaskHandle) -> String {
     cause.clone()
 }
 
-/// Process `pid` is gone or a zombie.
+/// Process `pid` is gone, or every thread of it exited.
 fn dead(pid: u32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat")).map_or(true, |s| {
-        s.rsplit_once(')')
-            .is_some_and(|(_, rest)| rest.trim_start().starts_with(['Z', 'X']))
-    })
+    strata_tests::process_exited(pid)
 }
 
 /// Two Unix workers the cluster connects to (workers 0 and 1).

@@ -15,8 +15,9 @@
 //! flight, and the endpoint looks for a fence in two ways, reporting
 //! an [`Event::Fenced`](strata_orchestrator_core::Event::Fenced) with the loss's number as soon as either succeeds:
 //! 1. the worker process is seen dead: its pid (from `SO_PEERCRED` on the
-//!    fd channel, or the one the cluster spawned) is gone, a zombie, or a
-//!    different process (another start time) — checked every 20 ms on a
+//!    fd channel, or the one the cluster spawned) is gone, every thread of
+//!    it exited ([`crate::procfs`]), or it is a different process (another
+//!    start time) — checked every 20 ms on a
 //!    thread of its own, off the async runtime;
 //! 2. the same worker comes back (same `instance` when the link opens):
 //!    the redial names the lost session, which the worker ends at once
@@ -399,8 +400,6 @@ enum RestartError {
     Dial(#[from] LinkError),
 }
 
-/// Waits up to `limit` for process `pid` to be dead (a zombie or gone).
-/// Blocks: call it off the async runtime.
 /// How child `pid` ended ("exited with status 3", "was killed by signal
 /// 9 (SIGKILL)"), looking for up to `limit`; `Ok(None)` while it still
 /// runs then, `Err` when it cannot be told (not this process's child, or
@@ -431,10 +430,12 @@ fn exit_of(pid: u32, limit: Duration) -> nix::Result<Option<String>> {
     }
 }
 
+/// Waits up to `limit` for every thread of process `pid` to have exited
+/// ([`crate::procfs::exited`]). Blocks: call it off the async runtime.
 fn wait_gone(pid: u32, limit: Duration) -> bool {
     let deadline = Instant::now() + limit;
     loop {
-        if crate::actors::fence::is_dead(pid) {
+        if crate::procfs::exited(pid) {
             return true;
         }
         if Instant::now() >= deadline {

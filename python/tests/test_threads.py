@@ -43,9 +43,13 @@ def test_wait_all_releases_the_gil(local2):
     assert at_end > 100_000, at_end
 
 
+# Ctrl-C raises KeyboardInterrupt only where Python installed its handler,
+# which it does not when the process starts with SIGINT ignored (as a
+# shell's background job does): the tests install it themselves.
 SCRIPT = textwrap.dedent(
     """
-    import sys, time
+    import signal, sys, time
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     sys.path.insert(0, {here!r})
     import strata, pykernels
     c = strata.Cluster(local=2, kernels=[pykernels.sleep])
@@ -91,7 +95,16 @@ def test_ctrl_c_interrupts_wait_all_and_leaves_no_worker():
     assert not any(alive(pid) for pid in pids)
 
 
-def test_wait_all_after_an_interrupt_still_reports_the_whole_run(local2):
+@pytest.fixture
+def ctrl_c_raises():
+    """SIGINT raises KeyboardInterrupt here, whatever this process started
+    with (see SCRIPT)."""
+    old = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, old)
+
+
+def test_wait_all_after_an_interrupt_still_reports_the_whole_run(local2, ctrl_c_raises):
     c = local2
     a = c.zeros(4)
     b = c.zeros(4)

@@ -14,7 +14,11 @@
 /// State and start time (clock ticks after boot) of process `pid`, from
 /// its main thread's `/proc/<pid>/stat`; `None` when there is none.
 pub(crate) fn stat(pid: u32) -> Option<(char, u64)> {
-    let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    parse(&std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?)
+}
+
+/// State and start time of a `stat` file's text.
+fn parse(text: &str) -> Option<(char, u64)> {
     // The command name (field 2) is in parentheses and may hold spaces and
     // parentheses: the fields that follow start after the last ')'.
     let (_, rest) = text.rsplit_once(')')?;
@@ -33,12 +37,8 @@ pub(crate) fn exited(pid: u32) -> bool {
     };
     threads.filter_map(Result::ok).all(|t| {
         // A thread that exited between the listing and this read is gone.
-        std::fs::read_to_string(t.path().join("stat")).map_or(true, |text| {
-            let state = text
-                .rsplit_once(')')
-                .and_then(|(_, rest)| rest.split_whitespace().next());
-            matches!(state, Some("Z" | "X"))
-        })
+        std::fs::read_to_string(t.path().join("stat"))
+            .map_or(true, |text| matches!(parse(&text), Some(('Z' | 'X', _))))
     })
 }
 

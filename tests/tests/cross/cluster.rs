@@ -1224,9 +1224,8 @@ fn workers_spawned_by_a_killed_driver_exit_on_their_own() {
     driver.wait().unwrap();
     let killed = Instant::now();
     // Orphans are re-parented; they see their stdin close and shut down.
-    let gone = |pid: &u32| strata_tests::process_exited(*pid);
     assert!(
-        eventually(|| workers.iter().all(gone)),
+        eventually(|| workers.iter().all(|&p| strata_tests::process_exited(p))),
         "workers {workers:?} outlived their driver"
     );
     eprintln!(

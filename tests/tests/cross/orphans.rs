@@ -16,6 +16,7 @@ use std::time::{Duration, Instant};
 
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
+use strata_tests::process_exited;
 
 /// The driver process and its workers, killed if a test fails half-way.
 struct Driver {
@@ -80,7 +81,7 @@ impl Drop for Driver {
         let _ = self.child.kill();
         let _ = self.child.wait();
         for &w in &self.workers {
-            if !gone(w) {
+            if !process_exited(w) {
                 let _ = kill(pid(w), Signal::SIGKILL);
             }
         }
@@ -91,18 +92,11 @@ fn pid(p: u32) -> Pid {
     Pid::from_raw(i32::try_from(p).expect("a pid fits i32"))
 }
 
-/// Whether process `p` has ended (every thread a zombie, waiting for
-/// whoever inherited it to reap it, or gone: it runs nothing and holds
-/// nothing open).
-fn gone(p: u32) -> bool {
-    strata_tests::process_exited(p)
-}
-
 /// Waits up to `limit` for every process of `pids` to end; how long it took.
 fn wait_gone(pids: &[u32], limit: Duration) -> Option<Duration> {
     let t0 = Instant::now();
     loop {
-        if pids.iter().all(|&p| gone(p)) {
+        if pids.iter().all(|&p| process_exited(p)) {
             return Some(t0.elapsed());
         }
         if t0.elapsed() > limit {
@@ -161,7 +155,7 @@ fn a_killed_driver_takes_its_sleeping_and_spinning_workers_and_their_files() {
         assert!(files.contains(f), "{f} is not in {files:?}");
     }
     let workers = driver.workers.clone();
-    assert!(workers.iter().all(|&w| !gone(w)));
+    assert!(workers.iter().all(|&w| !process_exited(w)));
     driver.sigkill();
     let took = wait_gone(&workers, Duration::from_secs(1)).unwrap_or_else(|| {
         panic!("workers {workers:?} still run 1 s after their driver was killed")

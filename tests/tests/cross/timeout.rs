@@ -11,7 +11,7 @@
 use std::time::{Duration, Instant};
 
 use strata_orchestrator::{Cluster, Error, FailureKind, Outcome, Task, TaskHandle, View, WorkerId};
-use strata_tests::WorkerProcess;
+use strata_tests::{WorkerProcess, process_exited};
 use strata_wire::DType;
 
 use super::faults::{TOKEN, ms, test_worker_bin, token_file, within};
@@ -86,11 +86,6 @@ fn timed_out_cause(cluster: &Cluster, task: TaskHandle) -> String {
     cause.clone()
 }
 
-/// Process `pid` is gone, or every thread of it exited.
-fn dead(pid: u32) -> bool {
-    strata_tests::process_exited(pid)
-}
-
 /// Two Unix workers the cluster connects to (workers 0 and 1).
 fn two_unix_workers() -> (WorkerProcess, WorkerProcess, Cluster) {
     let w0 = WorkerProcess::spawn_unix(test_worker_bin(), &[], &[]);
@@ -145,7 +140,10 @@ fn a_spawned_worker_running_a_timed_out_task_is_killed_and_restarted() {
             if c.kind == FailureKind::WorkerLost && c.message.contains("timed out"))),
         "{e}"
     );
-    assert!(dead(first), "the worker running the late task still lives");
+    assert!(
+        process_exited(first),
+        "the worker running the late task still lives"
+    );
     // Fenced by the kill: nothing was quarantined.
     assert!(all(&x.read::<f32>().unwrap(), 0.0));
     cluster.wait_up(W0, Duration::from_secs(15)).unwrap();
@@ -177,7 +175,7 @@ fn a_spawned_worker_running_a_timed_out_task_is_killed_and_restarted() {
 fn a_connected_unix_worker_keeps_a_timed_out_task_s_bytes_quarantined_until_it_ended() {
     let (w0, _w1, cluster) = two_unix_workers();
     quarantined_until_the_kernel_ends(&cluster, "connected unix worker");
-    assert!(!dead(w0.pid()), "a connected worker was killed");
+    assert!(!process_exited(w0.pid()), "a connected worker was killed");
     cluster
         .wait_up(W0, Duration::from_secs(15))
         .unwrap_or_else(|e| panic!("{e}; worker 0's log:\n{}", w0.log()));
@@ -280,7 +278,7 @@ fn a_tcp_worker_s_timed_out_task_is_fenced_at_once_and_its_late_result_dropped()
     assert!(all(&x.read::<f32>().unwrap(), OVER));
     within(Duration::from_secs(15), || cluster.is_up(W0))
         .unwrap_or_else(|| panic!("worker 0 never rejoined; its log:\n{}", w0.log()));
-    assert!(!dead(w0.pid()));
+    assert!(!process_exited(w0.pid()));
     eprintln!(
         "tcp worker: the overwrite succeeded {:.1} ms after submit (timeout {} ms)",
         ms(done),
